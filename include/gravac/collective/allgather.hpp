@@ -1,0 +1,82 @@
+#pragma once
+//! \file allgather.hpp
+//! \brief Aggregation by Allgather: every rank's variable-length packet reaches every
+//! rank (no padding to the largest), is validated, decoded and summed, then divided by N.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "gravac/collective/step_buffers.hpp"
+#include "gravac/concepts.hpp"
+
+namespace gravac {
+
+//! allgather has no options.
+struct allgather_options {};
+
+//! Allgather of compressed packets, decoded and averaged on every rank. Models Collective.
+class allgather {
+ public:
+  //! Opt-in tag for the Collective concept.
+  using collective_tag = void;
+  //! Options (see allgather_options).
+  using options = allgather_options;
+  //! Any compressor works.
+  template <class C>
+  static constexpr bool accepts = true;
+
+  //! A collective for \p lay.
+  allgather(const layout& lay, const options& = {}) : layout_(lay) {}
+
+  //! Sizes the packet workspace once for compressor \p c.
+  template <Compressor C>
+  void prepare(const C& c) {
+    packet_.resize(c.max_packet_bytes());
+  }
+
+  //! Runs one step: leaves the rank average of every rank's decompressed packet in buf.grad.
+  //! A packet that fails validation throws gravac::error naming the sender; buf.grad is then
+  //! left partly summed but the residual is already correct for what this rank sent.
+  template <Compressor C, Communicator M>
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                 compress_stats& st, step_report& r) {
+    static_assert(CommunicatorFor<M, C>, "allgather: the communicator must carry the compressor's memory");
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t bytes = c.compress(buf.grad, buf.residual, p, packet_, st);
+    r.compress_s = detail::seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    comm.allgatherv(std::span<const std::byte>(packet_.data(), bytes), gathered_, sizes_);
+    r.communicate_s = detail::seconds_since(t1);
+    const auto t2 = std::chrono::steady_clock::now();
+    // Validate every packet before touching the gradient, so a bad peer leaves it intact.
+    std::size_t at = 0;
+    for (std::size_t rank = 0; rank < sizes_.size(); ++rank) {
+      throw_if_invalid(c.validate(std::span<const std::byte>(gathered_.data() + at, sizes_[rank])),
+                       static_cast<int>(rank));
+      at += sizes_[rank];
+    }
+    auto g = buf.grad.span();
+    std::fill(g.begin(), g.end(), 0.0f);
+    const float inv = 1.0f / static_cast<float>(comm.size());
+    at = 0;
+    for (std::size_t rank = 0; rank < sizes_.size(); ++rank) {
+      c.decompress_add(std::span<const std::byte>(gathered_.data() + at, sizes_[rank]), buf.grad, inv);
+      at += sizes_[rank];
+    }
+    r.decompress_s = detail::seconds_since(t2);
+    r.bytes_sent = bytes;
+    r.collective = collective_kind::allgather;
+  }
+
+ private:
+  layout layout_;
+  std::vector<std::byte> packet_;
+  std::vector<std::byte> gathered_;
+  std::vector<std::size_t> sizes_;
+};
+static_assert(Collective<allgather>);
+
+}  // namespace gravac

@@ -1,0 +1,26 @@
+#pragma once
+//! \file step_buffers.hpp
+//! \brief What a collective works on during one step, and the shared timing helper.
+
+#include <chrono>
+
+#include "gravac/memory.hpp"
+
+namespace gravac {
+
+//! The gradient (in: local, out: averaged) and the error-feedback residual of one step.
+template <class Space>
+struct step_buffers {
+  grad_view<Space> grad;      //!< local gradient in, averaged gradient out
+  grad_view<Space> residual;  //!< error-feedback residual, updated in place
+  bool residual_zero = false; //!< the residual is known to be all zero (lets dense steps skip a pass)
+};
+
+namespace detail {
+//! Seconds elapsed since \p t0 on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) noexcept {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace detail
+
+}  // namespace gravac

@@ -1,0 +1,96 @@
+#pragma once
+//! \file communicator_ref.hpp
+//! \brief A non-owning, type-erased reference to any Communicator of one memory space,
+//! so trainer<C, K, P> does not need the engine as a fourth template parameter.
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "gravac/concepts.hpp"
+
+namespace gravac {
+
+//! The growable byte buffer a host engine's allgatherv fills.
+template <class Space>
+struct default_byte_buffer {
+  //! Host engines gather into a std::vector.
+  using type = std::vector<std::byte>;
+};
+
+//! Refers to a Communicator of memory space \p Space without owning it. Models Communicator.
+template <class Space>
+class communicator_ref {
+ public:
+  //! Opt-in tag for the Communicator concept.
+  using communicator_tag = void;
+  //! The memory space of the referenced engine.
+  using memory_space = Space;
+  //! allgatherv's output buffer.
+  using byte_buffer = typename default_byte_buffer<Space>::type;
+
+  //! Refers to \p m, which must outlive this reference.
+  template <Communicator M>
+    requires(!std::same_as<M, communicator_ref>)
+  communicator_ref(M& m) noexcept : self_(&m), vt_(&table<M>) {  // NOLINT: implicit by design
+    static_assert(std::same_as<typename M::memory_space, Space>,
+                  "communicator_ref: the communicator's memory space differs from the compressor's "
+                  "(a device-memory compressor needs a communicator that accepts device memory)");
+    static_assert(std::same_as<typename M::byte_buffer, byte_buffer>);
+  }
+
+  //! This rank.
+  [[nodiscard]] int rank() const { return vt_->rank(self_); }
+  //! Number of ranks.
+  [[nodiscard]] int size() const { return vt_->size(self_); }
+  //! Sums over ranks in place.
+  void allreduce_sum(std::span<float> d) { vt_->sum_f(self_, d); }
+  //! Sums over ranks in place.
+  void allreduce_sum(std::span<double> d) { vt_->sum_d(self_, d); }
+  //! Maximum over ranks in place.
+  void allreduce_max(std::span<double> d) { vt_->max_d(self_, d); }
+  //! Variable-length allgather.
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    vt_->gather(self_, in, out, sizes);
+  }
+  //! Broadcast from \p root.
+  void broadcast(std::span<std::byte> d, int root) { vt_->bcast(self_, d, root); }
+  //! Broadcast of typed values from \p root.
+  template <class T>
+  void broadcast_values(std::span<T> d, int root) {
+    broadcast(std::as_writable_bytes(d), root);
+  }
+  //! Barrier.
+  void barrier() { vt_->barrier(self_); }
+
+ private:
+  struct vtable {
+    int (*rank)(const void*);
+    int (*size)(const void*);
+    void (*sum_f)(void*, std::span<float>);
+    void (*sum_d)(void*, std::span<double>);
+    void (*max_d)(void*, std::span<double>);
+    void (*gather)(void*, std::span<const std::byte>, byte_buffer&, std::vector<std::size_t>&);
+    void (*bcast)(void*, std::span<std::byte>, int);
+    void (*barrier)(void*);
+  };
+  template <class M>
+  static constexpr vtable table{
+      [](const void* s) { return static_cast<const M*>(s)->rank(); },
+      [](const void* s) { return static_cast<const M*>(s)->size(); },
+      [](void* s, std::span<float> d) { static_cast<M*>(s)->allreduce_sum(d); },
+      [](void* s, std::span<double> d) { static_cast<M*>(s)->allreduce_sum(d); },
+      [](void* s, std::span<double> d) { static_cast<M*>(s)->allreduce_max(d); },
+      [](void* s, std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sz) {
+        static_cast<M*>(s)->allgatherv(in, out, sz);
+      },
+      [](void* s, std::span<std::byte> d, int root) { static_cast<M*>(s)->broadcast(d, root); },
+      [](void* s) { static_cast<M*>(s)->barrier(); },
+  };
+
+  void* self_;
+  const vtable* vt_;
+};
+static_assert(Communicator<communicator_ref<host_space>>);
+
+}  // namespace gravac

@@ -1,0 +1,172 @@
+#pragma once
+//! \file mpi_communicator.hpp
+//! \brief The Open MPI engine (target gravac::mpi). Every MPI call is wrapped by
+//! GRAVAC_TRY_MPI, which turns a failure into a gravac::error naming the rank.
+
+// gravac uses the C API only; the deprecated C++ bindings add nothing but warnings.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gravac/concepts.hpp"
+#include "gravac/error.hpp"
+#include "gravac/memory.hpp"
+
+namespace gravac {
+
+namespace detail {
+//! Text of an MPI error code.
+inline std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "unknown MPI error";
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+//! This process's rank in MPI_COMM_WORLD, or -1 before MPI_Init.
+inline int mpi_world_rank() noexcept {
+  int init = 0, r = -1;
+  if (MPI_Initialized(&init) == MPI_SUCCESS && init) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+}  // namespace detail
+
+}  // namespace gravac
+
+//! Calls an MPI function and throws gravac::error(backend_failure) with the call, the
+//! MPI error text and the rank when it does not return MPI_SUCCESS.
+#define GRAVAC_TRY_MPI(call)                                                                           \
+  do {                                                                                                 \
+    const int gravac_mpi_status_ = (call);                                                             \
+    if (gravac_mpi_status_ != MPI_SUCCESS)                                                             \
+      throw ::gravac::error(::gravac::status::backend_failure,                                         \
+                            std::string(#call) + ": " + ::gravac::detail::mpi_error_string(gravac_mpi_status_), \
+                            ::gravac::detail::mpi_world_rank(), ::gravac::backend::mpi, gravac_mpi_status_); \
+  } while (0)
+
+//! Calls an MPI function where throwing is not allowed (destructors); failures are ignored.
+#define GRAVAC_TRY_MPI_NO_THROW(call) \
+  do {                                \
+    (void)(call);                     \
+  } while (0)
+
+namespace gravac {
+
+//! The Open MPI engine over a duplicate of an MPI communicator. Models Communicator
+//! over host memory. Errors are returned (MPI_ERRORS_RETURN) and mapped to gravac::error.
+class mpi_communicator {
+ public:
+  //! Opt-in tag for the Communicator concept.
+  using communicator_tag = void;
+  //! Buffers live in host memory.
+  using memory_space = host_space;
+  //! allgatherv's output buffer.
+  using byte_buffer = std::vector<std::byte>;
+
+  //! Duplicates \p comm (so gravac's traffic never matches the user's) and sets MPI_ERRORS_RETURN on it.
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD) {
+    int init = 0;
+    GRAVAC_TRY_MPI(MPI_Initialized(&init));
+    if (!init) throw error(status::invalid_argument, "mpi_communicator: MPI_Init has not been called");
+    GRAVAC_TRY_MPI(MPI_Comm_dup(comm, &comm_));
+    GRAVAC_TRY_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    GRAVAC_TRY_MPI(MPI_Comm_rank(comm_, &rank_));
+    GRAVAC_TRY_MPI(MPI_Comm_size(comm_, &size_));
+  }
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+  //! Frees the duplicate; never throws.
+  ~mpi_communicator() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) GRAVAC_TRY_MPI_NO_THROW(MPI_Comm_free(&comm_));
+  }
+
+  //! This rank.
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! Number of ranks.
+  [[nodiscard]] int size() const noexcept { return size_; }
+  //! The underlying (duplicated) MPI communicator.
+  [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
+
+  //! Sums \p data over all ranks, in place.
+  void allreduce_sum(std::span<float> data) { allreduce(data.data(), data.size(), MPI_FLOAT, MPI_SUM); }
+  //! Sums \p data over all ranks, in place.
+  void allreduce_sum(std::span<double> data) { allreduce(data.data(), data.size(), MPI_DOUBLE, MPI_SUM); }
+  //! Elementwise maximum over all ranks, in place.
+  void allreduce_max(std::span<double> data) { allreduce(data.data(), data.size(), MPI_DOUBLE, MPI_MAX); }
+
+  //! Gathers every rank's bytes back to back in rank order, without padding to the largest:
+  //! the sizes are exchanged first, then one MPI_Allgatherv moves exactly those bytes.
+  void allgatherv(std::span<const std::byte> mine, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    const auto n = static_cast<std::size_t>(size_);
+    sizes.resize(n);
+    std::uint64_t my_size = mine.size();
+    sizes64_.resize(n);
+    GRAVAC_TRY_MPI(MPI_Allgather(&my_size, 1, MPI_UINT64_T, sizes64_.data(), 1, MPI_UINT64_T, comm_));
+    counts_.resize(n);
+    displs_.resize(n);
+    std::uint64_t total = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (sizes64_[r] > static_cast<std::uint64_t>(INT_MAX) || total > static_cast<std::uint64_t>(INT_MAX))
+        throw error(status::invalid_argument, "allgatherv: more than 2 GiB in one call", rank_, backend::mpi);
+      counts_[r] = static_cast<int>(sizes64_[r]);
+      displs_[r] = static_cast<int>(total);
+      sizes[r] = static_cast<std::size_t>(sizes64_[r]);
+      total += sizes64_[r];
+    }
+    if (total > static_cast<std::uint64_t>(INT_MAX))
+      throw error(status::invalid_argument, "allgatherv: more than 2 GiB in one call", rank_, backend::mpi);
+    out.resize(static_cast<std::size_t>(total));
+    GRAVAC_TRY_MPI(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, out.data(), counts_.data(),
+                                  displs_.data(), MPI_BYTE, comm_));
+  }
+
+  //! Copies \p root's bytes into every rank's \p data.
+  void broadcast(std::span<std::byte> data, int root) {
+    require(root >= 0 && root < size_, "broadcast: root out of range");
+    require(data.size() <= static_cast<std::size_t>(INT_MAX), "broadcast: more than 2 GiB");
+    GRAVAC_TRY_MPI(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_));
+  }
+  //! Copies \p root's values into every rank's \p data.
+  template <class T>
+  void broadcast_values(std::span<T> data, int root) {
+    broadcast(std::as_writable_bytes(data), root);
+  }
+
+  //! Waits for every rank.
+  void barrier() { GRAVAC_TRY_MPI(MPI_Barrier(comm_)); }
+
+  //! Ends the whole MPI job: MPI cannot continue after one rank fails, so this turns a
+  //! failure into a clean stop of every rank instead of a hang.
+  [[noreturn]] void abort(const std::string& why, int code = 1) noexcept {
+    (void)why;
+    MPI_Abort(comm_, code);
+    std::abort();
+  }
+
+ private:
+  void allreduce(void* data, std::size_t n, MPI_Datatype type, MPI_Op op) {
+    if (n > static_cast<std::size_t>(INT_MAX))
+      throw error(status::invalid_argument, "allreduce: more than INT_MAX elements", rank_, backend::mpi);
+    GRAVAC_TRY_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), type, op, comm_));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::uint64_t> sizes64_;
+  std::vector<int> counts_;
+  std::vector<int> displs_;
+};
+static_assert(Communicator<mpi_communicator>);
+
+}  // namespace gravac

@@ -1,0 +1,67 @@
+#pragma once
+//! \file identity.hpp
+//! \brief The dense "compressor": sends u = g + e whole (e is then zero). The baseline
+//! every other compressor is measured against.
+
+#include <cstddef>
+#include <span>
+
+#include "gravac/compress/detail/layered.hpp"
+#include "gravac/concepts.hpp"
+
+namespace gravac {
+
+//! identity has no options.
+struct identity_options {};
+
+//! Sends every layer uncompressed. Models Compressor.
+class identity {
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on host memory.
+  using memory_space = host_space;
+  //! Options (see identity_options).
+  using options = identity_options;
+  //! Dense values can be summed elementwise.
+  static constexpr bool summable_by_index = true;
+  //! Packet kind written.
+  static constexpr packet_kind kind = packet_kind::dense;
+
+  //! A compressor for \p lay.
+  identity(const layout& lay, const options& = {}) : layout_(lay) {
+    dense_params_.kept_fraction.assign(lay.size(), dense_fraction);
+  }
+
+  //! Upper bound of the packet size.
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept { return detail::raw_packet_bytes(layout_); }
+
+  //! Writes u = g + e for every layer and zeroes e; the kept fractions are ignored.
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
+    // identity sends every layer dense whatever the policy says
+    dense_params_.step = p.step;
+    dense_params_.seed = p.seed;
+    dense_params_.gain_candidates = p.gain_candidates;
+    return detail::compress_layers(layout_, kind, g.span(), e.span(), dense_params_, out, st, scratch_,
+                                   [](auto&&...) {});
+  }
+  //! Validates an untrusted packet.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    return detail::validate_layers(packet, layout_, kind, [](const segment_header&, std::span<const std::byte>) {
+      return validation::fail("dense packet with a non-raw segment");
+    });
+  }
+  //! Adds scale * the packet's values to \p out.
+  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
+    detail::decompress_layers(packet, layout_, out.span(), scale, [](auto&&...) {});
+  }
+
+ private:
+  layout layout_;
+  step_params dense_params_;
+  detail::layered_scratch scratch_;
+};
+static_assert(Compressor<identity>);
+
+}  // namespace gravac

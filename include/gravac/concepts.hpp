@@ -1,0 +1,105 @@
+#pragma once
+//! \file concepts.hpp
+//! \brief The four concepts that compose at compile time (Compressor, Collective,
+//! Communicator, Policy) and the compatibility concepts between them.
+//!
+//! A model opts in with a member tag (`compressor_tag`, `collective_tag`,
+//! `communicator_tag`, `policy_tag`) and satisfies the structural requirements below.
+//! Each model has `static_assert(Concept<model>)` beside its definition.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "gravac/layout.hpp"
+#include "gravac/memory.hpp"
+#include "gravac/packet.hpp"
+#include "gravac/step.hpp"
+
+namespace gravac {
+
+//! A transport engine: ranks, reductions, variable-length allgather, broadcast, barrier.
+//!
+//! Float spans live in `memory_space`; double spans (statistics) are always host memory.
+//! `byte_buffer` is the growable buffer type allgatherv writes into (std::vector<std::byte>
+//! for host engines).
+template <class M>
+concept Communicator =
+    requires { typename M::communicator_tag; typename M::memory_space; typename M::byte_buffer; } &&
+    requires(M& m, const M& cm, std::span<float> f, std::span<double> d, std::span<std::byte> b,
+             std::span<const std::byte> in, typename M::byte_buffer& out, std::vector<std::size_t>& sizes, int root) {
+      { cm.rank() } -> std::same_as<int>;
+      { cm.size() } -> std::same_as<int>;
+      m.allreduce_sum(f);
+      m.allreduce_sum(d);
+      m.allreduce_max(d);
+      m.allgatherv(in, out, sizes);
+      m.broadcast(b, root);
+      m.barrier();
+    };
+
+//! Turns `u = g + e` into a packet and back, updating the residual `e` (error feedback).
+//!
+//! - `compress(g, e, params, out, stats)` computes u = g + e, writes the packet into
+//!   `out` (at most `max_packet_bytes()` bytes), sets e = u - decompress(packet) and
+//!   returns the packet size.
+//! - `validate(packet)` checks an untrusted packet completely without touching memory
+//!   outside it; `decompress_add(packet, out, scale)` adds scale * decompress(packet)
+//!   to `out` and must only be called on a validated packet.
+//! - `summable_by_index` says whether values at shared indices can be summed across
+//!   ranks (top-k, threshold, random-k), which allreduce_compatible needs.
+template <class C>
+concept Compressor =
+    requires { typename C::compressor_tag; typename C::memory_space; typename C::options; } &&
+    std::constructible_from<C, const layout&, const typename C::options&> &&
+    requires(C& c, const C& cc, grad_view<typename C::memory_space> v, const step_params& p,
+             std::span<std::byte> out, std::span<const std::byte> in, compress_stats& st, float scale) {
+      { C::summable_by_index } -> std::convertible_to<bool>;
+      { cc.max_packet_bytes() } -> std::same_as<std::size_t>;
+      { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
+      { cc.validate(in) } -> std::same_as<validation>;
+      c.decompress_add(in, v, scale);
+    };
+
+//! How compressed gradients from all ranks become one averaged gradient.
+//! `K::accepts<C>` says which compressors it can aggregate.
+template <class K>
+concept Collective = requires { typename K::collective_tag; typename K::options; };
+
+//! Reads step statistics and decides the next step's parameters, identically on every rank.
+//!
+//! - `plan(params)` fills the kept fractions, collective hint and gain candidates for
+//!   step `params.step`; it must depend only on what all ranks share.
+//! - `observe(report)` sees the step's report; when `needs_statistics` is true the
+//!   trainer averages norms, gains and times over the ranks first.
+//! - `on_interval(info)` marks the end of an epoch or of every F steps.
+//! - `save(bytes)` / `load(bytes)` carry the policy's state through a checkpoint.
+template <class P>
+concept Policy =
+    requires { typename P::policy_tag; typename P::options; } &&
+    std::constructible_from<P, const layout&, const typename P::options&> &&
+    requires(P& p, const P& cp, step_params& sp, const step_report& r, const interval_info& iv,
+             std::vector<std::byte>& out, std::span<const std::byte> in) {
+      { P::needs_statistics } -> std::convertible_to<bool>;
+      p.plan(sp);
+      p.observe(r);
+      p.on_interval(iv);
+      cp.save(out);
+      p.load(in);
+    };
+
+//! Compressor \p C and collective \p K can be composed.
+template <class K, class C>
+concept CollectiveAccepts = Collective<K> && Compressor<C> && K::template accepts<C>;
+
+//! Communicator \p M carries data of compressor \p C's memory space.
+template <class M, class C>
+concept CommunicatorFor = Communicator<M> && Compressor<C> &&
+                          std::same_as<typename M::memory_space, typename C::memory_space>;
+
+//! Compressors whose packets can be summed elementwise once indices are shared.
+template <class C>
+concept SummableCompressor = Compressor<C> && static_cast<bool>(C::summable_by_index);
+
+}  // namespace gravac

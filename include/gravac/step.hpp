@@ -1,0 +1,141 @@
+#pragma once
+//! \file step.hpp
+//! \brief What a policy decides for a step (step_params) and what a step reports back
+//! (compress_stats from the compressor, step_report from the trainer).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace gravac {
+
+//! Which aggregation a switching collective should use; fixed collectives ignore it.
+enum class collective_kind : std::uint8_t {
+  automatic = 0,         //!< let the collective decide (e.g. by its cost model)
+  dense_allreduce = 1,   //!< decompress locally, Allreduce the dense buffer
+  allgather = 2,         //!< Allgather variable-length packets
+  allreduce_compatible = 3,  //!< AR-Topk: shared indices, Allreduce of the values
+};
+
+//! Short name of a collective kind.
+constexpr std::string_view to_string(collective_kind k) noexcept {
+  switch (k) {
+    case collective_kind::automatic: return "automatic";
+    case collective_kind::dense_allreduce: return "dense_allreduce";
+    case collective_kind::allgather: return "allgather";
+    case collective_kind::allreduce_compatible: return "allreduce_compatible";
+  }
+  return "unknown";
+}
+
+//! A kept fraction of 1 (or more) means "send this layer uncompressed".
+inline constexpr double dense_fraction = 1.0;
+
+//! Number of values kept of \p numel at kept fraction \p fraction: rounded to nearest,
+//! at least one when the fraction is positive and the layer is not empty, at most numel.
+//! Every compressor uses this so that ranks and compressors agree on k.
+constexpr std::size_t kept_count(std::size_t numel, double fraction) noexcept {
+  if (numel == 0 || !(fraction > 0.0)) return 0;
+  if (fraction >= 1.0) return numel;
+  const double k = std::floor(fraction * static_cast<double>(numel) + 0.5);
+  return std::clamp<std::size_t>(static_cast<std::size_t>(k), 1, numel);
+}
+
+//! The parameters of one step, decided by the policy identically on every rank.
+struct step_params {
+  std::uint64_t step = 0;               //!< global step counter
+  std::uint64_t seed = 0;               //!< seed shared by all ranks (random-k, stochastic rounding)
+  std::vector<double> kept_fraction;    //!< per layer; >= 1 sends the layer dense
+  double global_fraction = dense_fraction;  //!< kept fraction when a compressor selects over the whole buffer
+  collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
+  std::span<const double> gain_candidates;  //!< kept fractions whose gain the compressor must report
+  bool collect_norms = true;            //!< fill per-layer norms even on the dense fast path
+
+  //! Sets every layer (and the whole-buffer fraction) to \p f.
+  void set_all(double f) {
+    std::fill(kept_fraction.begin(), kept_fraction.end(), f);
+    global_fraction = f;
+  }
+  //! True when every layer is sent dense.
+  [[nodiscard]] bool all_dense() const noexcept {
+    return global_fraction >= dense_fraction &&
+           std::all_of(kept_fraction.begin(), kept_fraction.end(), [](double f) { return f >= dense_fraction; });
+  }
+};
+
+//! What a compressor measured about one layer while compressing.
+struct layer_stats {
+  std::size_t kept = 0;     //!< values (or codes) sent for this layer
+  double grad_sq = 0;       //!< ||g_l||^2 of the local gradient
+  double input_sq = 0;      //!< ||u_l||^2, u = g + e
+  double kept_sq = 0;       //!< ||C(u_l)||^2, the energy sent
+};
+
+//! What a compressor measured while compressing one step's buffer.
+struct compress_stats {
+  std::vector<layer_stats> layers;  //!< one per layer of the layout
+  std::vector<double> candidate_kept_sq;  //!< for each gain candidate: ||C_c(u)||^2 over the buffer
+  bool non_finite = false;          //!< a NaN or infinity was seen in g or e
+
+  //! Resets counters without releasing memory (no allocation after the first step).
+  void reset(std::size_t n_layers, std::size_t n_candidates) {
+    layers.assign(n_layers, layer_stats{});
+    candidate_kept_sq.assign(n_candidates, 0.0);
+    non_finite = false;
+  }
+  //! ||u||^2 over the buffer.
+  [[nodiscard]] double input_sq() const noexcept {
+    double s = 0;
+    for (const auto& l : layers) s += l.input_sq;
+    return s;
+  }
+  //! ||C(u)||^2 over the buffer.
+  [[nodiscard]] double kept_sq() const noexcept {
+    double s = 0;
+    for (const auto& l : layers) s += l.kept_sq;
+    return s;
+  }
+};
+
+//! Compression gain ||C(u)|| / ||u|| from squared norms; 1 for an all-zero input.
+constexpr double gain_from_sq(double kept_sq, double input_sq) noexcept {
+  return input_sq > 0 ? std::sqrt(kept_sq / input_sq) : 1.0;
+}
+
+//! What one trainer step did: the parameters used, bytes, gains and times.
+//! Reused from step to step (no allocation after the first).
+struct step_report {
+  std::uint64_t step = 0;                   //!< the step this reports
+  std::vector<double> kept_fraction;        //!< per layer: values sent / numel (achieved, local)
+  std::vector<double> layer_grad_norm;      //!< per layer ||g_l|| (averaged over ranks when the policy asks)
+  std::vector<double> gain_candidates;      //!< the candidate kept fractions of gain_curve
+  std::vector<double> gain_curve;           //!< gain at each candidate (averaged over ranks when the policy asks)
+  double gain = 1;                          //!< ||C(u)|| / ||u|| of what was sent
+  std::size_t bytes_sent = 0;               //!< bytes this rank put on the wire
+  std::size_t dense_bytes = 0;              //!< bytes a dense fp32 Allreduce would have sent
+  collective_kind collective = collective_kind::dense_allreduce;  //!< the aggregation used
+  double compress_s = 0;                    //!< seconds spent compressing
+  double communicate_s = 0;                 //!< seconds in the collective (measured)
+  double decompress_s = 0;                  //!< seconds decompressing and averaging
+  double modeled_communicate_s = 0;         //!< seconds charged by a network model (0 without one)
+  bool skipped = false;                     //!< the step was skipped (non-finite gradient, skip mode)
+  bool statistics_synchronized = false;     //!< norms, gains and times were averaged over ranks
+};
+
+}  // namespace gravac
+
+namespace gravac {
+
+//! The end of an interval (an epoch, or every F steps), passed to Policy::on_interval.
+struct interval_info {
+  std::uint64_t step = 0;        //!< steps completed so far
+  std::uint64_t epoch = 0;       //!< epochs completed so far
+  double learning_rate = 0;      //!< the learning rate for the next interval
+  double samples = 0;            //!< samples processed (all ranks) during the interval
+};
+
+}  // namespace gravac

@@ -1,0 +1,88 @@
+#pragma once
+// Helpers shared by gravac's tests: layouts with awkward shapes, gradient generators,
+// and the serial reference of a data-parallel step.
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "gravac/gravac.hpp"
+
+namespace gravac::test {
+
+// A layout with a conv, a dense, a bias, an empty layer and an odd-sized tail.
+inline layout mixed_layout() {
+  layout l;
+  l.add("conv1.weight", {8, 3, 3, 3}, layer_kind::conv);
+  l.add("conv1.bias", {8}, layer_kind::bias_or_norm);
+  l.add("fc1.weight", {33, 17}, layer_kind::dense);
+  l.add("empty", {0}, layer_kind::dense);
+  l.add("fc2.weight", {10, 33}, layer_kind::dense);
+  l.add("tail", {13}, layer_kind::bias_or_norm);
+  return l;
+}
+
+enum class distribution { gaussian, laplace, all_equal, narrow };
+
+// Deterministic test data: std::mt19937_64 is specified exactly; only the distributions
+// are implementation-defined, which is fine within one build.
+inline std::vector<float> make_data(std::size_t n, std::uint64_t seed, distribution d = distribution::gaussian) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(n);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::exponential_distribution<float> expo(1.0f);
+  std::uniform_real_distribution<float> unif(1.0f, 1.00003f);
+  std::bernoulli_distribution coin(0.5);
+  for (auto& x : v) {
+    switch (d) {
+      case distribution::gaussian: x = normal(rng); break;
+      case distribution::laplace: x = (coin(rng) ? 1.0f : -1.0f) * expo(rng); break;
+      case distribution::all_equal: x = 0.5f; break;
+      case distribution::narrow: x = (coin(rng) ? 1.0f : -1.0f) * unif(rng); break;
+    }
+  }
+  return v;
+}
+
+// Parameters with every layer at fraction f.
+inline step_params params_for(const layout& lay, double f, std::uint64_t step = 0, std::uint64_t seed = 7) {
+  step_params p;
+  p.kept_fraction.assign(lay.size(), f);
+  p.global_fraction = f;
+  p.step = step;
+  p.seed = seed;
+  return p;
+}
+
+// The serial reference of one step: rank r's packet is C(g_r + e_r); the result is
+// sum_r (1/N) * decompress(packet_r), accumulated in rank order (as allgather does).
+// Residuals are updated as each rank's would be.
+template <class C>
+std::vector<float> serial_reference(const layout& lay, const typename C::options& opt, const step_params& p,
+                                    const std::vector<std::vector<float>>& grads,
+                                    std::vector<std::vector<float>>& residuals) {
+  const auto n = grads.size();
+  std::vector<float> out(lay.numel(), 0.0f);
+  for (std::size_t r = 0; r < n; ++r) {
+    C c(lay, opt);
+    std::vector<std::byte> packet(c.max_packet_bytes());
+    std::vector<float> g = grads[r];
+    compress_stats st;
+    const auto bytes = c.compress(host_view(g), host_view(residuals[r]), p, packet, st);
+    c.decompress_add(std::span<const std::byte>(packet.data(), bytes), host_view(out),
+                     1.0f / static_cast<float>(n));
+  }
+  return out;
+}
+
+// Largest |a - b| relative to max(1, |b|).
+inline double max_rel_diff(std::span<const float> a, std::span<const float> b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::fabs(double(a[i]) - double(b[i])) / std::max(1.0, std::fabs(double(b[i]))));
+  return m;
+}
+
+}  // namespace gravac::test
