@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
@@ -65,5 +66,14 @@ class grad_view {
 
 //! A view of host memory.
 using host_view = grad_view<host_space>;
+
+//! The owning float buffer of memory space \p Space (the trainer's residual). The type
+//! must be constructible from an element count (zero-filled) and have data() and size().
+//! Host memory uses std::vector; the CUDA backend specializes this for cuda_space.
+template <class Space>
+struct storage_for {
+  //! Owning buffer type.
+  using type = std::vector<float>;
+};
 
 }  // namespace gravac

@@ -75,7 +75,7 @@ class trainer {
                   "(a device-memory compressor needs a communicator that accepts device memory)");
     require(lay.numel() > 0, "trainer: the layout has no elements");
     if (opt.verify_layout) verify_layout_across_ranks();
-    residual_.assign(lay.numel(), 0.0f);
+    residual_ = typename storage_for<memory_space>::type(lay.numel());
     collective_.prepare(compressor_);
     params_.kept_fraction.assign(lay.size(), dense_fraction);
     params_.seed = opt.seed;
@@ -100,31 +100,47 @@ class trainer {
     policy_.plan(params_);
     params_.collect_norms = P::needs_statistics;
     report_.step = step_;
+    const auto now = std::chrono::steady_clock::now();
+    report_.iteration_s = step_ > 0 ? std::chrono::duration<double>(now - last_return_).count() : 0.0;
     report_.skipped = false;
     report_.modeled_communicate_s = 0;
 
     if (handle_non_finite(grads)) {
       ++step_;
+      last_return_ = std::chrono::steady_clock::now();
       return report_;
     }
 
     step_buffers<memory_space> buf{grads, grad_view<memory_space>(residual_.data(), residual_.size()), residual_zero_};
+    const double modeled_before = comm_.modeled_seconds();
     collective_.aggregate(compressor_, comm_, buf, params_, stats_, report_);
+    report_.modeled_communicate_s = comm_.modeled_seconds() - modeled_before;
     residual_zero_ = params_.all_dense();
     fill_report();
     if constexpr (P::needs_statistics) synchronize_statistics();
     policy_.observe(report_);
     ++step_;
+    last_return_ = std::chrono::steady_clock::now();
     return report_;
   }
 
   //! Marks the end of an interval (an epoch, or every F steps) for the policy.
   void end_interval(const interval_info& info) { policy_.on_interval(info); }
 
-  //! The error-feedback residual (flat, in layout order).
-  [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
-  //! Mutable residual, for checkpoint restore.
-  [[nodiscard]] std::span<float> residual() noexcept { return residual_; }
+  //! The error-feedback residual (flat, in layout order, in the compressor's memory space).
+  [[nodiscard]] grad_view<memory_space> residual_view() noexcept { return {residual_.data(), residual_.size()}; }
+  //! The error-feedback residual (host memory spaces).
+  [[nodiscard]] std::span<const float> residual() const noexcept
+    requires memory_space::host_accessible
+  {
+    return {residual_.data(), residual_.size()};
+  }
+  //! Mutable residual, for checkpoint restore (host memory spaces).
+  [[nodiscard]] std::span<float> residual() noexcept
+    requires memory_space::host_accessible
+  {
+    return {residual_.data(), residual_.size()};
+  }
   //! Steps run so far.
   [[nodiscard]] std::uint64_t steps() const noexcept { return step_; }
   //! Sets the step counter (checkpoint restore).
@@ -253,13 +269,14 @@ class trainer {
   C compressor_;
   K collective_;
   P policy_;
-  std::vector<float> residual_;
+  typename storage_for<memory_space>::type residual_;
   bool residual_zero_ = true;
   step_params params_;
   compress_stats stats_;
   step_report report_;
   std::vector<double> sync_;
   std::uint64_t step_ = 0;
+  std::chrono::steady_clock::time_point last_return_{};
 };
 
 }  // namespace gravac

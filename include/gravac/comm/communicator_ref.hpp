@@ -62,6 +62,9 @@ class communicator_ref {
   }
   //! Barrier.
   void barrier() { vt_->barrier(self_); }
+  //! Seconds a network model has charged so far (a simulated network's virtual clock);
+  //! 0 for engines without a model, which provide no `modeled_seconds()`.
+  [[nodiscard]] double modeled_seconds() const { return vt_->modeled(self_); }
 
  private:
   struct vtable {
@@ -73,6 +76,7 @@ class communicator_ref {
     void (*gather)(void*, std::span<const std::byte>, byte_buffer&, std::vector<std::size_t>&);
     void (*bcast)(void*, std::span<std::byte>, int);
     void (*barrier)(void*);
+    double (*modeled)(const void*);
   };
   template <class M>
   static constexpr vtable table{
@@ -86,6 +90,12 @@ class communicator_ref {
       },
       [](void* s, std::span<std::byte> d, int root) { static_cast<M*>(s)->broadcast(d, root); },
       [](void* s) { static_cast<M*>(s)->barrier(); },
+      [](const void* s) -> double {
+        if constexpr (requires(const M& m) { m.modeled_seconds(); })
+          return static_cast<const M*>(s)->modeled_seconds();
+        else
+          return 0.0;
+      },
   };
 
   void* self_;
