@@ -54,6 +54,8 @@ struct step_params {
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
   std::span<const double> gain_candidates;  //!< kept fractions whose gain the compressor must report
   bool collect_norms = true;            //!< fill per-layer norms even on the dense fast path
+  std::vector<std::uint32_t> bin_length;  //!< AdaComp's L_T per layer (0: the compressor's default for the kind)
+  int ranks = 1;                        //!< number of ranks (cast16 divides by it before the sum)
 
   //! Sets every layer (and the whole-buffer fraction) to \p f.
   void set_all(double f) {

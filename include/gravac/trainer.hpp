@@ -78,6 +78,8 @@ class trainer {
     residual_ = typename storage_for<memory_space>::type(lay.numel());
     collective_.prepare(compressor_);
     params_.kept_fraction.assign(lay.size(), dense_fraction);
+    params_.bin_length.assign(lay.size(), 0);
+    params_.ranks = comm_.size();
     params_.seed = opt.seed;
     report_.kept_fraction.assign(lay.size(), 0.0);
     report_.layer_grad_norm.assign(lay.size(), 0.0);
