@@ -124,7 +124,7 @@ struct step_report {
   double communicate_s = 0;                 //!< seconds in the collective (measured)
   double decompress_s = 0;                  //!< seconds decompressing and averaging
   double modeled_communicate_s = 0;         //!< seconds charged by a network model (0 without one)
-  double iteration_s = 0;                   //!< wall time from the previous step's return to this one's (0 at first)
+  double iteration_s = 0;                   //!< wall time from the previous step's return to this step's call: the caller's compute (0 at first)
   bool skipped = false;                     //!< the step was skipped (non-finite gradient, skip mode)
   bool statistics_synchronized = false;     //!< norms, gains and times were averaged over ranks
 };

@@ -103,7 +103,10 @@ class trainer {
     params_.collect_norms = P::needs_statistics;
     report_.step = step_;
     const auto now = std::chrono::steady_clock::now();
-    report_.iteration_s = step_ > 0 ? std::chrono::duration<double>(now - last_return_).count() : 0.0;
+    // No previous return yet (first step, or first after a checkpoint restore): 0, not "since boot".
+    report_.iteration_s = last_return_ != decltype(last_return_){}
+                              ? std::chrono::duration<double>(now - last_return_).count()
+                              : 0.0;
     report_.skipped = false;
     report_.modeled_communicate_s = 0;
 
@@ -130,7 +133,11 @@ class trainer {
   void end_interval(const interval_info& info) { policy_.on_interval(info); }
 
   //! The error-feedback residual (flat, in layout order, in the compressor's memory space).
-  [[nodiscard]] grad_view<memory_space> residual_view() noexcept { return {residual_.data(), residual_.size()}; }
+  //! The caller may write through it, so the residual is no longer assumed zero.
+  [[nodiscard]] grad_view<memory_space> residual_view() noexcept {
+    residual_zero_ = false;
+    return {residual_.data(), residual_.size()};
+  }
   //! The error-feedback residual (host memory spaces).
   [[nodiscard]] std::span<const float> residual() const noexcept
     requires memory_space::host_accessible
@@ -141,6 +148,7 @@ class trainer {
   [[nodiscard]] std::span<float> residual() noexcept
     requires memory_space::host_accessible
   {
+    residual_zero_ = false;  // the caller may write through it (checkpoint restore)
     return {residual_.data(), residual_.size()};
   }
   //! Steps run so far.
@@ -257,11 +265,15 @@ class trainer {
     for (std::size_t i = 0; i < L; ++i) report_.layer_grad_norm[i] = sync_[i] * inv;
     report_.gain = sync_[L] * inv;
     for (std::size_t c = 0; c < G; ++c) report_.gain_curve[c] = sync_[L + 1 + c] * inv;
-    double times[3] = {report_.compress_s, report_.communicate_s, report_.decompress_s};
-    comm_.allreduce_max(std::span<double>(times, 3));
+    // Every time a policy's clock may read (time_source.hpp) is the slowest rank's.
+    double times[5] = {report_.compress_s, report_.communicate_s, report_.decompress_s, report_.iteration_s,
+                       report_.modeled_communicate_s};
+    comm_.allreduce_max(std::span<double>(times, 5));
     report_.compress_s = times[0];
     report_.communicate_s = times[1];
     report_.decompress_s = times[2];
+    report_.iteration_s = times[3];
+    report_.modeled_communicate_s = times[4];
     report_.statistics_synchronized = true;
   }
 

@@ -8,6 +8,7 @@
 
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/policy/detail/policy_state.hpp"
 
 namespace gravac {
 
@@ -27,6 +28,8 @@ class fixed_policy {
   using options = fixed_policy_options;
   //! The fixed policy needs no statistics from the ranks.
   static constexpr bool needs_statistics = false;
+  //! Version of the bytes save() writes.
+  static constexpr std::uint32_t state_version = 1;
 
   //! A policy for \p lay; rejects a kept fraction outside (0, 1].
   fixed_policy(const layout& lay, const options& opt = {}) : options_(opt) {
@@ -36,6 +39,10 @@ class fixed_policy {
     if (opt.one_dim_dense)
       for (std::size_t i = 0; i < lay.size(); ++i)
         if (lay[i].rank() <= 1) fractions_[i] = dense_fraction;
+    fingerprint_ = detail::fingerprint(lay)
+                       .add(opt.kept_fraction).add(std::uint64_t{opt.one_dim_dense})
+                       .add(std::uint64_t(opt.collective))
+                       .value();
   }
 
   //! Same fractions every step.
@@ -49,14 +56,26 @@ class fixed_policy {
   void observe(const step_report&) noexcept {}
   //! Nothing to do at interval ends.
   void on_interval(const interval_info&) noexcept {}
-  //! No state to save.
-  void save(std::vector<std::byte>&) const noexcept {}
-  //! No state to restore.
-  void load(std::span<const std::byte>) noexcept {}
+  //! Writes only the versioned header (there is no state), so that loading it into a
+  //! different policy or configuration fails loudly.
+  void save(std::vector<std::byte>& out) const {
+    detail::state_writer w(out);
+    w.header(state_tag, state_version, fingerprint_);
+  }
+  //! Checks what save() wrote; empty bytes are accepted (nothing to restore).
+  void load(std::span<const std::byte> in) const {
+    if (in.empty()) return;
+    detail::state_reader r(in, "fixed_policy");
+    r.header(state_tag, state_version, fingerprint_);
+    r.finish();
+  }
 
  private:
+  static constexpr std::uint32_t state_tag = 0x44584946;  // "FIXD"
+
   options options_;
   std::vector<double> fractions_;
+  std::uint64_t fingerprint_ = 0;
 };
 static_assert(Policy<fixed_policy>);
 

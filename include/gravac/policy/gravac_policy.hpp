@@ -1,0 +1,353 @@
+#pragma once
+//! \file gravac_policy.hpp
+//! \brief GraVAC (Tyagi & Swany 2023): adapt the compression factor during training by
+//! weighing compression throughput against the information compression loses.
+//!
+//! The rules, step by step (algorithms.md, "GraVAC"):
+//! - gain(c) = ||C_c(u)|| / ||u|| over the whole model, from the step's gain curve (one
+//!   residual: both gains come from the same u), averaged over ranks by the trainer and
+//!   smoothed by an EWMA with alpha = 2 / (w + 1) (the usual "span w" convention).
+//! - Warm-up: the first `warmup_steps` steps send at CF_min.
+//! - Candidates: CF_min, CF_min / s, CF_min / s^2, ... while below CF_max, then CF_max.
+//! - Every step at candidate c: c if smoothed gain(c) >= eps, else CF_min if smoothed
+//!   gain(CF_min) >= eps, else dense. A candidate that has no measured gain yet (its
+//!   first step) counts as below eps, so an unseen ratio is never sent blind.
+//! - CT(c) = samples per second over c's evaluation period * mean gain(c) over it.
+//! - After each period, in this order: stop if the two best CTs differ by less than
+//!   omega (relative to the better: (CT1 - CT2) / CT1 < omega) and keep the more
+//!   aggressive of the two; else stop if CT fell for the new candidate and keep the best
+//!   so far; else stop at CF_max keeping the best; else move to the next candidate.
+//! - After the search the kept CF is monitored: the fallback rule applies every step.
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gravac/concepts.hpp"
+#include "gravac/error.hpp"
+#include "gravac/policy/detail/policy_state.hpp"
+#include "gravac/policy/time_source.hpp"
+
+namespace gravac {
+
+//! Options of gravac_policy; defaults are those of algorithms.md.
+struct gravac_policy_options {
+  double cf_min = 10;              //!< CF_min: warm-up and fallback compression factor, >= 1
+  double cf_max = 1000;            //!< CF_max: the last candidate, >= cf_min
+  double scale = 0.5;              //!< s in (0, 1): each candidate is the previous one times 1/s
+  std::uint32_t window = 25;       //!< w >= 1: EWMA window of the gain
+  std::uint32_t warmup_steps = 25; //!< steps sent at CF_min before the search (w in the paper)
+  double epsilon = 0.7;            //!< eps in [0, 1]: the least gain a ratio must keep to be sent
+  double omega = 0.05;             //!< omega in [0, 1): relative CT difference below which the search stops
+  std::uint64_t period_steps = 0;  //!< P: steps per evaluation period; 0 = one interval (an epoch, see end_interval)
+  double samples_per_step = 0;     //!< global batch size; 0 = from interval_info::samples, else 1 (steps per second)
+  time_options time{};             //!< the clock CT is measured with (measured, modeled or simulated)
+  bool one_dim_dense = false;      //!< send 1-D tensors (biases, norms) uncompressed
+  collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
+};
+
+//! Where gravac_policy is in its life.
+enum class gravac_phase : std::uint8_t {
+  warmup,      //!< sending at CF_min for the first warmup_steps steps
+  searching,   //!< evaluating candidates one period each
+  monitoring,  //!< search over: the kept CF, with the eps fallback every step
+};
+
+//! Short name of a gravac phase.
+constexpr std::string_view to_string(gravac_phase p) noexcept {
+  switch (p) {
+    case gravac_phase::warmup: return "warmup";
+    case gravac_phase::searching: return "searching";
+    case gravac_phase::monitoring: return "monitoring";
+  }
+  return "unknown";
+}
+
+//! GraVAC's adaptive compression factor. Models Policy. Every input of a decision comes
+//! from the trainer's rank-synchronized report, so all ranks decide identically.
+class gravac_policy {
+ public:
+  //! Opt-in tag for the Policy concept.
+  using policy_tag = void;
+  //! Options (see gravac_policy_options).
+  using options = gravac_policy_options;
+  //! Decisions use gains and times averaged (times: maximized) over the ranks.
+  static constexpr bool needs_statistics = true;
+  //! Most candidates a configuration may produce (guards against s close to 1).
+  static constexpr std::size_t max_candidates = 4096;
+  //! Version of the bytes save() writes.
+  static constexpr std::uint32_t state_version = 1;
+
+  //! A policy for \p lay; throws gravac::error on an option out of its domain.
+  gravac_policy(const layout& lay, const options& opt = {}) : opt_(opt) {
+    const auto num = [](double v) { return std::to_string(v); };
+    require(std::isfinite(opt.cf_min) && opt.cf_min >= 1, "gravac_policy: cf_min must be finite and >= 1, got " + num(opt.cf_min));
+    require(std::isfinite(opt.cf_max) && opt.cf_max >= opt.cf_min,
+            "gravac_policy: cf_max must be finite and >= cf_min, got " + num(opt.cf_max));
+    require(opt.scale > 0 && opt.scale < 1, "gravac_policy: scale (s) must be in (0, 1), got " + num(opt.scale));
+    require(opt.window >= 1, "gravac_policy: window must be >= 1");
+    require(opt.epsilon >= 0 && opt.epsilon <= 1, "gravac_policy: epsilon must be in [0, 1], got " + num(opt.epsilon));
+    require(opt.omega >= 0 && opt.omega < 1, "gravac_policy: omega must be in [0, 1), got " + num(opt.omega));
+    require(std::isfinite(opt.samples_per_step) && opt.samples_per_step >= 0,
+            "gravac_policy: samples_per_step must be finite and >= 0, got " + num(opt.samples_per_step));
+    opt.time.validate("gravac_policy");
+    // Candidates: multiply by 1/s while below CF_max (a relative margin absorbs rounding), then CF_max.
+    for (double c = opt.cf_min; c < opt.cf_max * (1 - 1e-9); c /= opt.scale) {
+      candidates_.push_back(c);
+      require(candidates_.size() < max_candidates,
+              "gravac_policy: cf_min, cf_max and scale give more than " + std::to_string(max_candidates) + " candidates");
+    }
+    candidates_.push_back(opt.cf_max);
+    ct_.assign(candidates_.size(), std::numeric_limits<double>::quiet_NaN());
+    one_dim_.resize(lay.size());
+    for (std::size_t i = 0; i < lay.size(); ++i) one_dim_[i] = opt.one_dim_dense && lay[i].rank() <= 1;
+    alpha_ = 2.0 / (static_cast<double>(opt.window) + 1.0);
+    phase_ = opt.warmup_steps > 0 ? gravac_phase::warmup : gravac_phase::searching;
+    fingerprint_ = detail::fingerprint(lay)
+                       .add(opt.cf_min).add(opt.cf_max).add(opt.scale).add(std::uint64_t{opt.window})
+                       .add(std::uint64_t{opt.warmup_steps}).add(opt.epsilon).add(opt.omega).add(opt.period_steps)
+                       .add(opt.samples_per_step).add(std::uint64_t(opt.time.source)).add(opt.time.compute_s)
+                       .add(std::uint64_t{opt.one_dim_dense}).add(std::uint64_t(opt.collective))
+                       .value();
+  }
+
+  //! Fills the next step's kept fractions (1 / CF, or dense) and asks for the gains of
+  //! the current candidate and of CF_min. Changes no decision state.
+  void plan(step_params& p) {
+    const double cf = current_cf();
+    const double f = cf <= 1 ? dense_fraction : 1.0 / cf;
+    p.kept_fraction.resize(one_dim_.size());
+    for (std::size_t i = 0; i < one_dim_.size(); ++i) p.kept_fraction[i] = one_dim_[i] ? dense_fraction : f;
+    p.global_fraction = f;
+    p.collective = opt_.collective;
+    request_[0] = 1.0 / candidates_[candidate_];
+    request_[1] = 1.0 / opt_.cf_min;
+    p.gain_candidates = std::span<const double>(request_.data(), candidate_ == 0 ? 1 : 2);
+  }
+
+  //! Takes in one step's (rank-synchronized) gains and times.
+  void observe(const step_report& r) {
+    if (r.skipped) return;
+    ++observed_;
+    ++interval_steps_;
+    double g_min = 0, g_c = 0;
+    const bool has_min = find_gain(r, 1.0 / opt_.cf_min, g_min);
+    const bool has_c = candidate_ == 0 ? has_min : find_gain(r, 1.0 / candidates_[candidate_], g_c);
+    if (candidate_ == 0) g_c = g_min;
+    if (has_min) gain_min_.update(g_min, alpha_);
+    if (candidate_ == 0)
+      gain_c_ = gain_min_;
+    else if (has_c)
+      gain_c_.update(g_c, alpha_);
+
+    switch (phase_) {
+      case gravac_phase::warmup:
+        if (observed_ >= opt_.warmup_steps) {
+          phase_ = gravac_phase::searching;
+          period_ = {};
+        }
+        break;
+      case gravac_phase::searching:
+        ++period_.steps;
+        period_.seconds += step_seconds(r, opt_.time);
+        if (has_c) {
+          period_.gain_sum += g_c;
+          ++period_.gain_count;
+        }
+        if (opt_.period_steps > 0 && period_.steps == opt_.period_steps)
+          end_period(static_cast<double>(period_.steps) * (opt_.samples_per_step > 0 ? opt_.samples_per_step : 1.0));
+        break;
+      case gravac_phase::monitoring: break;
+    }
+  }
+
+  //! The end of an interval: closes the evaluation period when periods are intervals.
+  void on_interval(const interval_info& info) {
+    const std::uint64_t steps = interval_steps_;
+    interval_steps_ = 0;
+    if (phase_ != gravac_phase::searching || opt_.period_steps > 0 || period_.steps == 0) return;
+    double per_step = 1.0;
+    if (opt_.samples_per_step > 0)
+      per_step = opt_.samples_per_step;
+    else if (info.samples > 0 && steps > 0)
+      per_step = info.samples / static_cast<double>(steps);  // the period may be the tail of the interval
+    end_period(per_step * static_cast<double>(period_.steps));
+  }
+
+  //! Appends the full state (versioned) to \p out.
+  void save(std::vector<std::byte>& out) const {
+    detail::state_writer w(out);
+    w.header(state_tag, state_version, fingerprint_);
+    w.put(static_cast<std::uint8_t>(phase_));
+    w.put<std::uint64_t>(observed_);
+    w.put<std::uint64_t>(interval_steps_);
+    w.put<std::uint64_t>(candidate_);
+    for (const ewma* e : {&gain_c_, &gain_min_}) {
+      w.put(e->value);
+      w.put<std::uint8_t>(e->ready);
+    }
+    w.put<std::uint64_t>(period_.steps);
+    w.put(period_.seconds);
+    w.put(period_.gain_sum);
+    w.put<std::uint64_t>(period_.gain_count);
+    w.put_vector(ct_);
+  }
+  //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
+  //! another policy, version, options or layout, or on truncated or corrupt bytes.
+  void load(std::span<const std::byte> in) {
+    detail::state_reader r(in, "gravac_policy");
+    r.header(state_tag, state_version, fingerprint_);
+    const auto phase = r.get<std::uint8_t>();
+    const auto observed = r.get<std::uint64_t>();
+    const auto interval_steps = r.get<std::uint64_t>();
+    const auto candidate = r.get<std::uint64_t>();
+    ewma gain_c, gain_min;
+    for (ewma* e : {&gain_c, &gain_min}) {
+      e->value = r.get<double>();
+      e->ready = r.get<std::uint8_t>() != 0;
+    }
+    period_sums period;
+    period.steps = r.get<std::uint64_t>();
+    period.seconds = r.get<double>();
+    period.gain_sum = r.get<double>();
+    period.gain_count = r.get<std::uint64_t>();
+    std::vector<double> ct;
+    r.get_vector(ct, candidates_.size());
+    r.finish();
+    if (phase > static_cast<std::uint8_t>(gravac_phase::monitoring)) r.fail("unknown phase");
+    if (candidate >= candidates_.size()) r.fail("candidate index out of range");
+    phase_ = static_cast<gravac_phase>(phase);
+    observed_ = observed;
+    interval_steps_ = interval_steps;
+    candidate_ = static_cast<std::size_t>(candidate);
+    gain_c_ = gain_c;
+    gain_min_ = gain_min;
+    period_ = period;
+    ct_ = std::move(ct);
+  }
+
+  //! The compression factor the next step will use (1 = dense).
+  [[nodiscard]] double current_cf() const noexcept {
+    if (phase_ == gravac_phase::warmup) return opt_.cf_min;
+    const double c = candidates_[candidate_];
+    if (gain_c_.ready && gain_c_.value >= opt_.epsilon) return c;
+    if (gain_min_.ready && gain_min_.value >= opt_.epsilon) return opt_.cf_min;
+    return 1.0;
+  }
+  //! The phase: warm-up, searching or monitoring.
+  [[nodiscard]] gravac_phase phase() const noexcept { return phase_; }
+  //! True while candidates are being evaluated (warm-up included).
+  [[nodiscard]] bool searching() const noexcept { return phase_ != gravac_phase::monitoring; }
+  //! The candidate under evaluation, or the one kept after the search.
+  [[nodiscard]] double candidate_cf() const noexcept { return candidates_[candidate_]; }
+  //! Index of candidate_cf() in candidates().
+  [[nodiscard]] std::size_t candidate_index() const noexcept { return candidate_; }
+  //! All candidate compression factors, CF_min first, CF_max last.
+  [[nodiscard]] std::span<const double> candidates() const noexcept { return candidates_; }
+  //! CT of each candidate (samples per second * mean gain); NaN where not evaluated.
+  [[nodiscard]] std::span<const double> throughput_table() const noexcept { return ct_; }
+  //! Smoothed gain of the current candidate (NaN before its first measurement).
+  [[nodiscard]] double smoothed_gain() const noexcept { return gain_c_.get(); }
+  //! Smoothed gain of CF_min (NaN before its first measurement).
+  [[nodiscard]] double smoothed_gain_min() const noexcept { return gain_min_.get(); }
+  //! Steps observed so far.
+  [[nodiscard]] std::uint64_t steps_observed() const noexcept { return observed_; }
+  //! Steps of the evaluation period in progress.
+  [[nodiscard]] std::uint64_t period_steps_done() const noexcept { return period_.steps; }
+  //! The options.
+  [[nodiscard]] const options& get_options() const noexcept { return opt_; }
+
+ private:
+  static constexpr std::uint32_t state_tag = 0x43565247;  // "GRVC"
+
+  // EWMA that starts from its first sample.
+  struct ewma {
+    double value = 0;
+    bool ready = false;
+    void update(double x, double alpha) noexcept {
+      value = ready ? value + alpha * (x - value) : x;
+      ready = true;
+    }
+    [[nodiscard]] double get() const noexcept { return ready ? value : std::numeric_limits<double>::quiet_NaN(); }
+  };
+  // What the evaluation period in progress has accumulated.
+  struct period_sums {
+    std::uint64_t steps = 0;
+    double seconds = 0;
+    double gain_sum = 0;
+    std::uint64_t gain_count = 0;
+  };
+
+  // The gain the report gives for kept fraction f (the trainer copies the requested
+  // fractions, so exact comparison finds them).
+  static bool find_gain(const step_report& r, double f, double& g) noexcept {
+    for (std::size_t j = 0; j < r.gain_candidates.size() && j < r.gain_curve.size(); ++j)
+      if (r.gain_candidates[j] == f) {
+        g = r.gain_curve[j];
+        return true;
+      }
+    return false;
+  }
+
+  // CT of the candidate under evaluation, then the stop / advance rules of algorithms.md.
+  void end_period(double samples) {
+    const double mean_gain = period_.gain_count ? period_.gain_sum / static_cast<double>(period_.gain_count) : 0.0;
+    ct_[candidate_] = period_.seconds > 0 ? samples / period_.seconds * mean_gain : 0.0;
+    period_ = {};
+    const std::size_t i = candidate_;
+    std::size_t best = 0, second = 0;
+    // Candidates 0..i are evaluated (the search goes in order). Ties go to the more aggressive.
+    for (std::size_t j = 1; j <= i; ++j) {
+      if (ct_[j] >= ct_[best]) {
+        second = best;
+        best = j;
+      } else if (second == best || ct_[j] >= ct_[second]) {
+        second = j;
+      }
+    }
+    if (i >= 1) {
+      const double top = ct_[best], next = ct_[second];
+      const bool close = top <= 0 ? true : (top - next) < opt_.omega * top;
+      if (close) return stop(best > second ? best : second);
+      if (ct_[i] < ct_[i - 1]) return stop(best);
+    }
+    if (i + 1 == candidates_.size()) return stop(best);
+    ++candidate_;
+    gain_c_ = {};
+  }
+
+  void stop(std::size_t keep) {
+    phase_ = gravac_phase::monitoring;
+    if (keep != candidate_) {
+      candidate_ = keep;
+      gain_c_ = keep == 0 ? gain_min_ : ewma{};  // the kept ratio's gain is measured afresh
+    }
+  }
+
+  options opt_;
+  std::vector<double> candidates_;
+  std::vector<double> ct_;
+  std::vector<bool> one_dim_;
+  double alpha_ = 0;
+  std::uint64_t fingerprint_ = 0;
+  std::array<double, 2> request_{};
+  // Decision state (saved and restored).
+  gravac_phase phase_ = gravac_phase::warmup;
+  std::uint64_t observed_ = 0;
+  std::uint64_t interval_steps_ = 0;
+  std::size_t candidate_ = 0;
+  ewma gain_c_;
+  ewma gain_min_;
+  period_sums period_;
+};
+static_assert(Policy<gravac_policy>);
+
+}  // namespace gravac

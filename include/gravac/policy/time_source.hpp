@@ -1,0 +1,65 @@
+#pragma once
+//! \file time_source.hpp
+//! \brief Where a policy's notion of "how long a step took" comes from: the steady clock,
+//! or the clock of a network model (so that throughput can be real or simulated).
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "gravac/error.hpp"
+#include "gravac/step.hpp"
+
+namespace gravac {
+
+//! How the duration of a step is obtained from its step_report.
+enum class time_source : std::uint8_t {
+  //! Steady clock: the caller's compute (step_report::iteration_s) plus the measured
+  //! compress, communicate and decompress times.
+  measured,
+  //! Measured compute, compress and decompress, with the measured communication replaced
+  //! by the time the network model charged (step_report::modeled_communicate_s).
+  modeled,
+  //! Nothing measured: a fixed compute time per step (time_options::compute_s) plus the
+  //! modeled communication. Deterministic when the network model is, which makes
+  //! simulated experiments (and tests) reproducible run to run.
+  simulated,
+};
+
+//! Short name of a time source.
+constexpr std::string_view to_string(time_source s) noexcept {
+  switch (s) {
+    case time_source::measured: return "measured";
+    case time_source::modeled: return "modeled";
+    case time_source::simulated: return "simulated";
+  }
+  return "unknown";
+}
+
+//! Options of a policy's clock.
+struct time_options {
+  time_source source = time_source::measured;  //!< which clock
+  double compute_s = 0;  //!< seconds of compute charged per step (time_source::simulated only), >= 0
+
+  //! Throws gravac::error when an option is out of its domain; \p who names the owner.
+  void validate(std::string_view who) const {
+    require(source == time_source::measured || source == time_source::modeled || source == time_source::simulated,
+            std::string(who) + ": unknown time source");
+    require(std::isfinite(compute_s) && compute_s >= 0,
+            std::string(who) + ": time.compute_s must be finite and >= 0, got " + std::to_string(compute_s));
+  }
+};
+
+//! Seconds that step \p r took according to clock \p t. The trainer takes the slowest
+//! rank's times before a statistics-driven policy sees them, so every rank gets the same value.
+inline double step_seconds(const step_report& r, const time_options& t) noexcept {
+  switch (t.source) {
+    case time_source::measured: return r.iteration_s + r.compress_s + r.communicate_s + r.decompress_s;
+    case time_source::modeled: return r.iteration_s + r.compress_s + r.modeled_communicate_s + r.decompress_s;
+    case time_source::simulated: return t.compute_s + r.modeled_communicate_s;
+  }
+  return 0.0;
+}
+
+}  // namespace gravac
