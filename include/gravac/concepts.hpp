@@ -102,4 +102,18 @@ concept CommunicatorFor = Communicator<M> && Compressor<C> &&
 template <class C>
 concept SummableCompressor = Compressor<C> && static_cast<bool>(C::summable_by_index);
 
+//! Compressors aggregated by two dependent allreduces (PowerSGD: P, then Q), which a
+//! compress-then-gather collective cannot run. They opt in with `low_rank_tag` and provide
+//! the phases a low-rank collective drives: `project(g, e, params, stats)` returns the
+//! floats to sum first, `factor(e, params, stats)` the floats to sum second, and
+//! `reconstruct(out, scale)` writes scale * the aggregate (see collective/low_rank_allreduce.hpp).
+template <class C>
+concept LowRankCompressor =
+    Compressor<C> && requires { typename C::low_rank_tag; } &&
+    requires(C& c, grad_view<typename C::memory_space> v, const step_params& p, compress_stats& st, float s) {
+      { c.project(v, v, p, st) } -> std::same_as<std::span<float>>;
+      { c.factor(v, p, st) } -> std::same_as<std::span<float>>;
+      c.reconstruct(v, s);
+    };
+
 }  // namespace gravac

@@ -24,9 +24,10 @@ class allgather {
   using collective_tag = void;
   //! Options (see allgather_options).
   using options = allgather_options;
-  //! Any compressor works.
+  //! Any compressor whose packet is complete after one compress; not the low-rank ones
+  //! (PowerSGD needs the sum of P before it can compute Q: use low_rank_allreduce).
   template <class C>
-  static constexpr bool accepts = true;
+  static constexpr bool accepts = !LowRankCompressor<C>;
 
   //! A collective for \p lay.
   allgather(const layout& lay, const options& = {}) : layout_(lay) {}

@@ -1,0 +1,222 @@
+#pragma once
+//! \file adacomp.hpp
+//! \brief AdaComp (Chen et al. 2017, arXiv 1712.02679): per layer, bins of L_T elements;
+//! an element is sent (index and sign) when the residue plus the gradient reaches its
+//! bin's largest residue; one scale per layer. The number sent adapts by itself.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gravac/compress/detail/bit_codes.hpp"
+#include "gravac/compress/detail/layered.hpp"
+#include "gravac/concepts.hpp"
+
+namespace gravac {
+
+//! Options of AdaComp: the default bin length L_T per layer kind, used where
+//! step_params::bin_length is 0 for the layer.
+struct adacomp_options {
+  std::uint32_t conv_bin = 50;    //!< L_T of convolution layers (the paper: about 50)
+  std::uint32_t dense_bin = 500;  //!< L_T of dense and recurrent layers (the paper: about 500)
+  //! L_T of biases and norms. The paper does not say; they are small (often fewer than 500
+  //! elements, one bin at 500) and cheap to send, so they get the conv value: a bin of 50
+  //! still sends the largest few per bin instead of about one per layer.
+  std::uint32_t bias_bin = 50;
+};
+
+//! Bytes of an AdaComp segment sending \p count elements of a layer of \p numel: the
+//! header, 8 bytes (scale, L_T), the indices and the sign bits (about 33 bits per element).
+constexpr std::size_t adacomp_segment_bytes(std::size_t numel, std::size_t count) noexcept {
+  return sizeof(segment_header) + 8 + pad8(count * index_width_for(numel)) + pad8(detail::code_bytes(count, 1));
+}
+
+//! AdaComp with its own residue. Models Compressor.
+//!
+//! Per layer, with residue R (the trainer's residual) and gradient g, exactly as
+//! algorithms.md: (1) R += g, H = R + g; (2) bins of L_T consecutive elements, gmax_b =
+//! max |R_i| in bin b; (3) send every i with |H_i| >= gmax_{bin(i)}: its index and the sign
+//! of R_i; (4) scale = mean over bins of gmax_b (summed in double, rounded to float once);
+//! (5) R_i -= sign(R_i) * scale for each sent i; (6) the receiver adds scale * sign_i.
+//! An element whose R_i is exactly 0 is never sent: its sign is undefined, and a bin of
+//! zeros (gmax 0) would otherwise send every element.
+//!
+//! Error feedback: R_new + decompress(sent) == R_old + g. Unsent elements satisfy it bit
+//! for bit (R_new = fl(R_old + g), nothing decoded). A sent element has R_new = fl(R - s)
+//! with s = ±scale, so fl(R_new + s) differs from R = fl(R_old + g) by at most one rounding
+//! of each operation, i.e. |error| <= ulp(max(|R|, scale)); it is exact whenever scale/2 <=
+//! |R| <= 2 scale (Sterbenz), the common case for sent elements.
+//!
+//! Segment (packet_kind::adacomp): index_width 4 or 8, count = elements sent, payload =
+//! float scale, uint32 L_T, the ascending indices (padded to 8), the sign bits (1 =
+//! negative, 8 to a byte, padded to 8 with zero bits).
+class adacomp {
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on host memory.
+  using memory_space = host_space;
+  //! Options (see adacomp_options).
+  using options = adacomp_options;
+  //! Each rank sends its own indices and scale: values at shared indices are not summable.
+  static constexpr bool summable_by_index = false;
+  //! Packet kind written.
+  static constexpr packet_kind kind = packet_kind::adacomp;
+
+  //! A compressor for \p lay; rejects a zero bin length. Workspaces are sized here once.
+  adacomp(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+    require(opt.conv_bin > 0 && opt.dense_bin > 0 && opt.bias_bin > 0, "adacomp: bin lengths must be positive");
+    indices_.resize(lay.max_layer_numel());
+    signs_.resize(lay.max_layer_numel());
+  }
+
+  //! L_T of layer \p index under \p p: the policy's value when non-zero, else the option for the layer's kind.
+  [[nodiscard]] std::uint32_t bin_length(std::size_t index, const step_params& p) const noexcept {
+    if (index < p.bin_length.size() && p.bin_length[index] > 0) return p.bin_length[index];
+    switch (layout_[index].kind) {
+      case layer_kind::conv: return options_.conv_bin;
+      case layer_kind::bias_or_norm: return options_.bias_bin;
+      default: return options_.dense_bin;
+    }
+  }
+
+  //! Upper bound of the packet size (every element sent).
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    std::size_t n = sizeof(packet_header);
+    for (const auto& l : layout_.layers()) n += std::max(adacomp_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
+    return n;
+  }
+
+  //! Runs AdaComp on every layer whose kept fraction is below 1 (the fraction's value is
+  //! not used: AdaComp decides how many to send); layers at 1 or more go raw.
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
+    return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+                                   [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
+                                       std::span<float> el, double, layer_stats& ls) {
+                                     write_layer(w, index, gl, el, bin_length(index, p), ls);
+                                   });
+  }
+
+  //! Validates an untrusted packet: index width, count, sizes, a finite scale, indices in
+  //! range and strictly increasing (no repeats), zero padding.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+      return validate_segment(sh, pl);
+    });
+  }
+
+  //! Adds scale * decompress(packet) to \p out.
+  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
+    detail::decompress_layers(packet, layout_, out.span(), scale,
+                              [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                                const float v = load_at<float>(pl, 0);
+                                const auto idx = pl.subspan(8);
+                                const std::byte* bits = pl.data() + 8 + pad8(sh.count * sh.index_width);
+                                const float pos = s * v, neg = s * -v;
+                                for (std::size_t j = 0; j < sh.count; ++j) {
+                                  const std::uint64_t i = sh.index_width == 4 ? load_at<std::uint32_t>(idx, j)
+                                                                              : load_at<std::uint64_t>(idx, j);
+                                  const bool negative = (static_cast<unsigned>(bits[j / 8]) >> (j % 8)) & 1u;
+                                  o[i] += negative ? neg : pos;
+                                }
+                              });
+  }
+
+  //! Checks one AdaComp segment payload (see validate).
+  static validation validate_segment(const segment_header& sh, std::span<const std::byte> pl) {
+    if (sh.index_width != index_width_for(sh.numel)) return validation::fail("adacomp segment: wrong index width");
+    if (sh.count > sh.numel) return validation::fail("adacomp segment: count exceeds numel");
+    const std::size_t idx_bytes = pad8(sh.count * sh.index_width);
+    const std::size_t bit_bytes = pad8(detail::code_bytes(sh.count, 1));
+    if (pl.size() != 8 + idx_bytes + bit_bytes) return validation::fail("adacomp segment: payload size does not match count");
+    const float scale = load_at<float>(pl, 0);
+    if (!(std::isfinite(scale) && scale >= 0)) return validation::fail("adacomp segment: scale not finite");
+    if (load_at<std::uint32_t>(pl, 1) == 0) return validation::fail("adacomp segment: zero bin length");
+    const auto idx = pl.subspan(8);
+    std::uint64_t prev = 0;
+    for (std::size_t j = 0; j < sh.count; ++j) {
+      const std::uint64_t i = sh.index_width == 4 ? load_at<std::uint32_t>(idx, j) : load_at<std::uint64_t>(idx, j);
+      if (i >= sh.numel) return validation::fail("adacomp segment: index out of range");
+      if (j > 0 && i <= prev) return validation::fail("adacomp segment: indices not strictly increasing");
+      prev = i;
+    }
+    if (!detail::code_padding_zero(pl.data() + 8 + idx_bytes, bit_bytes, sh.count))
+      return validation::fail("adacomp segment: padding bits set");
+    return {};
+  }
+
+ private:
+  void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> r,
+                   std::uint32_t bin, layer_stats& ls) {
+    const std::size_t n = g.size();
+    std::size_t count = 0;
+    double gsq = 0, rsq = 0, gmax_sum = 0;
+    std::fill(signs_.begin(), signs_.begin() + static_cast<std::ptrdiff_t>(detail::code_bytes(n, 1)), std::byte{0});
+    const std::size_t bins = (n + bin - 1) / bin;
+    // Bin by bin, so that each bin is read from memory once and scanned again in cache.
+    for (std::size_t lo = 0; lo < n; lo += bin) {
+      const std::size_t hi = std::min(n, lo + bin);
+      float gmax = 0;
+      for (std::size_t i = lo; i < hi; ++i) {  // (1) R += g and (2) gmax of the bin
+        const float gi = g[i];
+        const float ri = r[i] + gi;
+        r[i] = ri;
+        gsq += static_cast<double>(gi) * gi;
+        rsq += static_cast<double>(ri) * ri;
+        gmax = std::max(gmax, std::fabs(ri));
+      }
+      gmax_sum += gmax;
+      for (std::size_t i = lo; i < hi; ++i) {  // (3) |H_i| = |R_i + g_i| >= gmax, R_i != 0
+        const float ri = r[i];
+        if (ri != 0.0f && std::fabs(ri + g[i]) >= gmax) {
+          indices_[count] = i;
+          if (ri < 0) signs_[count / 8] |= std::byte(1u << (count % 8));
+          ++count;
+        }
+      }
+    }
+    const float scale = static_cast<float>(gmax_sum / static_cast<double>(bins));  // (4)
+    for (std::size_t j = 0; j < count; ++j) {  // (5)
+      const std::size_t i = indices_[j];
+      const bool negative = (static_cast<unsigned>(signs_[j / 8]) >> (j % 8)) & 1u;
+      r[i] = negative ? r[i] + scale : r[i] - scale;
+    }
+    segment_header sh;
+    sh.layer = index;
+    sh.index_width = index_width_for(n);
+    sh.numel = n;
+    sh.count = count;
+    write_segment(w, sh, [&](byte_writer& bw) {
+      std::byte* head = bw.reserve(8);
+      std::memcpy(head, &scale, 4);
+      std::memcpy(head + 4, &bin, 4);
+      std::byte* dst = bw.reserve(count * sh.index_width);
+      if (sh.index_width == 4) {
+        for (std::size_t j = 0; j < count; ++j) {
+          const auto v = static_cast<std::uint32_t>(indices_[j]);
+          std::memcpy(dst + 4 * j, &v, 4);
+        }
+      } else {
+        std::memcpy(dst, indices_.data(), count * 8);
+      }
+      std::byte* bits = bw.reserve(detail::code_bytes(count, 1));
+      std::memcpy(bits, signs_.data(), detail::code_bytes(count, 1));
+    });
+    ls = {count, gsq, rsq, static_cast<double>(count) * scale * scale};
+  }
+
+  layout layout_;
+  options options_;
+  detail::layered_scratch scratch_;
+  std::vector<std::uint64_t> indices_;
+  std::vector<std::byte> signs_;
+};
+static_assert(Compressor<adacomp>);
+
+}  // namespace gravac

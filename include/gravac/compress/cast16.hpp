@@ -1,0 +1,176 @@
+#pragma once
+//! \file cast16.hpp
+//! \brief cast16: every element as a 16-bit float (fp16 or bf16) of u / N, with error
+//! feedback. Halves the bytes; no randomness, no indices.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "gravac/compress/detail/half.hpp"
+#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/concepts.hpp"
+
+namespace gravac {
+
+//! The 16-bit format of cast16.
+enum class cast16_format : std::uint8_t {
+  fp16,  //!< IEEE half: 11-bit precision, largest finite 65504
+  bf16,  //!< bfloat16: 8-bit precision, the range of float
+};
+
+//! Options of cast16.
+struct cast16_options {
+  cast16_format format = cast16_format::fp16;  //!< the 16-bit format on the wire
+};
+
+//! Casts u / N to 16 bits. Models Compressor.
+//!
+//! Why divide by N (step_params::ranks) before the cast: a half-precision sum of N
+//! gradients near the fp16 maximum overflows, but a sum of N values of u_r / N cannot
+//! exceed the largest |u_r|. The segment carries the multiplier N, and decompress returns
+//! N * half(u / N), an approximation of u itself; the collectives then apply their usual
+//! 1/N (allgather scales each decoded packet, dense_allreduce the sum). So the result is
+//! the rank average, as for every compressor, and no stage overflows: the division happens
+//! in float before the cast, and decoding multiplies back in float. A collective that sums
+//! the 16-bit codes themselves (a half-precision allreduce) would use the codes' sum as the
+//! average directly and skip its 1/N. Values with |u / N| above the format's largest
+//! finite value are clamped to it (never infinity); the residual keeps the excess.
+//! e = u - decompress(packet).
+class cast16 {
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on host memory.
+  using memory_space = host_space;
+  //! Options (see cast16_options).
+  using options = cast16_options;
+  //! Every element is sent, but in 16 bits: the codes are not float values to sum.
+  static constexpr bool summable_by_index = false;
+  //! Packet kind written.
+  static constexpr packet_kind kind = packet_kind::quantized;
+
+  //! A compressor for \p lay.
+  cast16(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+    require(opt.format == cast16_format::fp16 || opt.format == cast16_format::bf16, "cast16: unknown format");
+  }
+
+  //! Upper bound of the packet size.
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    std::size_t n = sizeof(packet_header);
+    for (const auto& l : layout_.layers())
+      n += sizeof(segment_header) + std::max(half_payload_bytes(l.numel), pad8(l.numel * sizeof(float)));
+    return n;
+  }
+
+  //! Casts every layer whose kept fraction is below 1; layers at 1 or more go raw.
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
+    const float ranks = static_cast<float>(std::max(1, p.ranks));
+    return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+                                   [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
+                                       std::span<float> el, double, layer_stats& ls) {
+                                     if (options_.format == cast16_format::fp16)
+                                       write_layer<cast16_format::fp16>(w, index, gl, el, ranks, ls);
+                                     else
+                                       write_layer<cast16_format::bf16>(w, index, gl, el, ranks, ls);
+                                   });
+  }
+
+  //! Validates an untrusted packet: size, a finite positive multiplier, no infinite or NaN code.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+      const auto enc = sh.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? quant_encoding::bf16
+                                                                                      : quant_encoding::fp16;
+      if (validation v = detail::check_quantized_segment(sh, pl, enc, half_payload_bytes(sh.numel)); !v) return v;
+      const float mult = load_at<float>(pl, 0);
+      if (!(std::isfinite(mult) && mult > 0) || load_at<std::uint32_t>(pl, 1) != 0)
+        return validation::fail("cast16 segment: bad multiplier");
+      const auto codes = pl.subspan(quant_prefix_bytes);
+      const std::uint16_t special = enc == quant_encoding::fp16 ? 0x7c00u : 0x7f80u;
+      bool bad = false;
+      for (std::size_t i = 0; i < sh.numel; ++i) bad |= (load_at<std::uint16_t>(codes, i) & special) == special;
+      for (std::size_t i = sh.numel * 2; i < codes.size(); ++i) bad |= codes[i] != std::byte{0};
+      if (bad) return validation::fail("cast16 segment: infinite or NaN value, or padding set");
+      return validation{};
+    });
+  }
+
+  //! Adds scale * decompress(packet) to \p out.
+  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
+    detail::decompress_layers(packet, layout_, out.span(), scale,
+                              [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                                const float mult = load_at<float>(pl, 0);
+                                const auto codes = pl.subspan(quant_prefix_bytes);
+                                if (sh.encoding == static_cast<std::uint8_t>(quant_encoding::fp16)) {
+                                  for (std::size_t i = 0; i < sh.numel; ++i)
+                                    o[i] += s * (detail::fp16_to_float(load_at<std::uint16_t>(codes, i)) * mult);
+                                } else {
+                                  for (std::size_t i = 0; i < sh.numel; ++i)
+                                    o[i] += s * (detail::bf16_to_float(load_at<std::uint16_t>(codes, i)) * mult);
+                                }
+                              });
+  }
+
+ private:
+  template <cast16_format F>
+  static void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e,
+                          float ranks, layer_stats& ls) {
+    const std::size_t n = g.size();
+    segment_header sh;
+    sh.layer = index;
+    sh.encoding = static_cast<std::uint8_t>(F == cast16_format::fp16 ? quant_encoding::fp16 : quant_encoding::bf16);
+    sh.numel = n;
+    sh.count = n;
+    constexpr float limit = F == cast16_format::fp16 ? detail::fp16_max : detail::bf16_max;
+    const float inv = 1.0f / ranks;
+    write_segment(w, sh, [&](byte_writer& bw) {
+      const float prefix[2] = {ranks, 0.0f};
+      bw.put(prefix);
+      std::byte* codes = bw.reserve(n * 2);
+      double gsq = 0, usq = 0, ksq = 0;
+      // Partial sums in float lanes per chunk, then in double: vectorizable and accurate.
+      for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
+        const std::size_t end = std::min(n, c + detail::quant_chunk);
+        float gs[8] = {}, us[8] = {}, ks[8] = {};
+        for (std::size_t i = c; i < end; ++i) {
+          const float gi = g[i];
+          const float u = e[i] + gi;
+          const float q = std::clamp(u * inv, -limit, limit);
+          std::uint16_t h;
+          float v;
+          if constexpr (F == cast16_format::fp16) {
+            h = detail::float_to_fp16(q);
+            v = detail::fp16_to_float(h) * ranks;
+          } else {
+            h = detail::float_to_bf16(q);
+            v = detail::bf16_to_float(h) * ranks;
+          }
+          std::memcpy(codes + 2 * i, &h, 2);
+          e[i] = u - v;
+          gs[i % 8] += gi * gi;
+          us[i % 8] += u * u;
+          ks[i % 8] += v * v;
+        }
+        for (int k = 0; k < 8; ++k) {
+          gsq += gs[k];
+          usq += us[k];
+          ksq += ks[k];
+        }
+      }
+      ls = {n, gsq, usq, ksq};
+    });
+  }
+
+  layout layout_;
+  options options_;
+  detail::layered_scratch scratch_;
+};
+static_assert(Compressor<cast16>);
+
+}  // namespace gravac

@@ -1,0 +1,223 @@
+#pragma once
+//! \file leveled_codec.hpp
+//! \brief The stochastic level quantizer behind QSGD and TernGrad: per bucket a scale
+//! (the L2 norm for QSGD, max |u| for TernGrad), and per element a sign and a level
+//! l in 0..s drawn so that E[l] = s * |u| / scale (unbiased stochastic rounding).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/step.hpp"
+
+namespace gravac::detail {
+
+//! Which statistic of a bucket becomes its scale.
+enum class level_scale : std::uint8_t {
+  l2_norm,  //!< ||u_bucket||_2 (QSGD)
+  max_abs,  //!< max |u_bucket| (TernGrad)
+};
+
+//! Encodes and decodes leveled segments (see quantized_packet.hpp for the format).
+//!
+//! Element i of a layer draws its uniform from half (i % 2) of the (i / 2 + 1)-th output of
+//! splitmix64(stream), where the caller derives stream from (seed, step, layer id). The
+//! uniform has 24 bits, so each level is unbiased up to 2^-24 of one level step.
+template <level_scale Scale>
+class leveled_codec {
+ public:
+  //! A codec writing \p enc segments with \p levels levels and buckets of \p bucket (0: whole layer).
+  leveled_codec(quant_encoding enc, std::uint32_t levels, std::uint32_t bucket) noexcept
+      : enc_(enc), levels_(levels), bucket_(bucket) {}
+
+  //! Bytes of a segment for a layer of \p numel elements.
+  [[nodiscard]] std::size_t segment_bytes(std::size_t numel) const noexcept {
+    return sizeof(segment_header) + leveled_payload_bytes(numel, levels_, bucket_);
+  }
+
+  //! Writes layer \p index: u = g + e is quantized, e becomes u - decompress(segment).
+  void write(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e, std::uint64_t stream,
+             layer_stats& ls) const {
+    switch (code_width(levels_)) {
+      case 2: return write_w<2>(w, index, g, e, stream, ls);
+      case 4: return write_w<4>(w, index, g, e, stream, ls);
+      case 8: return write_w<8>(w, index, g, e, stream, ls);
+      default: return write_w<16>(w, index, g, e, stream, ls);
+    }
+  }
+
+  //! Validates a segment payload from a peer: encoding, level count, bucket, sizes,
+  //! finite non-negative scales, every code's level in range, zero padding.
+  [[nodiscard]] validation check(const segment_header& sh, std::span<const std::byte> payload) const {
+    if (sh.encoding != static_cast<std::uint8_t>(enc_))
+      return validation::fail("quantized segment: unexpected encoding " + std::to_string(sh.encoding));
+    if (payload.size() < quant_prefix_bytes) return validation::fail("quantized segment: payload truncated");
+    const auto levels = load_at<std::uint32_t>(payload, 0);
+    const auto bucket = load_at<std::uint32_t>(payload, 1);
+    if (levels == 0 || levels > qsgd_max_levels) return validation::fail("quantized segment: level count out of range");
+    if (Scale == level_scale::max_abs && levels != 1) return validation::fail("ternary segment with more than one level");
+    if (bucket % 64 != 0) return validation::fail("quantized segment: bucket not a multiple of 64");
+    if (validation v = check_quantized_segment(sh, payload, enc_, leveled_payload_bytes(sh.numel, levels, bucket)); !v)
+      return v;
+    const std::size_t nb = bucket_count(sh.numel, bucket);
+    for (std::size_t b = 0; b < nb; ++b)
+      if (!valid_scale(load_at<float>(payload.subspan(quant_prefix_bytes), b)))
+        return validation::fail("quantized segment: scale not finite or negative");
+    const std::size_t code_at = quant_prefix_bytes + pad8(nb * sizeof(float));
+    const unsigned width = code_width(levels);
+    const std::byte* codes = payload.data() + code_at;
+    if (!code_padding_zero(codes, payload.size() - code_at, sh.numel * width))
+      return validation::fail("quantized segment: padding bits set");
+    switch (width) {
+      case 2: return check_codes<2>(codes, sh.numel, levels);
+      case 4: return check_codes<4>(codes, sh.numel, levels);
+      case 8: return check_codes<8>(codes, sh.numel, levels);
+      default: return check_codes<16>(codes, sh.numel, levels);
+    }
+  }
+
+  //! Adds scale * decompress(segment) to \p out (the layer's slice); validated segments only.
+  void add(const segment_header& sh, std::span<const std::byte> payload, std::span<float> out, float scale) const {
+    const auto levels = load_at<std::uint32_t>(payload, 0);
+    switch (code_width(levels)) {
+      case 2: return add_w<2>(sh, payload, out, scale);
+      case 4: return add_w<4>(sh, payload, out, scale);
+      case 8: return add_w<8>(sh, payload, out, scale);
+      default: return add_w<16>(sh, payload, out, scale);
+    }
+  }
+
+  //! The value one level step is worth in a bucket of scale \p s: what encoder and decoder
+  //! both multiply levels by, so that they agree bit for bit.
+  static float step_value(float s, std::uint32_t levels) noexcept { return s / static_cast<float>(levels); }
+
+ private:
+  template <unsigned W>
+  void write_w(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e, std::uint64_t stream,
+               layer_stats& ls) const {
+    const std::size_t n = g.size();
+    const std::size_t B = bucket_ ? bucket_ : n;
+    const std::size_t nb = bucket_count(n, bucket_);
+    segment_header sh;
+    sh.layer = index;
+    sh.encoding = static_cast<std::uint8_t>(enc_);
+    sh.numel = n;
+    sh.count = n;
+    double gsq = 0, usq = 0, ksq = 0;
+    write_segment(w, sh, [&](byte_writer& bw) {
+      const std::uint32_t prefix[2] = {levels_, bucket_};
+      bw.put(prefix);
+      std::byte* scales = bw.reserve(nb * sizeof(float));
+      std::byte* codes = bw.reserve(code_bytes(n, W));
+      float rnd[quant_chunk];
+      std::uint16_t code[quant_chunk];
+      const float lv = static_cast<float>(levels_);
+      constexpr std::uint16_t sign_bit = static_cast<std::uint16_t>(1u << (W - 1));
+      for (std::size_t b = 0; b < nb; ++b) {
+        const std::size_t lo = b * B, m = std::min(B, n - lo);
+        // Pass 1 over the bucket: u = g + e into e, and the bucket's scale.
+        double bucket_sq = 0;
+        float bucket_max = 0;
+        for (std::size_t c = 0; c < m; c += quant_chunk) {
+          const auto s = accumulate_block(g.data() + lo + c, e.data() + lo + c, std::min(quant_chunk, m - c));
+          gsq += s.g_sq;
+          bucket_sq += s.u_sq;
+          bucket_max = std::max(bucket_max, s.u_max);
+        }
+        usq += bucket_sq;
+        const float scale = Scale == level_scale::l2_norm ? static_cast<float>(std::sqrt(bucket_sq)) : bucket_max;
+        std::memcpy(scales + b * sizeof(float), &scale, sizeof(float));
+        const float f = step_value(scale, levels_);
+        const float inv = scale > 0 ? lv / scale : 0.0f;
+        // Pass 2 (the bucket is in cache when it is small): levels, codes, residual.
+        for (std::size_t c = 0; c < m; c += quant_chunk) {
+          const std::size_t mc = std::min(quant_chunk, m - c);
+          float* ec = e.data() + lo + c;
+          fill_uniforms(stream, lo + c, mc, rnd);
+          float kp[8] = {};
+          for (std::size_t k = 0; k < mc; ++k) {
+            const float u = ec[k];
+            const float x = (u < 0 ? -u : u) * inv;
+            const float fl = static_cast<float>(static_cast<std::int32_t>(x));
+            float l = fl + (rnd[k] < x - fl ? 1.0f : 0.0f);
+            l = l < lv ? l : lv;
+            const float v = f * l;
+            const bool neg = u < 0 && l > 0;
+            code[k] = static_cast<std::uint16_t>(static_cast<std::uint16_t>(l) | (neg ? sign_bit : 0));
+            ec[k] = neg ? u + v : u - v;
+            kp[k % 8] += v * v;
+          }
+          for (float x : kp) ksq += x;
+          pack_codes<W>(code, mc, codes + (lo + c) * W / 8);
+        }
+      }
+    });
+    ls = {n, gsq, usq, ksq};
+  }
+
+  template <unsigned W>
+  static validation check_codes(const std::byte* codes, std::size_t n, std::uint32_t levels) {
+    if constexpr (W == 2) {
+      // 2-bit codes: the only invalid one is 10 (a sign on level 0). One word holds 32 codes.
+      const std::size_t bytes = code_bytes(n, 2);
+      for (std::size_t at = 0; at < bytes; at += 8) {
+        std::uint64_t word = 0;
+        std::memcpy(&word, codes + at, std::min<std::size_t>(8, bytes - at));
+        if ((word >> 1) & ~word & 0x5555555555555555ull) return validation::fail("quantized segment: invalid code");
+      }
+      (void)levels;
+      return {};
+    } else {
+      constexpr std::uint16_t sign_bit = static_cast<std::uint16_t>(1u << (W - 1));
+      std::uint16_t code[quant_chunk];
+      for (std::size_t c = 0; c < n; c += quant_chunk) {
+        const std::size_t mc = std::min(quant_chunk, n - c);
+        unpack_codes<W>(codes + c * W / 8, mc, code);
+        bool bad = false;
+        for (std::size_t k = 0; k < mc; ++k) {
+          const unsigned l = code[k] & (sign_bit - 1u);
+          bad |= l > levels || code[k] == sign_bit;
+        }
+        if (bad) return validation::fail("quantized segment: level out of range");
+      }
+      return {};
+    }
+  }
+
+  template <unsigned W>
+  static void add_w(const segment_header& sh, std::span<const std::byte> payload, std::span<float> out, float scale) {
+    const auto levels = load_at<std::uint32_t>(payload, 0);
+    const auto bucket = load_at<std::uint32_t>(payload, 1);
+    const std::size_t n = sh.numel;
+    const std::size_t B = bucket ? bucket : n;
+    const std::size_t nb = bucket_count(n, bucket);
+    const auto scales = payload.subspan(quant_prefix_bytes);
+    const std::byte* codes = payload.data() + quant_prefix_bytes + pad8(nb * sizeof(float));
+    constexpr std::uint16_t sign_bit = static_cast<std::uint16_t>(1u << (W - 1));
+    std::uint16_t code[quant_chunk];
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t lo = b * B, m = std::min(B, n - lo);
+      const float f = step_value(load_at<float>(scales, b), levels);
+      for (std::size_t c = 0; c < m; c += quant_chunk) {
+        const std::size_t mc = std::min(quant_chunk, m - c);
+        unpack_codes<W>(codes + (lo + c) * W / 8, mc, code);
+        float* o = out.data() + lo + c;
+        for (std::size_t k = 0; k < mc; ++k) {
+          const float v = f * static_cast<float>(code[k] & (sign_bit - 1u));
+          o[k] += scale * ((code[k] & sign_bit) ? -v : v);
+        }
+      }
+    }
+  }
+
+  quant_encoding enc_;
+  std::uint32_t levels_;
+  std::uint32_t bucket_;
+};
+
+}  // namespace gravac::detail

@@ -1,0 +1,130 @@
+#pragma once
+//! \file sign.hpp
+//! \brief EF-signSGD (Karimireddy et al. 2019): one sign bit per element, packed 8 to a
+//! byte, and one scale per layer, the mean |u|; error feedback carries the rest.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/concepts.hpp"
+
+namespace gravac {
+
+//! sign has no options.
+struct sign_options {};
+
+//! EF-sign compression. Models Compressor.
+//!
+//! Sends scale * sign(u_i) with scale = ||u_l||_1 / numel (the mean |u| of the layer),
+//! sign(0) = +1. Deterministic (no random draws). e = u - decompress(packet).
+class sign {
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on host memory.
+  using memory_space = host_space;
+  //! Options (see sign_options).
+  using options = sign_options;
+  //! Each rank has its own scale, so bits cannot be summed elementwise.
+  static constexpr bool summable_by_index = false;
+  //! Packet kind written.
+  static constexpr packet_kind kind = packet_kind::quantized;
+
+  //! A compressor for \p lay.
+  sign(const layout& lay, const options& = {}) : layout_(lay) {}
+
+  //! Upper bound of the packet size.
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    std::size_t n = sizeof(packet_header);
+    for (const auto& l : layout_.layers())
+      n += sizeof(segment_header) + std::max(sign_payload_bytes(l.numel), pad8(l.numel * sizeof(float)));
+    return n;
+  }
+
+  //! Sends signs and the mean |u| of every layer whose kept fraction is below 1; layers
+  //! at 1 or more go raw.
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
+    return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+                                   [](byte_writer& w, std::uint32_t index, std::span<const float> gl,
+                                      std::span<float> el, double, layer_stats& ls) { write_layer(w, index, gl, el, ls); });
+  }
+
+  //! Validates an untrusted packet: size, a finite non-negative scale, zero padding.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+      if (validation v = detail::check_quantized_segment(sh, pl, quant_encoding::sign, sign_payload_bytes(sh.numel)); !v)
+        return v;
+      if (!detail::valid_scale(load_at<float>(pl, 0)) || load_at<std::uint32_t>(pl, 1) != 0)
+        return validation::fail("sign segment: bad scale");
+      if (!detail::code_padding_zero(pl.data() + quant_prefix_bytes, pl.size() - quant_prefix_bytes, sh.numel))
+        return validation::fail("sign segment: padding bits set");
+      return validation{};
+    });
+  }
+
+  //! Adds scale * decompress(packet) to \p out.
+  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
+    detail::decompress_layers(packet, layout_, out.span(), scale,
+                              [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                                const float v = load_at<float>(pl, 0);
+                                const std::byte* bits = pl.data() + quant_prefix_bytes;
+                                std::uint16_t code[detail::quant_chunk];
+                                for (std::size_t c = 0; c < sh.numel; c += detail::quant_chunk) {
+                                  const std::size_t mc = std::min(detail::quant_chunk, sh.numel - c);
+                                  detail::unpack_codes<1>(bits + c / 8, mc, code);
+                                  for (std::size_t k = 0; k < mc; ++k) o[c + k] += s * (code[k] ? -v : v);
+                                }
+                              });
+  }
+
+ private:
+  static void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e,
+                          layer_stats& ls) {
+    const std::size_t n = g.size();
+    segment_header sh;
+    sh.layer = index;
+    sh.encoding = static_cast<std::uint8_t>(quant_encoding::sign);
+    sh.numel = n;
+    sh.count = n;
+    write_segment(w, sh, [&](byte_writer& bw) {
+      std::byte* prefix = bw.reserve(quant_prefix_bytes);
+      std::byte* bits = bw.reserve(detail::code_bytes(n, 1));
+      std::uint16_t code[detail::quant_chunk];
+      double gsq = 0, usq = 0, abs_sum = 0;
+      // Pass 1: u = g + e into e, the signs, and sum |u|. The scale needs the whole layer,
+      // so the residual is finished in a second pass.
+      for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
+        const std::size_t mc = std::min(detail::quant_chunk, n - c);
+        const auto s = detail::accumulate_block(g.data() + c, e.data() + c, mc);
+        gsq += s.g_sq;
+        usq += s.u_sq;
+        abs_sum += s.u_abs;
+        const float* u = e.data() + c;
+        for (std::size_t k = 0; k < mc; ++k) code[k] = u[k] < 0 ? 1 : 0;
+        detail::pack_codes<1>(code, mc, bits + c / 8);
+      }
+      const float scale = static_cast<float>(abs_sum / static_cast<double>(n));
+      const std::uint32_t zero = 0;
+      std::memcpy(prefix, &scale, sizeof scale);
+      std::memcpy(prefix + 4, &zero, sizeof zero);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float u = e[i];
+        e[i] = u < 0 ? u + scale : u - scale;
+      }
+      ls = {n, gsq, usq, static_cast<double>(n) * scale * scale};
+    });
+  }
+
+  layout layout_;
+  detail::layered_scratch scratch_;
+};
+static_assert(Compressor<sign>);
+
+}  // namespace gravac
