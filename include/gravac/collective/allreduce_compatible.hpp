@@ -1,0 +1,298 @@
+#pragma once
+//! \file allreduce_compatible.hpp
+//! \brief AR-Topk (Tyagi & Swany 2023): top-k made summable by Allreduce. One rank
+//! chooses the indices of every layer and broadcasts them; every rank takes its own
+//! u = g + e at those indices, the values are Allreduce-summed and divided by N, and each
+//! rank's residual becomes e = u - scatter(values it sent).
+//!
+//! The index rank is `step mod N` (STAR) or the rank with the largest smoothed local
+//! gradient norm (VAR; norms gathered, ties to the lowest rank). Compressors whose
+//! indices come from a shared seed (random-k) skip the broadcast.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gravac/collective/step_buffers.hpp"
+#include "gravac/compress/gain_curve.hpp"
+#include "gravac/compress/index_selection.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/error.hpp"
+
+namespace gravac {
+
+//! How AR-Topk chooses the rank whose indices everyone uses.
+enum class index_rank_rule : std::uint8_t {
+  star,  //!< rank `step mod N` (round robin)
+  var,   //!< the rank with the largest EWMA of its local gradient norm (ties to the lowest rank)
+};
+
+//! Options of allreduce_compatible.
+struct allreduce_compatible_options {
+  index_rank_rule rule = index_rank_rule::star;  //!< STAR or VAR
+  double norm_smoothing = 0.1;  //!< VAR: weight of the newest norm in the EWMA, in (0, 1]
+};
+
+//! AR-Topk aggregation. Models Collective; accepts IndexSelector compressors only.
+class allreduce_compatible {
+ public:
+  //! Opt-in tag for the Collective concept.
+  using collective_tag = void;
+  //! Options (see allreduce_compatible_options).
+  using options = allreduce_compatible_options;
+  //! Only compressors whose values can be summed at shared indices, with an index hook.
+  template <class C>
+  static constexpr bool accepts = IndexSelector<C>;
+
+  //! A collective for \p lay; rejects a smoothing weight outside (0, 1].
+  allreduce_compatible(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+    require(opt.norm_smoothing > 0 && opt.norm_smoothing <= 1,
+            "allreduce_compatible: norm_smoothing must be in (0, 1], got " + std::to_string(opt.norm_smoothing));
+    wide_ = lay.max_layer_numel() > std::numeric_limits<std::uint32_t>::max();
+  }
+
+  //! Nothing depends on the compressor's packet size; checks the combination.
+  template <Compressor C>
+  void prepare(const C&) {
+    static_assert(IndexSelector<C>,
+                  "allreduce_compatible needs a compressor whose values can be summed at shared indices "
+                  "(summable_by_index and an index_selection hook: topk, threshold, randomk)");
+  }
+
+  //! Runs one step: leaves the rank average of every rank's u at the shared indices in
+  //! buf.grad (zero elsewhere) and sets each rank's residual to what it did not send.
+  //! Indices received from the index rank are validated before use; a bad list throws
+  //! gravac::error and leaves this rank's residual holding all of u (nothing was sent).
+  template <Compressor C, Communicator M>
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                 compress_stats& st, step_report& r) {
+    static_assert(IndexSelector<C>,
+                  "allreduce_compatible needs a compressor whose values can be summed at shared indices "
+                  "(summable_by_index and an index_selection hook: topk, threshold, randomk)");
+    static_assert(CommunicatorFor<M, C>, "allreduce_compatible: the communicator must carry the compressor's memory");
+    using hook = index_selection<C>;
+    require(p.kept_fraction.size() == layout_.size(), "allreduce_compatible: one kept fraction per layer is required");
+    const int n = comm.size(), me = comm.rank();
+    auto g = buf.grad.span();
+    auto e = buf.residual.span();
+    const auto t0 = std::chrono::steady_clock::now();
+
+    // 1. u = g + e in place of e (if anything fails later, e holds all of u: the error
+    //    feedback invariant holds with nothing sent), with the statistics.
+    st.reset(layout_.size(), p.gain_candidates.size());
+    double local_sq = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      double gsq = 0, usq = 0;
+      for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
+        gsq += static_cast<double>(g[j]) * g[j];
+        e[j] += g[j];
+        usq += static_cast<double>(e[j]) * e[j];
+      }
+      st.layers[i].grad_sq = gsq;
+      st.layers[i].input_sq = usq;
+      local_sq += gsq;
+      if (!p.gain_candidates.empty())
+        detail::add_reference_gain_curve(e.subspan(l.offset, l.numel), p.gain_candidates, st.candidate_kept_sq,
+                                         energy_);
+    }
+    r.compress_s = detail::seconds_since(t0);
+
+    // 2. The index rank.
+    const auto t1 = std::chrono::steady_clock::now();
+    double comm_s = 0;  // seconds inside collectives
+    root_ = 0;
+    if constexpr (!hook::shared_indices) {
+      if (options_.rule == index_rank_rule::star) {
+        root_ = static_cast<int>(p.step % static_cast<std::uint64_t>(n));
+      } else {
+        const double norm = std::sqrt(local_sq);
+        ewma_ = has_ewma_ ? (1 - options_.norm_smoothing) * ewma_ + options_.norm_smoothing * norm : norm;
+        has_ewma_ = true;
+        norms_.assign(static_cast<std::size_t>(n), 0.0);
+        norms_[static_cast<std::size_t>(me)] = ewma_;
+        comm.allreduce_sum(std::span<double>(norms_));  // an allgather: one non-zero per slot
+        root_ = static_cast<int>(std::max_element(norms_.begin(), norms_.end()) - norms_.begin());
+      }
+    }
+    comm_s += detail::seconds_since(t1);
+
+    // 3. Indices: chosen by the root and broadcast, or drawn by everyone.
+    const auto t2 = std::chrono::steady_clock::now();
+    std::size_t total = 0;  // values in the Allreduce (dense layers whole)
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      total += p.kept_fraction[i] >= dense_fraction ? layout_[i].numel : kept_count(layout_[i].numel, p.kept_fraction[i]);
+    std::size_t n_idx = 0;  // indices on the wire
+    double bcast_s = 0;
+    if constexpr (hook::shared_indices) {
+      total = 0;
+      offsets_.assign(layout_.size() + 1, 0);
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& l = layout_[i];
+        if (p.kept_fraction[i] >= dense_fraction) {
+          total += l.numel;
+        } else {
+          hook::select(c, std::span<const float>(e.subspan(l.offset, l.numel)), i, p, selected_, order_);
+          put_indices(n_idx, selected_);
+          total += selected_.size();
+        }
+        offsets_[i + 1] = n_idx;
+      }
+    } else {
+      offsets_.assign(layout_.size() + 1, 0);
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& l = layout_[i];
+        const std::size_t k = p.kept_fraction[i] >= dense_fraction ? 0 : kept_count(l.numel, p.kept_fraction[i]);
+        offsets_[i + 1] = offsets_[i] + k;
+      }
+      n_idx = offsets_.back();
+      ensure_index_capacity(n_idx);
+      if (me == root_) {
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < layout_.size(); ++i) {
+          const auto& l = layout_[i];
+          if (offsets_[i + 1] == offsets_[i]) continue;
+          hook::select(c, std::span<const float>(e.subspan(l.offset, l.numel)), i, p, selected_, order_);
+          if (selected_.size() != offsets_[i + 1] - offsets_[i])
+            throw error(status::invalid_argument, "allreduce_compatible: the index hook selected " +
+                                              std::to_string(selected_.size()) + " indices of layer '" + l.name +
+                                              "', expected " + std::to_string(offsets_[i + 1] - offsets_[i]),
+                        me);
+          put_indices(at, selected_);
+        }
+      }
+      if (n > 1 && n_idx > 0) {
+        const auto tb = std::chrono::steady_clock::now();
+        comm.broadcast(index_bytes(n_idx), root_);
+        bcast_s = detail::seconds_since(tb);
+        comm_s += bcast_s;
+      }
+      if (me != root_) validate_indices();
+    }
+    r.compress_s += detail::seconds_since(t2) - bcast_s;
+
+    // 4. Gather u at the indices (dense layers whole); e = u - sent (zero where sent).
+    const auto t3 = std::chrono::steady_clock::now();
+    values_.resize(total);
+    std::size_t v = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      auto& ls = st.layers[i];
+      double ksq = 0;
+      const std::size_t v0 = v;
+      if (p.kept_fraction[i] >= dense_fraction) {
+        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
+          values_[v++] = e[j];
+          ksq += static_cast<double>(e[j]) * e[j];
+          e[j] = 0.0f;
+        }
+      } else {
+        for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) {
+          const std::size_t j = l.offset + index_at(s);
+          values_[v++] = e[j];
+          ksq += static_cast<double>(e[j]) * e[j];
+          e[j] = 0.0f;
+        }
+      }
+      ls.kept = v - v0;
+      ls.kept_sq = ksq;
+    }
+    r.compress_s += detail::seconds_since(t3);
+
+    // 5. Sum, average, scatter.
+    const auto t4 = std::chrono::steady_clock::now();
+    if (n > 1 && total > 0) comm.allreduce_sum(std::span<float>(values_.data(), total));
+    comm_s += detail::seconds_since(t4);
+    const auto t5 = std::chrono::steady_clock::now();
+    const float inv = 1.0f / static_cast<float>(n);
+    std::fill(g.begin(), g.end(), 0.0f);
+    v = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (p.kept_fraction[i] >= dense_fraction) {
+        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) g[j] = values_[v++] * inv;
+      } else {
+        for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) g[l.offset + index_at(s)] = values_[v++] * inv;
+      }
+    }
+    r.decompress_s = detail::seconds_since(t5);
+    r.communicate_s = comm_s;
+    r.bytes_sent = total * sizeof(float) + (!hook::shared_indices && me == root_ ? n_idx * index_width() : 0);
+    r.collective = collective_kind::allreduce_compatible;
+    last_indices_ = hook::shared_indices ? 0 : n_idx;
+    last_values_ = total;
+  }
+
+  //! The rank whose indices the last step used (0 when indices come from a shared seed).
+  [[nodiscard]] int last_root() const noexcept { return root_; }
+  //! Indices broadcast in the last step (0 with shared indices).
+  [[nodiscard]] std::size_t last_index_count() const noexcept { return last_indices_; }
+  //! Values Allreduce-summed in the last step.
+  [[nodiscard]] std::size_t last_value_count() const noexcept { return last_values_; }
+  //! Bytes of one index on the wire (4, or 8 when a layer exceeds 2^32 elements).
+  [[nodiscard]] std::size_t index_width() const noexcept { return wide_ ? 8 : 4; }
+  //! This rank's smoothed gradient norm (VAR).
+  [[nodiscard]] double smoothed_norm() const noexcept { return ewma_; }
+
+ private:
+  void ensure_index_capacity(std::size_t n) {
+    if (wide_)
+      idx64_.resize(std::max(idx64_.size(), n));
+    else
+      idx32_.resize(std::max(idx32_.size(), n));
+  }
+  void put_indices(std::size_t& at, const std::vector<std::uint64_t>& sel) {
+    ensure_index_capacity(at + sel.size());
+    for (auto ix : sel) {
+      if (wide_)
+        idx64_[at++] = ix;
+      else
+        idx32_[at++] = static_cast<std::uint32_t>(ix);
+    }
+  }
+  [[nodiscard]] std::size_t index_at(std::size_t s) const noexcept { return wide_ ? idx64_[s] : idx32_[s]; }
+  std::span<std::byte> index_bytes(std::size_t n) {
+    return wide_ ? std::as_writable_bytes(std::span<std::uint64_t>(idx64_.data(), n))
+                 : std::as_writable_bytes(std::span<std::uint32_t>(idx32_.data(), n));
+  }
+  // Indices from the root are untrusted: in range and strictly increasing per layer.
+  void validate_indices() const {
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) {
+        const std::size_t ix = index_at(s);
+        if (ix >= l.numel || (s > offsets_[i] && ix <= index_at(s - 1)))
+          throw error(status::malformed_packet,
+                      "allreduce_compatible: rank " + std::to_string(root_) + " broadcast an invalid index list for layer '" +
+                          l.name + "' (out of range or not strictly increasing)",
+                      root_);
+      }
+    }
+  }
+
+  layout layout_;
+  options options_;
+  bool wide_ = false;
+  int root_ = 0;
+  double ewma_ = 0;
+  bool has_ewma_ = false;
+  std::size_t last_indices_ = 0;
+  std::size_t last_values_ = 0;
+  std::vector<double> norms_;
+  std::vector<double> energy_;
+  std::vector<std::uint64_t> selected_;
+  std::vector<std::uint64_t> order_;
+  std::vector<std::size_t> offsets_;
+  std::vector<std::uint32_t> idx32_;
+  std::vector<std::uint64_t> idx64_;
+  std::vector<float> values_;
+};
+static_assert(Collective<allreduce_compatible>);
+
+}  // namespace gravac

@@ -1,0 +1,114 @@
+#pragma once
+//! \file cost_model.hpp
+//! \brief The alpha-beta cost of each collective (algorithms.md, "Flexible communication"):
+//! time = latency_terms * alpha + byte_terms * beta, with alpha the latency in seconds
+//! and beta the inverse bandwidth in seconds per byte.
+//!
+//! Every formula returns its two coefficients separately (cost_terms) so that the same
+//! table serves three purposes: pricing a collective under known (alpha, beta), fitting
+//! (alpha, beta) from timed calls (network_estimate), and charging a virtual clock
+//! (simulated_communicator).
+
+#include <cmath>
+#include <cstddef>
+
+#include "gravac/error.hpp"
+
+namespace gravac {
+
+//! Latency and inverse bandwidth of a network.
+struct network_params {
+  double alpha = 50e-6;          //!< latency of one message, seconds
+  double beta = 1.0 / 1.25e9;    //!< seconds per byte (1 / bandwidth); default 10 Gbit/s
+
+  //! Parameters from a latency in seconds and a bandwidth in Gbit/s.
+  static network_params from_gbps(double latency_s, double gbit_per_s) {
+    require(latency_s >= 0 && std::isfinite(latency_s), "network_params: latency must be finite and >= 0");
+    require(gbit_per_s > 0 && std::isfinite(gbit_per_s), "network_params: bandwidth must be finite and > 0");
+    return {latency_s, 8.0 / (gbit_per_s * 1e9)};
+  }
+  //! Bandwidth in Gbit/s.
+  [[nodiscard]] double gbps() const noexcept { return beta > 0 ? 8.0 / (beta * 1e9) : INFINITY; }
+  //! Equal parameters.
+  friend bool operator==(const network_params&, const network_params&) = default;
+};
+
+//! A modeled time as `latency * alpha + bytes * beta`: the coefficients of one call.
+struct cost_terms {
+  double latency = 0;  //!< number of message latencies on the critical path
+  double bytes = 0;    //!< bytes on the critical path
+
+  //! Seconds under network \p n.
+  [[nodiscard]] constexpr double seconds(const network_params& n) const noexcept {
+    return latency * n.alpha + bytes * n.beta;
+  }
+  //! Sum of two calls made one after the other.
+  constexpr cost_terms& operator+=(const cost_terms& o) noexcept {
+    latency += o.latency;
+    bytes += o.bytes;
+    return *this;
+  }
+  //! Sum of two calls made one after the other.
+  friend constexpr cost_terms operator+(cost_terms a, const cost_terms& b) noexcept { return a += b; }
+};
+
+//! How an Allreduce is performed (what its cost formula is).
+enum class allreduce_algorithm : unsigned char {
+  ring,  //!< reduce-scatter + allgather around a ring: 2(N-1) messages, 2(N-1)/N of the bytes
+  tree,  //!< binomial tree reduce + broadcast: 2L messages, 2L times the bytes
+};
+
+//! The cost formulas of algorithms.md for N ranks. Values and indices are 4 bytes.
+namespace cost_model {
+
+//! L = ceil(log2 N): rounds of a binomial tree (log2 N when N is a power of two).
+inline double log_ranks(int n) noexcept { return n > 1 ? std::ceil(std::log2(static_cast<double>(n))) : 0.0; }
+
+//! Ring Allreduce of \p bytes per rank: `2(N-1) alpha + 2(N-1)/N bytes beta`.
+inline cost_terms ring_allreduce(int n, double bytes) noexcept {
+  if (n <= 1) return {};
+  return {2.0 * (n - 1), 2.0 * (n - 1) / n * bytes};
+}
+//! Tree Allreduce of \p bytes per rank: `2L alpha + 2L bytes beta`.
+inline cost_terms tree_allreduce(int n, double bytes) noexcept {
+  const double l = log_ranks(n);
+  return {2.0 * l, 2.0 * l * bytes};
+}
+//! Allreduce of \p bytes by algorithm \p a.
+inline cost_terms allreduce(int n, double bytes, allreduce_algorithm a) noexcept {
+  return a == allreduce_algorithm::ring ? ring_allreduce(n, bytes) : tree_allreduce(n, bytes);
+}
+//! Binomial-tree broadcast of \p bytes: `L alpha + L bytes beta`.
+inline cost_terms broadcast(int n, double bytes) noexcept {
+  const double l = log_ranks(n);
+  return {l, l * bytes};
+}
+//! Allgather where the ranks contribute \p total_bytes together (recursive doubling):
+//! `L alpha + (N-1)/N total beta`, i.e. (N-1) times one rank's share when shares are equal.
+inline cost_terms allgather(int n, double total_bytes) noexcept {
+  if (n <= 1) return {};
+  return {log_ranks(n), static_cast<double>(n - 1) / n * total_bytes};
+}
+//! Dissemination barrier: `L alpha`.
+inline cost_terms barrier(int n) noexcept { return {log_ranks(n), 0.0}; }
+
+//! Dense fp32 ring Allreduce of \p d parameters: `2(N-1) alpha + 2(N-1)/N 4d beta`.
+inline cost_terms dense_allreduce(int n, double d) noexcept { return ring_allreduce(n, 4.0 * d); }
+//! Broadcast of the k = f d indices: `L alpha + L 4 d f beta`.
+inline cost_terms index_broadcast(int n, double d, double f) noexcept { return broadcast(n, 4.0 * d * f); }
+//! AR-Topk: broadcast of the indices, then an Allreduce of the k values by algorithm \p a.
+//! Ring: `+ 2(N-1) alpha + 2(N-1)/N 4 d f beta`; tree: `+ 2L alpha + 2L 4 d f beta`.
+inline cost_terms ar_topk(int n, double d, double f, allreduce_algorithm a = allreduce_algorithm::ring) noexcept {
+  return index_broadcast(n, d, f) + allreduce(n, 4.0 * d * f, a);
+}
+//! AR-Topk with indices every rank can draw itself (random-k): the Allreduce only.
+inline cost_terms ar_topk_shared_indices(int n, double d, double f,
+                                         allreduce_algorithm a = allreduce_algorithm::ring) noexcept {
+  return allreduce(n, 4.0 * d * f, a);
+}
+//! Allgather of top-k values and indices: `L alpha + 2(N-1) 4 d f beta`.
+inline cost_terms allgather_topk(int n, double d, double f) noexcept { return allgather(n, n * 8.0 * d * f); }
+
+}  // namespace cost_model
+
+}  // namespace gravac
