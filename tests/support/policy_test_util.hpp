@@ -1,0 +1,97 @@
+#pragma once
+// Helpers of the policy tests: a hash of the parameters a policy chose (to compare
+// decisions across ranks), a copy of them that outlives the trainer (for the serial
+// reference), and a test-only mock of a network model.
+
+#include <bit>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gravac_test_util.hpp"
+
+namespace gravac::test {
+
+// Hash of everything in step_params that changes what is sent.
+inline std::uint64_t params_hash(const step_params& p) {
+  std::uint64_t h = detail::fnv1a_u64(p.step, 0xcbf29ce484222325ull);
+  h = detail::fnv1a_u64(p.seed, h);
+  for (double f : p.kept_fraction) h = detail::fnv1a_u64(std::bit_cast<std::uint64_t>(f), h);
+  h = detail::fnv1a_u64(std::bit_cast<std::uint64_t>(p.global_fraction), h);
+  h = detail::fnv1a_u64(static_cast<std::uint64_t>(p.collective), h);
+  for (double f : p.gain_candidates) h = detail::fnv1a_u64(std::bit_cast<std::uint64_t>(f), h);
+  for (auto b : p.bin_length) h = detail::fnv1a_u64(b, h);
+  h = detail::fnv1a_u64(static_cast<std::uint64_t>(p.ranks), h);
+  return h;
+}
+
+// The parameters of one step, owned (step_params::gain_candidates points into the policy).
+struct recorded_params {
+  std::uint64_t step = 0, seed = 0, hash = 0;
+  std::vector<double> kept_fraction;
+  double global_fraction = 1;
+  std::vector<std::uint32_t> bin_length;
+  int ranks = 1;
+
+  static recorded_params of(const step_params& p) {
+    return {p.step, p.seed, params_hash(p), p.kept_fraction, p.global_fraction, p.bin_length, p.ranks};
+  }
+  // Parameters for the serial reference (no gain candidates: they do not change what is sent).
+  [[nodiscard]] step_params params() const {
+    step_params p;
+    p.step = step;
+    p.seed = seed;
+    p.kept_fraction = kept_fraction;
+    p.global_fraction = global_fraction;
+    p.bin_length = bin_length;
+    p.ranks = ranks;
+    return p;
+  }
+};
+
+// MOCK (test-only): a network model over a thread communicator. Every allgatherv and
+// allreduce charges alpha + beta * bytes to a virtual clock (exposed as modeled_seconds(),
+// which the trainer reads), so that a policy on time_source::simulated sees times that are
+// identical run to run. The real network model is another component; this is a stand-in.
+class mock_network_comm {
+ public:
+  using communicator_tag = void;
+  using memory_space = host_space;
+  using byte_buffer = std::vector<std::byte>;
+
+  mock_network_comm(thread_communicator& inner, double alpha, double beta) : inner_(inner), alpha_(alpha), beta_(beta) {}
+  [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
+  [[nodiscard]] int size() const noexcept { return inner_.size(); }
+  void allreduce_sum(std::span<float> d) {
+    charge(d.size_bytes());
+    inner_.allreduce_sum(d);
+  }
+  void allreduce_sum(std::span<double> d) { inner_.allreduce_sum(d); }  // statistics: not charged
+  void allreduce_max(std::span<double> d) { inner_.allreduce_max(d); }
+  void allgatherv(std::span<const std::byte> mine, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    inner_.allgatherv(mine, out, sizes);
+    charge(out.size());
+  }
+  void broadcast(std::span<std::byte> b, int root) { inner_.broadcast(b, root); }
+  void barrier() { inner_.barrier(); }
+  [[nodiscard]] double modeled_seconds() const noexcept { return clock_; }
+
+ private:
+  void charge(std::size_t bytes) { clock_ += alpha_ + beta_ * static_cast<double>(bytes); }
+  thread_communicator& inner_;
+  double alpha_, beta_;
+  double clock_ = 0;
+};
+static_assert(Communicator<mock_network_comm>);
+
+// Deliberately different local gradients: rank-dependent distribution and scale, and a
+// per-step amplitude so that norms change between intervals.
+inline std::vector<float> rank_gradient(const layout& lay, int step, int rank, double amplitude = 1.0) {
+  auto g = make_data(lay.numel(), 7919ull * static_cast<std::uint64_t>(step) + 31ull * static_cast<std::uint64_t>(rank) + 1,
+                     rank % 2 ? distribution::laplace : distribution::gaussian);
+  const float s = static_cast<float>((1.0 + 0.5 * rank) * amplitude);
+  for (auto& x : g) x *= s;
+  return g;
+}
+
+}  // namespace gravac::test

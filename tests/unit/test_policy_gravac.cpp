@@ -1,0 +1,371 @@
+// gravac_policy, rule by rule: scripted statistics (step_report values built by hand) and
+// the decisions algorithms.md prescribes for them, derived by hand in the comments.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include "gravac/policy/accordion_policy.hpp"
+#include "gravac/policy/gravac_policy.hpp"
+#include "gravac_test_util.hpp"
+
+using namespace gravac;
+
+namespace {
+
+// Drives the policy the way the trainer does: plan, then observe a report whose gain
+// curve answers the candidates the plan asked for.
+struct driver {
+  gravac_policy pol;
+  step_params p;
+  std::uint64_t step = 0;
+
+  driver(const layout& lay, const gravac_policy_options& o) : pol(lay, o) { p.kept_fraction.assign(lay.size(), 1.0); }
+
+  // The CF the next step sends (1 = dense).
+  double plan() {
+    p.step = step;
+    pol.plan(p);
+    return p.global_fraction >= 1 ? 1.0 : std::round(1.0 / p.global_fraction);
+  }
+  // The candidate CFs the plan asked gains for.
+  std::vector<double> asked() const {
+    std::vector<double> cfs;
+    for (double f : p.gain_candidates) cfs.push_back(std::round(1.0 / f));
+    return cfs;
+  }
+  // One step: gains by CF (a CF absent from the table has gain 0), `seconds` of measured time.
+  double run(const std::map<long, double>& gains, double seconds) {
+    const double cf = plan();
+    step_report r;
+    r.step = step++;
+    r.gain_candidates.assign(p.gain_candidates.begin(), p.gain_candidates.end());
+    for (double f : p.gain_candidates) {
+      auto it = gains.find(std::lround(1.0 / f));
+      r.gain_curve.push_back(it == gains.end() ? 0.0 : it->second);
+    }
+    r.iteration_s = seconds;  // time_source::measured adds the (zero) codec times
+    pol.observe(r);
+    return cf;
+  }
+};
+
+layout two_layers() {
+  layout l;
+  l.add("fc.weight", {40, 50}, layer_kind::dense);
+  l.add("fc.bias", {40}, layer_kind::bias_or_norm);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("gravac: candidates double from CF_min and end at CF_max", "[policy][gravac]") {
+  const auto lay = two_layers();
+  gravac_policy def(lay);
+  CHECK(std::vector<double>(def.candidates().begin(), def.candidates().end()) ==
+        std::vector<double>{10, 20, 40, 80, 160, 320, 640, 1000});
+  gravac_policy odd(lay, {.cf_min = 10, .cf_max = 100});
+  CHECK(std::vector<double>(odd.candidates().begin(), odd.candidates().end()) == std::vector<double>{10, 20, 40, 80, 100});
+  gravac_policy one(lay, {.cf_min = 50, .cf_max = 50});
+  CHECK(one.candidates().size() == 1);
+  gravac_policy quarter(lay, {.cf_min = 4, .cf_max = 64, .scale = 0.25});
+  CHECK(std::vector<double>(quarter.candidates().begin(), quarter.candidates().end()) == std::vector<double>{4, 16, 64});
+}
+
+TEST_CASE("gravac: the warm-up sends at CF_min whatever the gain, then the eps rule applies", "[policy][gravac]") {
+  driver d(two_layers(), {.window = 4, .warmup_steps = 4, .period_steps = 3});
+  for (int s = 0; s < 4; ++s) {
+    INFO("warm-up step " << s);
+    CHECK(d.pol.phase() == gravac_phase::warmup);
+    CHECK(d.run({{10, 0.1}}, 1.0) == 10);  // gain far below eps = 0.7: still CF_min
+    CHECK(d.asked() == std::vector<double>{10});
+  }
+  CHECK(d.pol.phase() == gravac_phase::searching);
+  // Smoothed gain(CF_min) = 0.1 < eps and the candidate is CF_min: dense.
+  CHECK(d.plan() == 1);
+  CHECK(d.p.kept_fraction == std::vector<double>{1.0, 1.0});
+}
+
+TEST_CASE("gravac: the gain is an EWMA with alpha = 2 / (w + 1)", "[policy][gravac]") {
+  driver d(two_layers(), {.window = 3, .warmup_steps = 10});  // alpha = 0.5
+  d.run({{10, 1.0}}, 1);
+  CHECK(d.pol.smoothed_gain_min() == 1.0);  // the first sample starts the average
+  d.run({{10, 0.5}}, 1);
+  CHECK(d.pol.smoothed_gain_min() == Approx(0.75));
+  d.run({{10, 0.3}}, 1);
+  CHECK(d.pol.smoothed_gain_min() == Approx(0.525));
+  // A window of 1 follows the last sample exactly.
+  driver e(two_layers(), {.window = 1, .warmup_steps = 10});
+  e.run({{10, 0.9}}, 1);
+  e.run({{10, 0.2}}, 1);
+  CHECK(e.pol.smoothed_gain_min() == Approx(0.2));
+}
+
+TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for both", "[policy][gravac]") {
+  // Candidates 10, 20, 40; window 1 (the smoothed gain is the last one); periods of 2 steps.
+  driver d(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 2});
+  CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // warm-up
+  CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // candidate 10: gain 0.9 >= 0.7
+  CHECK(d.asked() == std::vector<double>{10});
+  CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // end of period: CT(10) = 2 / 2 s * 0.9 = 0.9
+  CHECK(d.pol.throughput_table()[0] == Approx(0.9));
+  CHECK(d.pol.candidate_cf() == 20);  // advanced
+  // First step at 20: gain(20) not measured yet, counts as below eps -> CF_min (0.9 >= eps).
+  CHECK(d.run({{20, 0.8}, {10, 0.9}}, 0.5) == 10);
+  CHECK(d.asked() == std::vector<double>{20, 10});  // both gains from the same u
+  CHECK(d.run({{20, 0.6}, {10, 0.65}}, 0.5) == 20);  // gain(20) = 0.8 >= eps
+  // CT(20) = 2 / 1 s * mean(0.8, 0.6) = 1.4; the best two (1.4, 0.9) differ by 36% > omega,
+  // CT rose, 20 < CF_max: advance to 40.
+  CHECK(d.pol.throughput_table()[1] == Approx(1.4));
+  CHECK(d.pol.candidate_cf() == 40);
+  CHECK(d.pol.searching());
+  // gain(40) unknown and gain(10) = 0.65 < eps: dense.
+  CHECK(d.run({{40, 0.75}, {10, 0.9}}, 0.5) == 1);
+  // gain(40) = 0.75 >= eps: send at 40.
+  CHECK(d.plan() == 40);
+  CHECK(d.p.kept_fraction[0] == 1.0 / 40);
+  CHECK(d.p.kept_fraction[1] == 1.0 / 40);  // 1-D tensors compressed unless one_dim_dense
+  // CT(40) = 2 / 0.6 s * mean(0.75, 0.5) = 2.08 (rising) and 40 is CF_max: the search ends.
+  // gain(40) = 0.5 is below eps but gain(10) is fine: CF_min.
+  d.run({{40, 0.5}, {10, 0.9}}, 0.1);
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK(d.pol.candidate_cf() == 40);
+  CHECK(d.plan() == 10);
+}
+
+TEST_CASE("gravac: stop when the two best CTs are within omega, keeping the more aggressive", "[policy][gravac]") {
+  // One-step periods, window 1; one sample per step so CT = gain / seconds.
+  driver d(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .period_steps = 1});
+  d.run({{10, 0.9}}, 1.0);                   // warm-up
+  d.run({{10, 0.9}}, 1.0);                   // CT(10) = 0.9
+  d.run({{20, 0.8}, {10, 0.9}}, 0.5);        // CT(20) = 1.6: 44% above 0.9 -> advance
+  CHECK(d.pol.candidate_cf() == 40);
+  d.run({{40, 0.8}, {10, 0.9}}, 0.49);       // CT(40) = 1.6327: within 2% of 1.6 -> stop
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK(d.pol.candidate_cf() == 40);
+  CHECK(std::isnan(d.pol.throughput_table()[3]));  // 80 never evaluated
+  CHECK(d.plan() == 40);                     // gain(40) = 0.8 >= eps
+
+  // The omega rule comes first: CT fell slightly for 40 (1.58 < 1.6), but the two best are
+  // within omega, so the more aggressive (40) is kept rather than the best (20).
+  driver e(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .period_steps = 1});
+  e.run({{10, 0.9}}, 1.0);
+  e.run({{10, 0.9}}, 1.0);
+  e.run({{20, 0.8}, {10, 0.9}}, 0.5);
+  e.run({{40, 0.79}, {10, 0.9}}, 0.5);  // CT(40) = 1.58
+  CHECK(e.pol.phase() == gravac_phase::monitoring);
+  CHECK(e.pol.candidate_cf() == 40);
+
+  // A larger omega stops already at the first comparison when CTs are close.
+  driver f(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .omega = 0.5, .period_steps = 1});
+  f.run({{10, 0.9}}, 1.0);
+  f.run({{10, 0.9}}, 1.0);             // CT(10) = 0.9
+  f.run({{20, 0.8}, {10, 0.9}}, 0.5);  // CT(20) = 1.6: (1.6 - 0.9) / 1.6 = 44% < 50%
+  CHECK(f.pol.phase() == gravac_phase::monitoring);
+  CHECK(f.pol.candidate_cf() == 20);
+}
+
+TEST_CASE("gravac: stop when CT falls for the new candidate, keeping the best so far", "[policy][gravac]") {
+  driver d(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .period_steps = 1});
+  d.run({{10, 0.9}}, 1.0);
+  d.run({{10, 0.9}}, 1.0);             // CT(10) = 0.9
+  d.run({{20, 0.8}, {10, 0.9}}, 0.5);  // CT(20) = 1.6
+  d.run({{40, 0.8}, {10, 0.9}}, 0.8);  // CT(40) = 1.0: best two 1.6 / 1.0 (38% apart), CT fell
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK(d.pol.candidate_cf() == 20);
+  CHECK(d.pol.candidate_index() == 1);
+  // The kept ratio's gain is measured afresh: first CF_min (gain 0.9), then 20.
+  CHECK(d.plan() == 10);
+  CHECK(d.asked() == std::vector<double>{20, 10});
+  d.run({{20, 0.75}, {10, 0.9}}, 0.5);
+  CHECK(d.plan() == 20);
+  // Monitoring keeps applying the fallback rule, and never moves on.
+  d.run({{20, 0.3}, {10, 0.5}}, 0.5);
+  CHECK(d.plan() == 1);
+  for (int s = 0; s < 10; ++s) d.run({{20, 0.9}, {10, 0.95}}, 0.01);
+  CHECK(d.plan() == 20);
+  CHECK(d.pol.candidate_cf() == 20);
+}
+
+TEST_CASE("gravac: the search stops at CF_max", "[policy][gravac]") {
+  driver d(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 1});
+  d.run({{10, 0.9}}, 1.0);
+  d.run({{10, 0.9}}, 1.0);             // 0.9
+  d.run({{20, 0.8}, {10, 0.9}}, 0.5);  // 1.6
+  CHECK(d.pol.searching());
+  d.run({{40, 0.8}, {10, 0.9}}, 0.25);  // 3.2: rising, not close, but 40 is CF_max
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK(d.pol.candidate_cf() == 40);
+  CHECK(d.plan() == 40);
+  // A single candidate (CF_min == CF_max) is evaluated once and kept.
+  driver e(two_layers(), {.cf_min = 10, .cf_max = 10, .window = 1, .warmup_steps = 1, .period_steps = 2});
+  for (int s = 0; s < 3; ++s) e.run({{10, 0.9}}, 1.0);
+  CHECK(e.pol.phase() == gravac_phase::monitoring);
+  CHECK(e.pol.candidate_cf() == 10);
+  CHECK(e.pol.throughput_table()[0] == Approx(0.9));
+}
+
+TEST_CASE("gravac: an epoch is the default period and its samples give CT", "[policy][gravac]") {
+  driver d(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 2});
+  d.run({{10, 0.9}}, 0.5);
+  d.pol.on_interval({.step = 1, .epoch = 1, .learning_rate = 0.1, .samples = 100});  // during warm-up: no CT
+  CHECK(std::isnan(d.pol.throughput_table()[0]));
+  d.run({{10, 0.9}}, 0.5);  // warm-up ends
+  for (int s = 0; s < 3; ++s) d.run({{10, 0.8}}, 0.5);
+  CHECK(d.pol.period_steps_done() == 3);
+  // 4 steps in this interval carried 400 samples: 100 per step; the period is the last 3.
+  // CT(10) = 300 samples / 1.5 s * 0.8 = 160.
+  d.pol.on_interval({.step = 5, .epoch = 2, .learning_rate = 0.1, .samples = 400});
+  CHECK(d.pol.throughput_table()[0] == Approx(160));
+  CHECK(d.pol.candidate_cf() == 20);
+
+  // samples_per_step overrides the interval's count; periods in steps need no interval.
+  driver e(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 2, .samples_per_step = 64});
+  e.run({{10, 0.9}}, 1.0);
+  e.run({{10, 0.5}}, 0.25);
+  e.run({{10, 0.7}}, 0.25);  // CT = 128 / 0.5 * 0.6 = 153.6
+  CHECK(e.pol.throughput_table()[0] == Approx(153.6));
+  e.pol.on_interval({.step = 3, .epoch = 1, .learning_rate = 0.1, .samples = 1e6});  // no effect on CT
+  CHECK(e.pol.throughput_table()[0] == Approx(153.6));
+  CHECK(e.pol.candidate_cf() == 20);
+}
+
+TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
+  step_report r;
+  r.iteration_s = 1.0;
+  r.compress_s = 0.1;
+  r.communicate_s = 0.5;
+  r.decompress_s = 0.05;
+  r.modeled_communicate_s = 2.0;
+  CHECK(step_seconds(r, {time_source::measured}) == Approx(1.65));
+  CHECK(step_seconds(r, {time_source::modeled}) == Approx(3.15));
+  CHECK(step_seconds(r, {time_source::simulated, 0.25}) == Approx(2.25));
+  CHECK_THROWS_WITH(time_options({time_source::simulated, -1}).validate("x"), Catch::Contains("compute_s"));
+
+  // The modeled clock drives CT: the measured communication is ignored.
+  gravac_policy pol(two_layers(), {.cf_max = 20, .window = 1, .warmup_steps = 0, .period_steps = 1,
+                                   .time = {time_source::modeled}});
+  step_params p;
+  p.kept_fraction.assign(2, 1.0);
+  pol.plan(p);
+  step_report s;
+  s.gain_candidates = {0.1};
+  s.gain_curve = {0.8};
+  s.communicate_s = 100;        // ignored
+  s.modeled_communicate_s = 2;  // used
+  pol.observe(s);
+  CHECK(pol.throughput_table()[0] == Approx(0.4));
+}
+
+TEST_CASE("gravac: 1-D tensors dense on request, the collective hint passes through", "[policy][gravac]") {
+  driver d(two_layers(), {.one_dim_dense = true, .collective = collective_kind::allreduce_compatible});
+  CHECK(d.plan() == 10);
+  CHECK(d.p.kept_fraction == std::vector<double>{0.1, 1.0});
+  CHECK(d.p.collective == collective_kind::allreduce_compatible);
+}
+
+TEST_CASE("gravac: skipped steps change nothing", "[policy][gravac]") {
+  driver d(two_layers(), {.window = 1, .warmup_steps = 2});
+  step_report r;
+  r.skipped = true;
+  r.gain_candidates = {0.1};
+  r.gain_curve = {0.1};
+  d.pol.observe(r);
+  CHECK(d.pol.steps_observed() == 0);
+  CHECK(std::isnan(d.pol.smoothed_gain_min()));
+}
+
+TEST_CASE("gravac: invalid options are rejected at construction", "[policy][gravac][errors]") {
+  const auto lay = two_layers();
+  using O = gravac_policy_options;
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.cf_min = 0.5}), Catch::Contains("cf_min"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.cf_min = NAN}), Catch::Contains("cf_min"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.cf_min = 100, .cf_max = 10}), Catch::Contains("cf_max"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.cf_max = INFINITY}), Catch::Contains("cf_max"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.scale = 1.0}), Catch::Contains("scale"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.scale = 0.0}), Catch::Contains("scale"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.window = 0}), Catch::Contains("window"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.epsilon = 1.5}), Catch::Contains("epsilon"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.epsilon = -0.1}), Catch::Contains("epsilon"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.omega = 1.0}), Catch::Contains("omega"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.samples_per_step = -1}), Catch::Contains("samples_per_step"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.time = {time_source::simulated, -2}}), Catch::Contains("compute_s"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.cf_min = 1, .cf_max = 1e300, .scale = 0.999}), Catch::Contains("candidates"));
+  try {
+    gravac_policy(lay, O{.omega = 2});
+    FAIL("no exception");
+  } catch (const gravac::error& e) {
+    CHECK(e.code() == status::invalid_argument);
+  }
+}
+
+TEST_CASE("gravac: save / load mid-search continues with the same decisions", "[policy][gravac][state]") {
+  const auto lay = two_layers();
+  const gravac_policy_options o{.cf_max = 160, .window = 3, .warmup_steps = 3, .period_steps = 4};
+  // A scripted run whose gains and times vary from step to step.
+  auto gains_at = [](int s) {
+    const double g = 0.6 + 0.3 * std::sin(0.7 * s);
+    return std::map<long, double>{{10, g + 0.05}, {20, g}, {40, g - 0.05}, {80, g - 0.1}, {160, g - 0.2}};
+  };
+  auto secs_at = [](int s) { return 0.3 + 0.1 * std::cos(1.3 * s); };
+  driver full(lay, o);
+  std::vector<double> expect;
+  for (int s = 0; s < 40; ++s) expect.push_back(full.run(gains_at(s), secs_at(s)));
+
+  for (int cut : {2, 5, 9, 17, 26}) {
+    INFO("restored after step " << cut);
+    driver first(lay, o);
+    for (int s = 0; s < cut; ++s) first.run(gains_at(s), secs_at(s));
+    std::vector<std::byte> bytes;
+    first.pol.save(bytes);
+    driver second(lay, o);
+    second.pol.load(bytes);
+    second.step = static_cast<std::uint64_t>(cut);
+    for (int s = cut; s < 40; ++s) {
+      INFO("step " << s);
+      CHECK(second.run(gains_at(s), secs_at(s)) == expect[s]);
+    }
+    std::vector<std::byte> again;
+    second.pol.save(again);
+    std::vector<std::byte> ref;
+    full.pol.save(ref);
+    CHECK(again == ref);
+  }
+  // The scripted run did search and settle (otherwise this test would prove little).
+  CHECK(full.pol.phase() == gravac_phase::monitoring);
+}
+
+TEST_CASE("gravac: load rejects foreign, mismatched or truncated state", "[policy][gravac][state][errors]") {
+  const auto lay = two_layers();
+  driver d(lay, {.window = 1, .warmup_steps = 1, .period_steps = 1});
+  d.run({{10, 0.9}}, 1.0);
+  d.run({{10, 0.9}}, 1.0);
+  std::vector<std::byte> good;
+  d.pol.save(good);
+  gravac_policy other(lay, {.window = 1, .warmup_steps = 1, .period_steps = 1});
+  const double before = other.current_cf();
+  SECTION("truncated") {
+    good.pop_back();
+    CHECK_THROWS_WITH(other.load(good), Catch::Contains("truncated"));
+  }
+  SECTION("trailing bytes") {
+    good.push_back(std::byte{0});
+    CHECK_THROWS_WITH(other.load(good), Catch::Contains("trailing"));
+  }
+  SECTION("other options") {
+    gravac_policy eps(lay, {.window = 1, .warmup_steps = 1, .epsilon = 0.5, .period_steps = 1});
+    CHECK_THROWS_WITH(eps.load(good), Catch::Contains("other options"));
+  }
+  SECTION("another policy") {
+    accordion_policy acc(lay);
+    std::vector<std::byte> theirs;
+    acc.save(theirs);
+    CHECK_THROWS_WITH(other.load(theirs), Catch::Contains("another policy"));
+  }
+  SECTION("corrupt phase") {
+    good[16] = std::byte{7};  // after tag, version and fingerprint
+    CHECK_THROWS_WITH(other.load(good), Catch::Contains("phase"));
+  }
+  CHECK(other.current_cf() == before);  // a failed load changes nothing
+  CHECK(other.steps_observed() == 0);
+}
