@@ -205,7 +205,7 @@ TEST_CASE("identity sends everything and leaves no residual", "[compress][identi
   }
 }
 
-TEST_CASE("the reference gain curve matches brute force", "[compress][gain]") {
+TEST_CASE("the gain curve matches brute force", "[compress][gain]") {
   const auto lay = layout::flat(500);
   topk c(lay);
   auto g = test::make_data(500, 8, test::distribution::laplace);
@@ -219,6 +219,8 @@ TEST_CASE("the reference gain curve matches brute force", "[compress][gain]") {
     topk brute(lay);
     compress_stats bst;
     roundtrip(brute, lay, g, e, test::params_for(lay, cands[ci]), bst);
-    CHECK(st.candidate_kept_sq[ci] == Approx(bst.kept_sq()).epsilon(1e-12));
+    // The histogram curve is exact at bin edges; inside the boundary bin (1/16 octave wide,
+    // so squares within 9% of each other) it is modelled (see test_gain_histogram.cpp).
+    CHECK(st.candidate_kept_sq[ci] == Approx(bst.kept_sq()).epsilon(0.02));
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
 //! \file topk.hpp
-//! \brief Exact top-k with error feedback (reference implementation): the k entries of
-//! largest |u|, ties to the lower index, per layer or over the whole buffer.
+//! \brief Exact top-k with error feedback: the k entries of largest |u|, ties to the lower
+//! index, per layer or over the whole buffer. Runs the fused kernel of
+//! detail/fused_topk.hpp; the sort-based reference selection is kept for tests.
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +11,12 @@
 #include <span>
 #include <vector>
 
+#include "gravac/error.hpp"
+
+#include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/gain_curve.hpp"
+#include "gravac/compress/magnitude_histogram.hpp"
 #include "gravac/compress/sparse_packet.hpp"
 #include "gravac/concepts.hpp"
 
@@ -45,9 +51,18 @@ inline void select_topk_reference(std::span<const float> u, std::size_t k, std::
 //! Options of top-k.
 struct topk_options {
   bool whole_buffer = false;  //!< select over the whole buffer (global k) instead of per layer
+  unsigned threads = 1;       //!< threads for the fused pass of large layers (1: none started)
+  //! The next step collects candidates down to this fraction of the last threshold; a
+  //! smaller margin makes a miss (a second read of e) rarer but the candidate list longer.
+  float guess_margin = 0.875f;
 };
 
 //! Exact top-k sparsification with error feedback. Models Compressor.
+//!
+//! Per layer (or over the concatenation of the compressed layers with whole_buffer), the
+//! k = kept_count(numel, fraction) values of largest |u| are sent, ties to the lower
+//! index. Infinities and NaNs are never selected: they stay in the residual and
+//! compress_stats::non_finite is set (k is then at most the number of finite values).
 class topk {
  public:
   //! Opt-in tag for the Compressor concept.
@@ -61,9 +76,17 @@ class topk {
   //! Packet kind written.
   static constexpr packet_kind kind = packet_kind::sparse;
 
-  //! A compressor for \p lay.
-  topk(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
-    per_layer_selected_.resize(lay.size());
+  //! A compressor for \p lay; the workspace is sized here, once.
+  topk(const layout& lay, const options& opt = {})
+      : layout_(lay), options_(opt), work_(lay.numel(), opt.threads) {
+    require(opt.threads >= 1 && opt.threads <= 256, "topk: threads must be in [1, 256]");
+    require(opt.guess_margin > 0.0f && opt.guess_margin <= 1.0f, "topk: guess_margin must be in (0, 1]");
+    for (const auto& l : lay.layers())
+      require(l.numel <= 0xffffffffull, "topk: layers of 2^32 or more elements are not supported");
+    guess_.assign(lay.size(), detail::no_guess);
+    layer_sums_.resize(lay.size());
+    count_.assign(lay.size(), 0);
+    runs_.reserve(lay.size());
   }
 
   //! Upper bound of the packet size (every value kept, with indices).
@@ -76,31 +99,39 @@ class topk {
   //! Keeps the top kept_fraction of each layer (or of the whole buffer); e = u - sent.
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    if (options_.whole_buffer) select_whole_buffer(g.span(), e.span(), p);
-    return detail::compress_layers(
+    if (options_.whole_buffer) return compress_whole(g.span(), e.span(), p, out, st);
+    return detail::compress_layers<detail::gain_source::layer_function>(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
             layer_stats& ls) {
-          u_.resize(gl.size());
-          double gsq = 0, usq = 0;
-          for (std::size_t i = 0; i < gl.size(); ++i) {
-            u_[i] = gl[i] + el[i];
-            gsq += static_cast<double>(gl[i]) * gl[i];
-            usq += static_cast<double>(u_[i]) * u_[i];
+          const std::size_t slot = layout_[index].offset;
+          const bool want_gain = !p.gain_candidates.empty();
+          const auto r = work_.fuse(gl, el, slot, guess_[index], want_gain ? &hist_ : nullptr, true);
+          bool counted = want_gain;
+          std::uint64_t k = kept_count(gl.size(), fraction);
+          if (r.non_finite) {
+            st.non_finite = true;
+            if (!counted) detail::count_into_histogram(el, hist_);
+            counted = true;
+            k = std::min(k, hist_.finite_count());
           }
-          auto& selected = per_layer_selected_[index];
-          if (!options_.whole_buffer)
-            detail::select_topk_reference(u_, kept_count(gl.size(), fraction), order_, selected);
-          values_.resize(selected.size());
-          double ksq = 0;
-          for (std::size_t j = 0; j < selected.size(); ++j) {
-            values_[j] = u_[selected[j]];
-            ksq += static_cast<double>(values_[j]) * values_[j];
+          std::size_t collected = r.collected;
+          if (k > 0 && collected < k) {  // miss: one more read of u, from the histogram's boundary bin down
+            if (!counted) detail::count_into_histogram(el, hist_);
+            collected = work_.recollect(el, slot, magnitude_histogram::lower_key(find_boundary(hist_, k).bin));
           }
-          write_sparse_segment<std::uint64_t>(w, index, gl.size(), selected, values_);
-          std::copy(u_.begin(), u_.end(), el.begin());
-          for (auto ix : selected) el[ix] = 0.0f;
-          ls = {selected.size(), gsq, usq, ksq};
+          std::size_t count = 0;
+          if (k > 0) {
+            const detail::candidate_run run{slot, collected};
+            const auto t = work_.select(std::span<const detail::candidate_run>(&run, 1), k);
+            std::uint64_t ties = t.ties;
+            count = work_.keep_selected(run, t.key, ties);
+            guess_[index] = detail::widened_guess(t.key, options_.guess_margin);
+          }
+          const double ksq = work_.write_segment_from(w, index, el, slot, count);
+          if (want_gain) add_gain_curve(hist_, gl.size(), p.gain_candidates, st.candidate_kept_sq);
+          hist_.clear();
+          ls = {count, r.grad_sq, r.input_sq, ksq};
         });
   }
 
@@ -116,34 +147,97 @@ class topk {
   }
 
  private:
-  // Global top-k over the compressed layers; the result is split into per-layer lists.
-  void select_whole_buffer(std::span<const float> g, std::span<const float> e, const step_params& p) {
-    u_.clear();
-    offsets_.clear();
+  struct sums {
+    double grad_sq = 0, input_sq = 0;
+  };
+
+  // Global top-k over the compressed layers: the fused pass runs over every compressed
+  // layer (candidates in each layer's own region), one selection over all regions, then
+  // the skeleton writes each layer's segment from its region.
+  std::size_t compress_whole(std::span<const float> g, std::span<float> e, const step_params& p,
+                             std::span<std::byte> out, compress_stats& st) {
+    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
+            "compress: buffer size does not match the layout");
+    require(p.kept_fraction.size() == layout_.size(), "compress: one kept fraction per layer is required");
+    const bool want_gain = !p.gain_candidates.empty();
+    whole_gain_.assign(p.gain_candidates.size(), 0.0);
+    unit_hist_.clear();
+    std::size_t total = 0, collected = 0;
+    bool non_finite = false;
+    runs_.clear();
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
-      offsets_.push_back(u_.size());
-      if (p.kept_fraction[i] >= dense_fraction) continue;
-      for (std::size_t j = 0; j < l.numel; ++j) u_.push_back(g[l.offset + j] + e[l.offset + j]);
+      count_[i] = 0;
+      if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
+      const auto r = work_.fuse(g.subspan(l.offset, l.numel), e.subspan(l.offset, l.numel), l.offset, whole_guess_,
+                                want_gain ? &hist_ : nullptr, true);
+      layer_sums_[i] = {r.grad_sq, r.input_sq};
+      count_[i] = r.collected;
+      total += l.numel;
+      collected += r.collected;
+      non_finite = non_finite || r.non_finite;
+      if (want_gain) {
+        add_gain_curve(hist_, l.numel, p.gain_candidates, whole_gain_);
+        unit_hist_.merge(hist_);
+        hist_.clear();
+      }
     }
-    detail::select_topk_reference(u_, kept_count(u_.size(), p.global_fraction), order_, global_selected_);
-    for (auto& s : per_layer_selected_) s.clear();
-    std::size_t layer = 0;
-    for (auto gi : global_selected_) {
-      while (layer + 1 < layout_.size() && gi >= offsets_[layer + 1]) ++layer;
-      per_layer_selected_[layer].push_back(gi - offsets_[layer]);
+    bool counted = want_gain;
+    auto count_all = [&] {
+      if (counted) return;
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction)
+          detail::count_into_histogram(e.subspan(layout_[i].offset, layout_[i].numel), unit_hist_);
+      counted = true;
+    };
+    std::uint64_t k = kept_count(total, p.global_fraction);
+    if (non_finite) {
+      count_all();
+      k = std::min(k, unit_hist_.finite_count());
     }
+    if (k > 0 && collected < k) {  // miss
+      count_all();
+      const auto floor = magnitude_histogram::lower_key(find_boundary(unit_hist_, k).bin);
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction)
+          count_[i] = work_.recollect(e.subspan(layout_[i].offset, layout_[i].numel), layout_[i].offset, floor);
+    }
+    if (k > 0) {
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (count_[i] > 0) runs_.push_back({layout_[i].offset, count_[i]});
+      const auto t = work_.select(runs_, k);
+      std::uint64_t ties = t.ties;
+      // Layers in layout order, each in index order: the global index order.
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (count_[i] > 0) count_[i] = work_.keep_selected({layout_[i].offset, count_[i]}, t.key, ties);
+      whole_guess_ = detail::widened_guess(t.key, options_.guess_margin);
+    } else {
+      std::fill(count_.begin(), count_.end(), 0);
+    }
+    const std::size_t bytes = detail::compress_layers<detail::gain_source::layer_function>(
+        layout_, kind, g, e, p, out, st, scratch_,
+        [&](byte_writer& w, std::uint32_t index, std::span<const float>, std::span<float> el, double,
+            layer_stats& ls) {
+          const double ksq = work_.write_segment_from(w, index, el, layout_[index].offset, count_[index]);
+          ls = {count_[index], layer_sums_[index].grad_sq, layer_sums_[index].input_sq, ksq};
+        });
+    for (std::size_t c = 0; c < whole_gain_.size(); ++c) st.candidate_kept_sq[c] += whole_gain_[c];
+    st.non_finite = st.non_finite || non_finite;
+    return bytes;
   }
 
   layout layout_;
   options options_;
   detail::layered_scratch scratch_;
-  std::vector<float> u_;
-  std::vector<float> values_;
-  std::vector<std::uint64_t> order_;
-  std::vector<std::uint64_t> global_selected_;
-  std::vector<std::size_t> offsets_;
-  std::vector<std::vector<std::uint64_t>> per_layer_selected_;
+  detail::fused_topk_workspace work_;
+  magnitude_histogram hist_;       // one layer's |u|
+  magnitude_histogram unit_hist_;  // all compressed layers' |u| (whole-buffer mode)
+  std::vector<std::uint32_t> guess_;  // per layer: collect keys at or above this in the fused pass
+  std::uint32_t whole_guess_ = detail::no_guess;
+  std::vector<sums> layer_sums_;
+  std::vector<std::size_t> count_;
+  std::vector<detail::candidate_run> runs_;
+  std::vector<double> whole_gain_;
 };
 static_assert(Compressor<topk>);
 

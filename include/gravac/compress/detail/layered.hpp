@@ -1,7 +1,7 @@
 #pragma once
 //! \file layered.hpp
 //! \brief The per-layer skeleton every host compressor shares: the packet header, raw
-//! segments for layers sent dense, the reference gain curve, validation and decoding.
+//! segments for layers sent dense, the gain curve, validation and decoding.
 //! A compressor supplies only what it does to one compressed layer.
 
 #include <cstddef>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gravac/compress/gain_curve.hpp"
+#include "gravac/compress/magnitude_histogram.hpp"
 #include "gravac/compress/raw_segment.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/packet.hpp"
@@ -18,15 +19,22 @@ namespace gravac::detail {
 
 //! Reusable scratch of the layered skeleton (sized once, reused every step).
 struct layered_scratch {
-  std::vector<float> u;        //!< u = g + e of one layer, for the gain curve
-  std::vector<double> energy;  //!< squared values for the gain curve sort
+  magnitude_histogram histogram;  //!< |u| of one layer, for the gain curve
+};
+
+//! Who computes the gain curve of the compressed layers.
+enum class gain_source : std::uint8_t {
+  skeleton,    //!< the skeleton, from a histogram of u = g + e before the layer function runs
+  layer_function,  //!< the layer function (it already has a histogram of u); raw layers stay with the skeleton
 };
 
 //! Compresses layer by layer. Layers whose kept fraction is >= 1 are written raw; for the
 //! others `fn(writer, layer_index, g, e, fraction, layer_stats&)` writes one segment and
-//! updates e. When gain candidates are requested, the reference gain curve of u = g + e
-//! is accumulated first. Empty layers produce no segment. Returns the packet size.
-template <class LayerFn>
+//! updates e. When gain candidates are requested, the gain curve of u = g + e is
+//! accumulated from a magnitude histogram (one read of g and e, no sort), unless
+//! \p source says the layer function reports it for the layers it compresses. Empty
+//! layers produce no segment. Returns the packet size.
+template <gain_source source = gain_source::skeleton, class LayerFn>
 std::size_t compress_layers(const layout& lay, packet_kind kind, std::span<const float> g, std::span<float> e,
                             const step_params& p, std::span<std::byte> out, compress_stats& st,
                             layered_scratch& scratch, LayerFn&& fn) {
@@ -41,13 +49,14 @@ std::size_t compress_layers(const layout& lay, packet_kind kind, std::span<const
     if (l.numel == 0) continue;
     auto gl = g.subspan(l.offset, l.numel);
     auto el = e.subspan(l.offset, l.numel);
-    if (!p.gain_candidates.empty()) {
-      scratch.u.resize(l.numel);
-      for (std::size_t j = 0; j < l.numel; ++j) scratch.u[j] = gl[j] + el[j];
-      add_reference_gain_curve(scratch.u, p.gain_candidates, st.candidate_kept_sq, scratch.energy);
+    const bool dense = p.kept_fraction[i] >= dense_fraction;
+    if (!p.gain_candidates.empty() && (dense || source == gain_source::skeleton)) {
+      add_sum_to_histogram(gl, el, scratch.histogram);
+      add_gain_curve(scratch.histogram, l.numel, p.gain_candidates, st.candidate_kept_sq);
+      scratch.histogram.clear();
     }
     const auto index = static_cast<std::uint32_t>(i);
-    if (p.kept_fraction[i] >= dense_fraction)
+    if (dense)
       write_raw_segment(w, index, gl, el, st.layers[i]);
     else
       fn(w, index, gl, el, p.kept_fraction[i], st.layers[i]);
