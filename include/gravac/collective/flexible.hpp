@@ -1,0 +1,223 @@
+#pragma once
+//! \file flexible.hpp
+//! \brief The flexible collective: each step runs the cheapest of dense Allreduce, AR-Topk
+//! and Allgather top-k for that step's kept fraction under the current network estimate
+//! (algorithms.md, "Flexible communication"). A policy can force one through
+//! step_params::collective; the choice made is reported in step_report::collective.
+//!
+//! The choice is identical on every rank: the network comes from a fixed value, from a
+//! profile (indexed by the step or by the shared virtual clock), or from a fit of
+//! timings that are either modeled (deterministic) or measured and max-reduced over the
+//! ranks every `sync_interval` steps before they enter the fit.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "gravac/collective/allgather.hpp"
+#include "gravac/collective/allreduce_compatible.hpp"
+#include "gravac/collective/dense_allreduce.hpp"
+#include "gravac/collective/step_buffers.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/network/cost_model.hpp"
+#include "gravac/network/network_estimate.hpp"
+#include "gravac/network/network_profile.hpp"
+#include "gravac/network/network_source.hpp"
+
+namespace gravac {
+
+//! Options of the flexible collective.
+struct flexible_options {
+  network_source source = network_source::measured;  //!< where alpha and beta come from
+  network_params network{};      //!< the fixed network, and the prior of the fitted estimate
+  std::shared_ptr<const network_profile> profile{};  //!< required by network_source::profile
+  allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how AR-Topk's value Allreduce is priced
+  std::size_t sync_interval = 8;  //!< measured source: steps between max-reductions of the timings
+  std::size_t window = 64;        //!< samples in the fitted estimate
+  allreduce_compatible_options ar_topk{};  //!< options of the AR-Topk path
+  bool dense_sends_everything = true;  //!< a dense step sends u = g + e whole (it costs the same)
+};
+
+//! Picks dense Allreduce, AR-Topk or Allgather per step by the cost model. Models Collective.
+class flexible {
+ public:
+  //! Opt-in tag for the Collective concept.
+  using collective_tag = void;
+  //! Options (see flexible_options).
+  using options = flexible_options;
+  //! Any compressor: AR-Topk is only considered for those with an index hook.
+  template <class C>
+  static constexpr bool accepts = true;
+
+  //! The three candidates in the order of costs(): dense, AR-Topk, Allgather.
+  static constexpr std::array<collective_kind, 3> candidates{
+      collective_kind::dense_allreduce, collective_kind::allreduce_compatible, collective_kind::allgather};
+
+  //! A collective for \p lay; rejects a profile source without a profile and a zero interval.
+  flexible(const layout& lay, const options& opt = {})
+      : layout_(lay),
+        options_(opt),
+        dense_(lay),
+        allgather_(lay),
+        ar_(lay, opt.ar_topk),
+        estimate_(network_estimate_options{.window = std::max<std::size_t>(opt.window, 2), .prior = opt.network}) {
+    require(opt.source != network_source::profile || opt.profile != nullptr,
+            "flexible: network_source::profile needs options.profile");
+    require(opt.sync_interval >= 1, "flexible: sync_interval must be >= 1");
+    require(opt.window >= 2, "flexible: window must be >= 2");
+    pending_terms_.reserve(opt.sync_interval);
+    pending_seconds_.reserve(opt.sync_interval);
+  }
+
+  //! Sizes the workspaces of the three paths once.
+  template <Compressor C>
+  void prepare(const C& c) {
+    dense_.prepare(c);
+    allgather_.prepare(c);
+    if constexpr (IndexSelector<C>) ar_.prepare(c);
+    dense_params_.kept_fraction.assign(layout_.size(), dense_fraction);
+  }
+
+  //! Runs one step with the cheapest collective (or the one params.collective forces).
+  template <Compressor C, Communicator M>
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                 compress_stats& st, step_report& r) {
+    const int n = comm.size();
+    const double d = static_cast<double>(layout_.numel());
+    const double f = kept_fraction_of(p);
+    net_ = network_now(comm, p.step);
+    costs_ = costs(n, d, f, net_, IndexSelector<C> ? options_.allreduce : allreduce_algorithm::ring, IndexSelector<C>);
+    collective_kind kind = p.collective;
+    if (kind == collective_kind::automatic) {
+      kind = f >= 1 ? collective_kind::dense_allreduce : candidates[static_cast<std::size_t>(
+                                                            std::min_element(costs_.begin(), costs_.end()) - costs_.begin())];
+    }
+    const double modeled0 = modeled(comm);
+    cost_terms terms{};
+    switch (kind) {
+      case collective_kind::allreduce_compatible:
+        if constexpr (IndexSelector<C>) {
+          ar_.aggregate(c, comm, buf, p, st, r);
+          terms = ar_terms(n, d, f);
+        } else {
+          throw error(status::invalid_argument,
+                      "flexible: AR-Topk was forced but the compressor cannot sum values at shared indices", comm.rank());
+        }
+        break;
+      case collective_kind::allgather:
+        allgather_.aggregate(c, comm, buf, p, st, r);
+        terms = cost_model::allgather_topk(n, d, f);
+        break;
+      case collective_kind::dense_allreduce:
+      case collective_kind::automatic:
+        if (options_.dense_sends_everything && !p.all_dense()) {
+          copy_scalars(p);
+          dense_.aggregate(c, comm, buf, dense_params_, st, r);
+        } else {
+          dense_.aggregate(c, comm, buf, p, st, r);
+        }
+        terms = cost_model::dense_allreduce(n, d);
+        break;
+    }
+    last_ = r.collective;
+    record(comm, terms, options_.source == network_source::modeled ? modeled(comm) - modeled0 : r.communicate_s);
+  }
+
+  //! Modeled seconds of dense Allreduce, AR-Topk and Allgather top-k (in that order) for N
+  //! ranks, d parameters, kept fraction f under \p net; AR-Topk is +infinity when the
+  //! compressor has no index hook (\p ar_possible false).
+  static std::array<double, 3> costs(int n, double d, double f, const network_params& net,
+                                     allreduce_algorithm a = allreduce_algorithm::ring, bool ar_possible = true) {
+    return {cost_model::dense_allreduce(n, d).seconds(net),
+            ar_possible ? cost_model::ar_topk(n, d, f, a).seconds(net) : INFINITY,
+            cost_model::allgather_topk(n, d, f).seconds(net)};
+  }
+
+  //! The kept fraction of the whole buffer that \p p sends: sum of kept counts over d.
+  [[nodiscard]] double kept_fraction_of(const step_params& p) const {
+    require(p.kept_fraction.size() == layout_.size(), "flexible: one kept fraction per layer is required");
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      k += p.kept_fraction[i] >= dense_fraction ? layout_[i].numel : kept_count(layout_[i].numel, p.kept_fraction[i]);
+    return layout_.numel() ? static_cast<double>(k) / static_cast<double>(layout_.numel()) : 1.0;
+  }
+
+  //! The collective used by the last step.
+  [[nodiscard]] collective_kind last_choice() const noexcept { return last_; }
+  //! The modeled costs the last step compared (dense, AR-Topk, Allgather).
+  [[nodiscard]] const std::array<double, 3>& last_costs() const noexcept { return costs_; }
+  //! The network the last step was priced with.
+  [[nodiscard]] const network_params& last_network() const noexcept { return net_; }
+  //! The fitted estimate (measured and modeled sources).
+  [[nodiscard]] const network_estimate& estimate() const noexcept { return estimate_; }
+  //! The AR-Topk path (index rank of the last AR-Topk step, ...).
+  [[nodiscard]] const allreduce_compatible& ar_topk() const noexcept { return ar_; }
+
+ private:
+  template <class M>
+  static double modeled(M& comm) {
+    if constexpr (requires { comm.modeled_seconds(); })
+      return comm.modeled_seconds();
+    else
+      return 0.0;
+  }
+  template <class M>
+  network_params network_now(M& comm, std::uint64_t step) const {
+    switch (options_.source) {
+      case network_source::fixed: return options_.network;
+      case network_source::profile: return options_.profile->at(step, modeled(comm));
+      default: return estimate_.params();
+    }
+  }
+  cost_terms ar_terms(int n, double d, double f) const {
+    cost_terms t = cost_model::ar_topk(n, d, f, options_.allreduce);
+    if (options_.ar_topk.rule == index_rank_rule::var) t += cost_model::ring_allreduce(n, 8.0 * n);  // the norms
+    return t;
+  }
+  void copy_scalars(const step_params& p) {
+    dense_params_.step = p.step;
+    dense_params_.seed = p.seed;
+    dense_params_.global_fraction = dense_fraction;
+    dense_params_.collective = collective_kind::dense_allreduce;
+    dense_params_.gain_candidates = p.gain_candidates;
+    dense_params_.collect_norms = p.collect_norms;
+    dense_params_.ranks = p.ranks;
+  }
+  // Feeds the estimate. Modeled times are identical on every rank and enter at once;
+  // measured ones are buffered and max-reduced so that every rank fits the same numbers.
+  template <class M>
+  void record(M& comm, const cost_terms& terms, double seconds) {
+    if (options_.source == network_source::modeled) {
+      estimate_.add(terms, seconds);
+    } else if (options_.source == network_source::measured) {
+      pending_terms_.push_back(terms);  // capacity reserved: no allocation
+      pending_seconds_.push_back(seconds);
+      if (pending_seconds_.size() >= options_.sync_interval) {
+        comm.allreduce_max(std::span<double>(pending_seconds_));
+        for (std::size_t i = 0; i < pending_seconds_.size(); ++i) estimate_.add(pending_terms_[i], pending_seconds_[i]);
+        pending_terms_.clear();
+        pending_seconds_.clear();
+      }
+    }
+  }
+
+  layout layout_;
+  options options_;
+  dense_allreduce dense_;
+  allgather allgather_;
+  allreduce_compatible ar_;
+  network_estimate estimate_;
+  step_params dense_params_;
+  std::vector<cost_terms> pending_terms_;
+  std::vector<double> pending_seconds_;
+  std::array<double, 3> costs_{};
+  network_params net_{};
+  collective_kind last_ = collective_kind::dense_allreduce;
+};
+static_assert(Collective<flexible>);
+
+}  // namespace gravac

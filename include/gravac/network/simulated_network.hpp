@@ -1,0 +1,133 @@
+#pragma once
+//! \file simulated_network.hpp
+//! \brief simulated_communicator<Inner>: a communicator decorator that performs every
+//! collective through the real engine and charges the time the cost model gives for
+//! that call, under the profile's current network, to a virtual clock. This is how one
+//! machine reproduces slow and changing networks: the data are real, the time is modeled.
+//!
+//! Charged per call (N ranks, L = ceil(log2 N)): Allreduce by ring (or tree),
+//! Allgather by recursive doubling on the total bytes, broadcast by binomial tree,
+//! barrier by dissemination. The charges depend only on sizes every rank agrees on, so
+//! the clock is identical on every rank.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gravac/comm/communicator_ref.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/network/cost_model.hpp"
+#include "gravac/network/network_profile.hpp"
+
+namespace gravac {
+
+//! Options of the simulated network.
+struct simulated_network_options {
+  allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how Allreduce is charged
+};
+
+//! Decorates Communicator \p Inner with a modeled clock. Models Communicator.
+template <Communicator Inner>
+class simulated_communicator {
+ public:
+  //! Opt-in tag for the Communicator concept.
+  using communicator_tag = void;
+  //! The inner engine's memory space.
+  using memory_space = typename Inner::memory_space;
+  //! The inner engine's gather buffer.
+  using byte_buffer = typename Inner::byte_buffer;
+  //! Options (see simulated_network_options).
+  using options = simulated_network_options;
+
+  //! Wraps \p inner (which must outlive this) under network \p profile.
+  simulated_communicator(Inner& inner, network_profile profile, const options& opt = {})
+      : inner_(&inner), profile_(std::move(profile)), options_(opt) {}
+
+  //! This rank.
+  [[nodiscard]] int rank() const { return inner_->rank(); }
+  //! Number of ranks.
+  [[nodiscard]] int size() const { return inner_->size(); }
+
+  //! Sums over ranks (real), charged as an Allreduce of the span's bytes.
+  void allreduce_sum(std::span<float> d) { charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); }); }
+  //! Sums over ranks (real), charged as an Allreduce.
+  void allreduce_sum(std::span<double> d) { charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); }); }
+  //! Maximum over ranks (real), charged as an Allreduce.
+  void allreduce_max(std::span<double> d) { charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_max(d); }); }
+  //! Variable-length allgather (real), charged on the total bytes gathered.
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    const network_params net = current();
+    inner_->allgatherv(in, out, sizes);
+    std::size_t total = 0;
+    for (auto s : sizes) total += s;
+    charge(cost_model::allgather(size(), static_cast<double>(total)), net);
+  }
+  //! Broadcast from \p root (real), charged as a binomial tree.
+  void broadcast(std::span<std::byte> d, int root) {
+    charged(cost_model::broadcast(size(), static_cast<double>(d.size())), [&] { inner_->broadcast(d, root); });
+  }
+  //! Broadcast of typed values from \p root.
+  template <class T>
+  void broadcast_values(std::span<T> d, int root) {
+    broadcast(std::as_writable_bytes(d), root);
+  }
+  //! Barrier (real), charged as a dissemination barrier.
+  void barrier() { charged(cost_model::barrier(size()), [&] { inner_->barrier(); }); }
+
+  //! Seconds charged so far: the virtual clock (identical on every rank).
+  [[nodiscard]] double modeled_seconds() const noexcept { return clock_; }
+  //! Advances the clock by \p seconds of modeled computation (time-indexed profiles see it).
+  void add_compute_seconds(double seconds) noexcept { clock_ += seconds > 0 ? seconds : 0.0; }
+  //! Sets the training step that step-indexed profiles read.
+  void set_step(std::uint64_t step) noexcept { step_ = step; }
+  //! The network now (at the current step and virtual time).
+  [[nodiscard]] const network_params& current() const noexcept { return profile_.at(step_, clock_); }
+  //! The profile.
+  [[nodiscard]] const network_profile& profile() const noexcept { return profile_; }
+  //! The cost terms of the last call and the seconds it was charged.
+  [[nodiscard]] std::pair<cost_terms, double> last_charge() const noexcept { return {last_terms_, last_seconds_}; }
+  //! Calls charged so far.
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  //! The wrapped engine.
+  [[nodiscard]] Inner& inner() noexcept { return *inner_; }
+  //! Forwards abort to the inner engine when it has one.
+  void abort(const std::string& why) noexcept
+    requires requires(Inner& i) { i.abort(why); }
+  {
+    inner_->abort(why);
+  }
+
+ private:
+  template <class T>
+  static double bytes(std::span<T> d) noexcept {
+    return static_cast<double>(d.size_bytes());
+  }
+  // The network is read when the call starts, so a phase change mid-call does not split it.
+  template <class Fn>
+  void charged(const cost_terms& t, Fn&& fn) {
+    const network_params net = current();
+    fn();
+    charge(t, net);
+  }
+  void charge(const cost_terms& t, const network_params& net) noexcept {
+    last_terms_ = t;
+    last_seconds_ = t.seconds(net);
+    clock_ += last_seconds_;
+    ++calls_;
+  }
+
+  Inner* inner_;
+  network_profile profile_;
+  options options_;
+  double clock_ = 0;
+  std::uint64_t step_ = 0;
+  cost_terms last_terms_{};
+  double last_seconds_ = 0;
+  std::uint64_t calls_ = 0;
+};
+static_assert(Communicator<simulated_communicator<communicator_ref<host_space>>>);
+
+}  // namespace gravac

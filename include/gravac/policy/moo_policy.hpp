@@ -1,0 +1,302 @@
+#pragma once
+//! \file moo_policy.hpp
+//! \brief moo_policy: the multi-objective choice of the kept fraction of the
+//! flexible-communication paper (Tyagi & Swany 2023, arXiv 2312.02493), without replaying
+//! batches: the gain curve of the live step gives gain(f) at every candidate.
+//!
+//! - Warm-up: f falls linearly from warmup_start (1.0) to warmup_end (0.1) over
+//!   warmup_steps steps, or over warmup_intervals intervals (epochs) when that is set.
+//! - Then: time t(f) from the cost model (of the collective in use, or the cheapest of
+//!   the three when the flexible collective decides) under the network estimate, and
+//!   information loss 1/gain(f) fitted over the candidates in log f; the Pareto front of
+//!   the two curves by a dense scan; the point chosen by an ASF with weights 0.6 (time)
+//!   and 0.4 (loss) (moo_chooser).
+//! - Re-decided when the smoothed relative change of gain reaches gain_change (0.1) or
+//!   when alpha or beta move by network_change relative to the last decision.
+//!
+//! needs_statistics is true: the trainer averages the gain curve over ranks and takes the
+//! slowest rank's times, so every rank decides the same.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gravac/collective/flexible.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/error.hpp"
+#include "gravac/network/cost_model.hpp"
+#include "gravac/network/network_estimate.hpp"
+#include "gravac/network/network_profile.hpp"
+#include "gravac/network/network_source.hpp"
+#include "gravac/policy/moo_choice.hpp"
+
+namespace gravac {
+
+//! Options of moo_policy.
+struct moo_policy_options {
+  std::uint64_t warmup_steps = 100;     //!< warm-up length in steps (used when warmup_intervals is 0)
+  std::uint64_t warmup_intervals = 0;   //!< warm-up length in intervals (epochs); 0: use warmup_steps
+  double warmup_start = 1.0;            //!< kept fraction at the first warm-up step
+  double warmup_end = 0.1;              //!< kept fraction at the last warm-up step
+  std::vector<double> candidates{0.1, 0.033, 0.011, 0.004, 0.001};  //!< kept fractions evaluated
+  double weight_time = 0.6;             //!< ASF weight of the communication time
+  double weight_gain = 0.4;             //!< ASF weight of the information loss 1/gain
+  double gain_change = 0.1;             //!< re-decide when the smoothed relative change of gain reaches this
+  double gain_smoothing = 0.2;          //!< EWMA weight of the newest gain curve, in (0, 1]
+  double network_change = 0.2;          //!< re-decide when alpha or beta move by this (relative)
+  network_source source = network_source::measured;  //!< where alpha and beta come from
+  network_params network{};             //!< fixed network, and the prior of the fitted estimate
+  std::shared_ptr<const network_profile> profile{};  //!< step-indexed profile for network_source::profile
+  collective_kind collective = collective_kind::automatic;  //!< the collective to use (and to price)
+  bool ar_topk_possible = true;         //!< automatic: the compressor can use AR-Topk
+  std::size_t scan_points = 1001;       //!< points of the dense scan of log f
+  bool one_dim_dense = false;           //!< send 1-D tensors (biases, norms) uncompressed
+};
+
+//! Multi-objective (time vs information loss) choice of the kept fraction. Models Policy.
+class moo_policy {
+ public:
+  //! Opt-in tag for the Policy concept.
+  using policy_tag = void;
+  //! Options (see moo_policy_options).
+  using options = moo_policy_options;
+  //! Gains and times must be averaged (maxed) over ranks before observe.
+  static constexpr bool needs_statistics = true;
+
+  //! A policy for \p lay; rejects options out of their domain.
+  moo_policy(const layout& lay, const options& opt = {})
+      : layout_(lay),
+        options_(opt),
+        chooser_(std::max<std::size_t>(opt.scan_points, 2)),
+        estimate_(network_estimate_options{.window = 64, .prior = opt.network}) {
+    require(!opt.candidates.empty(), "moo_policy: at least one candidate fraction is required");
+    for (double c : opt.candidates)
+      require(c > 0 && c < 1, "moo_policy: candidate fractions must be in (0, 1), got " + std::to_string(c));
+    require(opt.warmup_start > 0 && opt.warmup_start <= 1 && opt.warmup_end > 0 && opt.warmup_end <= 1,
+            "moo_policy: warm-up fractions must be in (0, 1]");
+    require(opt.weight_time >= 0 && opt.weight_gain >= 0 && opt.weight_time + opt.weight_gain > 0,
+            "moo_policy: weights must be >= 0 and not both 0");
+    require(opt.gain_change > 0 && opt.network_change > 0, "moo_policy: change thresholds must be > 0");
+    require(opt.gain_smoothing > 0 && opt.gain_smoothing <= 1, "moo_policy: gain_smoothing must be in (0, 1]");
+    require(opt.scan_points >= 2, "moo_policy: scan_points must be >= 2");
+    require(opt.source != network_source::profile || opt.profile != nullptr,
+            "moo_policy: network_source::profile needs options.profile");
+    require(opt.network.alpha > 0 && opt.network.beta > 0, "moo_policy: network alpha and beta must be > 0");
+    compressible_.assign(lay.size(), true);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      if (opt.one_dim_dense && lay[i].rank() <= 1) compressible_[i] = false;
+      (compressible_[i] ? d_comp_ : d_dense_) += static_cast<double>(lay[i].numel);
+    }
+    smoothed_.assign(opt.candidates.size(), 0.0);
+    reference_.assign(opt.candidates.size(), 0.0);
+    losses_.assign(opt.candidates.size(), 1.0);
+  }
+
+  //! Fills the kept fractions (warm-up value or the chosen one), the collective and the
+  //! gain candidates for step params.step.
+  void plan(step_params& p) {
+    ranks_ = std::max(p.ranks, 1);
+    step_ = p.step;
+    const double f = current_fraction(p.step);
+    for (std::size_t i = 0; i < layout_.size(); ++i) p.kept_fraction[i] = compressible_[i] ? f : dense_fraction;
+    p.global_fraction = f;
+    p.collective = options_.collective;
+    p.gain_candidates = options_.candidates;
+    last_planned_ = f;
+  }
+
+  //! Learns the gain curve and the network from the (rank-synchronised) report, and
+  //! re-decides after the warm-up when the gain or the network changed enough.
+  void observe(const step_report& r) {
+    steps_seen_ = r.step + 1;
+    if (r.gain_curve.size() == smoothed_.size()) {
+      const double a = has_gain_ ? options_.gain_smoothing : 1.0;
+      for (std::size_t c = 0; c < smoothed_.size(); ++c) smoothed_[c] = (1 - a) * smoothed_[c] + a * r.gain_curve[c];
+      has_gain_ = true;
+    }
+    learn_network(r);
+    if (in_warmup(steps_seen_) || !has_gain_) return;
+    const network_params net = network_at(steps_seen_);
+    if (!decided_ || gain_moved() || network_moved(net)) decide(net);
+  }
+
+  //! Counts intervals for an interval-based warm-up.
+  void on_interval(const interval_info& info) {
+    ++intervals_;
+    interval_start_step_ = info.step;
+  }
+
+  //! Serialises the state (decision, smoothed gains, warm-up progress, network reference).
+  void save(std::vector<std::byte>& out) const {
+    out.clear();
+    put(out, magic);
+    put(out, static_cast<std::uint64_t>(smoothed_.size()));
+    put(out, static_cast<std::uint64_t>(decided_) | static_cast<std::uint64_t>(has_gain_) << 1);
+    put(out, chosen_);
+    put(out, steps_seen_);
+    put(out, intervals_);
+    put(out, interval_start_step_);
+    put(out, ref_net_.alpha);
+    put(out, ref_net_.beta);
+    put(out, decisions_);
+    for (std::size_t c = 0; c < smoothed_.size(); ++c) {
+      put(out, smoothed_[c]);
+      put(out, reference_[c]);
+    }
+  }
+  //! Restores a state written by save; throws gravac::error on a size or format mismatch.
+  void load(std::span<const std::byte> in) {
+    const std::size_t n = smoothed_.size();
+    require(in.size() == (10 + 2 * n) * 8, "moo_policy::load: state size does not match these options");
+    std::size_t at = 0;
+    require(get<std::uint64_t>(in, at) == magic, "moo_policy::load: not a moo_policy state");
+    require(get<std::uint64_t>(in, at) == n, "moo_policy::load: candidate count differs");
+    const auto flags = get<std::uint64_t>(in, at);
+    decided_ = flags & 1;
+    has_gain_ = (flags >> 1) & 1;
+    chosen_ = get<double>(in, at);
+    steps_seen_ = get<std::uint64_t>(in, at);
+    intervals_ = get<std::uint64_t>(in, at);
+    interval_start_step_ = get<std::uint64_t>(in, at);
+    ref_net_.alpha = get<double>(in, at);
+    ref_net_.beta = get<double>(in, at);
+    decisions_ = get<std::uint64_t>(in, at);
+    for (std::size_t c = 0; c < n; ++c) {
+      smoothed_[c] = get<double>(in, at);
+      reference_[c] = get<double>(in, at);
+    }
+  }
+
+  //! The kept fraction of step \p step (warm-up value until the first decision).
+  [[nodiscard]] double current_fraction(std::uint64_t step) const noexcept {
+    if (decided_) return chosen_;
+    return warmup_fraction(step);
+  }
+  //! The last decision's point.
+  [[nodiscard]] const moo_decision& last_decision() const noexcept { return decision_; }
+  //! Decisions taken so far.
+  [[nodiscard]] std::uint64_t decisions() const noexcept { return decisions_; }
+  //! Whether the warm-up is over and a fraction was chosen.
+  [[nodiscard]] bool decided() const noexcept { return decided_; }
+  //! The smoothed gain at each candidate.
+  [[nodiscard]] std::span<const double> smoothed_gains() const noexcept { return smoothed_; }
+  //! The network used by the last decision.
+  [[nodiscard]] const network_params& decision_network() const noexcept { return ref_net_; }
+  //! The chooser (its last scan and Pareto front).
+  [[nodiscard]] const moo_chooser& chooser() const noexcept { return chooser_; }
+  //! Modeled communication seconds at kept fraction \p f (of the compressed layers) under
+  //! \p net for \p ranks ranks: what the policy minimises.
+  [[nodiscard]] double modeled_time(double f, const network_params& net, int ranks) const {
+    const double d = d_comp_ + d_dense_;
+    const double fe = d > 0 ? (d_dense_ + f * d_comp_) / d : 1.0;
+    const auto c = flexible::costs(ranks, d, fe, net, allreduce_algorithm::ring, options_.ar_topk_possible);
+    switch (options_.collective) {
+      case collective_kind::dense_allreduce: return c[0];
+      case collective_kind::allreduce_compatible: return c[1];
+      case collective_kind::allgather: return c[2];
+      default: return std::min({c[0], c[1], c[2]});
+    }
+  }
+
+ private:
+  static constexpr std::uint64_t magic = 0x31304f4f4d415647ull;  // "GVAMOO01"
+
+  [[nodiscard]] bool in_warmup(std::uint64_t steps_done) const noexcept {
+    return options_.warmup_intervals > 0 ? intervals_ < options_.warmup_intervals : steps_done < options_.warmup_steps;
+  }
+  [[nodiscard]] double warmup_fraction(std::uint64_t step) const noexcept {
+    const double a = options_.warmup_start, b = options_.warmup_end;
+    double progress = 1;
+    if (options_.warmup_intervals > 0) {
+      progress = options_.warmup_intervals > 1 ? static_cast<double>(intervals_) / static_cast<double>(options_.warmup_intervals - 1) : 1.0;
+    } else if (options_.warmup_steps > 1) {
+      progress = static_cast<double>(step) / static_cast<double>(options_.warmup_steps - 1);
+    }
+    return a + (b - a) * std::clamp(progress, 0.0, 1.0);
+  }
+  [[nodiscard]] network_params network_at(std::uint64_t step) const {
+    switch (options_.source) {
+      case network_source::fixed: return options_.network;
+      case network_source::profile: return options_.profile->at(step, 0.0);
+      default: return estimate_.params();
+    }
+  }
+  // Feeds the estimate with the step's (rank-synchronised) time and the cost terms of the
+  // collective that ran at the planned fraction: identical inputs on every rank.
+  void learn_network(const step_report& r) {
+    if (options_.source != network_source::measured && options_.source != network_source::modeled) return;
+    const double s = options_.source == network_source::modeled ? r.modeled_communicate_s : r.communicate_s;
+    const double d = d_comp_ + d_dense_;
+    const double fe = d > 0 ? (d_dense_ + last_planned_ * d_comp_) / d : 1.0;
+    cost_terms t{};
+    switch (r.collective) {
+      case collective_kind::allreduce_compatible: t = cost_model::ar_topk(ranks_, d, fe); break;
+      case collective_kind::allgather: t = cost_model::allgather_topk(ranks_, d, fe); break;
+      default: t = cost_model::dense_allreduce(ranks_, d); break;
+    }
+    estimate_.add(t, s);
+  }
+  [[nodiscard]] bool gain_moved() const noexcept {
+    for (std::size_t c = 0; c < smoothed_.size(); ++c)
+      if (reference_[c] > 0 && std::fabs(smoothed_[c] - reference_[c]) / reference_[c] >= options_.gain_change)
+        return true;
+    return false;
+  }
+  [[nodiscard]] bool network_moved(const network_params& n) const noexcept {
+    auto rel = [](double a, double b) { return b > 0 ? std::fabs(a - b) / b : (a > 0 ? INFINITY : 0.0); };
+    return rel(n.alpha, ref_net_.alpha) >= options_.network_change || rel(n.beta, ref_net_.beta) >= options_.network_change;
+  }
+  void decide(const network_params& net) {
+    for (std::size_t c = 0; c < smoothed_.size(); ++c) losses_[c] = smoothed_[c] > 0 ? 1.0 / smoothed_[c] : 1e12;
+    decision_ = chooser_.choose(options_.candidates, losses_, [&](double f) { return modeled_time(f, net, ranks_); },
+                                options_.weight_time, options_.weight_gain);
+    chosen_ = decision_.fraction;
+    reference_ = smoothed_;  // same size: no allocation
+    ref_net_ = net;
+    decided_ = true;
+    ++decisions_;
+  }
+
+  template <class T>
+  static void put(std::vector<std::byte>& out, T v) {
+    const auto at = out.size();
+    out.resize(at + sizeof v);
+    std::memcpy(out.data() + at, &v, sizeof v);
+  }
+  template <class T>
+  static T get(std::span<const std::byte> in, std::size_t& at) {
+    T v;
+    std::memcpy(&v, in.data() + at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+
+  layout layout_;
+  options options_;
+  moo_chooser chooser_;
+  network_estimate estimate_;
+  std::vector<bool> compressible_;
+  double d_comp_ = 0, d_dense_ = 0;
+  std::vector<double> smoothed_, reference_, losses_;
+  bool has_gain_ = false;
+  bool decided_ = false;
+  double chosen_ = 1;
+  double last_planned_ = 1;
+  moo_decision decision_{};
+  network_params ref_net_{};
+  int ranks_ = 1;
+  std::uint64_t step_ = 0;
+  std::uint64_t steps_seen_ = 0;
+  std::uint64_t intervals_ = 0;
+  std::uint64_t interval_start_step_ = 0;
+  std::uint64_t decisions_ = 0;
+};
+static_assert(Policy<moo_policy>);
+
+}  // namespace gravac
