@@ -78,7 +78,7 @@ class topk {
 
   //! A compressor for \p lay; the workspace is sized here, once.
   topk(const layout& lay, const options& opt = {})
-      : layout_(lay), options_(opt), work_(lay.numel(), opt.threads) {
+      : layout_(lay), options_(opt), work_(opt.whole_buffer ? lay.numel() : largest_layer(lay), opt.threads) {
     require(opt.threads >= 1 && opt.threads <= 256, "topk: threads must be in [1, 256]");
     require(opt.guess_margin > 0.0f && opt.guess_margin <= 1.0f, "topk: guess_margin must be in (0, 1]");
     for (const auto& l : lay.layers())
@@ -104,7 +104,7 @@ class topk {
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
             layer_stats& ls) {
-          const std::size_t slot = layout_[index].offset;
+          const std::size_t slot = 0;  // one layer at a time: the workspace is reused
           const bool want_gain = !p.gain_candidates.empty();
           const auto r = work_.fuse(gl, el, slot, guess_[index], want_gain ? &hist_ : nullptr, true);
           bool counted = want_gain;
@@ -147,6 +147,12 @@ class topk {
   }
 
  private:
+  static std::size_t largest_layer(const layout& lay) noexcept {
+    std::size_t m = 0;
+    for (const auto& l : lay.layers()) m = std::max(m, l.numel);
+    return m;
+  }
+
   struct sums {
     double grad_sq = 0, input_sq = 0;
   };

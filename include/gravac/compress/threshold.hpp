@@ -1,0 +1,194 @@
+#pragma once
+//! \file threshold.hpp
+//! \brief Approximate top-k by a threshold (DGC style) with error feedback: estimate the
+//! magnitude t above which about k = kept_count(numel, fraction) values lie, then send
+//! every |u| >= t in one fused pass. The number sent (k_hat) is reported in
+//! layer_stats::kept; it is close to k, not equal to it.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "gravac/compress/detail/fused_topk.hpp"
+#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/gain_curve.hpp"
+#include "gravac/compress/magnitude_histogram.hpp"
+#include "gravac/compress/sparse_packet.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/detail/random.hpp"
+#include "gravac/error.hpp"
+
+namespace gravac {
+
+//! Options of threshold selection.
+struct threshold_options {
+  //! The sample is sized so that about this many sampled values lie above the threshold;
+  //! the relative error of k_hat is then about 1/sqrt(expected_hits) (3% at 1024).
+  std::size_t expected_hits = 1024;
+  //! Sampled values come in runs of this many neighbours (one cache line of floats), so a
+  //! sample costs far less than as many random reads.
+  std::size_t run_length = 16;
+  //! When the sample would cover this fraction of a layer or more, the threshold comes
+  //! from the histogram of the whole layer instead (one more read, an exact histogram).
+  double full_histogram_above = 0.25;
+};
+
+namespace detail {
+//! Magnitude t such that about \p k of the values counted in \p h lie at or above it:
+//! the histogram's boundary bin, interpolated inside the bin as if its values were spread
+//! evenly. Returns a key; no_guess when k == 0.
+[[nodiscard]] inline std::uint32_t threshold_key_from_histogram(const magnitude_histogram& h, double k) noexcept {
+  const std::uint64_t kk = static_cast<std::uint64_t>(std::ceil(k));
+  if (kk == 0 || h.finite_count() == 0) return no_guess;
+  const auto hb = find_boundary(h, std::min<std::uint64_t>(kk, h.finite_count()));
+  const std::uint64_t c = h.count(hb.bin);
+  const double lo = key_magnitude(magnitude_histogram::lower_key(hb.bin));
+  const double hi = hb.bin + 1 >= magnitude_histogram::first_non_finite_bin
+                        ? static_cast<double>(std::numeric_limits<float>::max())
+                        : static_cast<double>(key_magnitude(magnitude_histogram::lower_key(hb.bin + 1)));
+  const double need = std::clamp(k - static_cast<double>(hb.above), 0.0, static_cast<double>(c));
+  const double t = c == 0 ? lo : hi - need / static_cast<double>(c) * (hi - lo);
+  return std::max(magnitude_key(static_cast<float>(t)), magnitude_histogram::lower_key(hb.bin));
+}
+}  // namespace detail
+
+//! Threshold sparsification with error feedback (approximate top-k). Models Compressor.
+//!
+//! Per layer: a low threshold comes from a stratified sample of u = g + e (runs of
+//! neighbours at seeded random places, one per stratum), whose magnitudes are counted in
+//! a histogram and interpolated inside the boundary bin; for small layers, or when the
+//! sample would be large, from the histogram of the whole layer. One fused pass then
+//! forms u, writes it over e and collects every |u| at or above it. When more than k were
+//! collected, the threshold t is raised to the k-th largest of them; every |u| >= t is
+//! sent (ties included, so all-equal data sends everything) and zeroed in e. When the
+//! sample erred high, fewer than k are sent: there is never a second read of g or e.
+//! Infinities and NaNs are never sent (compress_stats::non_finite reports them).
+class threshold {
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on host memory.
+  using memory_space = host_space;
+  //! Options (see threshold_options).
+  using options = threshold_options;
+  //! Values at shared indices can be summed elementwise.
+  static constexpr bool summable_by_index = true;
+  //! Packet kind written (the sparse segment of top-k).
+  static constexpr packet_kind kind = packet_kind::sparse;
+
+  //! A compressor for \p lay; the workspace is sized here, once.
+  threshold(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+    require(opt.expected_hits >= 1, "threshold: expected_hits must be at least 1");
+    require(opt.run_length >= 1, "threshold: run_length must be at least 1");
+    require(opt.full_histogram_above > 0.0 && opt.full_histogram_above <= 1.0,
+            "threshold: full_histogram_above must be in (0, 1]");
+    std::size_t largest = 0;
+    for (const auto& l : lay.layers()) {
+      require(l.numel <= 0xffffffffull, "threshold: layers of 2^32 or more elements are not supported");
+      largest = std::max(largest, l.numel);
+    }
+    work_ = detail::fused_topk_workspace(largest, 1);
+  }
+
+  //! Upper bound of the packet size (every value kept, with indices).
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    std::size_t n = sizeof(packet_header);
+    for (const auto& l : layout_.layers()) n += std::max(sparse_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
+    return n;
+  }
+
+  //! Sends every |u| at or above each layer's estimated threshold; e = u - sent.
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
+    return detail::compress_layers<detail::gain_source::layer_function>(
+        layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+        [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
+            layer_stats& ls) {
+          const bool want_gain = !p.gain_candidates.empty();
+          const std::uint64_t k = kept_count(gl.size(), fraction);
+          const std::uint32_t t = estimate(gl, el, fraction, detail::mix_seed(p.seed, p.step, layout_[index].id));
+          const auto r = work_.fuse(gl, el, 0, t, want_gain ? &hist_ : nullptr, true);
+          if (r.non_finite) st.non_finite = true;
+          std::size_t count = r.collected;
+          if (count > k) {
+            // More than k at or above the (low) estimate: raise the threshold to the k-th
+            // largest of them, keeping every value equal to it (|u| >= t, ties included).
+            const detail::candidate_run run{0, r.collected};
+            const auto kth = work_.select(std::span<const detail::candidate_run>(&run, 1), k);
+            std::uint64_t all_ties = r.collected;
+            count = work_.keep_selected(run, kth.key, all_ties);
+          }
+          const double ksq = work_.write_segment_from(w, index, el, 0, count);
+          if (want_gain) add_gain_curve(hist_, gl.size(), p.gain_candidates, st.candidate_kept_sq);
+          hist_.clear();
+          ls = {count, r.grad_sq, r.input_sq, ksq};
+        });
+  }
+
+  //! Validates an untrusted packet.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    return detail::validate_layers(packet, layout_, kind, validate_sparse_segment);
+  }
+  //! Adds scale * the packet's values at their indices to \p out.
+  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
+    detail::decompress_layers(packet, layout_, out.span(), scale,
+                              [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o,
+                                 float s) { add_sparse_segment(sh, payload, o, s); });
+  }
+
+  //! The low threshold key of a layer: the fused pass collects every magnitude_key(u) >= it
+  //! (0xffffffff collects nothing). From the whole layer's histogram it is the lower edge
+  //! of the boundary bin (at least k lie above); from a sample it is set a few standard
+  //! deviations of the sampled count low, so that at least k lie above it almost surely.
+  [[nodiscard]] std::uint32_t estimate(std::span<const float> g, std::span<const float> e, double fraction,
+                                       std::uint64_t seed) {
+    const std::size_t n = g.size();
+    const double k = static_cast<double>(kept_count(n, fraction));
+    if (k == 0) return detail::no_guess;
+    const double f = k / static_cast<double>(n);
+    const std::size_t run = std::min(options_.run_length, n);
+    const double wanted = static_cast<double>(options_.expected_hits) / f;
+    sample_hist_.clear();
+    bool sampled = false;
+    double scale = 1;  // layer elements per sampled element
+    const std::size_t runs = std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(wanted / run)));
+    const std::size_t stratum = n / runs;
+    if (wanted >= options_.full_histogram_above * static_cast<double>(n) || stratum < run) {
+      add_sum_to_histogram(g, e, sample_hist_);
+    } else {
+      // Strata of equal size, one run of neighbours at a seeded random place in each.
+      detail::splitmix64 rng(seed);
+      for (std::size_t s = 0; s < runs; ++s) {
+        const std::size_t room = stratum - run + 1;
+        const std::size_t at = s * stratum + static_cast<std::size_t>(rng.next() % room);
+        add_sum_to_histogram(g.subspan(at, run), e.subspan(at, run), sample_hist_);
+      }
+      scale = static_cast<double>(n) / static_cast<double>(runs * run);
+      sampled = true;
+    }
+    const std::uint64_t finite = sample_hist_.finite_count();
+    if (finite == 0) return detail::no_guess;
+    if (!sampled)
+      return magnitude_histogram::lower_key(
+          find_boundary(sample_hist_, std::min(static_cast<std::uint64_t>(k), finite)).bin);
+    // Aim below the estimate by four standard deviations of the sampled count, so that the
+    // pass almost always collects at least k; the exact k-th is then taken among them.
+    const double hits = k / scale;
+    return detail::threshold_key_from_histogram(sample_hist_, hits + 4.0 * std::sqrt(hits) + 4.0);
+  }
+
+ private:
+  layout layout_;
+  options options_;
+  detail::layered_scratch scratch_;
+  detail::fused_topk_workspace work_;
+  magnitude_histogram hist_;         // |u| of the layer, for the gain curve
+  magnitude_histogram sample_hist_;  // |u| of the sample
+};
+static_assert(Compressor<threshold>);
+
+}  // namespace gravac
