@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -18,6 +20,10 @@ namespace gravac {
 struct allgather_options {};
 
 //! Allgather of compressed packets, decoded and averaged on every rank. Models Collective.
+//!
+//! Works in any memory space: the packet buffers are `default_byte_buffer<Space>` (device
+//! memory for cuda_space). A device compressor provides `zero(view)` and `synchronize()`,
+//! which the device path uses to clear the gradient and to finish decoding.
 class allgather {
  public:
   //! Opt-in tag for the Collective concept.
@@ -35,7 +41,13 @@ class allgather {
   //! Sizes the packet workspace once for compressor \p c.
   template <Compressor C>
   void prepare(const C& c) {
-    packet_.resize(c.max_packet_bytes());
+    if constexpr (C::memory_space::host_accessible) {
+      packet_.resize(c.max_packet_bytes());
+    } else {
+      auto w = std::make_shared<space_workspace<typename C::memory_space>>();
+      w->packet.resize(c.max_packet_bytes());
+      other_space_ = std::move(w);
+    }
   }
 
   //! Runs one step: leaves the rank average of every rank's decompressed packet in buf.grad.
@@ -45,6 +57,16 @@ class allgather {
   void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
                  compress_stats& st, step_report& r) {
     static_assert(CommunicatorFor<M, C>, "allgather: the communicator must carry the compressor's memory");
+    if constexpr (!C::memory_space::host_accessible)
+      aggregate_device(c, comm, buf, p, st, r);
+    else
+      aggregate_host(c, comm, buf, p, st, r);
+  }
+
+ private:
+  template <Compressor C, Communicator M>
+  void aggregate_host(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                      compress_stats& st, step_report& r) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t bytes = c.compress(buf.grad, buf.residual, p, packet_, st);
     r.compress_s = detail::seconds_since(t0);
@@ -72,8 +94,50 @@ class allgather {
     r.collective = collective_kind::allgather;
   }
 
- private:
+  // The workspace of a memory space other than the host's.
+  template <class Space>
+  struct space_workspace {
+    typename default_byte_buffer<Space>::type packet, gathered;
+  };
+
+  // The same steps for device memory: packets stay on the device; every packet is
+  // validated (the compressor checks headers and indices on the device) before decoding.
+  template <Compressor C, Communicator M>
+  void aggregate_device(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                        compress_stats& st, step_report& r) {
+    using ws_t = space_workspace<typename C::memory_space>;
+    static_assert(std::same_as<typename M::byte_buffer, decltype(ws_t::gathered)>,
+                  "allgather: the communicator's byte_buffer must be the memory space's default");
+    require(other_space_ != nullptr, "allgather: prepare() was not called for this compressor");
+    auto& w = *static_cast<ws_t*>(other_space_.get());
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t bytes = c.compress(buf.grad, buf.residual, p, std::span<std::byte>(w.packet.data(), w.packet.size()), st);
+    r.compress_s = detail::seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    comm.allgatherv(std::span<const std::byte>(w.packet.data(), bytes), w.gathered, sizes_);
+    r.communicate_s = detail::seconds_since(t1);
+    const auto t2 = std::chrono::steady_clock::now();
+    std::size_t at = 0;
+    for (std::size_t rank = 0; rank < sizes_.size(); ++rank) {
+      throw_if_invalid(c.validate(std::span<const std::byte>(w.gathered.data() + at, sizes_[rank])),
+                       static_cast<int>(rank));
+      at += sizes_[rank];
+    }
+    c.zero(buf.grad);
+    const float inv = 1.0f / static_cast<float>(comm.size());
+    at = 0;
+    for (std::size_t rank = 0; rank < sizes_.size(); ++rank) {
+      c.decompress_add(std::span<const std::byte>(w.gathered.data() + at, sizes_[rank]), buf.grad, inv);
+      at += sizes_[rank];
+    }
+    c.synchronize();
+    r.decompress_s = detail::seconds_since(t2);
+    r.bytes_sent = bytes;
+    r.collective = collective_kind::allgather;
+  }
+
   layout layout_;
+  std::shared_ptr<void> other_space_;  // space_workspace<Space> of a device compressor
   std::vector<std::byte> packet_;
   std::vector<std::byte> gathered_;
   std::vector<std::size_t> sizes_;

@@ -1,0 +1,234 @@
+// topk_cuda against the CPU gravac::topk on the same data: packets equal byte for byte
+// (selection, values, ties to the lower index, padding), residuals equal bit for bit,
+// statistics and the gain curve close; device validation and scatter-add against the
+// host's. Sizes 1 .. 2^26, many fractions, adversarial data. Skipped without a GPU.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gravac/cuda/topk_cuda.hpp"
+#include "gravac/compress/topk.hpp"
+#include "gravac_test_util.hpp"
+
+namespace {
+
+using gravac::test::distribution;
+
+// Device copies of host data, and back.
+gravac::device_buffer<float> to_device(const std::vector<float>& h) {
+  gravac::device_buffer<float> d(h.size());
+  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// One layout, one host and one device compressor, and their buffers, stepped together.
+struct pair_run {
+  gravac::layout lay;
+  gravac::topk host;
+  gravac::topk_cuda dev;
+  std::vector<float> e_host;
+  gravac::device_buffer<float> e_dev;
+  std::vector<std::byte> packet_host;
+  gravac::device_buffer<std::byte> packet_dev;
+  std::size_t bytes = 0;
+
+  explicit pair_run(gravac::layout l)
+      : lay(std::move(l)), host(lay), dev(lay), e_host(lay.numel(), 0.0f), e_dev(lay.numel()),
+        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {}
+
+  // One step on both; checks packets and residuals are identical and the stats close.
+  void step(const std::vector<float>& g, const gravac::step_params& p) {
+    std::vector<float> gh = g;
+    gravac::compress_stats sh, sd;
+    const auto bh = host.compress(gravac::host_view(gh), gravac::host_view(e_host), p, packet_host, sh);
+    auto gd = to_device(g);
+    const auto bd = dev.compress(gravac::device_view(gd), gravac::device_view(e_dev), p, packet_dev.span(), sd);
+    REQUIRE(bd == bh);
+    bytes = bd;
+    const auto pd = to_host(packet_dev.data(), bd);
+    REQUIRE(std::memcmp(pd.data(), packet_host.data(), bh) == 0);
+    const auto ed = to_host(e_dev.data(), e_dev.size());
+    REQUIRE(std::memcmp(ed.data(), e_host.data(), ed.size() * sizeof(float)) == 0);
+    REQUIRE(sd.non_finite == sh.non_finite);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      CHECK(sd.layers[i].kept == sh.layers[i].kept);
+      CHECK(sd.layers[i].grad_sq == Approx(sh.layers[i].grad_sq).epsilon(1e-9).margin(1e-30));
+      CHECK(sd.layers[i].input_sq == Approx(sh.layers[i].input_sq).epsilon(1e-9).margin(1e-30));
+      CHECK(sd.layers[i].kept_sq == Approx(sh.layers[i].kept_sq).epsilon(1e-9).margin(1e-30));
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) {
+      const double gh_ = gravac::gain_from_sq(sh.candidate_kept_sq[c], sh.input_sq());
+      const double gd_ = gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq());
+      // Exact at histogram bin edges, interpolated inside the boundary bin (1/8 octave wide).
+      CHECK(std::fabs(gd_ - gh_) <= 0.05);
+    }
+  }
+};
+
+std::vector<float> scaled(std::vector<float> v, float s) {
+  for (auto& x : v) x *= s;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and all fractions") {
+  const std::size_t sizes[] = {1, 2, 3, 31, 32, 33, 1000, 4097, 65539, 1u << 20, (1u << 22) + 5};
+  const double fractions[] = {0.0, 1e-6, 0.001, 0.01, 0.1, 0.3, 0.5, 0.9, 0.999999, 1.0};
+  const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
+                                distribution::narrow};
+  for (auto n : sizes)
+    for (auto d : dists)
+      for (auto f : fractions) {
+        if (n >= (1u << 20) && (f == 1e-6 || f == 0.999999 || f == 0.3)) continue;  // keep the run short
+        INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
+        pair_run r(gravac::layout::flat(n));
+        const auto p = gravac::test::params_for(r.lay, f);
+        // Three steps: the first without a previous threshold, the second reuses it (the
+        // candidate buffer hits), the third jumps in scale (the candidate buffer misses).
+        r.step(gravac::test::make_data(n, 11, d), p);
+        r.step(gravac::test::make_data(n, 12, d), p);
+        r.step(scaled(gravac::test::make_data(n, 13, d), 1e-3f), p);
+      }
+}
+
+TEST_CASE("topk_cuda at 2^26 values matches topk at 1% and 0.1%") {
+  const std::size_t n = std::size_t{1} << 26;
+  for (double f : {0.01, 0.001}) {
+    INFO("fraction = " << f);
+    pair_run r(gravac::layout::flat(n));
+    const auto p = gravac::test::params_for(r.lay, f);
+    r.step(gravac::test::make_data(n, 21, distribution::gaussian), p);
+    r.step(gravac::test::make_data(n, 22, distribution::laplace), p);
+  }
+}
+
+TEST_CASE("topk_cuda: ties go to the lower index (many equal magnitudes at the boundary)") {
+  const std::size_t n = 100003;
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = (i % 7 == 0 ? -1.0f : 1.0f) * static_cast<float>(1 + i % 5);
+  for (double f : {0.05, 0.2, 0.21, 0.5, 0.77}) {
+    pair_run r(gravac::layout::flat(n));
+    r.step(g, gravac::test::params_for(r.lay, f));
+  }
+}
+
+TEST_CASE("topk_cuda: mixed layout, dense layers, gain curve") {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {300000}, gravac::layer_kind::dense);
+  pair_run r(lay);
+  auto p = gravac::test::params_for(r.lay, 0.05);
+  p.kept_fraction[1] = 1.0;  // a layer sent dense
+  const double candidates[] = {0.5, 0.1, 0.01, 0.001};
+  p.gain_candidates = candidates;
+  for (std::uint64_t s = 0; s < 3; ++s) r.step(gravac::test::make_data(r.lay.numel(), 31 + s), p);
+}
+
+TEST_CASE("topk_cuda: infinities and NaNs are never selected and are reported") {
+  const std::size_t n = 5000;
+  auto g = gravac::test::make_data(n, 41);
+  g[10] = std::numeric_limits<float>::infinity();
+  g[20] = -std::numeric_limits<float>::infinity();
+  g[30] = std::numeric_limits<float>::quiet_NaN();
+  pair_run r(gravac::layout::flat(n));
+  r.step(g, gravac::test::params_for(r.lay, 0.01));
+}
+
+TEST_CASE("topk_cuda: device validation agrees with the host's, and scatter-add with decompress_add") {
+  auto lay = gravac::test::mixed_layout();
+  pair_run r(lay);
+  auto p = gravac::test::params_for(r.lay, 0.2);
+  p.kept_fraction[0] = 1.0;
+  r.step(gravac::test::make_data(r.lay.numel(), 51), p);
+  const std::size_t bytes = r.bytes;
+  std::vector<std::byte> good(r.packet_host.begin(), r.packet_host.begin() + static_cast<std::ptrdiff_t>(bytes));
+
+  // Decompress: the same sums on host and device.
+  std::vector<float> out_h(lay.numel(), 0.25f);
+  r.host.decompress_add(good, gravac::host_view(out_h), 0.5f);
+  auto out_d = to_device(std::vector<float>(lay.numel(), 0.25f));
+  REQUIRE(r.dev.validate(r.packet_dev.span().first(bytes)));
+  r.dev.decompress_add(r.packet_dev.span().first(bytes), gravac::device_view(out_d), 0.5f);
+  r.dev.synchronize();
+  const auto back = to_host(out_d.data(), out_d.size());
+  // Equal up to the rounding of a fused multiply-add (the device contracts scale * v + o).
+  REQUIRE(gravac::test::max_rel_diff(back, out_h) <= 1e-6);
+
+  // Corruptions: the device rejects exactly what the host rejects.
+  auto check = [&](std::vector<std::byte> bad, const char* what) {
+    INFO(what);
+    const bool host_ok = static_cast<bool>(r.host.validate(bad));
+    gravac::device_buffer<std::byte> d(std::max<std::size_t>(bad.size(), 1));
+    GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), bad.data(), bad.size(), cudaMemcpyHostToDevice));
+    const bool dev_ok = static_cast<bool>(r.dev.validate(d.span().first(bad.size())));
+    CHECK(!host_ok);
+    CHECK(dev_ok == host_ok);
+  };
+  auto flip = [&](std::size_t at, std::byte v) {
+    auto b = good;
+    b[at] = v;
+    return b;
+  };
+  check(flip(0, std::byte{0}), "magic");
+  check(flip(4, std::byte{9}), "version");
+  check(std::vector<std::byte>(good.begin(), good.end() - 8), "truncated");
+  check(std::vector<std::byte>(good.begin(), good.begin() + 16), "truncated header");
+  // Find the first sparse segment and break its indices.
+  std::size_t pos = sizeof(gravac::packet_header);
+  gravac::segment_header sh;
+  for (;;) {
+    std::memcpy(&sh, good.data() + pos, sizeof sh);
+    if (sh.encoding != gravac::raw_encoding && sh.count >= 2) break;
+    pos += sizeof sh + sh.payload_bytes;
+    REQUIRE(pos < good.size());
+  }
+  const std::size_t idx_at = pos + sizeof sh;
+  {
+    auto b = good;
+    const std::uint32_t big = static_cast<std::uint32_t>(sh.numel);
+    std::memcpy(b.data() + idx_at, &big, 4);
+    check(b, "index out of range");
+  }
+  {
+    auto b = good;
+    std::uint32_t i0, i1;
+    std::memcpy(&i0, b.data() + idx_at, 4);
+    std::memcpy(&i1, b.data() + idx_at + 4, 4);
+    std::memcpy(b.data() + idx_at, &i1, 4);
+    std::memcpy(b.data() + idx_at + 4, &i0, 4);
+    check(b, "indices not increasing");
+  }
+  {
+    auto b = good;
+    const std::uint64_t huge = sh.numel + 1;
+    std::memcpy(b.data() + pos + offsetof(gravac::segment_header, count), &huge, 8);
+    check(b, "count exceeds numel");
+  }
+  {
+    auto b = good;
+    std::uint64_t wrong_hash = 0;
+    std::memcpy(b.data() + offsetof(gravac::packet_header, layout_hash), &wrong_hash, 8);
+    check(b, "layout hash");
+  }
+}
+
+TEST_CASE("device_buffer: zero-filled, grows, and storage_for<cuda_space> is it") {
+  static_assert(std::is_same_v<gravac::storage_for<gravac::cuda_space>::type, gravac::device_buffer<float>>);
+  gravac::device_buffer<float> b(1000);
+  const auto h = to_host(b.data(), b.size());
+  for (float x : h) REQUIRE(x == 0.0f);
+  b.resize(10);
+  REQUIRE(b.size() == 10);
+  REQUIRE(b.capacity() == 1000);
+  b.resize(5000);
+  REQUIRE(b.capacity() >= 5000);
+}
