@@ -94,4 +94,56 @@ inline std::vector<float> rank_gradient(const layout& lay, int step, int rank, d
   return g;
 }
 
+// The schedule every multi-rank policy test trains on: epochs of 5 steps whose gradient
+// amplitude changes (so that Accordion sees critical and quiet intervals) and a
+// learning-rate decay after epoch 3.
+constexpr int steps_per_epoch = 5;
+inline double amplitude_at(int step) {
+  static constexpr double a[] = {1.0, 0.3, 0.29, 0.28, 0.1, 0.1, 0.099, 0.098};
+  const int e = step / steps_per_epoch;
+  return a[e < 7 ? e : 7];
+}
+inline double learning_rate_of(int epoch) { return epoch < 3 ? 0.1 : 0.01; }
+
+// What one rank saw: the parameters of every step, its output, and its final residual.
+struct rank_log {
+  std::vector<recorded_params> params;
+  std::vector<std::vector<float>> out;
+  std::vector<float> residual;
+};
+
+// Runs steps [from, to) of the schedule on trainer \p t as rank \p rank, logging.
+template <class T>
+void run_schedule(T& t, int rank, int from, int to, rank_log& log) {
+  for (int s = from; s < to; ++s) {
+    auto g = rank_gradient(t.get_layout(), s, rank, amplitude_at(s));
+    t.step(std::span<float>(g));
+    log.params.push_back(recorded_params::of(t.last_params()));
+    log.out.push_back(std::move(g));
+    if ((s + 1) % steps_per_epoch == 0) {
+      const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
+      t.end_interval({.step = static_cast<std::uint64_t>(s + 1), .epoch = epoch,
+                      .learning_rate = learning_rate_of(static_cast<int>(epoch)), .samples = 32.0 * steps_per_epoch});
+    }
+  }
+  const auto& ct = t;  // read without marking the residual as written
+  log.residual.assign(ct.residual().begin(), ct.residual().end());
+}
+
+// The serial reference of the schedule on \p ranks ranks under the parameters \p params
+// (one per step): the averaged gradient of every step, and the residuals at the end.
+template <class C>
+std::vector<std::vector<float>> schedule_reference(const layout& lay, const typename C::options& copt,
+                                                   const std::vector<recorded_params>& params, int ranks,
+                                                   std::vector<std::vector<float>>& residuals) {
+  residuals.assign(static_cast<std::size_t>(ranks), std::vector<float>(lay.numel(), 0.0f));
+  std::vector<std::vector<float>> outs;
+  for (std::size_t s = 0; s < params.size(); ++s) {
+    std::vector<std::vector<float>> grads;
+    for (int r = 0; r < ranks; ++r) grads.push_back(rank_gradient(lay, static_cast<int>(s), r, amplitude_at(static_cast<int>(s))));
+    outs.push_back(serial_reference<C>(lay, copt, params[s].params(), grads, residuals));
+  }
+  return outs;
+}
+
 }  // namespace gravac::test
