@@ -1,0 +1,276 @@
+// PowerSGD: error feedback, exact recovery of low-rank matrices, the two-allreduce
+// protocol on 4 thread ranks against a plain reference, warm start, validation.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "gravac/collective/low_rank_allreduce.hpp"
+#include "gravac/compress/powersgd.hpp"
+#include "gravac_test_util.hpp"
+
+using namespace gravac;
+
+static_assert(!allgather::accepts<powersgd>, "PowerSGD cannot be gathered");
+static_assert(dense_allreduce::accepts<powersgd>);
+static_assert(low_rank_allreduce::accepts<powersgd>);
+static_assert(!low_rank_allreduce::accepts<topk>);
+
+namespace {
+
+layout matrix_layout() {
+  layout l;
+  l.add("conv", {6, 3, 3, 3}, layer_kind::conv);  // 6 x 27
+  l.add("bias", {6}, layer_kind::bias_or_norm);   // 1-D: raw
+  l.add("fc", {40, 25}, layer_kind::dense);
+  l.add("tiny", {2, 2}, layer_kind::dense);       // r (rows + cols) >= numel: raw
+  return l;
+}
+
+// The plain reference of one PowerSGD step over N ranks for one layer (double precision,
+// the textbook order): P = sum_r M_r Q; P^ = Gram-Schmidt(P); Q_r = M_r^T P^;
+// e_r = M_r - P^ Q_r^T; result = P^ (sum_r Q_r / N)^T; Q = sum_r Q_r / N.
+struct reference_layer {
+  std::size_t rows, cols, r;
+  std::vector<double> q;  // cols x r column-major
+};
+std::vector<double> reference_step(reference_layer& L, std::vector<std::vector<double>>& m /* per rank, u in, e out */) {
+  const std::size_t n = m.size(), rows = L.rows, cols = L.cols, r = L.r;
+  std::vector<double> p(rows * r, 0.0);
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < r; ++j)
+        for (std::size_t c = 0; c < cols; ++c) p[j * rows + i] += m[k][i * cols + c] * L.q[j * cols + c];
+  for (std::size_t j = 0; j < r; ++j) {
+    for (std::size_t k = 0; k < j; ++k) {
+      double d = 0;
+      for (std::size_t i = 0; i < rows; ++i) d += p[k * rows + i] * p[j * rows + i];
+      for (std::size_t i = 0; i < rows; ++i) p[j * rows + i] -= d * p[k * rows + i];
+    }
+    double nn = 0;
+    for (std::size_t i = 0; i < rows; ++i) nn += p[j * rows + i] * p[j * rows + i];
+    for (std::size_t i = 0; i < rows; ++i) p[j * rows + i] /= std::sqrt(nn);
+  }
+  std::vector<double> qsum(cols * r, 0.0);
+  for (std::size_t k = 0; k < n; ++k) {
+    std::vector<double> qk(cols * r, 0.0);
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < r; ++j)
+        for (std::size_t c = 0; c < cols; ++c) qk[j * cols + c] += m[k][i * cols + c] * p[j * rows + i];
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t c = 0; c < cols; ++c)
+        for (std::size_t j = 0; j < r; ++j) m[k][i * cols + c] -= p[j * rows + i] * qk[j * cols + c];
+    for (std::size_t x = 0; x < qk.size(); ++x) qsum[x] += qk[x];
+  }
+  for (auto& x : qsum) x /= static_cast<double>(n);
+  L.q = qsum;
+  std::vector<double> out(rows * cols, 0.0);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < cols; ++c)
+      for (std::size_t j = 0; j < r; ++j) out[i * cols + c] += p[j * rows + i] * qsum[j * cols + c];
+  return out;
+}
+
+// The documented initial Q: splitmix64(mix_seed(seed, step, id ^ column)), uniform in [-1, 1).
+std::vector<double> initial_q(const layer& l, std::size_t r, std::uint64_t seed) {
+  std::vector<double> q(l.cols() * r);
+  for (std::size_t j = 0; j < r; ++j) {
+    detail::splitmix64 rng(detail::mix_seed(seed, 0, l.id ^ j));
+    for (std::size_t c = 0; c < l.cols(); ++c) q[j * l.cols() + c] = static_cast<float>(2.0 * rng.uniform() - 1.0);
+  }
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("powersgd error feedback: P^ Q^T + e_new == u", "[compress][powersgd][ef]") {
+  const auto lay = matrix_layout();
+  for (std::uint32_t rank : {1u, 2u, 4u}) {
+    powersgd c(lay, {.rank = rank});
+    auto e = test::make_data(lay.numel(), 2);
+    for (int step = 0; step < 3; ++step) {
+      const auto g = test::make_data(lay.numel(), 10 + step);
+      const auto e_old = e;
+      std::vector<std::byte> packet(c.max_packet_bytes());
+      compress_stats st;
+      auto gg = g;
+      const auto bytes = c.compress(host_view(gg), host_view(e), test::params_for(lay, 0.1, step), packet, st);
+      const std::span<const std::byte> pk(packet.data(), bytes);
+      REQUIRE(c.validate(pk));
+      std::vector<float> dec(lay.numel(), 0.0f);
+      c.decompress_add(pk, host_view(dec), 1.0f);
+      for (std::size_t i = 0; i < lay.numel(); ++i) {
+        const float u = g[i] + e_old[i];
+        const float m = std::max(std::fabs(u), std::fabs(dec[i]));
+        INFO("rank " << rank << " step " << step << " element " << i);
+        REQUIRE(std::fabs(dec[i] + e[i] - u) <= (m == 0 ? 0.0f : std::ldexp(1.0f, std::ilogb(m) - 23)));
+      }
+      CHECK(st.layers[2].kept == std::min<std::size_t>(rank, 25) * (40 + 25));
+      CHECK(st.layers[1].kept == 6);  // the bias went raw
+      for (std::size_t i = 0; i < 6; ++i) CHECK(e[lay[1].offset + i] == 0.0f);
+    }
+  }
+  CHECK_THROWS_AS(powersgd(lay, {.rank = 0}), gravac::error);
+  CHECK(powersgd(lay).layer_rank(1) == 0);
+  CHECK(powersgd(lay).layer_rank(3) == 0);
+}
+
+TEST_CASE("powersgd recovers a rank-r matrix in one iteration", "[compress][powersgd]") {
+  layout lay;
+  lay.add("w", {30, 20}, layer_kind::dense);
+  const auto a = test::make_data(30 * 2, 1), b = test::make_data(20 * 2, 2);
+  std::vector<float> m(600, 0.0f);
+  for (std::size_t i = 0; i < 30; ++i)
+    for (std::size_t c = 0; c < 20; ++c) m[i * 20 + c] = a[i] * b[c] + a[30 + i] * b[20 + c];
+  powersgd c(lay, {.rank = 2});
+  std::vector<float> e(600, 0.0f);
+  std::vector<std::byte> packet(c.max_packet_bytes());
+  compress_stats st;
+  auto g = m;
+  const auto bytes = c.compress(host_view(g), host_view(e), test::params_for(lay, 0.1), packet, st);
+  std::vector<float> dec(600, 0.0f);
+  c.decompress_add(std::span<const std::byte>(packet.data(), bytes), host_view(dec), 1.0f);
+  CHECK(test::max_rel_diff(dec, m) < 1e-4);
+  CHECK(bytes == sizeof(packet_header) + powersgd::factor_segment_bytes(30, 20, 2));
+  // A rank-2 matrix with rank 1 leaves a residual, which error feedback carries.
+  powersgd c1(lay, {.rank = 1});
+  std::fill(e.begin(), e.end(), 0.0f);
+  g = m;
+  c1.compress(host_view(g), host_view(e), test::params_for(lay, 0.1), packet, st);
+  double esq = 0;
+  for (float x : e) esq += double(x) * x;
+  CHECK(esq > 1e-3);
+}
+
+TEST_CASE("powersgd x low_rank_allreduce on 4 ranks equals the reference", "[compress][powersgd][threads]") {
+  constexpr int ranks = 4;
+  constexpr std::uint32_t rank = 2;
+  constexpr std::uint64_t seed = 17;
+  const auto lay = matrix_layout();
+  const int steps = 4;
+  std::vector<std::vector<std::vector<float>>> outputs(steps, std::vector<std::vector<float>>(ranks));
+  std::vector<std::vector<float>> residuals(ranks);
+  std::vector<std::size_t> bytes(ranks);
+  auto grad = [&](int s, int r) { return test::make_data(lay.numel(), 100 * s + r, r % 2 ? test::distribution::laplace : test::distribution::gaussian); };
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    using T = trainer<powersgd, low_rank_allreduce, fixed_policy>;
+    T::options opt;
+    opt.compressor.rank = rank;
+    opt.policy.kept_fraction = 0.1;
+    opt.seed = seed;
+    T t(comm, lay, opt);
+    for (int s = 0; s < steps; ++s) {
+      auto g = grad(s, comm.rank());
+      bytes[comm.rank()] = t.step(g).bytes_sent;
+      outputs[s][comm.rank()] = g;
+    }
+    residuals[comm.rank()].assign(t.residual().begin(), t.residual().end());
+  });
+  // The reference, layer by layer in double.
+  std::vector<std::vector<double>> e(ranks, std::vector<double>(lay.numel(), 0.0));
+  std::vector<reference_layer> ref_layers;
+  for (std::size_t li = 0; li < lay.size(); ++li)
+    ref_layers.push_back({lay[li].rows(), lay[li].cols(), std::min<std::size_t>({rank, lay[li].rows(), lay[li].cols()}),
+                          initial_q(lay[li], std::min<std::size_t>({rank, lay[li].rows(), lay[li].cols()}), seed)});
+  for (int s = 0; s < steps; ++s) {
+    std::vector<double> expect(lay.numel(), 0.0);
+    for (std::size_t li = 0; li < lay.size(); ++li) {
+      const auto& l = lay[li];
+      std::vector<std::vector<double>> m(ranks);
+      for (int r = 0; r < ranks; ++r) {
+        const auto g = grad(s, r);
+        m[r].resize(l.numel);
+        for (std::size_t i = 0; i < l.numel; ++i) m[r][i] = e[r][l.offset + i] + g[l.offset + i];
+      }
+      const bool low_rank = li == 0 || li == 2;
+      std::vector<double> out(l.numel, 0.0);
+      if (low_rank) {
+        out = reference_step(ref_layers[li], m);
+      } else {
+        for (int r = 0; r < ranks; ++r)
+          for (std::size_t i = 0; i < l.numel; ++i) {
+            out[i] += m[r][i] / ranks;
+            m[r][i] = 0;
+          }
+      }
+      for (int r = 0; r < ranks; ++r)
+        for (std::size_t i = 0; i < l.numel; ++i) e[r][l.offset + i] = m[r][i];
+      for (std::size_t i = 0; i < l.numel; ++i) expect[l.offset + i] = out[i];
+    }
+    for (int r = 0; r < ranks; ++r) {
+      INFO("step " << s << " rank " << r);
+      CHECK(outputs[s][r] == outputs[s][0]);  // identical bits on every rank
+      std::vector<float> ef(expect.begin(), expect.end());
+      CHECK(test::max_rel_diff(outputs[s][r], ef) < 2e-4);
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<float> ef(e[r].begin(), e[r].end());
+    CHECK(test::max_rel_diff(residuals[r], ef) < 2e-4);
+  }
+  const std::size_t floats = 2 * (6 + 27) + 6 + 2 * (40 + 25) + 4;
+  CHECK(bytes[0] == floats * sizeof(float));
+}
+
+TEST_CASE("powersgd x dense_allreduce equals the serial reference", "[compress][powersgd][threads]") {
+  constexpr int ranks = 4;
+  const auto lay = matrix_layout();
+  const int steps = 3;
+  std::vector<std::vector<std::vector<float>>> outputs(steps, std::vector<std::vector<float>>(ranks));
+  auto grad = [&](int s, int r) { return test::make_data(lay.numel(), 300 * s + r); };
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    using T = trainer<powersgd, dense_allreduce, fixed_policy>;
+    T::options opt;
+    opt.policy.kept_fraction = 0.1;
+    opt.seed = 3;
+    T t(comm, lay, opt);
+    for (int s = 0; s < steps; ++s) {
+      auto g = grad(s, comm.rank());
+      t.step(g);
+      outputs[s][comm.rank()] = g;
+    }
+  });
+  // Serial: one persistent compressor per rank (the warm start is per rank here).
+  std::vector<powersgd> cs;
+  for (int r = 0; r < ranks; ++r) cs.emplace_back(lay, powersgd_options{});
+  std::vector<std::vector<float>> res(ranks, std::vector<float>(lay.numel(), 0.0f));
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> sum(lay.numel(), 0.0f);
+    for (int r = 0; r < ranks; ++r) {
+      auto g = grad(s, r);
+      std::vector<std::byte> packet(cs[r].max_packet_bytes());
+      compress_stats st;
+      const auto b = cs[r].compress(host_view(g), host_view(res[r]), test::params_for(lay, 0.1, s, 3), packet, st);
+      cs[r].decompress_add(std::span<const std::byte>(packet.data(), b), host_view(sum), 1.0f);
+    }
+    for (auto& x : sum) x /= ranks;
+    for (int r = 0; r < ranks; ++r) CHECK(test::max_rel_diff(outputs[s][r], sum) < 1e-5);
+  }
+}
+
+TEST_CASE("powersgd validation rejects malformed packets", "[compress][powersgd][validation]") {
+  const auto lay = matrix_layout();
+  powersgd c(lay);
+  auto g = test::make_data(lay.numel(), 1);
+  std::vector<float> e(lay.numel(), 0.0f);
+  std::vector<std::byte> packet(c.max_packet_bytes());
+  compress_stats st;
+  packet.resize(c.compress(host_view(g), host_view(e), test::params_for(lay, 0.1), packet, st));
+  REQUIRE(c.validate(packet));
+  for (std::size_t cut = 0; cut < packet.size(); cut += 7) CHECK_FALSE(c.validate(std::span<const std::byte>(packet.data(), cut)));
+  const std::size_t seg = sizeof(packet_header);
+  auto bad = packet;
+  std::uint64_t r = 7;  // rank above min(rows, cols) = 6 of the first layer
+  std::memcpy(bad.data() + seg + 16, &r, 8);
+  CHECK_FALSE(c.validate(bad));
+  bad = packet;
+  r = 0;
+  std::memcpy(bad.data() + seg + 16, &r, 8);
+  CHECK_FALSE(c.validate(bad));
+  bad = packet;
+  const float nan = std::nanf("");
+  std::memcpy(bad.data() + seg + sizeof(segment_header) + 4, &nan, 4);
+  CHECK_FALSE(c.validate(bad));
+  bad = packet;
+  bad[seg + 5] = std::byte{2};  // unknown encoding
+  CHECK_FALSE(c.validate(bad));
+}
