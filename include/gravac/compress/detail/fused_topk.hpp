@@ -15,6 +15,7 @@
 //! layer (at the layer's offset), so no list can overflow and nothing is allocated per step.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -58,7 +59,7 @@ template <bool Collect, bool Hist, bool Energy>
 fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std::uint32_t base, std::uint32_t guess,
                                    std::uint32_t* idx, std::uint32_t* key, magnitude_histogram* h) noexcept {
   constexpr std::size_t block = 512;
-  constexpr std::size_t lanes = 8;
+  constexpr std::size_t lanes = 16;
   alignas(64) std::uint32_t keys[block];
   double gs[lanes] = {}, us[lanes] = {};
   std::uint32_t kmin = 0xffffffffu, kmax = 0;
@@ -69,31 +70,35 @@ fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std:
     const std::size_t m = std::min(block, n - b0);
     const float* gb = g + b0;
     float* eb = e + b0;
+    // Simple loops over a block that stays in L1, each one the compiler vectorizes:
+    // u and its key; the sums (lane-wise, so no reassociation is needed); the key range.
+    for (std::size_t j = 0; j < m; ++j) {
+      const float u = gb[j] + eb[j];
+      eb[j] = u;
+      keys[j] = std::bit_cast<std::uint32_t>(u) & 0x7fffffffu;
+    }
+    // Squares summed in float lanes within the block (64 terms per lane: relative error
+    // below 1e-5, typically 1e-7) and in double across blocks; double lanes would not
+    // vectorize on baseline x86-64.
+    float fg[lanes] = {}, fu[lanes] = {};
     std::size_t j = 0;
-    // Lane-wise sums so the compiler can keep them in vector registers.
     for (; j + lanes <= m; j += lanes) {
       for (std::size_t l = 0; l < lanes; ++l) {
-        const float gv = gb[j + l];
-        const float u = gv + eb[j + l];
-        eb[j + l] = u;
-        const std::uint32_t k = magnitude_key(u);
-        keys[j + l] = k;
-        kmin = std::min(kmin, k);
-        kmax = std::max(kmax, k);
-        gs[l] += static_cast<double>(gv) * gv;
-        us[l] += static_cast<double>(u) * u;
+        fg[l] += gb[j + l] * gb[j + l];
+        fu[l] += eb[j + l] * eb[j + l];
       }
     }
     for (; j < m; ++j) {
-      const float gv = gb[j];
-      const float u = gv + eb[j];
-      eb[j] = u;
-      const std::uint32_t k = magnitude_key(u);
-      keys[j] = k;
-      kmin = std::min(kmin, k);
-      kmax = std::max(kmax, k);
-      gs[0] += static_cast<double>(gv) * gv;
-      us[0] += static_cast<double>(u) * u;
+      fg[0] += gb[j] * gb[j];
+      fu[0] += eb[j] * eb[j];
+    }
+    for (std::size_t l = 0; l < lanes; ++l) {
+      gs[l] += fg[l];
+      us[l] += fu[l];
+    }
+    for (std::size_t i = 0; i < m; ++i) {
+      kmin = std::min(kmin, keys[i]);
+      kmax = std::max(kmax, keys[i]);
     }
     if constexpr (Hist) {
       for (std::size_t i = 0; i < m; ++i) {
@@ -104,9 +109,22 @@ fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std:
       }
     }
     if constexpr (Collect) {
-      // Branch-free compaction: always write, advance only when kept.
+      // A bit mask per group of 16 (vectorized compares); candidates are rare, so the
+      // loop over set bits runs seldom.
       const auto at = static_cast<std::uint32_t>(base + b0);
-      for (std::size_t i = 0; i < m; ++i) {
+      std::size_t i = 0;
+      for (; i + 16 <= m; i += 16) {
+        std::uint32_t mask = 0;
+        for (std::uint32_t l = 0; l < 16; ++l) mask |= static_cast<std::uint32_t>((keys[i + l] - guess) < span_keys) << l;
+        while (mask != 0) {
+          const auto l = static_cast<std::uint32_t>(std::countr_zero(mask));
+          idx[c] = at + static_cast<std::uint32_t>(i) + l;
+          key[c] = keys[i + l];
+          ++c;
+          mask &= mask - 1;
+        }
+      }
+      for (; i < m; ++i) {
         idx[c] = at + static_cast<std::uint32_t>(i);
         key[c] = keys[i];
         c += (keys[i] - guess) < span_keys ? 1u : 0u;
