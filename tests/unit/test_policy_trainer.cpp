@@ -4,6 +4,7 @@
 // restore mid-run continues exactly as an uninterrupted run.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -189,4 +190,52 @@ TEST_CASE("threads: simulated time drives a reproducible search", "[policy][grav
   }
   CHECK(std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * sizeof(double)) == 0);
   CHECK_FALSE(std::isnan(tables[0][1]));  // at least two candidates were evaluated
+}
+
+TEST_CASE("threads: a statistics policy sees the slowest rank's times, others their own", "[policy][threads]") {
+  const auto lay = test::mixed_layout();
+  std::vector<double> own(ranks), seen(ranks), iteration(ranks), own_fixed(ranks), seen_fixed(ranks);
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    const int r = comm.rank();
+    // MOCK network whose latency differs by rank, so the ranks' modeled times differ.
+    test::mock_network_comm net(comm, 1e-3 * (r + 1), 1e-6);
+    trainer<topk, allgather, gravac_policy> t(net, lay, {.policy = small_gravac()});
+    trainer<topk, allgather, fixed_policy> f(net, lay, {});
+    for (int s = 0; s < 3; ++s) {
+      auto g = test::rank_gradient(lay, s, r);
+      auto h = g;
+      double before = net.modeled_seconds();
+      const auto& rep = t.step(g);
+      own[r] = net.modeled_seconds() - before;
+      seen[r] = rep.modeled_communicate_s;
+      iteration[r] = rep.iteration_s;
+      before = net.modeled_seconds();
+      const auto& fr = f.step(h);
+      own_fixed[r] = net.modeled_seconds() - before;
+      seen_fixed[r] = fr.modeled_communicate_s;
+    }
+  });
+  const double slowest = *std::max_element(own.begin(), own.end());
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(seen[r] == slowest);
+    CHECK(iteration[r] == iteration[0]);
+    CHECK(seen_fixed[r] == own_fixed[r]);  // no statistics asked: no synchronization
+  }
+  CHECK(own[0] < slowest);  // the ranks did differ
+}
+
+TEST_CASE("fixed_policy: versioned state that refuses another configuration", "[policy][state]") {
+  const auto lay = test::mixed_layout();
+  fixed_policy a(lay, {.kept_fraction = 0.1});
+  std::vector<std::byte> bytes;
+  a.save(bytes);
+  CHECK_FALSE(bytes.empty());
+  fixed_policy same(lay, {.kept_fraction = 0.1});
+  CHECK_NOTHROW(same.load(bytes));
+  CHECK_NOTHROW(same.load({}));
+  fixed_policy other(lay, {.kept_fraction = 0.2});
+  CHECK_THROWS_WITH(other.load(bytes), Catch::Contains("other options"));
+  gravac_policy g(lay);
+  CHECK_THROWS_WITH(g.load(bytes), Catch::Contains("another policy"));
 }
