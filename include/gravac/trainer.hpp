@@ -175,6 +175,10 @@ class trainer {
  private:
   // Every rank posts its layout hash; a mismatch fails on all ranks, naming the odd ones.
   void verify_layout_across_ranks() {
+    if constexpr (!memory_space::host_accessible) {  // device engines gather into device memory
+      verify_layout_by_reduction();
+      return;
+    }
     const std::uint64_t h = layout_.hash();
     std::vector<std::size_t> sizes;
     typename communicator_ref<memory_space>::byte_buffer all;
@@ -187,6 +191,26 @@ class trainer {
       if (r == 0) h0 = hr;
       if (hr != h0 || sizes[r] != sizeof hr) odd += (odd.empty() ? "" : ", ") + std::to_string(r);
     }
+    if (!odd.empty())
+      throw error(status::layout_mismatch, "the layout differs between ranks (ranks " + odd + " differ from rank 0)",
+                  comm_.rank());
+  }
+
+  // The same check through host-memory reductions only: rank 0's hash (in four exact 16-bit
+  // parts) reaches every rank by a sum, then each rank flags itself when it differs.
+  void verify_layout_by_reduction() {
+    const std::uint64_t h = layout_.hash();
+    const auto n = static_cast<std::size_t>(comm_.size());
+    std::vector<double> v(4 + n, 0.0);
+    for (int i = 0; i < 4; ++i) v[static_cast<std::size_t>(i)] = comm_.rank() == 0 ? double((h >> (16 * i)) & 0xffff) : 0.0;
+    comm_.allreduce_sum(std::span<double>(v.data(), 4));
+    std::uint64_t h0 = 0;
+    for (int i = 0; i < 4; ++i) h0 |= static_cast<std::uint64_t>(v[static_cast<std::size_t>(i)]) << (16 * i);
+    v[4 + static_cast<std::size_t>(comm_.rank())] = h0 != h ? 1.0 : 0.0;
+    comm_.allreduce_sum(std::span<double>(v.data() + 4, n));
+    std::string odd;
+    for (std::size_t r = 0; r < n; ++r)
+      if (v[4 + r] != 0.0) odd += (odd.empty() ? "" : ", ") + std::to_string(r);
     if (!odd.empty())
       throw error(status::layout_mismatch, "the layout differs between ranks (ranks " + odd + " differ from rank 0)",
                   comm_.rank());
