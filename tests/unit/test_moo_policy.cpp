@@ -204,3 +204,28 @@ TEST_CASE("moo_policy with the flexible collective decides the same on every ran
   CHECK(fractions[0].back() >= 0.001 - 1e-12);
   CHECK(fractions[0].back() <= 0.1 + 1e-12);
 }
+
+TEST_CASE("moo_policy warm-up counted in intervals (epochs)", "[moo][policy]") {
+  const auto lay = policy_layout();
+  moo_policy_options opt;
+  opt.warmup_intervals = 3;
+  opt.source = network_source::fixed;
+  moo_policy pol(lay, opt);
+  step_params p = test::params_for(lay, 1.0);
+  p.ranks = 2;
+  std::uint64_t step = 0;
+  const double expect[3] = {1.0, 0.55, 0.1};  // 1.0 -> 0.1 linearly over three epochs
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int s = 0; s < 4; ++s, ++step) {
+      p.step = step;
+      pol.plan(p);
+      CHECK(p.kept_fraction[0] == Approx(expect[epoch]));
+      pol.observe(report_with(step, gains_for(1.0)));
+    }
+    CHECK_FALSE(pol.decided());
+    pol.on_interval({step, static_cast<std::uint64_t>(epoch + 1), 0.1, 0});
+  }
+  pol.observe(report_with(step, gains_for(1.0)));
+  CHECK(pol.decided());
+  CHECK(pol.decisions() == 1);
+}
