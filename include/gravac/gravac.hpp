@@ -1,19 +1,27 @@
 #pragma once
 //! \file gravac.hpp
 //! \brief Everything of the host core in one include (no MPI, CUDA or NCCL headers:
-//! include gravac/comm/mpi_communicator.hpp and the cuda/ headers for those).
+//! include gravac/comm/mpi_communicator.hpp and the cuda/ headers for those; PowerSGD needs
+//! Eigen: include gravac/compress/powersgd.hpp and link gravac::powersgd).
 
 #include "gravac/collective/allgather.hpp"
 #include "gravac/collective/allreduce_compatible.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/collective/flexible.hpp"
+#include "gravac/collective/low_rank_allreduce.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/comm/thread_communicator.hpp"
+#include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/cast16.hpp"
 #include "gravac/compress/gain_curve.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/magnitude_histogram.hpp"
+#include "gravac/compress/qsgd.hpp"
+#include "gravac/compress/quantized_packet.hpp"
 #include "gravac/compress/randomk.hpp"
+#include "gravac/compress/sign.hpp"
+#include "gravac/compress/terngrad.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/concepts.hpp"

@@ -279,16 +279,20 @@ class trainer {
   // Averages norms and gains over the ranks and takes the slowest rank's times, so that
   // every rank's policy sees identical inputs and takes identical decisions.
   void synchronize_statistics() {
+    // Layout of sync_: L norms, L kept fractions, the gain, G gain-curve points.
     const std::size_t L = layout_.size(), G = report_.gain_curve.size();
-    sync_.resize(L + 1 + G);
+    sync_.resize(2 * L + 1 + G);
     std::copy(report_.layer_grad_norm.begin(), report_.layer_grad_norm.end(), sync_.begin());
-    sync_[L] = report_.gain;
-    std::copy(report_.gain_curve.begin(), report_.gain_curve.end(), sync_.begin() + static_cast<std::ptrdiff_t>(L + 1));
+    std::copy(report_.kept_fraction.begin(), report_.kept_fraction.end(), sync_.begin() + static_cast<std::ptrdiff_t>(L));
+    sync_[2 * L] = report_.gain;
+    std::copy(report_.gain_curve.begin(), report_.gain_curve.end(),
+              sync_.begin() + static_cast<std::ptrdiff_t>(2 * L + 1));
     comm_.allreduce_sum(std::span<double>(sync_));
     const double inv = 1.0 / comm_.size();
     for (std::size_t i = 0; i < L; ++i) report_.layer_grad_norm[i] = sync_[i] * inv;
-    report_.gain = sync_[L] * inv;
-    for (std::size_t c = 0; c < G; ++c) report_.gain_curve[c] = sync_[L + 1 + c] * inv;
+    for (std::size_t i = 0; i < L; ++i) report_.kept_fraction[i] = sync_[L + i] * inv;
+    report_.gain = sync_[2 * L] * inv;
+    for (std::size_t c = 0; c < G; ++c) report_.gain_curve[c] = sync_[2 * L + 1 + c] * inv;
     // Every time a policy's clock may read (time_source.hpp) is the slowest rank's.
     double times[5] = {report_.compress_s, report_.communicate_s, report_.decompress_s, report_.iteration_s,
                        report_.modeled_communicate_s};

@@ -149,7 +149,7 @@ class leveled_codec {
             const float v = f * l;
             const bool neg = u < 0 && l > 0;
             code[k] = static_cast<std::uint16_t>(static_cast<std::uint16_t>(l) | (neg ? sign_bit : 0));
-            ec[k] = neg ? u + v : u - v;
+            ec[k] = u - (neg ? -v : v);  // a select, not a branch: vectorizes
             kp[k % 8] += v * v;
           }
           for (float x : kp) ksq += x;

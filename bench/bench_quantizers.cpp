@@ -1,0 +1,172 @@
+// AdaComp, the quantizers (QSGD, TernGrad, EF-sign, cast16) and PowerSGD: compress and
+// decompress against a memcpy of the same buffer, measured in the same process.
+//
+// Counters: ratio_to_memcpy = kernel time per call / median memcpy time of the gradient
+// buffer (N floats), measured right after the kernel's loop. Target for the quantizers:
+// <= 1.5 at N = 2^24, one thread.
+//
+// Arguments: log2 N, data (0 Gaussian, 1 Laplace). Sizes 2^16, 2^20 and 2^24 run by
+// default; 2^26 is registered with the prefix "large/" and runs only when selected, e.g.
+//   bench_quantizers --benchmark_filter='large/BM_compress_qsgd'
+// Build with CMAKE_BUILD_TYPE=Release for figures.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/cast16.hpp"
+#include "gravac/compress/qsgd.hpp"
+#include "gravac/compress/sign.hpp"
+#include "gravac/compress/terngrad.hpp"
+#if __has_include(<Eigen/Core>)
+#include "gravac/compress/powersgd.hpp"
+#define GRAVAC_BENCH_POWERSGD 1
+#endif
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct dataset {
+  std::vector<float> g, e0;
+};
+
+const dataset& data(std::size_t n, int dist) {
+  static std::map<std::pair<std::size_t, int>, dataset> cache;
+  auto& d = cache[{n, dist}];
+  if (d.g.size() == n) return d;
+  std::mt19937_64 rng(4321 + n + dist);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::exponential_distribution<float> expo(1.0f);
+  auto draw = [&] { return dist == 0 ? normal(rng) : ((rng() & 1) ? 1.0f : -1.0f) * expo(rng); };
+  d.g.resize(n);
+  d.e0.resize(n);
+  for (auto& x : d.g) x = draw();
+  for (auto& x : d.e0) x = 0.3f * draw();
+  return d;
+}
+
+double median_time(const std::function<void()>& fn) {
+  std::vector<double> t;
+  double total = 0;
+  while (t.size() < 5 || (total < 0.3 && t.size() < 50)) {
+    const auto a = clock_type::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+    total += t.back();
+  }
+  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+double memcpy_time(const std::vector<float>& src) {
+  static std::vector<float> dst;
+  dst.resize(src.size());
+  return median_time([&] {
+    std::memcpy(dst.data(), src.data(), src.size() * sizeof(float));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  });
+}
+
+// One layer of N elements; PowerSGD gets a matrix of about sqrt(N) x sqrt(N).
+gravac::layout layout_for(std::size_t n, bool matrix) {
+  gravac::layout lay;
+  if (matrix) {
+    std::size_t rows = 1;
+    while (rows * rows * 4 <= n) rows *= 2;
+    lay.add("w", {rows, n / rows}, gravac::layer_kind::dense);
+  } else {
+    lay.add("w", {n}, gravac::layer_kind::dense);
+  }
+  return lay;
+}
+
+template <class C>
+void run(benchmark::State& state, typename C::options opt, bool decompress, bool matrix = false) {
+  const std::size_t n = std::size_t{1} << state.range(0);
+  const auto& d = data(n, static_cast<int>(state.range(1)));
+  const auto lay = layout_for(n, matrix);
+  C c(lay, opt);
+  std::vector<float> g = d.g, e = d.e0, out(n, 0.0f);
+  std::vector<std::byte> packet(c.max_packet_bytes());
+  gravac::step_params p;
+  p.kept_fraction = {0.01};
+  p.bin_length = {0};
+  p.ranks = 4;
+  p.seed = 1;
+  gravac::compress_stats st;
+  std::size_t bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
+  const auto t0 = clock_type::now();
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    if (decompress) {
+      c.decompress_add(std::span<const std::byte>(packet.data(), bytes), gravac::host_view(out), 0.25f);
+      benchmark::DoNotOptimize(out.data());
+    } else {
+      ++p.step;
+      bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
+      benchmark::DoNotOptimize(packet.data());
+    }
+    benchmark::ClobberMemory();
+    ++iters;
+  }
+  const double per_call = std::chrono::duration<double>(clock_type::now() - t0).count() / static_cast<double>(iters);
+  state.SetBytesProcessed(static_cast<std::int64_t>(iters * n * sizeof(float)));
+  state.counters["ratio_to_memcpy"] = per_call / memcpy_time(d.g);
+  state.counters["bits_per_element"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(n);
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (int k : {16, 20, 24})
+    for (int dist : {0, 1}) b->Args({k, dist});
+  b->ArgNames({"log2N", "laplace"})->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+void large(benchmark::internal::Benchmark* b) {
+  for (int dist : {0, 1}) b->Args({26, dist});
+  b->ArgNames({"log2N", "laplace"})->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+void BM_memcpy(benchmark::State& state) {
+  const std::size_t n = std::size_t{1} << state.range(0);
+  const auto& d = data(n, static_cast<int>(state.range(1)));
+  std::vector<float> dst(n);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), d.g.data(), n * sizeof(float));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
+}
+
+#define GRAVAC_QBENCH(name, type, opts, matrix)                                                          \
+  void BM_compress_##name(benchmark::State& s) { run<gravac::type>(s, opts, false, matrix); }           \
+  void BM_decompress_##name(benchmark::State& s) { run<gravac::type>(s, opts, true, matrix); }          \
+  BENCHMARK(BM_compress_##name)->Apply(sizes);                                                          \
+  BENCHMARK(BM_decompress_##name)->Apply(sizes);                                                        \
+  BENCHMARK(BM_compress_##name)->Name("large/BM_compress_" #name)->Apply(large);                      \
+  BENCHMARK(BM_decompress_##name)->Name("large/BM_decompress_" #name)->Apply(large);
+
+BENCHMARK(BM_memcpy)->Apply(sizes);
+BENCHMARK(BM_memcpy)->Name("large/BM_memcpy")->Apply(large);
+GRAVAC_QBENCH(adacomp, adacomp, gravac::adacomp_options{}, false)
+GRAVAC_QBENCH(qsgd_s127, qsgd, (gravac::qsgd_options{.levels = 127, .bucket = 512}), false)
+GRAVAC_QBENCH(qsgd_s7, qsgd, (gravac::qsgd_options{.levels = 7, .bucket = 512}), false)
+GRAVAC_QBENCH(terngrad, terngrad, gravac::terngrad_options{}, false)
+GRAVAC_QBENCH(sign, sign, gravac::sign_options{}, false)
+GRAVAC_QBENCH(cast16_fp16, cast16, gravac::cast16_options{.format = gravac::cast16_format::fp16}, false)
+GRAVAC_QBENCH(cast16_bf16, cast16, gravac::cast16_options{.format = gravac::cast16_format::bf16}, false)
+#ifdef GRAVAC_BENCH_POWERSGD
+GRAVAC_QBENCH(powersgd_r4, powersgd, gravac::powersgd_options{.rank = 4}, true)
+#endif
+
+}  // namespace
+
+BENCHMARK_MAIN();
