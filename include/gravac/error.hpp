@@ -20,6 +20,7 @@ enum class status : std::uint8_t {
   timeout,           //!< a collective did not complete in time
   aborted,           //!< another rank failed and the team was aborted
   io_failure,        //!< a file could not be read or written
+  diverged,          //!< ranks took different decisions for the same step (trainer check_consistency)
 };
 
 //! Short, stable name of a status code.
@@ -34,6 +35,7 @@ constexpr std::string_view to_string(status s) noexcept {
     case status::timeout: return "timeout";
     case status::aborted: return "aborted";
     case status::io_failure: return "i/o failure";
+    case status::diverged: return "ranks diverged";
   }
   return "unknown";
 }

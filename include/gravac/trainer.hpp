@@ -15,6 +15,7 @@
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/detail/consistency.hpp"
 #include "gravac/error.hpp"
 
 namespace gravac {
@@ -57,6 +58,10 @@ class trainer {
     std::uint64_t seed = 0;            //!< seed shared by all ranks (random-k, stochastic rounding)
     non_finite_action on_non_finite = non_finite_action::throw_error;  //!< what to do with NaN / infinity
     bool verify_layout = true;         //!< check at construction that every rank has the same layout
+    //! Debug: check every step that all ranks planned identical step_params (one allreduce
+    //! of a 64-bit hash); a divergence throws gravac::error(diverged) on every rank, naming
+    //! the ranks that differ from rank 0.
+    bool check_consistency = false;
   };
 
   //! A trainer over communicator \p comm (which must outlive it) for the tensors of \p lay.
@@ -96,10 +101,14 @@ class trainer {
 
   //! Runs one step on the flat gradient buffer \p grads.
   const step_report& step(grad_view<memory_space> grads) {
-    require(grads.size() == layout_.numel(), "trainer::step: gradient buffer has " + std::to_string(grads.size()) +
-                                                 " elements, the layout " + std::to_string(layout_.numel()));
+    // The message is built only on failure: the hot path allocates nothing.
+    if (grads.size() != layout_.numel())
+      throw error(status::invalid_argument, "trainer::step: gradient buffer has " + std::to_string(grads.size()) +
+                                                " elements, the layout " + std::to_string(layout_.numel()));
     params_.step = step_;
     policy_.plan(params_);
+    if (options_.check_consistency)
+      consistency_.check(comm_, detail::hash_step_params(params_), step_);
     params_.collect_norms = P::needs_statistics;
     report_.step = step_;
     const auto now = std::chrono::steady_clock::now();
@@ -155,6 +164,8 @@ class trainer {
   [[nodiscard]] std::uint64_t steps() const noexcept { return step_; }
   //! Sets the step counter (checkpoint restore).
   void set_steps(std::uint64_t s) noexcept { step_ = s; }
+  //! Sets the seed shared by all ranks (checkpoint restore).
+  void set_seed(std::uint64_t s) noexcept { options_.seed = params_.seed = s; }
   //! The layout.
   [[nodiscard]] const layout& get_layout() const noexcept { return layout_; }
   //! The options.
@@ -245,11 +256,11 @@ class trainer {
       if (flag == 0) return false;
       const int who = static_cast<int>(flag) - 1;
       if (options_.on_non_finite == non_finite_action::throw_error) {
-        const std::string where =
-            bad_layer >= 0 ? "layer '" + layout_[static_cast<std::size_t>(bad_layer)].name + "'" : "a layer";
-        throw error(status::non_finite,
-                    "non-finite gradient in " + (who == comm_.rank() ? where : "rank " + std::to_string(who) + "'s gradient"),
-                    comm_.rank());
+        // A failing rank names its own layer (even when a higher rank failed too); the others name a failing rank.
+        const std::string where = bad_layer >= 0
+                                      ? "layer '" + layout_[static_cast<std::size_t>(bad_layer)].name + "'"
+                                      : "rank " + std::to_string(who) + "'s gradient";
+        throw error(status::non_finite, "non-finite gradient in " + where, comm_.rank());
       }
       // skip_step: leave the residual as it is and contribute nothing.
       std::fill(g.begin(), g.end(), 0.0f);
@@ -317,6 +328,7 @@ class trainer {
   compress_stats stats_;
   step_report report_;
   std::vector<double> sync_;
+  detail::consistency_checker consistency_;
   std::uint64_t step_ = 0;
   std::chrono::steady_clock::time_point last_return_{};
 };

@@ -1,0 +1,456 @@
+#pragma once
+//! \file checkpoint.hpp
+//! \brief Checkpoint and restore of a trainer's state: error-feedback residuals (keyed by
+//! the layers' stable ids), the policy's state, the step counter and the shared seed, in
+//! a versioned file with a checksum, written atomically.
+//!
+//! A checkpoint is per rank (each rank owns its residual). The file is
+//!
+//! | field | bytes |
+//! |---|---|
+//! | magic "GRVCKPT\0" | 8 |
+//! | format version, header bytes (u32 each) | 8 |
+//! | payload bytes (u64) | 8 |
+//! | FNV-1a 64 checksum of the payload (u64) | 8 |
+//! | payload | payload bytes |
+//!
+//! and the payload holds the layout hash, step counter, seed, rank and rank count, one
+//! record per layer (stable id, numel, shape), the residual of every layer, and the
+//! state blobs of the policy, the compressor and the collective (the last two only when
+//! they have `save`/`load` members). Every field is 8-byte aligned and bounds-checked on
+//! reading: a truncated, corrupted or foreign file is rejected with a clear error before
+//! anything in the trainer changes.
+//!
+//! Save and restore are collective by default: every rank of the trainer's communicator
+//! calls them, and if any rank fails (unreadable file, bad checksum, other layout, ranks
+//! at different steps) every rank throws the same error naming the failing ranks instead
+//! of some ranks going on and the others hanging.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if __has_include(<unistd.h>)
+#include <unistd.h>
+#define GRAVAC_HAVE_FSYNC 1
+#endif
+
+#include "gravac/error.hpp"
+#include "gravac/layout.hpp"
+#include "gravac/packet.hpp"
+
+namespace gravac {
+
+//! Magic bytes at the start of a checkpoint file.
+inline constexpr char checkpoint_magic[8] = {'G', 'R', 'V', 'C', 'K', 'P', 'T', '\0'};
+//! Current checkpoint format version.
+inline constexpr std::uint32_t checkpoint_version = 1;
+
+//! Options of save_checkpoint / restore_checkpoint.
+struct checkpoint_options {
+  //! Restore into a trainer whose layout differs from the checkpoint's. Residuals are then
+  //! matched by the layers' stable ids: a layer found with the same shape gets its
+  //! residual back (wherever it now lies in the buffer); a layer whose shape changed, or
+  //! that the checkpoint lacks, starts from a zero residual; checkpoint layers the trainer
+  //! lacks are dropped. The policy, compressor and collective states are indexed by layer
+  //! position, so they are restored only when the layouts are identical and otherwise
+  //! start fresh. Off by default: a different layout is rejected.
+  bool remap_layers = false;
+  //! Agree across the trainer's ranks (every rank must call): a failure on any rank is
+  //! reported on every rank, and ranks must be at the same step. Off only for a single
+  //! rank working alone (e.g. a tool that inspects one rank's file).
+  bool collective = true;
+};
+
+//! What a restore did.
+struct restore_report {
+  std::size_t layers_restored = 0;   //!< layers whose residual came from the checkpoint
+  std::size_t layers_reset = 0;      //!< non-empty layers that start from a zero residual (remap only)
+  bool policy_restored = false;      //!< the policy (and compressor/collective) state was loaded
+  std::uint64_t steps = 0;           //!< the step counter restored
+};
+
+//! One layer's record in a checkpoint.
+struct checkpoint_layer {
+  std::uint64_t id = 0;               //!< layer::id
+  std::uint64_t numel = 0;            //!< elements
+  std::vector<std::uint64_t> shape;   //!< tensor shape
+  std::size_t residual_offset = 0;    //!< where its residual starts in checkpoint_state::residual
+};
+
+//! The decoded content of a checkpoint file.
+struct checkpoint_state {
+  std::uint64_t layout_hash = 0;          //!< layout::hash() of the writer
+  std::uint64_t steps = 0;                //!< steps completed
+  std::uint64_t seed = 0;                 //!< the trainer's shared seed
+  std::int64_t rank = 0;                  //!< rank that wrote it
+  std::int64_t ranks = 1;                 //!< ranks of the run that wrote it
+  std::vector<checkpoint_layer> layers;   //!< layers in the writer's layout order
+  std::vector<float> residual;            //!< residuals of all layers, back to back
+  std::vector<std::byte> policy;          //!< Policy::save output
+  std::vector<std::byte> compressor;      //!< Compressor::save output (empty when it has none)
+  std::vector<std::byte> collective;      //!< Collective::save output (empty when it has none)
+};
+
+namespace detail {
+
+//! Fixed header of a checkpoint file (32 bytes).
+struct checkpoint_header {
+  char magic[8] = {};                //!< checkpoint_magic
+  std::uint32_t version = 0;         //!< checkpoint_version
+  std::uint32_t header_bytes = 0;    //!< sizeof(checkpoint_header)
+  std::uint64_t payload_bytes = 0;   //!< bytes after the header
+  std::uint64_t checksum = 0;        //!< FNV-1a 64 of the payload
+};
+static_assert(sizeof(checkpoint_header) == 32);
+
+//! Upper bound on the elements of one tensor dimension list, against absurd counts in a
+//! corrupted file (a real tensor has a handful of dimensions).
+inline constexpr std::uint64_t checkpoint_max_rank = 64;
+
+inline void put_blob(byte_writer& w, std::span<const std::byte> b) {
+  w.put<std::uint64_t>(b.size());
+  w.put_array(b);
+}
+
+inline bool get_blob(byte_reader& r, std::vector<std::byte>& out) {
+  std::uint64_t n = 0;
+  std::span<const std::byte> s;
+  if (!r.get(n) || n > r.remaining() || !r.take(static_cast<std::size_t>(n), s)) return false;
+  out.assign(s.begin(), s.end());
+  return true;
+}
+
+inline std::size_t blob_bytes(std::size_t n) { return 8 + pad8(n); }
+
+//! Writes \p bytes to \p path atomically: a temporary file in the same directory is
+//! written, flushed to disk and renamed over \p path, so a crash leaves either the old
+//! checkpoint or the new one, never a torn file.
+inline void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
+  const std::string tmp =
+      path + ".tmp-" + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) & 0xffffffu);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw error(status::io_failure, "cannot create '" + tmp + "'", -1, backend::io);
+  const bool wrote = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  bool flushed = std::fflush(f) == 0;
+#ifdef GRAVAC_HAVE_FSYNC
+  flushed = flushed && ::fsync(::fileno(f)) == 0;
+#endif
+  const bool closed = std::fclose(f) == 0;
+  if (!wrote || !flushed || !closed) {
+    std::remove(tmp.c_str());
+    throw error(status::io_failure, "cannot write '" + tmp + "' (disk full?)", -1, backend::io);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw error(status::io_failure, "cannot rename '" + tmp + "' to '" + path + "'", -1, backend::io);
+  }
+}
+
+//! Reads the whole file at \p path.
+inline std::vector<std::byte> read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw error(status::io_failure, "cannot open checkpoint '" + path + "'", -1, backend::io);
+  std::vector<std::byte> out;
+  std::byte buf[1 << 16];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) throw error(status::io_failure, "cannot read checkpoint '" + path + "'", -1, backend::io);
+  return out;
+}
+
+}  // namespace detail
+
+//! Serializes \p s into the checkpoint file format (header, payload, checksum).
+inline std::vector<std::byte> encode_checkpoint(const checkpoint_state& s) {
+  std::size_t payload = 8 * 6;
+  for (const auto& l : s.layers) payload += 8 * 3 + 8 * l.shape.size();
+  payload += pad8(s.residual.size() * sizeof(float));
+  payload += detail::blob_bytes(s.policy.size()) + detail::blob_bytes(s.compressor.size()) +
+             detail::blob_bytes(s.collective.size());
+  std::vector<std::byte> out(sizeof(detail::checkpoint_header) + payload);
+  byte_writer w(std::span<std::byte>(out).subspan(sizeof(detail::checkpoint_header)));
+  w.put(s.layout_hash);
+  w.put(s.steps);
+  w.put(s.seed);
+  w.put(s.rank);
+  w.put(s.ranks);
+  w.put<std::uint64_t>(s.layers.size());
+  for (const auto& l : s.layers) {
+    w.put(l.id);
+    w.put(l.numel);
+    w.put<std::uint64_t>(l.shape.size());
+    w.put_array<std::uint64_t>(l.shape);
+  }
+  w.put_array<float>(s.residual);
+  detail::put_blob(w, s.policy);
+  detail::put_blob(w, s.compressor);
+  detail::put_blob(w, s.collective);
+  detail::checkpoint_header h;
+  std::memcpy(h.magic, checkpoint_magic, sizeof h.magic);
+  h.version = checkpoint_version;
+  h.header_bytes = sizeof h;
+  h.payload_bytes = w.size();
+  h.checksum = detail::fnv1a(out.data() + sizeof h, w.size());
+  std::memcpy(out.data(), &h, sizeof h);
+  out.resize(sizeof h + w.size());
+  return out;
+}
+
+//! Decodes checkpoint bytes. Throws gravac::error(io_failure) naming \p what (the file)
+//! when they are truncated, corrupted (checksum), of another format or version, or
+//! internally inconsistent. Never reads outside \p bytes.
+inline checkpoint_state decode_checkpoint(std::span<const std::byte> bytes, const std::string& what = "checkpoint") {
+  const auto fail = [&](const std::string& why) {
+    return error(status::io_failure, "'" + what + "' rejected: " + why, -1, backend::io);
+  };
+  detail::checkpoint_header h;
+  if (bytes.size() < sizeof h)
+    throw fail("truncated (" + std::to_string(bytes.size()) + " bytes, the header alone has " +
+               std::to_string(sizeof h) + ")");
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (std::memcmp(h.magic, checkpoint_magic, sizeof h.magic) != 0) throw fail("not a gravac checkpoint (wrong magic)");
+  if (h.version != checkpoint_version)
+    throw fail("unsupported checkpoint version " + std::to_string(h.version) + " (this gravac reads version " +
+               std::to_string(checkpoint_version) + ")");
+  if (h.header_bytes != sizeof h) throw fail("header size " + std::to_string(h.header_bytes) + " is wrong");
+  const std::size_t have = bytes.size() - sizeof h;
+  if (h.payload_bytes != have)
+    throw fail(h.payload_bytes > have ? "truncated (payload has " + std::to_string(have) + " of " +
+                                            std::to_string(h.payload_bytes) + " bytes)"
+                                      : "trailing bytes after the payload");
+  const auto payload = bytes.subspan(sizeof h);
+  if (detail::fnv1a(payload.data(), payload.size()) != h.checksum) throw fail("corrupted (checksum mismatch)");
+
+  // The checksum matched, but the content is still checked field by field: a file
+  // written by a buggy or hostile writer must not make us read out of bounds.
+  checkpoint_state s;
+  byte_reader r(payload);
+  std::uint64_t n_layers = 0;
+  if (!r.get(s.layout_hash) || !r.get(s.steps) || !r.get(s.seed) || !r.get(s.rank) || !r.get(s.ranks) ||
+      !r.get(n_layers))
+    throw fail("payload too short for its fields");
+  if (s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks) throw fail("rank fields out of range");
+  if (n_layers > r.remaining() / 24) throw fail("layer count beyond the file");
+  s.layers.resize(static_cast<std::size_t>(n_layers));
+  std::uint64_t total = 0;
+  for (auto& l : s.layers) {
+    std::uint64_t dims = 0;
+    if (!r.get(l.id) || !r.get(l.numel) || !r.get(dims)) throw fail("layer records truncated");
+    if (dims > detail::checkpoint_max_rank || dims * 8 > r.remaining()) throw fail("layer shape beyond the file");
+    l.shape.resize(static_cast<std::size_t>(dims));
+    std::uint64_t prod = 1;
+    bool overflow = false;
+    for (auto& d : l.shape) {
+      if (!r.get(d)) throw fail("layer shape truncated");
+      if (d != 0 && prod > ~std::uint64_t{0} / d) overflow = true;
+      prod *= d;
+    }
+    if (overflow || (dims > 0 && prod != l.numel)) throw fail("layer shape does not match its element count");
+    if (l.numel > r.remaining() / sizeof(float) || total + l.numel > r.remaining() / sizeof(float))
+      throw fail("residuals beyond the file");
+    l.residual_offset = static_cast<std::size_t>(total);
+    total += l.numel;
+  }
+  std::span<const std::byte> res;
+  if (!r.take(static_cast<std::size_t>(total * sizeof(float)), res)) throw fail("residuals truncated");
+  s.residual.resize(static_cast<std::size_t>(total));
+  if (total) std::memcpy(s.residual.data(), res.data(), res.size());
+  if (!detail::get_blob(r, s.policy) || !detail::get_blob(r, s.compressor) || !detail::get_blob(r, s.collective))
+    throw fail("state blobs truncated");
+  if (r.remaining() != 0) throw fail("trailing bytes inside the payload");
+  for (float x : s.residual)
+    if (!std::isfinite(x)) throw fail("a residual is not finite");
+  return s;
+}
+
+//! Reads and decodes the checkpoint file at \p path (see decode_checkpoint).
+inline checkpoint_state read_checkpoint(const std::string& path) {
+  return decode_checkpoint(detail::read_file(path), path);
+}
+
+//! Writes \p s to \p path atomically (temporary file, flush, rename).
+inline void write_checkpoint(const std::string& path, const checkpoint_state& s) {
+  detail::write_file_atomically(path, encode_checkpoint(s));
+}
+
+namespace detail {
+
+template <class T>
+concept has_state = requires(T& t, const T& ct, std::vector<std::byte>& out, std::span<const std::byte> in) {
+  ct.save(out);
+  t.load(in);
+};
+
+// Every rank posts (status, steps, state hash, message); every rank then sees the same
+// table and throws the same error (with the first failing rank's status) when any rank
+// failed or the ranks disagree. One allgatherv: cheap, and it can never leave some ranks
+// waiting for others.
+template <class Comm>
+void agree_on_checkpoint(Comm& comm, const std::string& action, status local_status, const std::string& local_failure,
+                         std::uint64_t steps, std::uint64_t state_hash) {
+  std::vector<std::byte> mine(24 + local_failure.size());
+  const std::uint64_t code = static_cast<std::uint64_t>(local_status);
+  std::memcpy(mine.data(), &code, 8);
+  std::memcpy(mine.data() + 8, &steps, 8);
+  std::memcpy(mine.data() + 16, &state_hash, 8);
+  if (!local_failure.empty()) std::memcpy(mine.data() + 24, local_failure.data(), local_failure.size());
+  typename Comm::byte_buffer all;
+  std::vector<std::size_t> sizes;
+  comm.allgatherv(std::span<const std::byte>(mine), all, sizes);
+  std::string failures, differ;
+  status first = status::ok;
+  std::size_t at = 0;
+  std::uint64_t steps0 = 0, hash0 = 0;
+  for (std::size_t r = 0; r < sizes.size(); ++r) {
+    std::uint64_t coder = static_cast<std::uint64_t>(status::io_failure), stepsr = 0, hashr = 0;
+    if (sizes[r] >= 24) {
+      std::memcpy(&coder, all.data() + at, 8);
+      std::memcpy(&stepsr, all.data() + at + 8, 8);
+      std::memcpy(&hashr, all.data() + at + 16, 8);
+    }
+    if (coder != static_cast<std::uint64_t>(status::ok)) {
+      if (first == status::ok) first = coder <= 0xff ? static_cast<status>(coder) : status::io_failure;
+      const auto* msg = reinterpret_cast<const char*>(all.data() + at + 24);
+      failures += "\n  rank " + std::to_string(r) + ": " + std::string(msg, sizes[r] >= 24 ? sizes[r] - 24 : 0);
+    } else if (r == 0) {
+      steps0 = stepsr;
+      hash0 = hashr;
+    } else if (stepsr != steps0 || hashr != hash0) {
+      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    }
+    at += sizes[r];
+  }
+  if (!failures.empty())
+    throw error(first, action + " failed on some ranks:" + failures, comm.rank());
+  if (!differ.empty())
+    throw error(status::diverged,
+                action + ": ranks " + differ + " hold a different step counter or policy state than rank 0",
+                comm.rank());
+}
+
+}  // namespace detail
+
+//! Saves trainer \p t's state (this rank's residual, the policy state, the step counter,
+//! the seed, the layout hash) to \p path, atomically. With opt.collective (the default)
+//! every rank of the trainer must call it, each with its own path; a failure on any rank
+//! then throws on every rank.
+template <class Trainer>
+void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
+  static_assert(Trainer::memory_space::host_accessible,
+                "gravac::save_checkpoint: device-memory trainers are not supported yet (copy the residual "
+                "to the host first)");
+  std::string failure;
+  status failed = status::ok;
+  std::uint64_t state_hash = 0;
+  try {
+    const layout& lay = t.get_layout();
+    checkpoint_state s;
+    s.layout_hash = lay.hash();
+    s.steps = t.steps();
+    s.seed = t.get_options().seed;
+    s.rank = t.communicator().rank();
+    s.ranks = t.communicator().size();
+    const auto res = std::as_const(t).residual();
+    s.residual.assign(res.begin(), res.end());
+    s.layers.reserve(lay.size());
+    for (const auto& l : lay.layers())
+      s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
+    std::as_const(t.policy()).save(s.policy);
+    if constexpr (detail::has_state<typename Trainer::compressor_type>) std::as_const(t.compressor()).save(s.compressor);
+    if constexpr (detail::has_state<typename Trainer::collective_type>) std::as_const(t.collective()).save(s.collective);
+    state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
+    write_checkpoint(path, s);
+  } catch (const error& e) {
+    if (!opt.collective) throw;
+    failed = e.code();
+    failure = e.what();
+  } catch (const std::exception& e) {
+    if (!opt.collective) throw;
+    failed = status::io_failure;
+    failure = e.what();
+  }
+  if (opt.collective)
+    detail::agree_on_checkpoint(t.communicator(), "save_checkpoint", failed, failure, t.steps(), state_hash);
+}
+
+//! Restores trainer \p t from \p path (written by save_checkpoint on the same rank).
+//! Rejects, before changing anything: a missing, truncated or corrupted file; a file of
+//! another format version; a file written by another rank or for another rank count; and
+//! (unless opt.remap_layers) a file written for another layout. With opt.collective
+//! (the default) every rank must call it; when any rank fails, or the ranks' checkpoints
+//! are at different steps, every rank throws and no trainer is modified.
+template <class Trainer>
+restore_report restore_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
+  static_assert(Trainer::memory_space::host_accessible,
+                "gravac::restore_checkpoint: device-memory trainers are not supported yet");
+  const layout& lay = t.get_layout();
+  const int rank = t.communicator().rank();
+  std::string failure;
+  status failed = status::ok;
+  checkpoint_state s;
+  try {
+    s = read_checkpoint(path);
+    if (s.rank != rank || s.ranks != t.communicator().size())
+      throw error(status::layout_mismatch,
+                  "'" + path + "' was written by rank " + std::to_string(s.rank) + " of " + std::to_string(s.ranks) +
+                      ", this is rank " + std::to_string(rank) + " of " + std::to_string(t.communicator().size()));
+    if (s.layout_hash != lay.hash() && !opt.remap_layers)
+      throw error(status::layout_mismatch, "'" + path +
+                                               "' was written for another layout (set checkpoint_options::"
+                                               "remap_layers to restore residuals by layer id)");
+  } catch (const error& e) {
+    if (!opt.collective) throw;
+    failed = e.code();
+    failure = e.what();
+  } catch (const std::exception& e) {
+    if (!opt.collective) throw;
+    failed = status::io_failure;
+    failure = e.what();
+  }
+  if (opt.collective)
+    detail::agree_on_checkpoint(t.communicator(), "restore_checkpoint", failed, failure, s.steps,
+                                detail::fnv1a(s.policy.data(), s.policy.size(), s.seed));
+
+  // Everything is checked: apply. Only the state loaders below can still throw (a policy
+  // rejecting its own blob), and they run before the residual and counters change.
+  restore_report rep;
+  const bool same_layout = s.layout_hash == lay.hash();
+  if (same_layout) {
+    t.policy().load(s.policy);
+    if constexpr (detail::has_state<typename Trainer::compressor_type>) t.compressor().load(s.compressor);
+    if constexpr (detail::has_state<typename Trainer::collective_type>) t.collective().load(s.collective);
+    rep.policy_restored = true;
+  }
+  auto res = t.residual();  // the non-const accessor: the trainer knows the residual changed
+  std::fill(res.begin(), res.end(), 0.0f);
+  for (const auto& l : lay.layers()) {
+    const auto it = std::find_if(s.layers.begin(), s.layers.end(), [&](const checkpoint_layer& c) { return c.id == l.id; });
+    const bool match = it != s.layers.end() && it->numel == l.numel &&
+                       std::equal(it->shape.begin(), it->shape.end(), l.shape.begin(), l.shape.end());
+    if (match) {
+      std::copy_n(s.residual.begin() + static_cast<std::ptrdiff_t>(it->residual_offset), l.numel,
+                  res.begin() + static_cast<std::ptrdiff_t>(l.offset));
+      ++rep.layers_restored;
+    } else if (l.numel > 0) {
+      ++rep.layers_reset;
+    }
+  }
+  t.set_steps(s.steps);
+  t.set_seed(s.seed);
+  rep.steps = s.steps;
+  return rep;
+}
+
+}  // namespace gravac

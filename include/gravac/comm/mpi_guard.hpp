@@ -1,0 +1,74 @@
+#pragma once
+//! \file mpi_guard.hpp
+//! \brief Turns an exception on one MPI rank into the end of the whole job, with a message
+//! that names the rank, instead of a hang (target gravac::mpi).
+//!
+//! MPI cannot survive a rank that leaves: when one rank throws and returns from main, the
+//! other ranks block forever in their next collective. Wrap each rank's work in
+//! run_or_abort: an exception escaping it is printed with the rank and the job is ended
+//! with MPI_Abort, which Open MPI's launcher turns into every rank's exit.
+//!
+//! \code
+//! int main(int argc, char** argv) {
+//!   MPI_Init(&argc, &argv);
+//!   gravac::run_or_abort(MPI_COMM_WORLD, [&] { train(); });
+//!   MPI_Finalize();
+//! }
+//! \endcode
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "gravac/comm/mpi_communicator.hpp"
+#include "gravac/error.hpp"
+
+namespace gravac {
+
+//! Exit status run_or_abort hands to MPI_Abort by default.
+inline constexpr int mpi_abort_code = 3;
+
+namespace detail {
+//! Prints "gravac: rank R of N failed: what" to stderr (one write, so lines of several
+//! ranks do not interleave) and aborts the job. Never returns.
+[[noreturn]] inline void abort_job(MPI_Comm comm, const char* what, int code) noexcept {
+  int rank = -1, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::string line;
+  try {
+    line = "gravac: rank " + std::to_string(rank) + " of " + std::to_string(size) + " failed: " + what +
+           " (aborting the MPI job)\n";
+  } catch (...) {
+    line = "gravac: a rank failed (aborting the MPI job)\n";
+  }
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+  MPI_Abort(comm, code);
+  std::abort();  // MPI_Abort does not return; this is for engines that do
+}
+}  // namespace detail
+
+//! Runs \p body on this rank. If it throws, prints the exception with the rank and ends the
+//! whole MPI job with MPI_Abort(comm, \p code) so that no other rank hangs waiting for this
+//! one. Returns what \p body returns otherwise.
+template <class Body>
+decltype(auto) run_or_abort(MPI_Comm comm, Body&& body, int code = mpi_abort_code) noexcept {
+  try {
+    return std::forward<Body>(body)();
+  } catch (const std::exception& e) {
+    detail::abort_job(comm, e.what(), code);
+  } catch (...) {
+    detail::abort_job(comm, "unknown exception", code);
+  }
+}
+
+//! run_or_abort over a gravac communicator's MPI communicator.
+template <class Body>
+decltype(auto) run_or_abort(mpi_communicator& comm, Body&& body, int code = mpi_abort_code) noexcept {
+  return run_or_abort(comm.native(), std::forward<Body>(body), code);
+}
+
+}  // namespace gravac
