@@ -112,7 +112,7 @@ constexpr double gain_from_sq(double kept_sq, double input_sq) noexcept {
 //! Reused from step to step (no allocation after the first).
 struct step_report {
   std::uint64_t step = 0;                   //!< the step this reports
-  std::vector<double> kept_fraction;        //!< per layer: values sent / numel (achieved, local)
+  std::vector<double> kept_fraction;        //!< per layer: values sent / numel (achieved; averaged over ranks when the policy asks)
   std::vector<double> layer_grad_norm;      //!< per layer ||g_l|| (averaged over ranks when the policy asks)
   std::vector<double> gain_candidates;      //!< the candidate kept fractions of gain_curve
   std::vector<double> gain_curve;           //!< gain at each candidate (averaged over ranks when the policy asks)

@@ -45,6 +45,13 @@ void check_agreement(const typename trainer<C, K, P>::options& opt) {
   test::rank_log log;
   test::run_schedule(t, comm.rank(), 0, total_steps, log);
   CHECK(same_decisions_everywhere(comm, log));
+  // The policy state too (checkpoints compare it across ranks).
+  std::vector<std::byte> state, all;
+  std::vector<std::size_t> sizes;
+  t.policy().save(state);
+  comm.allgatherv(state, all, sizes);
+  for (int r = 0; r < comm.size(); ++r)
+    CHECK((sizes[r] == state.size() && std::memcmp(all.data() + r * state.size(), state.data(), state.size()) == 0));
   std::vector<std::vector<float>> res;
   const auto ref = test::schedule_reference<C>(lay, opt.compressor, log.params, comm.size(), res);
   for (int s = 0; s < total_steps; ++s) {

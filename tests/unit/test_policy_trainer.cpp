@@ -30,10 +30,13 @@ template <class C, class K, class P>
 test::rank_log check_agreement(const typename trainer<C, K, P>::options& opt) {
   const auto lay = test::mixed_layout();
   std::vector<test::rank_log> logs(ranks);
+  std::vector<std::vector<std::byte>> states(ranks);
   run_ranks(ranks, [&](thread_communicator& comm) {
     trainer<C, K, P> t(comm, lay, opt);
     test::run_schedule(t, comm.rank(), 0, total_steps, logs[comm.rank()]);
+    t.policy().save(states[comm.rank()]);
   });
+  for (int r = 1; r < ranks; ++r) CHECK(states[r] == states[0]);  // the policy state too (checkpoints compare it)
   for (int s = 0; s < total_steps; ++s)
     for (int r = 1; r < ranks; ++r) {
       INFO("step " << s << " rank " << r);

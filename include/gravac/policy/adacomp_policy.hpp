@@ -11,8 +11,9 @@
 //!   only reads "below 1 = compress"; a compressor that needs a fraction (top-k, random-k)
 //!   gets 1 / L_T, AdaComp's scale of about one value per bin, so the policy works with
 //!   any compressor.
-//! - Achieved compression: from step_report::kept_fraction (this rank's, since nothing
-//!   is decided from it), last step and running mean per layer and over the model.
+//! - Achieved compression: from step_report::kept_fraction, which the trainer averages
+//!   over the ranks for this policy, so the running means (and the saved state) are the
+//!   same on every rank; last step and running mean per layer and over the model.
 
 #include <cstddef>
 #include <cstdint>
@@ -39,15 +40,17 @@ struct adacomp_policy_options {
 };
 
 //! AdaComp's bin length by layer kind, with a report of the compression achieved. Models
-//! Policy. Its decisions are static, so they are identical on every rank by construction.
+//! Policy. Its decisions are static, so they are identical on every rank by construction;
+//! its report is built from rank-averaged kept fractions, so its state is too.
 class adacomp_policy {
  public:
   //! Opt-in tag for the Policy concept.
   using policy_tag = void;
   //! Options (see adacomp_policy_options).
   using options = adacomp_policy_options;
-  //! Nothing decided depends on statistics: no allreduce of norms.
-  static constexpr bool needs_statistics = false;
+  //! The achieved kept fractions are averaged over the ranks (one small allreduce), so
+  //! the report and the state are identical on every rank.
+  static constexpr bool needs_statistics = true;
   //! Version of the bytes save() writes.
   static constexpr std::uint32_t state_version = 1;
 
