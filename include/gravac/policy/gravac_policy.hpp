@@ -18,6 +18,9 @@
 //!   aggressive of the two; else stop if CT fell for the new candidate and keep the best
 //!   so far; else stop at CF_max keeping the best; else move to the next candidate.
 //! - After the search the kept CF is monitored: the fallback rule applies every step.
+//!
+//! Works with any compressor; one that reports no gain curve leaves every gain at 1, so
+//! the search then weighs throughput alone.
 
 #include <array>
 #include <cmath>
