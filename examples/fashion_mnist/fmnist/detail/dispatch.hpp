@@ -1,0 +1,161 @@
+#pragma once
+//! \file dispatch.hpp
+//! \brief From a runtime method_config to one trainer<C, K, P> instantiation. Included
+//! only by src/method_*.cpp; each of them instantiates one compressor family, so the
+//! number of instantiations per translation unit stays small.
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "fmnist/method.hpp"
+
+namespace fmnist::detail {
+
+// The options of part T inside a method_config.
+template <class T>
+const auto& options_of(const method_config& m) {
+  if constexpr (std::is_same_v<T, gravac::identity>) return m.identity;
+  else if constexpr (std::is_same_v<T, gravac::topk>) return m.topk;
+  else if constexpr (std::is_same_v<T, gravac::randomk>) return m.randomk;
+  else if constexpr (std::is_same_v<T, gravac::adacomp>) return m.adacomp;
+  else if constexpr (std::is_same_v<T, gravac::qsgd>) return m.qsgd;
+  else if constexpr (std::is_same_v<T, gravac::terngrad>) return m.terngrad;
+  else if constexpr (std::is_same_v<T, gravac::sign>) return m.sign;
+  else if constexpr (std::is_same_v<T, gravac::cast16>) return m.cast16;
+  else if constexpr (std::is_same_v<T, gravac::powersgd>) return m.powersgd;
+  else if constexpr (std::is_same_v<T, gravac::dense_allreduce>) return m.dense_allreduce;
+  else if constexpr (std::is_same_v<T, gravac::allgather>) return m.allgather;
+  else if constexpr (std::is_same_v<T, gravac::allreduce_compatible>) return m.allreduce_compatible;
+  else if constexpr (std::is_same_v<T, gravac::flexible>) return m.flexible;
+  else if constexpr (std::is_same_v<T, gravac::low_rank_allreduce>) return m.low_rank_allreduce;
+  else if constexpr (std::is_same_v<T, gravac::fixed_policy>) return m.fixed;
+  else if constexpr (std::is_same_v<T, gravac::gravac_policy>) return m.gravac;
+  else if constexpr (std::is_same_v<T, gravac::accordion_policy>) return m.accordion;
+  else if constexpr (std::is_same_v<T, gravac::adacomp_policy>) return m.adacomp_policy;
+  else if constexpr (std::is_same_v<T, gravac::moo_policy>) return m.moo;
+  else static_assert(sizeof(T) == 0, "fmnist: no options for this part");
+}
+
+// Compressors whose amount of compression is a kept fraction: every policy that chooses
+// a fraction makes sense with them.
+template <class C>
+inline constexpr bool fraction_driven = std::is_same_v<C, gravac::topk> || std::is_same_v<C, gravac::randomk>;
+
+// Which (compressor, policy) pairs the example offers. The adaptive policies choose kept
+// fractions, which only selection compressors act on; AdaComp's compressor adapts by
+// itself and pairs with adacomp_policy (bin lengths by layer kind) or fixed; quantizers,
+// PowerSGD and identity have a fixed ratio.
+template <class C, class P>
+inline constexpr bool policy_fits =
+    std::is_same_v<P, gravac::fixed_policy> ||
+    (std::is_same_v<C, gravac::topk> && !std::is_same_v<P, gravac::fixed_policy>) ||
+    (std::is_same_v<C, gravac::randomk> &&
+     (std::is_same_v<P, gravac::gravac_policy> || std::is_same_v<P, gravac::accordion_policy> ||
+      std::is_same_v<P, gravac::moo_policy>)) ||
+    (std::is_same_v<C, gravac::adacomp> && std::is_same_v<P, gravac::adacomp_policy>);
+
+template <class C, class K, class P>
+inline constexpr bool offered = K::template accepts<C> && policy_fits<C, P>;
+
+// A short description of a policy's state.
+inline std::string state_of(const gravac::fixed_policy&) { return {}; }
+inline std::string state_of(const gravac::gravac_policy& p) {
+  char b[96];
+  std::snprintf(b, sizeof b, "%s, CF %.0f", std::string(gravac::to_string(p.phase())).c_str(), p.current_cf());
+  return b;
+}
+inline std::string state_of(const gravac::accordion_policy& p) {
+  std::size_t low = 0, high = 0;
+  for (auto l : p.levels()) {
+    if (l == gravac::accordion_level::low) ++low;
+    if (l == gravac::accordion_level::high) ++high;
+  }
+  return std::to_string(low) + " layers low, " + std::to_string(high) + " high";
+}
+inline std::string state_of(const gravac::adacomp_policy& p) {
+  char b[64];
+  std::snprintf(b, sizeof b, "achieved CF %.0f", p.mean_model_cf());
+  return b;
+}
+inline std::string state_of(const gravac::moo_policy& p) {
+  char b[96];
+  if (!p.decided()) return "warm-up";
+  std::snprintf(b, sizeof b, "f %.4f (%zu decisions)", p.last_decision().fraction, static_cast<std::size_t>(p.decisions()));
+  return b;
+}
+
+template <class C, class K, class P>
+class trainer_stepper final : public stepper {
+ public:
+  using trainer_t = gravac::trainer<C, K, P>;
+  trainer_stepper(const method_config& m, host_comm comm, const gravac::layout& lay)
+      : t_(comm, lay, make_options(m)) {}
+  const gravac::step_report& step(std::span<float> grads) override { return t_.step(grads); }
+  void end_interval(const gravac::interval_info& info) override { t_.end_interval(info); }
+  [[nodiscard]] const gravac::step_params& last_params() const override { return t_.last_params(); }
+  [[nodiscard]] std::string policy_state() const override {
+    return state_of(const_cast<trainer_t&>(t_).policy());
+  }
+
+ private:
+  static typename trainer_t::options make_options(const method_config& m) {
+    typename trainer_t::options o;
+    o.compressor = options_of<C>(m);
+    o.collective = options_of<K>(m);
+    o.policy = options_of<P>(m);
+    o.seed = m.seed;
+    o.on_non_finite = m.on_non_finite;
+    return o;
+  }
+  trainer_t t_;
+};
+
+[[noreturn]] inline void not_offered(const method_config& m) {
+  throw gravac::error(gravac::status::invalid_argument,
+                      "the example does not offer " + method_name(m) +
+                          ". Offered: adaptive policies (gravac, accordion, moo) with topk or randomk; adacomp "
+                          "policy with topk or the adacomp compressor; fixed with every compressor; "
+                          "allreduce_compatible needs topk, randomk or identity; low_rank_allreduce needs powersgd");
+}
+
+template <class C, class K, class P>
+std::unique_ptr<stepper> make_if_offered(const method_config& m, host_comm comm, const gravac::layout& lay) {
+  if constexpr (offered<C, K, P>)
+    return std::make_unique<trainer_stepper<C, K, P>>(m, comm, lay);
+  else
+    not_offered(m);
+}
+
+template <class C, class K>
+std::unique_ptr<stepper> dispatch_policy(const method_config& m, host_comm comm, const gravac::layout& lay) {
+  switch (m.policy) {
+    case policy_id::fixed: return make_if_offered<C, K, gravac::fixed_policy>(m, comm, lay);
+    case policy_id::gravac: return make_if_offered<C, K, gravac::gravac_policy>(m, comm, lay);
+    case policy_id::accordion: return make_if_offered<C, K, gravac::accordion_policy>(m, comm, lay);
+    case policy_id::adacomp: return make_if_offered<C, K, gravac::adacomp_policy>(m, comm, lay);
+    case policy_id::moo: return make_if_offered<C, K, gravac::moo_policy>(m, comm, lay);
+  }
+  not_offered(m);
+}
+
+//! The trainer of compressor C for the collective and policy \p m names.
+template <class C>
+std::unique_ptr<stepper> dispatch_collective(const method_config& m, host_comm comm, const gravac::layout& lay) {
+  switch (m.collective) {
+    case collective_id::dense_allreduce: return dispatch_policy<C, gravac::dense_allreduce>(m, comm, lay);
+    case collective_id::allgather: return dispatch_policy<C, gravac::allgather>(m, comm, lay);
+    case collective_id::allreduce_compatible: return dispatch_policy<C, gravac::allreduce_compatible>(m, comm, lay);
+    case collective_id::flexible: return dispatch_policy<C, gravac::flexible>(m, comm, lay);
+    case collective_id::low_rank_allreduce: return dispatch_policy<C, gravac::low_rank_allreduce>(m, comm, lay);
+  }
+  not_offered(m);
+}
+
+// One per compressor family (src/method_*.cpp).
+std::unique_ptr<stepper> make_topk_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
+std::unique_ptr<stepper> make_randomk_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
+std::unique_ptr<stepper> make_other_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
+
+}  // namespace fmnist::detail

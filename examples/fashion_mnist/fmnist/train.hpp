@@ -1,0 +1,136 @@
+#pragma once
+//! \file train.hpp
+//! \brief Data-parallel training of a Fashion-MNIST model on N ranks (MPI processes or
+//! threads) with gravac between backward and optimizer, and what the run records.
+//!
+//! Every rank holds the whole (read-only) dataset and takes its shard of every global
+//! batch: rank r of N trains on samples [r B/N, (r+1) B/N) of each batch of B drawn from
+//! a permutation that every rank computes from the same seed. The gradient of the local
+//! mean loss goes into the flat buffer, gravac turns it into the rank average, and every
+//! rank applies the same SGD step, so parameters stay identical on all ranks.
+//!
+//! Two clocks are kept apart: the measured compute time (thread CPU time of forward,
+//! backward and optimizer, the slowest rank per step) and the modeled time, which adds
+//! per step a fixed compute time (calibrated once at the start, or given), the measured
+//! compression time, and the communication time the simulated network charged.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gravac/network/network_profile.hpp>
+
+#include "fmnist/dataset.hpp"
+#include "fmnist/method.hpp"
+#include "fmnist/models.hpp"
+#include "fmnist/sgd.hpp"
+
+namespace fmnist {
+
+//! The modeled network the run is charged for.
+struct network_config {
+  //! none: no simulated network (communication is not modeled); constant: one bandwidth
+  //! and latency; schedule: the flexible-communication paper's schedule (25 Gbit/s, 1 ms
+  //! and 1 Gbit/s, 32 ms alternating every `phase_epochs` epochs); trace: a CSV file.
+  enum class kind : std::uint8_t { none, constant, schedule, trace } type = kind::constant;
+  double gbps = 1;              //!< constant: bandwidth in Gbit/s
+  double latency_s = 50e-6;     //!< constant: latency of one message in seconds
+  double phase_epochs = 1;      //!< schedule: epochs per phase
+  std::string trace_path;       //!< trace: the CSV file (see gravac::network_profile::parse_csv)
+
+  //! Parses "none", "1gbps", "10gbps", "2.5gbps:0.2ms", "schedule", "schedule:2" (epochs
+  //! per phase) or "trace:FILE". Throws gravac::error on anything else.
+  static network_config parse(const std::string& spec);
+  //! The spelling parse() accepts, e.g. "1gbps:0.05ms".
+  [[nodiscard]] std::string describe() const;
+};
+
+//! Everything a training run needs besides the data.
+struct run_config {
+  model_kind model = model_kind::mlp;              //!< which model
+  std::vector<std::size_t> mlp_hidden{256, 128};   //!< hidden layers of the MLP
+  std::size_t epochs = 5;                          //!< epochs to train
+  std::size_t batch = 128;                         //!< global batch (all ranks together); divisible by the rank count
+  std::size_t train_subset = 0;                    //!< samples per epoch (a fresh random subset each epoch); 0 = all
+  std::size_t test_subset = 0;                     //!< test samples evaluated after each epoch (a fixed random subset); 0 = all
+  step_decay lr{0.05, 0.1, {}};                    //!< learning-rate schedule (per epoch)
+  double momentum = 0.9;                           //!< SGD momentum
+  double weight_decay = 1e-4;                      //!< L2 weight decay
+  std::uint64_t seed = 1;                          //!< data order and initialisation (same on every rank)
+  method_config method;                            //!< compressor, collective, policy and their options
+  network_config network;                          //!< the modeled network
+  double compute_s = -1;                           //!< modeled compute per step; < 0 = calibrate at the start
+  bool codec_cpu_time = true;                      //!< compression time as thread CPU time (threads) or wall time (MPI)
+  std::size_t max_steps = 0;                       //!< stop after this many steps (0 = all epochs)
+};
+
+//! One step, averaged (or maximized, for times) over the ranks.
+struct step_record {
+  std::uint64_t step = 0;          //!< global step
+  std::size_t epoch = 0;           //!< 0-based epoch
+  double lr = 0;                   //!< learning rate used
+  double loss = 0;                 //!< mean training loss over the global batch (before the update)
+  double train_acc = 0;            //!< training accuracy over the global batch
+  double kept_fraction = 1;        //!< kept fraction the policy chose (numel-weighted over layers)
+  double bytes_sent = 0;           //!< bytes a rank put on the wire (mean over ranks)
+  double dense_bytes = 0;          //!< what a dense fp32 Allreduce would send
+  std::string collective;          //!< the aggregation used
+  double gain = 1;                 //!< compression gain of what was sent
+  double compute_s = 0;            //!< measured compute (slowest rank)
+  double codec_s = 0;              //!< measured compression + decompression (slowest rank)
+  double modeled_comm_s = 0;       //!< communication time charged by the simulated network
+  double modeled_time_s = 0;       //!< modeled clock after this step
+  double bandwidth_gbps = 0;       //!< modeled bandwidth during the step (0 without a network)
+  double latency_ms = 0;           //!< modeled latency during the step
+};
+
+//! One epoch.
+struct epoch_record {
+  std::size_t epoch = 0;           //!< 0-based epoch
+  double lr = 0;                   //!< learning rate of the epoch
+  double train_loss = 0;           //!< mean training loss over the epoch
+  double train_acc = 0;            //!< training accuracy over the epoch
+  double test_loss = 0;            //!< test loss after the epoch
+  double test_acc = 0;             //!< test accuracy after the epoch
+  double bytes_per_rank = 0;       //!< bytes a rank sent during the epoch
+  double dense_bytes_per_rank = 0; //!< what dense fp32 Allreduce would have sent
+  double kept_fraction = 1;        //!< mean chosen kept fraction over the epoch's steps
+  double compute_s = 0;            //!< measured compute during the epoch
+  double codec_s = 0;              //!< measured compression time during the epoch
+  double modeled_comm_s = 0;       //!< modeled communication time during the epoch
+  double modeled_time_s = 0;       //!< modeled clock at the end of the epoch
+  double wall_s = 0;               //!< wall time of the epoch (with evaluation)
+  std::string policy_state;        //!< the policy's state at the end of the epoch
+};
+
+//! What a run recorded (complete on every rank).
+struct run_result {
+  std::string method;              //!< "topk + allgather + gravac"
+  std::string model;               //!< the model's name
+  std::string network;             //!< the network's spelling
+  int ranks = 1;                   //!< ranks that trained
+  std::size_t params = 0;          //!< parameters of the model
+  std::size_t steps_per_epoch = 0; //!< optimizer steps per epoch
+  double compute_per_step_s = 0;   //!< the modeled compute per step
+  std::vector<step_record> steps;  //!< one per step
+  std::vector<epoch_record> epochs;  //!< one per epoch
+  //! Total bytes a rank sent.
+  [[nodiscard]] double total_bytes_per_rank() const;
+  //! Modeled time at which test accuracy first reached \p target (negative if never).
+  [[nodiscard]] double modeled_time_to(double target) const;
+};
+
+//! Rank-0 callbacks while training (progress bar, per-epoch lines); may be empty.
+struct train_observer {
+  std::function<void(const step_record&, std::size_t step_in_epoch, std::size_t steps_per_epoch)> on_step;  //!< after each step
+  std::function<void(const epoch_record&, const run_result&)> on_epoch;  //!< after each epoch's evaluation
+};
+
+//! Trains on this rank (\p comm is this rank's engine; every rank calls this together).
+//! \p obs is called on rank 0 only. Throws gravac::error on invalid settings.
+run_result train(host_comm comm, const dataset& train_set, const dataset& test_set, const run_config& cfg,
+                 const train_observer& obs = {});
+
+}  // namespace fmnist

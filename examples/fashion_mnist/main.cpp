@@ -1,0 +1,198 @@
+// fashion_mnist: data-parallel training of an MLP or a small CNN on the real
+// Fashion-MNIST data, with gravac compressing and aggregating the gradients.
+//
+//   mpiexec -n 4 ./fashion_mnist                      # 4 MPI ranks, GraVAC + top-k, 1 Gbit/s modeled
+//   ./fashion_mnist --ranks 4                         # 4 ranks as threads in one process
+//   ./fashion_mnist --policy fixed --kept-fraction 0.01 --network 10gbps
+//   ./fashion_mnist --help                            # every compressor, collective, policy and knob
+//
+// Each rank trains on its shard of every global batch; gravac turns the local gradients
+// into their (compressed) average; every rank applies the same SGD step. Rank 0 prints a
+// progress bar, one line per epoch and a summary, and writes steps.csv, epochs.csv and
+// PNG plots into the output directory.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <gravac/comm/mpi_communicator.hpp>
+#include <gravac/comm/mpi_guard.hpp>
+#include <gravac/comm/thread_communicator.hpp>
+
+#include "fmnist/report.hpp"
+#include "fmnist/train.hpp"
+
+namespace {
+
+template <class E, std::size_t N>
+std::map<std::string, E> choices(const fmnist::named<E> (&table)[N]) {
+  std::map<std::string, E> m;
+  for (const auto& n : table) m.emplace(std::string(n.name), n.value);
+  return m;
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Data-parallel Fashion-MNIST training with gravac's compressed gradient aggregation"};
+  fmnist::run_config cfg;
+  std::string backend = "auto", network = "1gbps", out_dir, data_dir = fmnist::default_data_dir, model = "mlp";
+  std::string gravac_time = "simulated", network_source = "modeled", ar_rule = "star", cast16_format = "fp16";
+  int ranks = 4;
+  bool progress = isatty(STDOUT_FILENO) != 0, no_plots = false;
+  double kept_fraction = 0.01, lr_gamma = 0.1;
+  std::vector<std::size_t> milestones;
+
+  app.add_option("--backend", backend, "mpi (one rank per process, under mpiexec), threads (--ranks threads in one "
+                                       "process) or auto (mpi when launched by mpiexec)")
+      ->check(CLI::IsMember({"auto", "mpi", "threads"}))->capture_default_str();
+  app.add_option("--ranks", ranks, "ranks for the threads backend")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX .gz files")->capture_default_str();
+  app.add_option("--out", out_dir, "output directory for CSV files and plots (default out/fashion_mnist-<policy>-<compressor>)");
+  app.add_flag("--progress,!--no-progress", progress, "progress bar per epoch (default: when stdout is a terminal)");
+  app.add_flag("--no-plots", no_plots, "do not run gnuplot");
+
+  auto* tr = app.add_option_group("training");
+  tr->add_option("--model", model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
+  tr->add_option("--hidden", cfg.mlp_hidden, "hidden layer sizes of the MLP")->delimiter(',')->capture_default_str();
+  tr->add_option("--epochs", cfg.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
+  tr->add_option("--batch", cfg.batch, "global batch size (all ranks; divisible by the rank count)")->capture_default_str();
+  tr->add_option("--train-subset", cfg.train_subset, "training samples per epoch, a fresh random subset each epoch (0: all 60000)")
+      ->capture_default_str();
+  tr->add_option("--test-subset", cfg.test_subset, "test samples evaluated per epoch (0: all 10000)")->capture_default_str();
+  tr->add_option("--lr", cfg.lr.base, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  tr->add_option("--lr-gamma", lr_gamma, "step decay factor")->capture_default_str();
+  tr->add_option("--lr-milestones", milestones, "epochs (0-based) at which the learning rate is multiplied by gamma")
+      ->delimiter(',');
+  tr->add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
+  tr->add_option("--weight-decay", cfg.weight_decay, "L2 weight decay")->capture_default_str();
+  tr->add_option("--seed", cfg.seed, "seed of data order and initialisation")->capture_default_str();
+  tr->add_option("--max-steps", cfg.max_steps, "stop after this many steps (0: all epochs)");
+
+  auto& m = cfg.method;
+  auto* me = app.add_option_group("method");
+  me->add_option("--compressor", m.compressor, "compressor")
+      ->transform(CLI::CheckedTransformer(choices(fmnist::compressor_names)))->default_str("topk");
+  me->add_option("--collective", m.collective, "collective")
+      ->transform(CLI::CheckedTransformer(choices(fmnist::collective_names)))->default_str("allgather");
+  me->add_option("--policy", m.policy, "policy")
+      ->transform(CLI::CheckedTransformer(choices(fmnist::policy_names)))->default_str("gravac");
+  me->add_option("--kept-fraction", kept_fraction, "fixed policy: kept fraction (1 / CF)")->capture_default_str();
+  me->add_flag("--topk-whole-buffer", m.topk.whole_buffer, "topk: select over the whole buffer instead of per layer");
+  me->add_option("--qsgd-levels", m.qsgd.levels, "qsgd: levels s")->capture_default_str();
+  me->add_option("--powersgd-rank", m.powersgd.rank, "powersgd: rank r")->capture_default_str();
+  me->add_option("--cast16-format", cast16_format, "cast16: fp16 or bf16")->check(CLI::IsMember({"fp16", "bf16"}));
+  me->add_option("--ar-rule", ar_rule, "allreduce_compatible: index rank rule star or var")
+      ->check(CLI::IsMember({"star", "var"}))->capture_default_str();
+  me->add_option("--network-source", network_source, "flexible and moo: where alpha and beta come from "
+                                                     "(measured, modeled, profile, fixed)")
+      ->check(CLI::IsMember({"measured", "modeled", "profile", "fixed"}))->capture_default_str();
+  me->add_option("--gravac-cf-min", m.gravac.cf_min, "gravac: CF_min")->capture_default_str();
+  me->add_option("--gravac-cf-max", m.gravac.cf_max, "gravac: CF_max")->capture_default_str();
+  me->add_option("--gravac-eps", m.gravac.epsilon, "gravac: least gain sent")->capture_default_str();
+  me->add_option("--gravac-omega", m.gravac.omega, "gravac: CT difference that stops the search")->capture_default_str();
+  me->add_option("--gravac-window", m.gravac.window, "gravac: gain EWMA window (steps)")->capture_default_str();
+  me->add_option("--gravac-warmup", m.gravac.warmup_steps, "gravac: warm-up steps at CF_min")->capture_default_str();
+  me->add_option("--gravac-period", m.gravac.period_steps, "gravac: steps per evaluation period (0: one epoch)")
+      ->capture_default_str();
+  me->add_option("--gravac-time", gravac_time, "gravac: clock of the throughput (measured, modeled, simulated)")
+      ->check(CLI::IsMember({"measured", "modeled", "simulated"}))->capture_default_str();
+  me->add_option("--accordion-low", m.accordion.low_compression, "accordion: kept fraction when critical")
+      ->capture_default_str();
+  me->add_option("--accordion-high", m.accordion.high_compression, "accordion: kept fraction otherwise")
+      ->capture_default_str();
+  me->add_option("--accordion-eta", m.accordion.eta, "accordion: relative norm change that is critical")
+      ->capture_default_str();
+  me->add_option("--adacomp-conv-bin", m.adacomp_policy.conv_bin, "adacomp: L_T of conv layers")->capture_default_str();
+  me->add_option("--adacomp-dense-bin", m.adacomp_policy.dense_bin, "adacomp: L_T of dense layers")->capture_default_str();
+  me->add_option("--moo-warmup", m.moo.warmup_steps, "moo: warm-up steps")->capture_default_str();
+  me->add_option("--moo-weight-time", m.moo.weight_time, "moo: weight of the time objective (gain: 1 - it)")
+      ->capture_default_str();
+
+  auto* ne = app.add_option_group("network");
+  ne->add_option("--network", network, "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
+                                       "(25 Gbit/s 1 ms <-> 1 Gbit/s 32 ms) or trace:<file.csv>")
+      ->capture_default_str();
+  ne->add_option("--compute-s", cfg.compute_s, "modeled compute seconds per step (negative: calibrate at the start)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  bool use_mpi = backend == "mpi" || (backend == "auto" && launched_by_mpi());
+  if (use_mpi) MPI_Init(&argc, &argv);
+  int world_rank = 0;
+  if (use_mpi) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  int rc = 0;
+  try {
+    cfg.model = model == "cnn" ? fmnist::model_kind::cnn : fmnist::model_kind::mlp;
+    cfg.lr.gamma = lr_gamma;
+    cfg.lr.milestones = milestones;
+    cfg.network = fmnist::network_config::parse(network);
+    cfg.codec_cpu_time = !use_mpi;
+    m.fixed.kept_fraction = kept_fraction;
+    m.cast16.format = cast16_format == "bf16" ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16;
+    m.allreduce_compatible.rule = ar_rule == "var" ? gravac::index_rank_rule::var : gravac::index_rank_rule::star;
+    m.flexible.ar_topk.rule = m.allreduce_compatible.rule;
+    m.gravac.time.source = gravac_time == "measured" ? gravac::time_source::measured
+                           : gravac_time == "modeled" ? gravac::time_source::modeled
+                                                      : gravac::time_source::simulated;
+    const gravac::network_source src = network_source == "measured" ? gravac::network_source::measured
+                                       : network_source == "profile" ? gravac::network_source::profile
+                                       : network_source == "fixed"   ? gravac::network_source::fixed
+                                                                     : gravac::network_source::modeled;
+    m.flexible.source = m.moo.source = src;
+    if (out_dir.empty())
+      out_dir = "out/fashion_mnist-" + std::string(fmnist::name_of(fmnist::policy_names, m.policy)) + "-" +
+                std::string(fmnist::name_of(fmnist::compressor_names, m.compressor));
+
+    const auto train_set = fmnist::load_fashion_mnist(data_dir, fmnist::split::train);
+    const auto test_set = fmnist::load_fashion_mnist(data_dir, fmnist::split::test);
+    std::optional<fmnist::run_result> result;
+    const auto observer = fmnist::console_observer(progress);
+    if (use_mpi) {
+      gravac::run_or_abort(MPI_COMM_WORLD, [&] {
+        gravac::mpi_communicator comm;
+        if (comm.rank() == 0)
+          std::printf("fashion_mnist: %s, %d MPI ranks, batch %zu, network %s\n", fmnist::method_name(m).c_str(),
+                      comm.size(), cfg.batch, cfg.network.describe().c_str());
+        auto r = fmnist::train(comm, train_set, test_set, cfg, observer);
+        if (comm.rank() == 0) result = std::move(r);
+      });
+    } else {
+      std::printf("fashion_mnist: %s, %d thread ranks, batch %zu, network %s\n", fmnist::method_name(m).c_str(), ranks,
+                  cfg.batch, cfg.network.describe().c_str());
+      gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
+        auto r = fmnist::train(comm, train_set, test_set, cfg, comm.rank() == 0 ? observer : fmnist::train_observer{});
+        if (comm.rank() == 0) result = std::move(r);
+      });
+    }
+    if (result) {
+      fmnist::print_summary(*result);
+      fmnist::write_csv(*result, out_dir);
+      std::printf("\n  per-step CSV   %s/steps.csv\n  per-epoch CSV  %s/epochs.csv\n", out_dir.c_str(), out_dir.c_str());
+      if (!no_plots &&
+          fmnist::make_plots({{result->method, out_dir}}, out_dir, result->method + " on " + result->model + ", " +
+                                                                       std::to_string(result->ranks) + " ranks, " +
+                                                                       result->network))
+        std::printf("  plots          %s/{accuracy_vs_epoch,accuracy_vs_time,ratio_vs_step,bytes_vs_step}.png\n",
+                    out_dir.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    rc = 1;
+  }
+  if (use_mpi) MPI_Finalize();
+  return world_rank == 0 ? rc : 0;
+}
