@@ -115,3 +115,31 @@ TEST_CASE("trainer<topk_cuda, allgather, fixed_policy> over NCCL equals the seri
     REQUIRE(std::memcmp(res.data(), residuals[static_cast<std::size_t>(r)].data(), res.size() * sizeof(float)) == 0);
   }
 }
+
+TEST_CASE("trainer<topk_cuda, dense_allreduce, fixed_policy> over NCCL equals the serial host reference") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {131075}, gravac::layer_kind::dense);
+  using T = gravac::trainer<gravac::topk_cuda, gravac::dense_allreduce, gravac::fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.05;
+  T t(comm, lay, opt);
+
+  std::vector<std::vector<float>> residuals(static_cast<std::size_t>(n), std::vector<float>(lay.numel(), 0.0f));
+  auto p = gravac::test::params_for(lay, 0.05);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> grads;
+    for (int q = 0; q < n; ++q) grads.push_back(gravac::test::make_data(lay.numel(), 300 * step + static_cast<std::uint64_t>(q)));
+    // The average of every rank's decompressed packet (summation order aside).
+    const auto expect = gravac::test::serial_reference<gravac::topk>(lay, {}, p, grads, residuals);
+    auto g = to_device(grads[static_cast<std::size_t>(r)]);
+    const auto& rep = t.step(gravac::device_view(g));
+    REQUIRE(rep.collective == gravac::collective_kind::dense_allreduce);
+    REQUIRE(rep.bytes_sent == lay.numel() * sizeof(float));
+    const auto got = to_host(g.data(), g.size());
+    REQUIRE(gravac::test::max_rel_diff(got, expect) <= 1e-6);
+    const auto res = to_host(t.residual_view().data(), lay.numel());
+    REQUIRE(std::memcmp(res.data(), residuals[static_cast<std::size_t>(r)].data(), res.size() * sizeof(float)) == 0);
+  }
+}

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -33,9 +35,16 @@ class dense_allreduce {
   dense_allreduce(const layout& lay, const options& = {}) : layout_(lay) {}
 
   //! Sizes the packet workspace once for compressor \p c (two-phase: size, then run).
+  //! A device compressor's packet lives in its memory space (default_byte_buffer).
   template <Compressor C>
   void prepare(const C& c) {
-    packet_.resize(c.max_packet_bytes());
+    if constexpr (C::memory_space::host_accessible) {
+      packet_.resize(c.max_packet_bytes());
+    } else {
+      auto w = std::make_shared<typename default_byte_buffer<typename C::memory_space>::type>();
+      w->resize(c.max_packet_bytes());
+      other_space_ = std::move(w);
+    }
   }
 
   //! Runs one step: leaves the rank average of decompress(C(g + e)) in buf.grad.
@@ -43,6 +52,16 @@ class dense_allreduce {
   void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
                  compress_stats& st, step_report& r) {
     static_assert(CommunicatorFor<M, C>, "dense_allreduce: the communicator must carry the compressor's memory");
+    if constexpr (!C::memory_space::host_accessible)
+      aggregate_device(c, comm, buf, p, st, r);
+    else
+      aggregate_host(c, comm, buf, p, st, r);
+  }
+
+ private:
+  template <Compressor C, Communicator M>
+  void aggregate_host(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                      compress_stats& st, step_report& r) {
     const auto t0 = std::chrono::steady_clock::now();
     auto g = buf.grad.span();
     if (p.all_dense()) {
@@ -73,7 +92,32 @@ class dense_allreduce {
     r.collective = collective_kind::dense_allreduce;
   }
 
- private:
+  // Device memory: compress, decode the own packet scaled by 1/N (one pass instead of a
+  // decode and a later scaling; the same result when N is a power of two), then the
+  // Allreduce sums the averages. A device compressor provides zero(view) and
+  // synchronize() (the communicator may use another stream). Dense steps go through the
+  // compressor too (its raw segments), which also folds the residual in.
+  template <Compressor C, Communicator M>
+  void aggregate_device(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                        compress_stats& st, step_report& r) {
+    using buffer_t = typename default_byte_buffer<typename C::memory_space>::type;
+    require(other_space_ != nullptr, "dense_allreduce: prepare() was not called for this compressor");
+    auto& packet = *static_cast<buffer_t*>(other_space_.get());
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t bytes =
+        c.compress(buf.grad, buf.residual, p, std::span<std::byte>(packet.data(), packet.size()), st);
+    c.zero(buf.grad);
+    c.decompress_add(std::span<const std::byte>(packet.data(), bytes), buf.grad, 1.0f / static_cast<float>(comm.size()));
+    c.synchronize();
+    r.compress_s = detail::seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    comm.allreduce_sum(std::span<float>(buf.grad.data(), buf.grad.size()));
+    r.communicate_s = detail::seconds_since(t1);
+    r.decompress_s = 0;
+    r.bytes_sent = buf.grad.size() * sizeof(float);
+    r.collective = collective_kind::dense_allreduce;
+  }
+
   void fill_dense_stats(std::span<const float> g, compress_stats& st) const {
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
@@ -85,6 +129,7 @@ class dense_allreduce {
 
   layout layout_;
   std::vector<std::byte> packet_;
+  std::shared_ptr<void> other_space_;  // default_byte_buffer<Space>::type of a device compressor
 };
 static_assert(Collective<dense_allreduce>);
 
