@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "gravac/cuda/topk_cuda.hpp"
+#include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
+#include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
@@ -30,18 +32,34 @@ std::vector<T> to_host(const T* d, std::size_t n) {
   return h;
 }
 
+// Equal 4-byte words, or both a NaN: the device returns the canonical NaN where the host
+// propagates the input's payload, so NaN bits may differ; every packet field and every
+// residual element is a 4-byte word (or a pair of them) at a 4-byte boundary.
+bool same_words(const void* a, const void* b, std::size_t bytes) {
+  if (bytes % 4 != 0) return std::memcmp(a, b, bytes) == 0;
+  for (std::size_t i = 0; i < bytes / 4; ++i) {
+    std::uint32_t x, y;
+    std::memcpy(&x, static_cast<const std::byte*>(a) + 4 * i, 4);
+    std::memcpy(&y, static_cast<const std::byte*>(b) + 4 * i, 4);
+    const bool nan_x = (x & 0x7fffffffu) > 0x7f800000u, nan_y = (y & 0x7fffffffu) > 0x7f800000u;
+    if (x != y && !(nan_x && nan_y)) return false;
+  }
+  return true;
+}
+
 // One layout, one host and one device compressor, and their buffers, stepped together.
-struct pair_run {
+template <class Host, class Dev>
+struct pair_run_t {
   gravac::layout lay;
-  gravac::topk host;
-  gravac::topk_cuda dev;
+  Host host;
+  Dev dev;
   std::vector<float> e_host;
   gravac::device_buffer<float> e_dev;
   std::vector<std::byte> packet_host;
   gravac::device_buffer<std::byte> packet_dev;
   std::size_t bytes = 0;
 
-  explicit pair_run(gravac::layout l)
+  explicit pair_run_t(gravac::layout l)
       : lay(std::move(l)), host(lay), dev(lay), e_host(lay.numel(), 0.0f), e_dev(lay.numel()),
         packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {}
 
@@ -55,9 +73,9 @@ struct pair_run {
     REQUIRE(bd == bh);
     bytes = bd;
     const auto pd = to_host(packet_dev.data(), bd);
-    REQUIRE(std::memcmp(pd.data(), packet_host.data(), bh) == 0);
+    REQUIRE(same_words(pd.data(), packet_host.data(), bh));
     const auto ed = to_host(e_dev.data(), e_dev.size());
-    REQUIRE(std::memcmp(ed.data(), e_host.data(), ed.size() * sizeof(float)) == 0);
+    REQUIRE(same_words(ed.data(), e_host.data(), ed.size() * sizeof(float)));
     REQUIRE(sd.non_finite == sh.non_finite);
     for (std::size_t i = 0; i < lay.size(); ++i) {
       CHECK(sd.layers[i].kept == sh.layers[i].kept);
@@ -73,6 +91,9 @@ struct pair_run {
     }
   }
 };
+
+using pair_run = pair_run_t<gravac::topk, gravac::topk_cuda>;
+using threshold_pair = pair_run_t<gravac::threshold, gravac::threshold_cuda>;
 
 std::vector<float> scaled(std::vector<float> v, float s) {
   for (auto& x : v) x *= s;
@@ -141,6 +162,32 @@ TEST_CASE("topk_cuda: infinities and NaNs are never selected and are reported") 
   g[30] = std::numeric_limits<float>::quiet_NaN();
   pair_run r(gravac::layout::flat(n));
   r.step(g, gravac::test::params_for(r.lay, 0.01));
+}
+
+TEST_CASE("topk_cuda: a layer with fewer finite values than k sends them all; the others are intact") {
+  // Layers before and after the short one prove that its smaller segment does not shift
+  // theirs, and that no residual is corrupted (the packet and every residual equal the host's).
+  gravac::layout lay;
+  lay.add("before", {3000}, gravac::layer_kind::dense);
+  lay.add("short", {200}, gravac::layer_kind::dense);     // 3 finite values, k = 100
+  lay.add("none", {64}, gravac::layer_kind::bias_or_norm);  // no finite value at all
+  lay.add("exact", {100}, gravac::layer_kind::dense);      // exactly k finite values
+  lay.add("after", {70001}, gravac::layer_kind::conv);
+  pair_run r(lay);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    auto g = gravac::test::make_data(lay.numel(), 61 + step);
+    const auto& s = lay[1];
+    for (std::size_t j = 0; j < s.numel; ++j) g[s.offset + j] = (j % 2) ? inf : -nan;
+    g[s.offset + 5] = 1.5f;
+    g[s.offset + 77] = -0.25f;
+    g[s.offset + 199] = 3.0f;
+    for (std::size_t j = 0; j < lay[2].numel; ++j) g[lay[2].offset + j] = j % 3 ? nan : -inf;
+    for (std::size_t j = 50; j < lay[3].numel; ++j) g[lay[3].offset + j] = inf;  // 50 finite, k = 50
+    auto p = gravac::test::params_for(r.lay, 0.5);
+    if (step == 2) p.kept_fraction[4] = 1.0;  // and a raw layer after the short one
+    r.step(g, p);
+  }
 }
 
 TEST_CASE("topk_cuda: device validation agrees with the host's, and scatter-add with decompress_add") {
@@ -231,4 +278,44 @@ TEST_CASE("device_buffer: zero-filled, grows, and storage_for<cuda_space> is it"
   REQUIRE(b.capacity() == 1000);
   b.resize(5000);
   REQUIRE(b.capacity() >= 5000);
+}
+
+TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate, sample and k_hat)") {
+  // Small layers take the whole-layer histogram, large ones the seeded sample: both paths,
+  // and the raise to the k-th largest (ties included) when the estimate collected more.
+  const std::size_t sizes[] = {1, 2, 33, 1000, 4097, 65539, 1u << 20, (1u << 22) + 5};
+  const double fractions[] = {0.0, 0.001, 0.01, 0.1, 0.5, 1.0};
+  const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
+                                distribution::narrow};
+  for (auto n : sizes)
+    for (auto d : dists)
+      for (auto f : fractions) {
+        INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
+        threshold_pair r(gravac::layout::flat(n));
+        for (std::uint64_t step = 0; step < 3; ++step) {
+          const auto p = gravac::test::params_for(r.lay, f, step);  // a new sample every step
+          r.step(step == 2 ? scaled(gravac::test::make_data(n, 70 + step, d), 1e-3f)
+                           : gravac::test::make_data(n, 70 + step, d),
+                 p);
+        }
+      }
+}
+
+TEST_CASE("threshold_cuda at 2^26 values matches threshold at 1%, on a mixed layout with non-finite values") {
+  {
+    const std::size_t n = std::size_t{1} << 26;
+    threshold_pair r(gravac::layout::flat(n));
+    r.step(gravac::test::make_data(n, 81, distribution::laplace), gravac::test::params_for(r.lay, 0.01, 3));
+  }
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {300007}, gravac::layer_kind::dense);
+  threshold_pair r(lay);
+  auto p = gravac::test::params_for(r.lay, 0.02);
+  p.kept_fraction[0] = 1.0;
+  const double candidates[] = {0.1, 0.01};
+  p.gain_candidates = candidates;
+  auto g = gravac::test::make_data(lay.numel(), 82);
+  g[lay[1].offset] = std::numeric_limits<float>::infinity();
+  g[lay.numel() - 1] = std::numeric_limits<float>::quiet_NaN();
+  for (std::uint64_t step = 0; step < 2; ++step) r.step(g, p);
 }

@@ -2,7 +2,9 @@
 //! \file topk_cuda.hpp
 //! \brief topk_cuda: exact top-k with error feedback on the device (fused radix select,
 //! see detail/select_kernels.hpp). Same packets as gravac::topk, bit for bit: the same
-//! selection (ties to the lower index), the same values, the same residual.
+//! selection (ties to the lower index), the same values, the same residual. And
+//! threshold_cuda, the same machinery behind gravac::threshold's estimate (see
+//! detail/threshold_kernels.hpp): the same packets as gravac::threshold, bit for bit.
 //! Part of target gravac::cuda.
 
 #include <thrust/iterator/counting_iterator.h>
@@ -11,17 +13,22 @@
 #include <cub/device/device_select.cuh>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gravac/compress/raw_segment.hpp"
 #include "gravac/compress/sparse_packet.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
+#include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/threshold_kernels.hpp"
+#include "gravac/detail/random.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 
 namespace gravac {
@@ -34,29 +41,53 @@ struct topk_cuda_options {
   double candidate_capacity = 1.0 / 16;
 };
 
-//! Exact top-k sparsification with error feedback over device memory. Models Compressor.
+//! Options of threshold_cuda: those of topk_cuda and of gravac::threshold (same meaning).
+struct threshold_cuda_options {
+  stream_ref stream{};                //!< the stream every kernel of the compressor runs on
+  double candidate_capacity = 1.0 / 16;  //!< see topk_cuda_options
+  std::size_t expected_hits = 1024;   //!< see threshold_options
+  std::size_t run_length = 16;        //!< see threshold_options
+  double full_histogram_above = 0.25; //!< see threshold_options
+};
+
+//! Top-k (\p Threshold false: topk_cuda) or threshold (true: threshold_cuda) sparsification
+//! with error feedback over device memory. Models Compressor.
+//!
+//! threshold_cuda estimates each layer's low threshold exactly as gravac::threshold (the
+//! same seeded sample, the same histogram and interpolation), collects every |u| at or
+//! above it in the fused pass, and raises it to the k-th largest (ties included) when more
+//! than k were collected; the count (k_hat) is resolved on the device.
 //!
 //! compress() runs a fixed sequence of kernels per layer on the stream (no host round trip
 //! between them; the kernels skip themselves when an earlier one resolved the threshold),
 //! then copies the statistics back: it returns when the packet and the residual are ready.
 //! The workspace is allocated at construction (no allocation per step).
-class topk_cuda {
+template <bool Threshold>
+class basic_select_cuda {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
   //! Works on device memory.
   using memory_space = cuda_space;
   //! Options (see topk_cuda_options).
-  using options = topk_cuda_options;
+  using options = std::conditional_t<Threshold, threshold_cuda_options, topk_cuda_options>;
   //! Values at shared indices can be summed elementwise.
   static constexpr bool summable_by_index = true;
   //! Packet kind written (the same as gravac::topk).
   static constexpr packet_kind kind = packet_kind::sparse;
 
   //! A compressor for \p lay; allocates the whole workspace.
-  topk_cuda(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt), packets_(lay, opt.stream) {
+  basic_select_cuda(const layout& lay, const options& opt = {})
+      : layout_(lay), options_(opt), packets_(lay, opt.stream) {
     require(opt.candidate_capacity > 0 && opt.candidate_capacity <= 1,
             "topk_cuda: candidate_capacity must be in (0, 1]");
+    if constexpr (Threshold) {
+      require(opt.expected_hits >= 1, "threshold_cuda: expected_hits must be at least 1");
+      require(opt.run_length >= 1, "threshold_cuda: run_length must be at least 1");
+      require(opt.full_histogram_above > 0.0 && opt.full_histogram_above <= 1.0,
+              "threshold_cuda: full_histogram_above must be in (0, 1]");
+      est_hist_ = device_buffer<std::uint32_t>(cuda_detail::estimate_bins, opt.stream);
+    }
     std::size_t largest = 0;
     for (const auto& l : lay.layers()) {
       require(l.numel <= 0xffffffffull, "topk_cuda: layer '" + l.name + "' has 2^32 or more elements");
@@ -74,6 +105,8 @@ class topk_cuda {
     hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
     gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
     failure_ = device_buffer<std::uint32_t>(1, s);
+    slots_ = device_buffer<cuda_detail::segment_slot>(L, s);
+    cursor_ = device_buffer<cuda_detail::packet_cursor>(1, s);
     cap_ = static_cast<std::uint32_t>(
         std::min<std::size_t>(largest, std::max<std::size_t>(65536, static_cast<std::size_t>(
                                                                         opt.candidate_capacity * static_cast<double>(largest)))));
@@ -83,7 +116,7 @@ class topk_cuda {
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
     GRAVAC_TRY_CUDA(cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-                                          thrust::make_tabulate_output_iterator(cuda_detail::bounded_index_writer{nullptr, 0}),
+                                          thrust::make_tabulate_output_iterator(cuda_detail::bounded_index_writer{nullptr, nullptr}),
                                           static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
                                           cuda_detail::selected_by_threshold{nullptr, nullptr}, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
@@ -91,6 +124,7 @@ class topk_cuda {
     host_sums_.resize(L + 1);
     host_gain_.resize(cuda_detail::max_gain_candidates);
     host_failure_.resize(1);
+    host_cursor_.resize(1);
   }
 
   //! Upper bound of the packet size (every value kept, with indices), as gravac::topk.
@@ -103,6 +137,9 @@ class topk_cuda {
 
   //! Keeps the top kept_fraction of each layer; e = u - sent. \p g, \p e and \p out are
   //! device memory. Returns the packet size once packet, residual and statistics are ready.
+  //! A layer with fewer finite values than k sends all of its finite values and sets
+  //! compress_stats::non_finite (as gravac::topk). Should a kernel ever fail, every layer's
+  //! residual is restored to u = g + e_old before the error is thrown: nothing is lost.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
                        std::span<std::byte> out, compress_stats& st) {
     namespace cd = cuda_detail;
@@ -111,57 +148,74 @@ class topk_cuda {
     require(p.kept_fraction.size() == layout_.size(), "topk_cuda::compress: one kept fraction per layer is required");
     require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
             "topk_cuda::compress: at most 32 gain candidates");
+    // The largest packet this step can produce: k values per layer (a top-k layer sends at
+    // most k), every value for threshold (ties may exceed k).
+    std::size_t bound = sizeof(packet_header);
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      bound += p.kept_fraction[i] >= dense_fraction ? raw_segment_bytes(l.numel)
+                                                    : sparse_segment_bytes(l.numel, Threshold ? l.numel
+                                                                                                        : kept_count(l.numel, p.kept_fraction[i]));
+    }
+    require(bound <= out.size(), "topk_cuda::compress: packet buffer too small (needs up to " + std::to_string(bound) +
+                                     " bytes, has " + std::to_string(out.size()) + ")");
     const cudaStream_t s = options_.stream.get();
     st.reset(layout_.size(), p.gain_candidates.size());
     GRAVAC_TRY_CUDA(cudaMemsetAsync(states_.data(), 0, states_.size() * sizeof(cd::select_state), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(slots_.data(), 0, slots_.size() * sizeof(cd::segment_slot), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(cursor_.data(), 0, sizeof(cd::packet_cursor), s));
     GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, sums_.size() * sizeof(cd::layer_sums), s));
     GRAVAC_TRY_CUDA(cudaMemsetAsync(gain_out_.data(), 0, gain_out_.size() * sizeof(double), s));
     GRAVAC_TRY_CUDA(cudaMemsetAsync(failure_.data(), 0, sizeof(std::uint32_t), s));
 
-    // The packet's shape is known on the host: exact top-k keeps exactly k per layer.
-    const auto plan = packets_.begin_plan();
-    std::size_t pos = sizeof(packet_header);
+    cd::gain_request gains;
+    gains.count = static_cast<int>(p.gain_candidates.size());
+    std::byte* packet = out.data();
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
-      const bool raw = p.kept_fraction[i] >= dense_fraction;
-      const std::size_t k = raw ? l.numel : kept_count(l.numel, p.kept_fraction[i]);
-      pos = packets_.add_segment(i, pos, raw, k);
-    }
-    require(pos <= out.size(), "topk_cuda::compress: packet buffer too small (needs " + std::to_string(pos) +
-                                   " bytes, has " + std::to_string(out.size()) + ")");
-    packets_.write_headers(out.data(), kind, pos);
-
-    cd::gain_request gains;
-    for (std::size_t i = 0, seg = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      const auto& d = plan[seg++];
       float* gl = g.data() + l.offset;
       float* el = e.data() + l.offset;
-      std::byte* payload = out.data() + d.at + sizeof(segment_header);
-      gains.count = static_cast<int>(p.gain_candidates.size());
       for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       const int grid = blocks_for(l.numel, cd::select_threads * cd::fused_items);
       auto* sti = states_.data() + i;
-      if (d.header.encoding == raw_encoding) {
+      auto* slot = slots_.data() + i;
+      const auto layer = static_cast<std::uint32_t>(i);
+      if (p.kept_fraction[i] >= dense_fraction) {
         if (gains.count > 0) {  // the gain curve covers dense layers too (as the host skeleton)
           cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(gl, el, l.numel, 0, sti, prev_threshold_.data() + i,
                                                              hist_.data(), hist_sq_.data(), cand_.data(), 0,
                                                              sums_.data() + layout_.size(), gains, gain_out_.data());
           GRAVAC_CHECK_CUDA_LAUNCH();
         }
+        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, true);
+        GRAVAC_CHECK_CUDA_LAUNCH();
         cd::raw_pass<<<blocks_for(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
-            gl, el, reinterpret_cast<float*>(payload), l.numel, sums_.data() + i, sti, gains.count > 0);
+            gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
         GRAVAC_CHECK_CUDA_LAUNCH();
         continue;
       }
-      const auto k = static_cast<std::uint32_t>(d.header.count);
+      const auto k = static_cast<std::uint32_t>(kept_count(l.numel, p.kept_fraction[i]));
       const std::uint32_t cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, l.numel));
+      if constexpr (Threshold) {  // the low threshold t into prev_threshold_[i]
+        const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
+        const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
+        cd::estimate_histogram<<<blocks_for(m, cd::select_threads), cd::select_threads, 0, s>>>(gl, el, rq,
+                                                                                               est_hist_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        cd::estimate_threshold<<<1, cd::select_threads, 0, s>>>(est_hist_.data(), rq, prev_threshold_.data() + i);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
       cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(gl, el, l.numel, k, sti, prev_threshold_.data() + i,
                                                          hist_.data(), hist_sq_.data(), cand_.data(), cap,
-                                                         sums_.data() + i, gains, gain_out_.data());
+                                                         sums_.data() + i, gains, gain_out_.data(), Threshold);
       GRAVAC_CHECK_CUDA_LAUNCH();
+      // Top-k: the count (k, or the finite count when smaller) is known on the device now.
+      if (!Threshold || k == 0) {
+        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, false);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
       if (k == 0) continue;
       const int grid1 = blocks_for(l.numel, cd::select_threads);
       cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap);
@@ -171,19 +225,24 @@ class topk_cuda {
         cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap, hist_.data(), shift);
         GRAVAC_CHECK_CUDA_LAUNCH();
       }
-      cd::tie_pass<<<std::min(grid1, 4 * sms_), cd::select_threads, 0, s>>>(el, l.numel, sti, chunk_counts_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      auto* idx = reinterpret_cast<std::uint32_t*>(payload);
-      float* values = reinterpret_cast<float*>(payload + pad8(static_cast<std::size_t>(k) * sizeof(std::uint32_t)));
+      if constexpr (Threshold) {  // the count (ties included) is known once the threshold is
+        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, false);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      } else {
+        cd::tie_pass<<<std::min(grid1, 4 * sms_), cd::select_threads, 0, s>>>(el, l.numel, sti, chunk_counts_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
       std::size_t temp = select_temp_.size();
       GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-                                            thrust::make_tabulate_output_iterator(cd::bounded_index_writer{idx, k}),
+                                            thrust::make_tabulate_output_iterator(cd::bounded_index_writer{packet, slot}),
                                             &sti->selected, static_cast<std::int64_t>(l.numel),
                                             cd::selected_by_threshold{el, sti}, s));
       cd::gather_pass<<<blocks_for(k, cd::select_threads), cd::select_threads, 0, s>>>(
-          idx, values, el, k, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
+          packet, slot, el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
       GRAVAC_CHECK_CUDA_LAUNCH();
     }
+    cd::finish_device_packet<<<1, 1, 0, s>>>(packet, cursor_.data(), static_cast<std::uint8_t>(kind), layout_.hash());
+    GRAVAC_CHECK_CUDA_LAUNCH();
     // One copy of the statistics back, then the packet and the residual are final.
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_states_.data(), states_.data(), states_.size() * sizeof(cd::select_state),
                                     cudaMemcpyDeviceToHost, s));
@@ -193,24 +252,25 @@ class topk_cuda {
                                     cudaMemcpyDeviceToHost, s));
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_failure_.data(), failure_.data(), sizeof(std::uint32_t),
                                     cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor),
+                                    cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
-    for (std::size_t i = 0; i < layout_.size(); ++i)
-      if (host_states_[i].too_few_finite)  // e holds u: nothing was sent, nothing lost
-        throw error(status::non_finite, "topk_cuda: layer '" + layout_[i].name +
-                                            "' has fewer finite values than the k to send");
-    if (host_failure_[0])
-      throw error(status::backend_failure, "topk_cuda: the compaction did not select exactly k values",
+    const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
+    if (host_failure_[0] || bytes > bound) {
+      restore(packet, e);
+      throw error(status::backend_failure,
+                  host_failure_[0] ? "topk_cuda: the compaction did not select exactly the values counted"
+                                   : "topk_cuda: the packet outgrew its bound",
                   -1, backend::cuda);
-    for (std::size_t i = 0, seg = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      const auto& d = plan[seg++];
+    }
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      if (layout_[i].numel == 0) continue;
       const auto& sm = host_sums_[i];
-      st.layers[i] = {static_cast<std::size_t>(d.header.count), sm.grad_sq, sm.input_sq, sm.kept_sq};
+      st.layers[i] = {static_cast<std::size_t>(host_states_[i].count), sm.grad_sq, sm.input_sq, sm.kept_sq};
       st.non_finite |= host_states_[i].non_finite != 0;
     }
     for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
-    return pos;
+    return bytes;
   }
 
   //! Validates an untrusted packet in device memory (header walk and every index checked
@@ -235,6 +295,47 @@ class topk_cuda {
   [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
 
  private:
+  // The estimate's parameters of a layer, computed as threshold::estimate does (they do
+  // not depend on the data; the histogram and the boundary are the device's part).
+  [[nodiscard]] cuda_detail::estimate_request estimate_for(std::size_t n, double fraction, std::uint64_t seed) const {
+    cuda_detail::estimate_request rq;
+    rq.n = n;
+    rq.k = kept_count(n, fraction);
+    if (rq.k == 0) return rq;
+    if constexpr (Threshold) {
+      const double k = static_cast<double>(rq.k);
+      const double f = k / static_cast<double>(n);
+      const std::size_t run = std::min(options_.run_length, n);
+      const double wanted = static_cast<double>(options_.expected_hits) / f;
+      const std::size_t runs = std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(wanted / run)));
+      const std::size_t stratum = n / runs;
+      if (wanted >= options_.full_histogram_above * static_cast<double>(n) || stratum < run) return rq;
+      rq.sampled = 1;
+      rq.runs = runs;
+      rq.run = run;
+      rq.stratum = stratum;
+      rq.room = stratum - run + 1;
+      rq.seed = seed;
+      const double scale = static_cast<double>(n) / static_cast<double>(runs * run);
+      const double hits = k / scale;
+      rq.target = hits + 4.0 * std::sqrt(hits) + 4.0;
+      rq.target_ceil = static_cast<unsigned long long>(std::ceil(rq.target));
+    }
+    return rq;
+  }
+
+  // e = u again at every index a layer sent (the packet still holds the values), then
+  // waits: after a failure the residual holds g + e_old, as if nothing had been sent.
+  void restore(const std::byte* packet, grad_view<cuda_space> e) {
+    const auto layers = static_cast<std::uint32_t>(layout_.size());
+    if (layers == 0) return;
+    const dim3 grid(static_cast<unsigned>(sms_) * 2, std::min<std::uint32_t>(layers, 65535));
+    cuda_detail::restore_pass<<<grid, cuda_detail::select_threads, 0, options_.stream.get()>>>(
+        packet, slots_.data(), states_.data(), packets_.desc().offset, layers, e.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    options_.stream.synchronize();
+  }
+
   [[nodiscard]] int blocks_for(std::size_t n, int per_block) const noexcept {
     const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
     return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
@@ -252,14 +353,24 @@ class topk_cuda {
   device_buffer<double> hist_sq_;
   device_buffer<double> gain_out_;
   device_buffer<std::uint32_t> failure_;
+  device_buffer<cuda_detail::segment_slot> slots_;
+  device_buffer<cuda_detail::packet_cursor> cursor_;
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
+  device_buffer<std::uint32_t> est_hist_;  // threshold: the estimate's histogram
   pinned_buffer<cuda_detail::select_state> host_states_;
   pinned_buffer<cuda_detail::layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;
   pinned_buffer<std::uint32_t> host_failure_;
+  pinned_buffer<cuda_detail::packet_cursor> host_cursor_;
 };
+
+//! Exact top-k with error feedback on the device: the packets of gravac::topk.
+using topk_cuda = basic_select_cuda<false>;
+//! Threshold (approximate top-k) with error feedback on the device: the packets of gravac::threshold.
+using threshold_cuda = basic_select_cuda<true>;
 static_assert(Compressor<topk_cuda>);
+static_assert(Compressor<threshold_cuda>);
 
 }  // namespace gravac

@@ -19,12 +19,16 @@
 //!    zeroes e there (the residual update).
 //! The selection equals the CPU top-k's bit for bit: |u| ordered by its float bits is the
 //! order of |u|. Infinities and NaNs are never selected (as gravac::topk): they stay in the
-//! residual, and a layer with fewer finite values than k is reported.
+//! residual, and a layer with fewer finite values than k sends all of its finite values
+//! (k is then the finite count, as gravac::topk does). The segment is placed on the device
+//! (segment_cursor.hpp) once the count is known, so such a layer never shifts the others.
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+
+#include "gravac/cuda/detail/segment_cursor.hpp"
 
 namespace gravac::cuda_detail {
 
@@ -64,7 +68,10 @@ struct select_state {
   std::uint32_t boundary_count;  //!< values in the first-digit boundary bin
   unsigned long long selected;   //!< written by the compaction: must equal k
   std::uint32_t non_finite;    //!< a NaN or infinity was seen in u
-  std::uint32_t too_few_finite;  //!< fewer finite values than k (nothing selected)
+  std::uint32_t too_few_finite;  //!< fewer finite values than k: every finite value is sent
+  std::uint32_t count;         //!< values this layer sends (k, or the finite count when fewer)
+  std::uint32_t gathered;      //!< e was zeroed at the sent indices (restore_pass undoes it)
+  std::uint32_t all_ties;      //!< threshold mode: every key equal to the k-th largest is sent
 };
 
 //! Statistics accumulated on the device for one layer.
@@ -160,11 +167,17 @@ __device__ inline boundary find_boundary(const std::uint32_t* hist, int bins, st
 
 //! Pass 1 (fused): u = g + e, e = u, statistics, first-digit histogram, candidates at or
 //! above the previous threshold, and (last block) the first boundary and the gain curve.
+//!
+//! Threshold mode (threshold_cuda): \p prev_threshold holds the estimated low threshold t
+//! itself (non_finite_key or more: none). The candidates are every finite key >= t; when
+//! there are at most k of them they are the selection, else the k-th largest key T is
+//! resolved as for top-k and every key >= T is sent (ties included).
 __global__ void __launch_bounds__(select_threads)
 fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
            select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
            std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
-           std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out) {
+           std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
+           bool threshold_mode = false) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ float sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
@@ -173,9 +186,9 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
     if (want_sq) sh_sq[i] = 0.0f;
   }
   __syncthreads();
-  const std::uint32_t prev = *prev_threshold;  // 0: no previous threshold
-  const bool use_prev = prev != 0u;
-  const std::uint32_t low = prev > candidate_margin ? prev - candidate_margin : 0u;
+  const std::uint32_t prev = *prev_threshold;  // top-k: 0 is no previous threshold
+  const bool use_prev = threshold_mode ? prev < non_finite_key : prev != 0u;
+  const std::uint32_t low = threshold_mode ? prev : (prev > candidate_margin ? prev - candidate_margin : 0u);
   double gsq = 0, usq = 0;
   bool bad = false;
   // Each thread handles fused_items values per round (loads first, for memory-level
@@ -230,15 +243,24 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
   if (!last_block(&st->blocks_done)) return;
 
   // The last block: the histogram is complete.
+  std::uint32_t mine = 0;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     sh_hist[i] = hist[i];
+    mine += sh_hist[i];
     hist[i] = 0;  // ready for the next pass
   }
+  // The finite count (the histogram holds finite keys only): k and the gain candidates'
+  // k are at most that, as in gravac::topk and add_gain_curve.
+  using count_reduce_t = cub::BlockReduce<std::uint32_t, select_threads>;
+  __shared__ typename count_reduce_t::TempStorage count_red;
+  __shared__ std::uint32_t finite_total;
+  const std::uint32_t total = count_reduce_t(count_red).Sum(mine);
+  if (threadIdx.x == 0) finite_total = total;
   __syncthreads();
   // Gain curve: for each candidate k, the energy of the bins above its boundary plus the
   // boundary bin's energy in proportion to the values taken from it.
   for (int c = 0; c < gains.count; ++c) {
-    const auto kc = static_cast<std::uint32_t>(gains.k[c]);
+    const auto kc = static_cast<std::uint32_t>(gains.k[c] < finite_total ? gains.k[c] : finite_total);
     const boundary bc = find_boundary(sh_hist, max_bins, kc);
     double part = 0;
     if (kc > 0)
@@ -257,15 +279,51 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
     __syncthreads();
     for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) hist_sq[i] = 0;
   }
-  if (k == 0) {
-    if (threadIdx.x == 0) st->done = 2;  // nothing to select
+  if (threshold_mode) {
+    const std::uint32_t hits = st->cand_count;  // finite keys >= t (counted beyond the buffer too)
+    if (k == 0 || !use_prev || hits == 0) {
+      if (threadIdx.x == 0) {
+        st->done = 2;  // nothing at or above the estimate
+        st->count = 0;
+      }
+      return;
+    }
+    if (hits <= k) {  // the estimate erred high or was right: send every key >= t
+      if (threadIdx.x == 0) {
+        st->done = 1;
+        st->threshold = prev;
+        st->take_all_ties = 1;
+        st->count = hits;
+      }
+      return;
+    }
+    if (threadIdx.x == 0) st->all_ties = 1;  // more than k: raise t to the k-th largest
+  }
+  if (k == 0 || finite_total == 0) {
+    if (threadIdx.x == 0) {
+      st->done = 2;  // nothing to select
+      st->count = 0;
+      st->too_few_finite = k > 0;
+    }
+    return;
+  }
+  if (finite_total <= k) {
+    // Every finite value is sent (k is the finite count, as gravac::topk): keys >= 0 that
+    // are finite, which the compaction's predicate takes with threshold 0 and all ties.
+    if (threadIdx.x == 0) {
+      st->done = 1;
+      st->threshold = 0;
+      st->take_all_ties = 1;
+      st->count = finite_total;
+      st->too_few_finite = finite_total < k;
+    }
     return;
   }
   const boundary b = find_boundary(sh_hist, max_bins, k);
   if (threadIdx.x != 0) return;
-  if (b.count == 0) {  // fewer finite values than k: compress() reports it
+  st->count = k;
+  if (b.count == 0) {  // cannot happen (k < finite_total); nothing is selected, compress() fails
     st->done = 2;
-    st->too_few_finite = 1;
     return;
   }
   st->prefix = b.bin;
@@ -342,6 +400,11 @@ refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict
     st->done = 1;
     st->threshold = new_prefix << shift;
     st->take_all_ties = 1;
+  } else if (shift == 0 && st->all_ties) {  // threshold mode: every key == T goes too
+    st->done = 1;
+    st->threshold = new_prefix;
+    st->take_all_ties = 1;
+    st->count = st->count - st->remaining + b.count;  // (keys > T) + (keys == T)
   } else if (shift == 0) {  // T is exact and has more copies than we may take
     st->done = 1;
     st->threshold = new_prefix;
@@ -423,25 +486,32 @@ struct selected_by_threshold {
   }
 };
 
-//! The compaction's output: writes the j-th selected index into the packet, never past k
-//! (a defence: the selection yields exactly k, and gather_pass checks the count).
+//! The compaction's output: writes the j-th selected index into the layer's placed
+//! segment, never past its count (a defence: the selection yields exactly the count, and
+//! gather_pass checks it).
 struct bounded_index_writer {
-  std::uint32_t* out;  //!< the packet's index array
-  std::size_t k;       //!< its length
+  std::byte* packet;         //!< the packet
+  const segment_slot* slot;  //!< the layer's placed segment (payload offset and count)
   __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t index) const {
-    if (j >= 0 && static_cast<std::size_t>(j) < k) out[j] = index;
+    if (j >= 0 && static_cast<unsigned long long>(j) < slot->count)
+      reinterpret_cast<std::uint32_t*>(packet + slot->payload_at)[j] = index;
   }
 };
 
 //! Pass 6: values of the selected indices into the packet, e = 0 there (the residual
-//! update), the kept energy, and the threshold remembered for the next step.
+//! update), the kept energy, and the threshold remembered for the next step. When the
+//! compaction did not select exactly the count (a defect), nothing is zeroed and
+//! \p failure is set: compress() then restores every layer and throws.
 __global__ void __launch_bounds__(select_threads)
-gather_pass(const std::uint32_t* __restrict__ idx, float* __restrict__ values, float* __restrict__ e, std::size_t k,
+gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
             select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold, layer_sums* __restrict__ sums,
             std::uint32_t* __restrict__ failure) {
   double ksq = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
-  const bool ok = st->selected == k || st->too_few_finite;
+  const std::size_t k = st->count;
+  const bool ok = slot->placed && slot->count == k && st->selected == k;
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot->payload_at);
+  auto* values = reinterpret_cast<float*>(packet + slot->payload_at + pad8(k * sizeof(std::uint32_t)));
   if (ok) {
     for (std::size_t j = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; j < k; j += stride) {
       const std::uint32_t i = idx[j];
@@ -458,15 +528,20 @@ gather_pass(const std::uint32_t* __restrict__ idx, float* __restrict__ values, f
     if (s != 0.0) atomicAdd(&sums->kept_sq, s);
     if (blockIdx.x == 0) {
       if (!ok) atomicExch(failure, 1u);
-      *prev_threshold = st->threshold == 0 ? 1u : st->threshold;  // 0 means "none"
+      else st->gathered = 1;
+      // 0 means "none"; a layer that sent nothing keeps its previous threshold.
+      if (st->done == 1) *prev_threshold = st->threshold == 0 ? 1u : st->threshold;
     }
   }
 }
 
-//! u = g + e written raw into the packet, e = 0, statistics (a layer sent dense).
+//! u = g + e written raw into the layer's placed segment, e = 0, statistics (a layer sent
+//! dense).
 __global__ void __launch_bounds__(select_threads)
-raw_pass(const float* __restrict__ g, float* __restrict__ e, float* __restrict__ out, std::size_t n,
-         layer_sums* __restrict__ sums, select_state* __restrict__ st, bool u_in_e) {
+raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
+         const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
+         select_state* __restrict__ st, bool u_in_e) {
+  float* out = reinterpret_cast<float*>(packet + slot->payload_at);
   double gsq = 0, usq = 0;
   bool bad = false;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
@@ -490,6 +565,36 @@ raw_pass(const float* __restrict__ g, float* __restrict__ e, float* __restrict__
     atomicAdd(&sums->kept_sq, bu);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    st->count = static_cast<std::uint32_t>(n);
+    st->gathered = 1;
+  }
+}
+
+//! Undoes the residual update of every layer that was gathered: e = the value sent, at
+//! each sent index (e there is 0, so this restores u exactly). Raw layers restore every
+//! element. Slot y of the grid takes layers y, y + gridDim.y, ... Used only when compress()
+//! fails after some layers were updated, so that e = u = g + e_old: nothing sent, nothing lost.
+__global__ void __launch_bounds__(select_threads)
+restore_pass(const std::byte* __restrict__ packet, const segment_slot* __restrict__ slots,
+             const select_state* __restrict__ states, const std::uint64_t* __restrict__ offsets,
+             std::uint32_t layers, float* __restrict__ e) {
+  for (std::uint32_t l = blockIdx.y; l < layers; l += gridDim.y) {
+    if (!states[l].gathered || !slots[l].placed) continue;
+    const std::size_t k = slots[l].count;
+    float* el = e + offsets[l];
+    const std::byte* payload = packet + slots[l].payload_at;
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+    const std::size_t first = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x;
+    if (slots[l].raw) {
+      const auto* v = reinterpret_cast<const float*>(payload);
+      for (std::size_t j = first; j < k; j += stride) el[j] = v[j];
+    } else {
+      const auto* idx = reinterpret_cast<const std::uint32_t*>(payload);
+      const auto* v = reinterpret_cast<const float*>(payload + pad8(k * sizeof(std::uint32_t)));
+      for (std::size_t j = first; j < k; j += stride) el[idx[j]] = v[j];
+    }
+  }
 }
 
 }  // namespace gravac::cuda_detail

@@ -1,0 +1,7 @@
+#pragma once
+//! \file threshold_cuda.hpp
+//! \brief threshold_cuda: threshold (approximate top-k) sparsification with error feedback
+//! on the device, the packets of gravac::threshold bit for bit. It shares the radix-select
+//! machinery of topk_cuda and is defined beside it. Part of target gravac::cuda.
+
+#include "gravac/cuda/topk_cuda.hpp"
