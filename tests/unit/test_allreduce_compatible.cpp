@@ -252,3 +252,28 @@ TEST_CASE("AR-Topk rejects bad options and a corrupted index broadcast", "[ar_to
   CHECK(residual_is_u[2]);
   CHECK(code[0] == static_cast<int>(status::aborted));  // the root is told, never left hanging
 }
+
+TEST_CASE("AR-Topk reports the gain curve of u from the same pass", "[ar_topk]") {
+  const auto lay = test::mixed_layout();
+  const std::vector<double> cands{0.1, 0.01};
+  std::vector<double> got, want(cands.size(), 0.0);
+  std::vector<float> g0 = test::make_data(lay.numel(), 77, test::distribution::laplace);
+  run_ranks(1, [&](thread_communicator& comm) {
+    topk c(lay);
+    allreduce_compatible k(lay);
+    k.prepare(c);
+    std::vector<float> g = g0, e(lay.numel(), 0.0f);
+    step_buffers<host_space> buf{host_view(g), host_view(e), true};
+    step_params p = test::params_for(lay, 0.05);
+    p.gain_candidates = cands;
+    compress_stats st;
+    step_report r;
+    k.aggregate(c, comm, buf, p, st, r);
+    got = st.candidate_kept_sq;
+  });
+  std::vector<double> scratch;
+  for (const auto& l : lay.layers())
+    detail::add_reference_gain_curve(std::span<const float>(g0.data() + l.offset, l.numel), cands, want, scratch);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t c = 0; c < cands.size(); ++c) CHECK(got[c] == Approx(want[c]).epsilon(0.02));
+}

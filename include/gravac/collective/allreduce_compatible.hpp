@@ -21,6 +21,7 @@
 
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/compress/gain_curve.hpp"
+#include "gravac/compress/magnitude_histogram.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
@@ -90,17 +91,26 @@ class allreduce_compatible {
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       double gsq = 0, usq = 0;
-      for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
-        gsq += static_cast<double>(g[j]) * g[j];
-        e[j] += g[j];
-        usq += static_cast<double>(e[j]) * e[j];
+      if (p.gain_candidates.empty()) {
+        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
+          gsq += static_cast<double>(g[j]) * g[j];
+          e[j] += g[j];
+          usq += static_cast<double>(e[j]) * e[j];
+        }
+      } else {
+        // The same pass fills the magnitude histogram the gain curve is read from.
+        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
+          gsq += static_cast<double>(g[j]) * g[j];
+          e[j] += g[j];
+          usq += static_cast<double>(e[j]) * e[j];
+          hist_.add(magnitude_key(e[j]));
+        }
+        add_gain_curve(hist_, l.numel, p.gain_candidates, st.candidate_kept_sq);
+        hist_.clear();
       }
       st.layers[i].grad_sq = gsq;
       st.layers[i].input_sq = usq;
       local_sq += gsq;
-      if (!p.gain_candidates.empty())
-        detail::add_reference_gain_curve(e.subspan(l.offset, l.numel), p.gain_candidates, st.candidate_kept_sq,
-                                         energy_);
     }
     r.compress_s = detail::seconds_since(t0);
 
@@ -173,7 +183,9 @@ class allreduce_compatible {
         bcast_s = detail::seconds_since(tb);
         comm_s += bcast_s;
       }
-      if (me != root_) validate_indices();
+      // Every rank validates the same broadcast bytes (the root included), so a bad list
+      // fails all ranks together; a root that went on alone would wait in the Allreduce.
+      validate_indices();
     }
     r.compress_s += detail::seconds_since(t2) - bcast_s;
 
@@ -285,7 +297,7 @@ class allreduce_compatible {
   std::size_t last_indices_ = 0;
   std::size_t last_values_ = 0;
   std::vector<double> norms_;
-  std::vector<double> energy_;
+  magnitude_histogram hist_;
   std::vector<std::uint64_t> selected_;
   std::vector<std::uint64_t> order_;
   std::vector<std::size_t> offsets_;
