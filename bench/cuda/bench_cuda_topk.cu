@@ -6,14 +6,18 @@
 // Counters of BM_topk_cuda: bytes_per_s (the bytes top-k must move: read g and e, write e,
 // write the packet), copy_fraction (that rate over the copy's rate of the same run) and
 // speedup_vs_sort. Targets on an H200 at N = 2^26, 1%: copy_fraction >= 0.5, speedup >= 3.
+// BM_threshold_cuda (threshold_cuda, the estimate from a seeded sample, then one fused pass)
+// reports the same counters plus k_error = |k_hat - k| / k.
 #include <benchmark/benchmark.h>
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
 
+#include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 
 namespace {
@@ -110,15 +114,17 @@ void BM_sort_select(benchmark::State& state) {
   sort_seconds[log2_of(n)] = total / static_cast<double>(state.iterations());
 }
 
-// The fused error-feedback top-k (one compress per iteration; g is refreshed from a
-// pristine copy outside the timed region so every step sees comparable data).
-void BM_topk_cuda(benchmark::State& state) {
+// The fused error-feedback top-k, or threshold selection (one compress per iteration;
+// g is refreshed from a pristine copy outside the timed region so every step sees
+// comparable data).
+template <class C>
+void BM_select(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const double f = static_cast<double>(state.range(1)) / 10000.0;
   auto lay = gravac::layout::flat(n);
-  gravac::topk_cuda_options opt;
+  typename C::options opt;
   opt.stream = cudaStreamPerThread;
-  gravac::topk_cuda c(lay, opt);
+  C c(lay, opt);
   auto g = gaussian(n, 3, 1.0f);
   auto e = gaussian(n, 4, 0.1f);
   gravac::device_buffer<std::byte> packet(c.max_packet_bytes());
@@ -147,7 +153,12 @@ void BM_topk_cuda(benchmark::State& state) {
   }
   if (sort_seconds[b] > 0) state.counters["speedup_vs_sort"] = sort_seconds[b] / per;
   state.counters["k"] = static_cast<double>(st.layers[0].kept);
+  // threshold: |k_hat - k| / k (0 for exact top-k).
+  const double k = static_cast<double>(gravac::kept_count(n, f));
+  state.counters["k_error"] = k > 0 ? std::fabs(static_cast<double>(st.layers[0].kept) - k) / k : 0.0;
 }
+void BM_topk_cuda(benchmark::State& state) { BM_select<gravac::topk_cuda>(state); }
+void BM_threshold_cuda(benchmark::State& state) { BM_select<gravac::threshold_cuda>(state); }
 
 }  // namespace
 
@@ -158,6 +169,13 @@ BENCHMARK(BM_topk_cuda)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->Args({1 << 20, 100})
+    ->Args({1 << 24, 100})
+    ->Args({1 << 26, 1000})
+    ->Args({1 << 26, 100})
+    ->Args({1 << 26, 10});
+BENCHMARK(BM_threshold_cuda)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
     ->Args({1 << 24, 100})
     ->Args({1 << 26, 1000})
     ->Args({1 << 26, 100})
