@@ -99,6 +99,119 @@ TEST_CASE("splitmix64_nth is the splitmix64 stream", "[compress][random]") {
   for (std::uint64_t i = 0; i < 100; ++i) CHECK(rng.next() == detail::splitmix64_nth(42, i));
 }
 
+TEST_CASE("element_bits: a pure function of (stream, i), uniform, independent of chunking", "[compress][random]") {
+  // fill_uniforms from any group-aligned start and length equals the per-element definition.
+  for (std::size_t first : {std::size_t{0}, std::size_t{64}, std::size_t{1} << 33})
+    for (std::size_t m : {1u, 63u, 64u, 65u, 200u, 1024u}) {
+      std::vector<float> u(m);
+      detail::fill_uniforms(99, first, m, u.data());
+      for (std::size_t k = 0; k < m; ++k) REQUIRE(u[k] == detail::uniform24(detail::element_bits(99, first + k)));
+    }
+  // The definition: a SplitMix32 step inside each group of 64, keyed by splitmix64.
+  CHECK(detail::element_bits(5, 130) == detail::fmix32(static_cast<std::uint32_t>(detail::splitmix64_nth(5, 2)) +
+                                                       2u * detail::random_step));
+  // Uniform: chi-square over 64 cells of the top bits, and no correlation between
+  // neighbours, over 2^16 draws of several streams (fixed, so deterministic).
+  for (std::uint64_t stream : {std::uint64_t{1}, std::uint64_t{12345}, detail::mix_seed(7, 3, 2)}) {
+    const std::size_t n = 1 << 16;
+    std::vector<double> cells(64, 0.0);
+    double corr = 0, mean = 0;
+    float prev = detail::uniform24(detail::element_bits(stream, 0));
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = detail::uniform24(detail::element_bits(stream, i));
+      REQUIRE((x >= 0.0f && x < 1.0f));
+      cells[static_cast<std::size_t>(x * 64)] += 1;
+      mean += x;
+      if (i > 0) corr += (x - 0.5) * (prev - 0.5);
+      prev = x;
+    }
+    double chi2 = 0;
+    for (double c : cells) chi2 += (c - n / 64.0) * (c - n / 64.0) / (n / 64.0);
+    INFO("stream " << stream << " chi2 " << chi2 << " mean " << mean / n << " lag-1 corr " << corr / n * 12);
+    CHECK(chi2 < 120);  // 63 degrees of freedom: p < 1e-4 beyond 120
+    CHECK(std::fabs(mean / n - 0.5) < 5 * std::sqrt(1.0 / 12 / n));
+    CHECK(std::fabs(corr / n * 12) < 5 / std::sqrt(double(n)));
+  }
+  // Neighbouring groups, streams and steps differ.
+  CHECK(detail::element_bits(1, 0) != detail::element_bits(1, 64));
+  CHECK(detail::element_bits(1, 0) != detail::element_bits(2, 0));
+}
+
+// QSGD and TernGrad against a plain per-element reading of their definition with the
+// documented draw (uniform24(element_bits(mix_seed(seed, step, layer id), i))): every code
+// and every residual bit for bit. The bucket scale is read from the packet and checked
+// against the norm (max) computed here in double.
+template <detail::level_scale Scale, class C>
+void check_leveled_reference(C& c, const layout& lay, std::uint32_t levels, std::uint32_t bucket) {
+  const auto g = test::make_data(lay.numel(), 41, test::distribution::laplace);
+  auto e = test::make_data(lay.numel(), 42);
+  for (auto& x : e) x *= 0.3f;
+  const auto e_old = e;
+  auto p = test::params_for(lay, 0.5, 6, 77);
+  compress_stats st;
+  const auto packet = make_packet(c, g, e, p, st);
+  REQUIRE(c.validate(packet));
+  const unsigned width = code_width(levels);
+  std::size_t seen = 0;
+  for_each_segment(std::span<const std::byte>(packet), [&](const segment_header& sh, std::span<const std::byte> pl) {
+    const layer& l = lay[sh.layer];
+    const std::uint64_t stream = detail::mix_seed(p.seed, p.step, l.id);
+    const std::size_t n = l.numel, B = bucket ? bucket : n, nb = bucket_count(n, bucket);
+    const std::byte* codes = pl.data() + quant_prefix_bytes + pad8(nb * 4);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float scale = load_at<float>(pl.subspan(quant_prefix_bytes), b);
+      double norm = 0, mx = 0;
+      for (std::size_t i = b * B; i < std::min(n, (b + 1) * B); ++i) {
+        const double u = static_cast<float>(g[l.offset + i] + e_old[l.offset + i]);
+        norm += u * u;
+        mx = std::max(mx, std::fabs(u));
+      }
+      const double want = Scale == detail::level_scale::l2_norm ? std::sqrt(norm) : mx;
+      REQUIRE(std::fabs(scale - want) <= 1e-6 * want);
+      const float f = scale / static_cast<float>(levels);
+      const float inv = scale > 0 ? static_cast<float>(levels) / scale : 0.0f;
+      for (std::size_t i = b * B; i < std::min(n, (b + 1) * B); ++i) {
+        const float u = g[l.offset + i] + e_old[l.offset + i];
+        const float a = std::fabs(u) * inv;
+        const float fl = std::floor(a);
+        const float r = detail::uniform24(detail::element_bits(stream, i));
+        const auto level = static_cast<std::uint32_t>(std::min<float>(fl + (r < a - fl ? 1.0f : 0.0f), float(levels)));
+        const bool neg = u < 0 && level > 0;
+        const std::uint32_t want_code = level | (neg ? 1u << (width - 1) : 0u);
+        std::uint64_t word = 0;
+        std::memcpy(&word, codes + (i * width / 64) * 8, std::min<std::size_t>(8, detail::code_bytes(n, width) - (i * width / 64) * 8));
+        const auto code = static_cast<std::uint32_t>((word >> (i * width % 64)) & ((1ull << width) - 1));
+        INFO("layer " << sh.layer << " element " << i << " u " << u << " a " << a << " r " << r);
+        REQUIRE(code == want_code);
+        const float v = f * static_cast<float>(level);
+        const float want_e = u - (neg ? -v : v);
+        REQUIRE(std::memcmp(&e[l.offset + i], &want_e, 4) == 0);
+        ++seen;
+      }
+    }
+  });
+  std::size_t quantized = 0;
+  for (const auto& l : lay.layers()) quantized += l.numel;
+  CHECK(seen == quantized);
+}
+
+TEST_CASE("QSGD and TernGrad equal a per-element reference with the documented draws", "[compress][quant][reference]") {
+  // mixed_layout plus a layer longer than one chunk, not a multiple of any vector width.
+  auto lay = test::mixed_layout();
+  lay.add("long", {3000 + 13}, layer_kind::dense);
+  for (std::uint32_t levels : {1u, 3u, 7u, 127u, 1000u})
+    for (std::uint32_t bucket : {0u, 64u, 512u}) {
+      INFO("qsgd levels " << levels << " bucket " << bucket);
+      qsgd c(lay, {.levels = levels, .bucket = bucket});
+      check_leveled_reference<detail::level_scale::l2_norm>(c, lay, levels, bucket);
+    }
+  for (std::uint32_t bucket : {0u, 64u, 512u}) {
+    INFO("terngrad bucket " << bucket);
+    terngrad c(lay, {.bucket = bucket});
+    check_leveled_reference<detail::level_scale::max_abs>(c, lay, 1, bucket);
+  }
+}
+
 TEST_CASE("quantizers keep the error-feedback invariant", "[compress][quant][ef]") {
   for (std::uint32_t levels : {1u, 3u, 7u, 127u, 1000u})
     for (std::uint32_t bucket : {0u, 64u, 512u}) {

@@ -31,7 +31,8 @@ struct qsgd_options {
 //! Each element sends sign(u_i) and l_i, with l_i = floor(s |u_i| / n_b) plus one with
 //! probability equal to the fractional part (n_b the norm of its bucket), so that
 //! E[n_b / s * l_i * sign(u_i)] = u_i. The receiver decodes (n_b / s) * l_i with the sign.
-//! Random draws come from detail::splitmix64 seeded by mix_seed(seed, step, layer id): the
+//! Element i of a layer draws uniform24(detail::element_bits(stream, i)) with stream =
+//! mix_seed(seed, step, layer id), a counter-based draw (no sequential generator): the
 //! same on every rank (no rank in the seed), which keeps a step reproducible from the
 //! shared parameters alone; each rank's rounding error stays in its own residual, so
 //! correlated draws across ranks do not accumulate. e = u - decompress(packet).

@@ -28,8 +28,8 @@ struct terngrad_options {
 //!
 //! With s_b = max |u| over the bucket, element i sends s_b * sign(u_i) with probability
 //! |u_i| / s_b and 0 otherwise, so E[sent_i] = u_i. Codes: 00 zero, 01 +1, 11 -1 (10 is
-//! rejected). Random draws as for qsgd (splitmix64 from seed, step and layer id; the same on
-//! every rank). e = u - decompress(packet).
+//! rejected). Random draws as for qsgd (detail::element_bits of the stream from seed, step
+//! and layer id; the same on every rank). e = u - decompress(packet).
 class terngrad {
  public:
   //! Opt-in tag for the Compressor concept.

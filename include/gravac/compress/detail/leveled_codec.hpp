@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
+#include <type_traits>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/quantized_packet.hpp"
@@ -25,9 +27,9 @@ enum class level_scale : std::uint8_t {
 
 //! Encodes and decodes leveled segments (see quantized_packet.hpp for the format).
 //!
-//! Element i of a layer draws its uniform from half (i % 2) of the (i / 2 + 1)-th output of
-//! splitmix64(stream), where the caller derives stream from (seed, step, layer id). The
-//! uniform has 24 bits, so each level is unbiased up to 2^-24 of one level step.
+//! Element i of a layer draws uniform24(element_bits(stream, i)) (quantize_kernels.hpp),
+//! where the caller derives stream from (seed, step, layer id). The uniform has 24 bits, so
+//! each level is unbiased up to 2^-24 of one level step.
 template <level_scale Scale>
 class leveled_codec {
  public:
@@ -97,6 +99,54 @@ class leveled_codec {
   static float step_value(float s, std::uint32_t levels) noexcept { return s / static_cast<float>(levels); }
 
  private:
+  //! One code per element before packing: a byte up to 8 bits, else 16 bits.
+  template <unsigned W>
+  using code_type = std::conditional_t<(W <= 8), std::uint8_t, std::uint16_t>;
+
+  //! One element: level l = floor(a) + (r < a - floor(a)) with a = |x| * inv, capped at
+  //! \p lv; its code; x replaced by the residual x - sign * f * l. Integer selects and bit
+  //! operations only (no float ternaries, which GCC leaves as branches under the default
+  //! -ftrapping-math), so the loops around it vectorize. Returns the decoded value squared.
+  template <unsigned W>
+  static float quantize_one(float* __restrict u, code_type<W>* __restrict code, std::size_t k, std::uint32_t bits,
+                            float inv, float f, std::int32_t lv) noexcept {
+    const float x = u[k];
+    const std::uint32_t xb = float_bits(x);
+    const float a = bits_float(xb & 0x7fffffffu) * inv;  // 0 <= a <= lv (rounding aside)
+    const auto fl = static_cast<std::int32_t>(a);       // a >= 0: truncation is floor
+    std::int32_t l = fl + static_cast<std::int32_t>(uniform24(bits) < a - static_cast<float>(fl));
+    l = l < lv ? l : lv;
+    const float v = f * static_cast<float>(l);
+    const std::uint32_t neg = (xb >> 31) & static_cast<std::uint32_t>(l != 0);  // a sign only on a level
+    code[k] = static_cast<code_type<W>>(static_cast<std::uint32_t>(l) | (neg << (W - 1)));
+    u[k] = x - bits_float(float_bits(v) | (neg << 31));
+    return v * v;
+  }
+
+  //! Levels, codes and residual of \p m elements of u (in \p u, replaced by the residual),
+  //! element \p first of the layer stream first (a multiple of random_group). Returns the
+  //! sum of squares of the decoded values. The draws are computed inline, 64 elements per
+  //! group key, so the inner loop has a fixed trip count and no dependency between elements.
+  template <unsigned W>
+  static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u, std::size_t m, float inv,
+                                float f, std::int32_t lv, code_type<W>* __restrict code) noexcept {
+    alignas(64) float v2[quant_chunk];
+    for (std::size_t at = 0; at < m; at += random_group) {
+      const std::uint32_t key = random_group_key(stream, (first + at) / random_group);
+      float* ua = u + at;
+      code_type<W>* ca = code + at;
+      float* va = v2 + at;
+      if (m - at >= random_group) {
+        for (std::uint32_t j = 0; j < random_group; ++j)
+          va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
+      } else {
+        const auto rest = static_cast<std::uint32_t>(m - at);
+        for (std::uint32_t j = 0; j < rest; ++j) va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
+      }
+    }
+    return lane_sum(v2, m);
+  }
+
   template <unsigned W>
   void write_w(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e, std::uint64_t stream,
                layer_stats& ls) const {
@@ -114,10 +164,8 @@ class leveled_codec {
       bw.put(prefix);
       std::byte* scales = bw.reserve(nb * sizeof(float));
       std::byte* codes = bw.reserve(code_bytes(n, W));
-      float rnd[quant_chunk];
-      std::uint16_t code[quant_chunk];
-      const float lv = static_cast<float>(levels_);
-      constexpr std::uint16_t sign_bit = static_cast<std::uint16_t>(1u << (W - 1));
+      alignas(64) code_type<W> code[quant_chunk];
+      const auto lv = static_cast<std::int32_t>(levels_);
       for (std::size_t b = 0; b < nb; ++b) {
         const std::size_t lo = b * B, m = std::min(B, n - lo);
         // Pass 1 over the bucket: u = g + e into e, and the bucket's scale.
@@ -133,27 +181,20 @@ class leveled_codec {
         const float scale = Scale == level_scale::l2_norm ? static_cast<float>(std::sqrt(bucket_sq)) : bucket_max;
         std::memcpy(scales + b * sizeof(float), &scale, sizeof(float));
         const float f = step_value(scale, levels_);
-        const float inv = scale > 0 ? lv / scale : 0.0f;
-        // Pass 2 (the bucket is in cache when it is small): levels, codes, residual.
+        // levels / scale, kept finite: a subnormal scale would make it infinite, and 0 * inf
+        // a NaN level. Capped, a tiny bucket is merely under-sent (the residual keeps the rest).
+        const float inv = scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
+        // Pass 2 (the bucket is in cache when it is small): draws, levels, codes, residual.
         for (std::size_t c = 0; c < m; c += quant_chunk) {
           const std::size_t mc = std::min(quant_chunk, m - c);
-          float* ec = e.data() + lo + c;
-          fill_uniforms(stream, lo + c, mc, rnd);
-          float kp[8] = {};
-          for (std::size_t k = 0; k < mc; ++k) {
-            const float u = ec[k];
-            const float x = (u < 0 ? -u : u) * inv;
-            const float fl = static_cast<float>(static_cast<std::int32_t>(x));
-            float l = fl + (rnd[k] < x - fl ? 1.0f : 0.0f);
-            l = l < lv ? l : lv;
-            const float v = f * l;
-            const bool neg = u < 0 && l > 0;
-            code[k] = static_cast<std::uint16_t>(static_cast<std::uint16_t>(l) | (neg ? sign_bit : 0));
-            ec[k] = u - (neg ? -v : v);  // a select, not a branch: vectorizes
-            kp[k % 8] += v * v;
+          ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code);
+          std::byte* dst = codes + (lo + c) * W / 8;
+          if constexpr (W >= 8) {
+            std::memcpy(dst, code, mc * sizeof(code[0]));
+          } else {
+            std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), code_type<W>{0});
+            pack_code_bytes<W>(code, mc, dst);
           }
-          for (float x : kp) ksq += x;
-          pack_codes<W>(code, mc, codes + (lo + c) * W / 8);
         }
       }
     });

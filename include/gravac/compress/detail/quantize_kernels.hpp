@@ -4,6 +4,7 @@
 //! packing, and sums with independent partial accumulators (so the compiler can keep
 //! them in vector lanes without -ffast-math).
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,10 +16,15 @@ namespace gravac::detail {
 //! Elements processed per chunk: codes and random draws of one chunk live on the stack.
 inline constexpr std::size_t quant_chunk = 1024;
 
+//! Independent float partial sums per reduction. Sixteen, not eight: with eight, GCC 12
+//! vectorizes the i loop with interleaved (transposing) loads and runs several times
+//! slower; with sixteen it vectorizes the unrolled body (4 SSE or 2 AVX vectors per sum).
+inline constexpr std::size_t sum_lanes = 16;
+
 //! The (n+1)-th output of splitmix64(seed): splitmix64's state advances by a constant, so
-//! any draw can be computed from its position. The loops use this form because its
-//! iterations are independent (they vectorize); the stream is the same as
-//! splitmix64(seed).next() called n+1 times.
+//! any draw can be computed from its position; the stream is the same as
+//! splitmix64(seed).next() called n+1 times. The quantizers use it once per 64 elements
+//! (random_group_key), where 64-bit multiplies cost nothing.
 constexpr std::uint64_t splitmix64_nth(std::uint64_t seed, std::uint64_t n) noexcept {
   std::uint64_t z = seed + (n + 1) * 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -26,20 +32,107 @@ constexpr std::uint64_t splitmix64_nth(std::uint64_t seed, std::uint64_t n) noex
   return z ^ (z >> 31);
 }
 
-//! Uniform float in [0, 1) from 24 of the 32 bits of \p half (exactly representable).
-inline float uniform24(std::uint32_t half) noexcept {
-  return static_cast<float>(static_cast<std::int32_t>(half >> 8)) * 0x1p-24f;
+//! Murmur3's 32-bit finalizer: a bijective mix with full avalanche, on 32-bit lanes only
+//! (SSE2 has no 64-bit vector multiply; every x86-64 and CUDA target has a 32-bit one).
+constexpr std::uint32_t fmix32(std::uint32_t x) noexcept {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  return x ^ (x >> 16);
 }
 
-//! Fills \p u[0..m) with uniforms for the elements starting at element \p first of a layer
-//! stream: element i uses half (i % 2) of draw i / 2. \p first must be even.
+//! Elements that share one 64-bit group key in element_bits.
+inline constexpr std::size_t random_group = 64;
+//! The counter step inside a group (the 32-bit golden ratio, as SplitMix32).
+inline constexpr std::uint32_t random_step = 0x9e3779b9u;
+
+//! Key of the \p group -th group of random_group elements of a stream: the low half of a
+//! full 64-bit splitmix64 mix, so groups (and layers, steps, seeds) are independent.
+constexpr std::uint32_t random_group_key(std::uint64_t stream, std::uint64_t group) noexcept {
+  return static_cast<std::uint32_t>(splitmix64_nth(stream, group));
+}
+
+//! The 32 random bits of element \p i of a layer stream (the stochastic quantizers' draw):
+//! fmix32(key(i / 64) + (i % 64) * golden ratio), a SplitMix32 step inside each group of 64.
+//! A pure function of (stream, i): loops over elements carry no dependency and
+//! vectorize, any chunking gives the same bits, and a device kernel computes the same draw
+//! per thread. Distinct elements of a group give distinct values (fmix32 is a bijection).
+constexpr std::uint32_t element_bits(std::uint64_t stream, std::uint64_t i) noexcept {
+  return fmix32(random_group_key(stream, i / random_group) + static_cast<std::uint32_t>(i % random_group) * random_step);
+}
+
+//! The bits of \p x (memcpy: GCC vectorizes it, where std::bit_cast stops the vectorizer).
+inline std::uint32_t float_bits(float x) noexcept {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+//! The float with bits \p b.
+inline float bits_float(std::uint32_t b) noexcept {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+//! Sum of \p x[0..m) in sum_lanes float lanes (vectorized without -ffast-math), then in double.
+inline double lane_sum(const float* x, std::size_t m) noexcept {
+  float s[sum_lanes] = {};
+  std::size_t k = 0;
+  for (; k + sum_lanes <= m; k += sum_lanes)
+    for (std::size_t j = 0; j < sum_lanes; ++j) s[j] += x[k + j];
+  double sum = 0;
+  for (; k < m; ++k) sum += x[k];
+  for (float v : s) sum += v;
+  return sum;
+}
+
+//! Uniform float in [0, 1) from the top 24 of 32 random bits (exactly representable).
+inline float uniform24(std::uint32_t bits) noexcept {
+  return static_cast<float>(static_cast<std::int32_t>(bits >> 8)) * 0x1p-24f;
+}
+
+//! Fills \p u[0..m) with uniform24(element_bits(stream, first + k)). \p first must be a
+//! multiple of random_group (chunks start on bucket boundaries, which are multiples of 64).
 inline void fill_uniforms(std::uint64_t stream, std::size_t first, std::size_t m, float* u) noexcept {
-  const std::uint64_t d0 = first / 2;
-  const std::size_t pairs = (m + 1) / 2;
-  for (std::size_t j = 0; j < pairs; ++j) {
-    const std::uint64_t x = splitmix64_nth(stream, d0 + j);
-    u[2 * j] = uniform24(static_cast<std::uint32_t>(x));
-    u[2 * j + 1] = uniform24(static_cast<std::uint32_t>(x >> 32));
+  for (std::size_t at = 0; at < m; at += random_group) {
+    const std::uint32_t key = random_group_key(stream, (first + at) / random_group);
+    float* ug = u + at;
+    if (m - at >= random_group) {
+      for (std::uint32_t j = 0; j < random_group; ++j) ug[j] = uniform24(fmix32(key + j * random_step));
+    } else {
+      const auto rest = static_cast<std::uint32_t>(m - at);
+      for (std::uint32_t j = 0; j < rest; ++j) ug[j] = uniform24(fmix32(key + j * random_step));
+    }
+  }
+}
+
+//! Packs \p m codes of W bits (W in 1, 2, 4), one per byte of \p codes, into \p out
+//! (code_bytes(m, W) bytes written). Eight codes at a time as one 64-bit word, folded by
+//! three shift-or-mask steps, so no per-code shifting. \p codes must be readable up to
+//! m rounded up to 8, with zeros after m; the first code lands on bit 0 of out[0].
+template <unsigned W>
+void pack_code_bytes(const std::uint8_t* __restrict codes, std::size_t m, std::byte* __restrict out) noexcept {
+  static_assert(W == 1 || W == 2 || W == 4);
+  constexpr std::uint64_t m1 = W == 1 ? 0x0003000300030003ull : W == 2 ? 0x000f000f000f000full : 0x00ff00ff00ff00ffull;
+  constexpr std::uint64_t m2 = W == 1 ? 0x0000000f0000000full : W == 2 ? 0x000000ff000000ffull : 0x0000ffff0000ffffull;
+  constexpr std::uint64_t m3 = (1ull << (8 * W)) - 1;
+  const std::size_t words = m / 8;
+  for (std::size_t k = 0; k < words; ++k) {
+    std::uint64_t x;
+    std::memcpy(&x, codes + 8 * k, 8);
+    x = (x | (x >> (8 - W))) & m1;
+    x = (x | (x >> (16 - 2 * W))) & m2;
+    x = (x | (x >> (32 - 4 * W))) & m3;
+    std::memcpy(out + k * W, &x, W);  // little-endian: the low W bytes
+  }
+  if (m % 8) {
+    std::uint64_t x;
+    std::memcpy(&x, codes + 8 * words, 8);
+    x = (x | (x >> (8 - W))) & m1;
+    x = (x | (x >> (16 - 2 * W))) & m2;
+    x = (x | (x >> (32 - 4 * W))) & m3;
+    std::memcpy(out + words * W, &x, code_bytes(m, W) - words * W);
   }
 }
 
@@ -81,8 +174,8 @@ void unpack_codes(const std::byte* in, std::size_t m, std::uint16_t* codes) noex
   }
 }
 
-//! Squared norms and max |.| of a block, with 8 independent float partial sums (then
-//! summed in double): vectorizable, and accurate enough for blocks of a few thousand.
+//! Squared norms and max |.| of a block, with sum_lanes independent float partial sums
+//! (then summed in double): vectorizable, and accurate enough for blocks of a few thousand.
 struct block_sums {
   double g_sq = 0;  //!< sum of g^2
   double u_sq = 0;  //!< sum of u^2
@@ -91,15 +184,16 @@ struct block_sums {
 };
 
 //! Computes u = g + e into e over [0, m) and returns its block sums.
-inline block_sums accumulate_block(const float* g, float* e, std::size_t m) noexcept {
-  float gs[8] = {}, us[8] = {}, ua[8] = {}, um[8] = {};
+inline block_sums accumulate_block(const float* __restrict g, float* __restrict e, std::size_t m) noexcept {
+  constexpr std::size_t L = sum_lanes;
+  float gs[L] = {}, us[L] = {}, ua[L] = {}, um[L] = {};
   std::size_t i = 0;
-  for (; i + 8 <= m; i += 8) {
-    for (std::size_t k = 0; k < 8; ++k) {
+  for (; i + L <= m; i += L) {
+    for (std::size_t k = 0; k < L; ++k) {
       const float gi = g[i + k];
       const float u = e[i + k] + gi;
       e[i + k] = u;
-      const float a = u < 0 ? -u : u;
+      const float a = std::fabs(u);
       gs[k] += gi * gi;
       us[k] += u * u;
       ua[k] += a;
@@ -117,7 +211,7 @@ inline block_sums accumulate_block(const float* g, float* e, std::size_t m) noex
     s.u_abs += a;
     s.u_max = s.u_max > a ? s.u_max : a;
   }
-  for (std::size_t k = 0; k < 8; ++k) {
+  for (std::size_t k = 0; k < L; ++k) {
     s.g_sq += gs[k];
     s.u_sq += us[k];
     s.u_abs += ua[k];
