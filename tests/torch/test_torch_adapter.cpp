@@ -117,6 +117,16 @@ TEST_CASE("torch_gradients: layout and layer kinds from the module types", "[tor
   CHECK(lay.numel() == static_cast<std::size_t>(numel));
   CHECK((lay[1].shape == std::vector<std::size_t>{4, 1, 3, 3}));
 
+  // Modules without bias, inside a Sequential (names are the child indices).
+  torch::nn::Sequential seq(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 2, 3).bias(false)), torch::nn::Flatten(),
+                            torch::nn::Linear(torch::nn::LinearOptions(8, 2).bias(false)));
+  torch_gradients seq_grads(*seq);
+  REQUIRE(seq_grads.get_layout().size() == 2);
+  CHECK(seq_grads.get_layout()[0].name == "0.weight");
+  CHECK(seq_grads.get_layout()[0].kind == layer_kind::conv);
+  CHECK(seq_grads.get_layout()[1].name == "2.weight");
+  CHECK(seq_grads.get_layout()[1].kind == layer_kind::dense);
+
   // The classify option overrides the default rule.
   torch_gradients::options opt;
   opt.classify = [](const std::string& name, std::string_view, const torch::Tensor&) -> std::optional<layer_kind> {

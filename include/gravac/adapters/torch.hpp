@@ -89,7 +89,8 @@ class torch_gradients {
       const std::string type = m.name();
       for (const auto& item : m.named_parameters(/*recurse=*/false)) {
         const torch::Tensor& p = item.value();
-        if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        // Undefined (bias = false), frozen and already seen (shared) parameters are skipped.
+        if (!p.defined() || !p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
         const std::string name = prefix.empty() ? item.key() : prefix + "." + item.key();
         require(p.device().is_cpu() && p.scalar_type() == torch::kFloat32,
                 "torch_gradients: parameter '" + name + "' is not a CPU float32 tensor");
