@@ -293,3 +293,39 @@ TEST_CASE("faults: hash_step_params sees every field that changes what is sent",
   p.gain_candidates = cands;
   CHECK(detail::hash_step_params(p) != h0);
 }
+
+namespace {
+// MOCK (unit test only): top-k whose AR-Topk index hook returns one index past the end of
+// the layer, as a buggy selection kernel might. The index rank must not scatter with it,
+// and no rank may go on alone into the Allreduce.
+struct bad_index_topk : topk {
+  using topk::topk;
+  static constexpr bool shared_indices = false;
+  void select_indices(std::span<const float> u, std::size_t i, const step_params& p,
+                      std::vector<std::uint64_t>& out) const {
+    const std::size_t k = kept_count(u.size(), p.kept_fraction[i]);
+    out.clear();
+    for (std::size_t j = 0; j + 1 < k; ++j) out.push_back(j);
+    out.push_back(u.size() + 1000);
+  }
+};
+}  // namespace
+
+TEST_CASE("faults: an invalid AR-Topk index list fails every rank, the index rank included",
+          "[reliability][faults][packet]") {
+  const auto lay = test::mixed_layout();
+  std::atomic<int> rejected{0};
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    trainer<bad_index_topk, allreduce_compatible, fixed_policy> t(comm, lay, {.policy = {.kept_fraction = 0.1}});
+    auto g = test::make_data(lay.numel(), comm.rank());
+    try {
+      t.step(g);
+      FAIL("no throw");
+    } catch (const gravac::error& e) {
+      CHECK(e.code() == status::malformed_packet);
+      CHECK_THAT(e.what(), Catch::Contains("rank 0 broadcast an invalid index list"));
+      ++rejected;
+    }
+  });
+  CHECK(rejected == ranks);
+}

@@ -130,6 +130,7 @@ class adacomp {
 
   //! Checks one AdaComp segment payload (see validate).
   static validation validate_segment(const segment_header& sh, std::span<const std::byte> pl) {
+    if (sh.encoding != 0) return validation::fail("adacomp segment: unknown encoding");
     if (sh.index_width != index_width_for(sh.numel)) return validation::fail("adacomp segment: wrong index width");
     if (sh.count > sh.numel) return validation::fail("adacomp segment: count exceeds numel");
     const std::size_t idx_bytes = pad8(sh.count * sh.index_width);

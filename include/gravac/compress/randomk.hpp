@@ -105,6 +105,7 @@ class randomk {
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
     return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+      if (sh.encoding != 0) return validation::fail("random-k segment: unknown encoding");
       if (sh.index_width != 0) return validation::fail("random-k segment with indices");
       if (sh.count > sh.numel) return validation::fail("random-k segment: count exceeds numel");
       if (pl.size() != 16 + pad8(sh.count * sizeof(float)))

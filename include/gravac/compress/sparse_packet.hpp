@@ -55,6 +55,7 @@ inline std::uint64_t sparse_index_at(std::span<const std::byte> payload, std::ui
 //! Validates a sparse segment: width, count, payload size, and every index in range and
 //! strictly increasing (which also rules out repeats).
 inline validation validate_sparse_segment(const segment_header& sh, std::span<const std::byte> payload) {
+  if (sh.encoding != 0) return validation::fail("sparse segment: unknown encoding");  // never guess a layout
   if (sh.index_width != index_width_for(sh.numel)) return validation::fail("sparse segment: wrong index width");
   if (sh.count > sh.numel) return validation::fail("sparse segment: count exceeds numel");
   const std::size_t idx_bytes = pad8(sh.count * sh.index_width);
