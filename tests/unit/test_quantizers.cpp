@@ -2,6 +2,8 @@
 // seeds), packing sizes, fp16/bf16 conversions, overflow-free cast16 on many ranks, and
 // validation of corrupt packets.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -212,6 +214,60 @@ TEST_CASE("QSGD and TernGrad equal a per-element reference with the documented d
   }
 }
 
+TEST_CASE("cast16 and EF-sign equal a per-element reference", "[compress][quant][reference]") {
+  auto lay = test::mixed_layout();
+  lay.add("long", {3000 + 13}, layer_kind::dense);
+  const auto g = test::make_data(lay.numel(), 51, test::distribution::laplace);
+  auto e0 = test::make_data(lay.numel(), 52);
+  // Values across fp16's range: subnormal, normal, beyond the largest (clamped).
+  for (std::size_t i = 0; i < e0.size(); ++i) e0[i] *= std::ldexp(1.0f, static_cast<int>(i % 48) - 30);
+  for (int ranks : {1, 3, 8})
+    for (auto fmt : {cast16_format::fp16, cast16_format::bf16}) {
+      INFO("ranks " << ranks << " format " << static_cast<int>(fmt));
+      cast16 c(lay, {.format = fmt});
+      auto p = test::params_for(lay, 0.5);
+      p.ranks = ranks;
+      auto e = e0;
+      compress_stats st;
+      const auto packet = make_packet(c, g, e, p, st);
+      REQUIRE(c.validate(packet));
+      const float limit = fmt == cast16_format::fp16 ? detail::fp16_max : detail::bf16_max;
+      for_each_segment(std::span<const std::byte>(packet), [&](const segment_header& sh, std::span<const std::byte> pl) {
+        const layer& l = lay[sh.layer];
+        for (std::size_t i = 0; i < l.numel; ++i) {
+          const float u = e0[l.offset + i] + g[l.offset + i];
+          const float q = std::clamp(u * (1.0f / static_cast<float>(ranks)), -limit, limit);
+          const std::uint16_t h = fmt == cast16_format::fp16 ? detail::float_to_fp16(q) : detail::float_to_bf16(q);
+          const float v = (fmt == cast16_format::fp16 ? detail::fp16_to_float(h) : detail::bf16_to_float(h)) * static_cast<float>(ranks);
+          const float want_e = u - v;
+          INFO("element " << i << " u " << u);
+          REQUIRE(load_at<std::uint16_t>(pl.subspan(quant_prefix_bytes), i) == h);
+          REQUIRE(std::memcmp(&e[l.offset + i], &want_e, 4) == 0);
+        }
+      });
+    }
+  sign c(lay);
+  auto e = e0;
+  compress_stats st;
+  const auto packet = make_packet(c, g, e, test::params_for(lay, 0.5), st);
+  REQUIRE(c.validate(packet));
+  for_each_segment(std::span<const std::byte>(packet), [&](const segment_header& sh, std::span<const std::byte> pl) {
+    const layer& l = lay[sh.layer];
+    double abs_sum = 0;
+    for (std::size_t i = 0; i < l.numel; ++i) abs_sum += std::fabs(e0[l.offset + i] + g[l.offset + i]);
+    const float scale = load_at<float>(pl, 0);
+    REQUIRE(std::fabs(scale - abs_sum / static_cast<double>(l.numel)) <= 1e-6 * scale);
+    for (std::size_t i = 0; i < l.numel; ++i) {
+      const float u = e0[l.offset + i] + g[l.offset + i];
+      const bool negative = (static_cast<unsigned>(pl[quant_prefix_bytes + i / 8]) >> (i % 8)) & 1u;
+      const float want_e = u - (u < 0 ? -scale : scale);
+      INFO("element " << i << " u " << u);
+      REQUIRE(negative == (u < 0));
+      REQUIRE(std::memcmp(&e[l.offset + i], &want_e, 4) == 0);
+    }
+  });
+}
+
 TEST_CASE("quantizers keep the error-feedback invariant", "[compress][quant][ef]") {
   for (std::uint32_t levels : {1u, 3u, 7u, 127u, 1000u})
     for (std::uint32_t bucket : {0u, 64u, 512u}) {
@@ -290,6 +346,14 @@ TEST_CASE("fp16 and bf16 conversions round to nearest even", "[compress][cast16]
   }
   // Against the compiler's own half type where it has one (GCC 12+ on x86-64).
 #if defined(__FLT16_MAX__)
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto b = static_cast<std::uint16_t>(h);
+    if (detail::fp16_non_finite(b)) continue;
+    _Float16 ref;
+    std::memcpy(&ref, &b, 2);
+    INFO("fp16 bits " << h);
+    REQUIRE(std::bit_cast<std::uint32_t>(detail::fp16_to_float(b)) == std::bit_cast<std::uint32_t>(static_cast<float>(ref)));
+  }
   const auto v = test::make_data(20000, 3, test::distribution::laplace);
   for (float x : v)
     for (float s : {1e-7f, 1e-5f, 0.01f, 1.0f, 3000.0f}) {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "gravac/compress/detail/bit_codes.hpp"
+#include "gravac/compress/detail/float_bits.hpp"
 
 namespace gravac::detail {
 
@@ -60,19 +61,6 @@ constexpr std::uint32_t random_group_key(std::uint64_t stream, std::uint64_t gro
 //! per thread. Distinct elements of a group give distinct values (fmix32 is a bijection).
 constexpr std::uint32_t element_bits(std::uint64_t stream, std::uint64_t i) noexcept {
   return fmix32(random_group_key(stream, i / random_group) + static_cast<std::uint32_t>(i % random_group) * random_step);
-}
-
-//! The bits of \p x (memcpy: GCC vectorizes it, where std::bit_cast stops the vectorizer).
-inline std::uint32_t float_bits(float x) noexcept {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-//! The float with bits \p b.
-inline float bits_float(std::uint32_t b) noexcept {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
 }
 
 //! Sum of \p x[0..m) in sum_lanes float lanes (vectorized without -ffast-math), then in double.
