@@ -266,6 +266,17 @@ TEST_CASE("cast16 and EF-sign equal a per-element reference", "[compress][quant]
       REQUIRE(std::memcmp(&e[l.offset + i], &want_e, 4) == 0);
     }
   });
+  // Decoding adds s * (±scale), for a negative s too.
+  std::vector<float> out(lay.numel(), 1.0f);
+  c.decompress_add(packet, host_view(out), -0.5f);
+  for_each_segment(std::span<const std::byte>(packet), [&](const segment_header& sh, std::span<const std::byte> pl) {
+    const layer& l = lay[sh.layer];
+    const float scale = load_at<float>(pl, 0);
+    for (std::size_t i = 0; i < l.numel; ++i) {
+      const bool negative = (static_cast<unsigned>(pl[quant_prefix_bytes + i / 8]) >> (i % 8)) & 1u;
+      REQUIRE(out[l.offset + i] == 1.0f + -0.5f * (negative ? -scale : scale));
+    }
+  });
 }
 
 TEST_CASE("quantizers keep the error-feedback invariant", "[compress][quant][ef]") {

@@ -73,18 +73,25 @@ class sign {
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     detail::decompress_layers(packet, layout_, out.span(), scale,
                               [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
-                                const float v = load_at<float>(pl, 0);
-                                const std::byte* bits = pl.data() + quant_prefix_bytes;
-                                std::uint16_t code[detail::quant_chunk];
-                                for (std::size_t c = 0; c < sh.numel; c += detail::quant_chunk) {
-                                  const std::size_t mc = std::min(detail::quant_chunk, sh.numel - c);
-                                  detail::unpack_codes<1>(bits + c / 8, mc, code);
-                                  for (std::size_t k = 0; k < mc; ++k) o[c + k] += s * (code[k] ? -v : v);
-                                }
+                                decode_add(pl, sh.numel, o.data(), s);
                               });
   }
 
  private:
+  // out[i] += s * (bit i ? -v : v): bits spread to bytes, then a sign flip (s * -v is
+  // exactly -(s * v)), so the loop vectorizes.
+  static void decode_add(std::span<const std::byte> pl, std::size_t n, float* __restrict out, float s) noexcept {
+    const std::uint32_t sv = detail::float_bits(s * load_at<float>(pl, 0));
+    const std::byte* bits = pl.data() + quant_prefix_bytes;
+    alignas(64) std::uint8_t neg[detail::quant_chunk];
+    for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
+      const std::size_t mc = std::min(detail::quant_chunk, n - c);
+      detail::unpack_bits_to_bytes(bits + c / 8, mc, neg);
+      float* o = out + c;
+      for (std::size_t k = 0; k < mc; ++k) o[k] += detail::bits_float(sv ^ (static_cast<std::uint32_t>(neg[k]) << 31));
+    }
+  }
+
   static void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e,
                           layer_stats& ls) {
     const std::size_t n = g.size();
@@ -96,7 +103,7 @@ class sign {
     write_segment(w, sh, [&](byte_writer& bw) {
       std::byte* prefix = bw.reserve(quant_prefix_bytes);
       std::byte* bits = bw.reserve(detail::code_bytes(n, 1));
-      std::uint16_t code[detail::quant_chunk];
+      alignas(64) std::uint8_t code[detail::quant_chunk];
       double gsq = 0, usq = 0, abs_sum = 0;
       // Pass 1: u = g + e into e, the signs, and sum |u|. The scale needs the whole layer,
       // so the residual is finished in a second pass.
@@ -107,8 +114,9 @@ class sign {
         usq += s.u_sq;
         abs_sum += s.u_abs;
         const float* u = e.data() + c;
-        for (std::size_t k = 0; k < mc; ++k) code[k] = u[k] < 0 ? 1 : 0;
-        detail::pack_codes<1>(code, mc, bits + c / 8);
+        for (std::size_t k = 0; k < mc; ++k) code[k] = static_cast<std::uint8_t>(u[k] < 0);
+        std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
+        detail::pack_code_bytes<1>(code, mc, bits + c / 8);
       }
       const float scale = static_cast<float>(abs_sum / static_cast<double>(n));
       const std::uint32_t zero = 0;

@@ -143,6 +143,20 @@ void pack_codes(const std::uint16_t* codes, std::size_t m, std::byte* out) noexc
   }
 }
 
+//! Unpacks \p m one-bit codes from \p in (code_bytes(m, 1) bytes read) into one byte
+//! each (0 or 1), eight at a time by 64-bit arithmetic: the byte is replicated, bit k kept
+//! in byte k, and each byte tested for zero without carries between bytes. \p out must
+//! have room for m rounded up to 8.
+inline void unpack_bits_to_bytes(const std::byte* __restrict in, std::size_t m, std::uint8_t* __restrict out) noexcept {
+  const std::size_t bytes = code_bytes(m, 1);
+  for (std::size_t j = 0; j < bytes; ++j) {
+    std::uint64_t x = static_cast<std::uint64_t>(in[j]) * 0x0101010101010101ull;
+    x &= 0x8040201008040201ull;
+    x = ((x + 0x7f7f7f7f7f7f7f7full) & 0x8080808080808080ull) >> 7;
+    std::memcpy(out + 8 * j, &x, 8);
+  }
+}
+
 //! Unpacks \p m codes of W bits from \p in (reads code_bytes(m, W) bytes).
 template <unsigned W>
 void unpack_codes(const std::byte* in, std::size_t m, std::uint16_t* codes) noexcept {
