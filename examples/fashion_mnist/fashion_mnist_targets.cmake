@@ -32,7 +32,7 @@ add_library(gravac_fashion_mnist_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/src/train.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/report.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/method_topk.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/method_randomk.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/method_selection.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/method_other.cpp)
 target_link_libraries(gravac_fashion_mnist_core PUBLIC gravac_fashion_mnist_headers)
 target_compile_options(gravac_fashion_mnist_core PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)

@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   tr->add_option("--max-steps", cfg.max_steps, "stop after this many steps (0: all epochs)");
 
   auto& m = cfg.method;
+  // The example's GraVAC evaluates a candidate every 100 steps (the library's default is one
+  // epoch), so that a run of a few epochs shows the search.
+  m.gravac.period_steps = 100;
   auto* me = app.add_option_group("method");
   me->add_option("--compressor", m.compressor, "compressor")
       ->transform(CLI::CheckedTransformer(choices(fmnist::compressor_names)))->default_str("topk");

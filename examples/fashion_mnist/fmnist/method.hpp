@@ -27,6 +27,7 @@
 #include <gravac/compress/randomk.hpp>
 #include <gravac/compress/sign.hpp>
 #include <gravac/compress/terngrad.hpp>
+#include <gravac/compress/threshold.hpp>
 #include <gravac/compress/topk.hpp>
 #include <gravac/policy/accordion_policy.hpp>
 #include <gravac/policy/adacomp_policy.hpp>
@@ -38,7 +39,7 @@
 namespace fmnist {
 
 //! The compressors the example offers.
-enum class compressor_id : std::uint8_t { identity, topk, randomk, adacomp, qsgd, terngrad, sign, cast16, powersgd };
+enum class compressor_id : std::uint8_t { identity, topk, randomk, threshold, adacomp, qsgd, terngrad, sign, cast16, powersgd };
 //! The collectives the example offers.
 enum class collective_id : std::uint8_t { dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce };
 //! The policies the example offers.
@@ -54,6 +55,7 @@ struct named {
 //! Every compressor, by its command-line name.
 inline constexpr named<compressor_id> compressor_names[] = {
     {"identity", compressor_id::identity}, {"topk", compressor_id::topk},         {"randomk", compressor_id::randomk},
+    {"threshold", compressor_id::threshold},
     {"adacomp", compressor_id::adacomp},   {"qsgd", compressor_id::qsgd},         {"terngrad", compressor_id::terngrad},
     {"sign", compressor_id::sign},         {"cast16", compressor_id::cast16},     {"powersgd", compressor_id::powersgd}};
 //! Every collective, by its command-line name.
@@ -88,6 +90,7 @@ struct method_config {
   gravac::identity_options identity{};    //!< options of identity
   gravac::topk_options topk{};            //!< options of topk
   gravac::randomk_options randomk{};      //!< options of randomk
+  gravac::threshold_options threshold{};  //!< options of threshold
   gravac::adacomp_options adacomp{};      //!< options of the adacomp compressor
   gravac::qsgd_options qsgd{};            //!< options of qsgd
   gravac::terngrad_options terngrad{};    //!< options of terngrad

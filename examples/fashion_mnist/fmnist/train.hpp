@@ -60,7 +60,11 @@ struct run_config {
   double weight_decay = 1e-4;                      //!< L2 weight decay
   std::uint64_t seed = 1;                          //!< data order and initialisation (same on every rank)
   method_config method;                            //!< compressor, collective, policy and their options
-  network_config network;                          //!< the modeled network
+  network_config network;                          //!< the modeled network (what policies and collectives see)
+  //! Further networks charged for the same calls, whose clocks are only recorded
+  //! (epoch_record::shadow_time_s): one run of a method whose decisions do not depend on
+  //! the network gives its modeled time on several networks.
+  std::vector<network_config> shadow_networks;
   double compute_s = -1;                           //!< modeled compute per step; < 0 = calibrate at the start
   bool codec_cpu_time = true;                      //!< compression time as thread CPU time (threads) or wall time (MPI)
   std::size_t max_steps = 0;                       //!< stop after this many steps (0 = all epochs)
@@ -101,6 +105,7 @@ struct epoch_record {
   double codec_s = 0;              //!< measured compression time during the epoch
   double modeled_comm_s = 0;       //!< modeled communication time during the epoch
   double modeled_time_s = 0;       //!< modeled clock at the end of the epoch
+  std::vector<double> shadow_time_s;  //!< modeled clock on each shadow network at the end of the epoch
   double wall_s = 0;               //!< wall time of the epoch (with evaluation)
   std::string policy_state;        //!< the policy's state at the end of the epoch
 };
@@ -118,8 +123,9 @@ struct run_result {
   std::vector<epoch_record> epochs;  //!< one per epoch
   //! Total bytes a rank sent.
   [[nodiscard]] double total_bytes_per_rank() const;
-  //! Modeled time at which test accuracy first reached \p target (negative if never).
-  [[nodiscard]] double modeled_time_to(double target) const;
+  //! Modeled time at which test accuracy first reached \p target (negative if never);
+  //! \p shadow selects a shadow network's clock (-1: the primary network).
+  [[nodiscard]] double modeled_time_to(double target, int shadow = -1) const;
 };
 
 //! Rank-0 callbacks while training (progress bar, per-epoch lines); may be empty.

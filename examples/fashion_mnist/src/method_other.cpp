@@ -22,7 +22,8 @@ namespace fmnist {
 std::unique_ptr<stepper> make_stepper(const method_config& m, host_comm comm, const gravac::layout& lay) {
   switch (m.compressor) {
     case compressor_id::topk: return detail::make_topk_stepper(m, comm, lay);
-    case compressor_id::randomk: return detail::make_randomk_stepper(m, comm, lay);
+    case compressor_id::randomk:
+    case compressor_id::threshold: return detail::make_selection_stepper(m, comm, lay);
     default: return detail::make_other_stepper(m, comm, lay);
   }
 }

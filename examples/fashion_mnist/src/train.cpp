@@ -107,9 +107,10 @@ double run_result::total_bytes_per_rank() const {
   return s;
 }
 
-double run_result::modeled_time_to(double target) const {
+double run_result::modeled_time_to(double target, int shadow) const {
   for (const auto& e : epochs)
-    if (e.test_acc >= target) return e.modeled_time_s;
+    if (e.test_acc >= target)
+      return shadow < 0 ? e.modeled_time_s : e.shadow_time_s.at(static_cast<std::size_t>(shadow));
   return -1;
 }
 
@@ -156,23 +157,36 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     compute_s = med;
   }
 
-  // The modeled network wraps this rank's engine; evaluation and bookkeeping use the
-  // engine directly so they are not charged.
-  std::optional<gravac::simulated_communicator<host_comm>> sim;
+  // The modeled networks wrap this rank's engine, shadows innermost, the primary network
+  // outermost (the trainer, its collective and its policy read the outermost clock).
+  // Evaluation and bookkeeping use the engine directly so they are not charged.
+  using sim_t = gravac::simulated_communicator<host_comm>;
+  const auto make_profile = [&](const network_config& n) {
+    switch (n.type) {
+      case network_config::kind::schedule:
+        return gravac::network_profile::fast_slow_schedule(n.phase_epochs * static_cast<double>(steps_per_epoch));
+      case network_config::kind::trace: return gravac::network_profile::from_csv(n.trace_path);
+      default: return gravac::network_profile::constant(gravac::network_params::from_gbps(n.latency_s, n.gbps));
+    }
+  };
+  gravac::require(cfg.shadow_networks.empty() || cfg.network.type != network_config::kind::none,
+                  "train: shadow networks need a primary network");
+  std::vector<std::unique_ptr<sim_t>> sims;  // shadows..., primary
+  std::vector<host_comm> links;              // links[i] is what sims[i] wraps
   auto profile = std::make_shared<gravac::network_profile>(gravac::network_profile::constant({}));
   if (cfg.network.type != network_config::kind::none) {
-    switch (cfg.network.type) {
-      case network_config::kind::constant:
-        *profile = gravac::network_profile::constant(gravac::network_params::from_gbps(cfg.network.latency_s, cfg.network.gbps));
-        break;
-      case network_config::kind::schedule:
-        *profile = gravac::network_profile::fast_slow_schedule(cfg.network.phase_epochs * static_cast<double>(steps_per_epoch));
-        break;
-      case network_config::kind::trace: *profile = gravac::network_profile::from_csv(cfg.network.trace_path); break;
-      case network_config::kind::none: break;
+    links.reserve(cfg.shadow_networks.size() + 1);
+    std::vector<network_config> chain = cfg.shadow_networks;
+    chain.push_back(cfg.network);
+    for (std::size_t i = 0; i < chain.size(); ++i) {
+      links.push_back(i == 0 ? comm : host_comm(*sims.back()));
+      sims.push_back(std::make_unique<sim_t>(links.back(), make_profile(chain[i])));
     }
-    sim.emplace(comm, *profile);
+    *profile = sims.back()->profile();
   }
+  sim_t* sim = sims.empty() ? nullptr : sims.back().get();
+  const std::size_t shadows = sims.empty() ? 0 : sims.size() - 1;
+  std::vector<double> shadow_clock(shadows, 0.0), shadow_before(shadows, 0.0);
 
   // Fill in what the method's options need from the run: batch size, clocks, profile.
   method_config m = cfg.method;
@@ -240,7 +254,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       const batch_result br = net->forward_backward(params, xb.data(), yb.data(), local, grads);
       const double c1 = thread_cpu_seconds();
       const double clock0 = sim ? sim->modeled_seconds() : 0.0;
-      if (sim) sim->set_step(step);
+      for (std::size_t k = 0; k < shadows; ++k) shadow_before[k] = sims[k]->modeled_seconds();
+      for (auto& sm : sims) sm->set_step(step);
       const gravac::network_params now = sim ? sim->current() : gravac::network_params{};
       const auto& rep = st->step(grads);
       const double c2 = thread_cpu_seconds();
@@ -271,7 +286,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.codec_s = maxes[1];
       r.modeled_comm_s = comm_s;
       modeled_clock += compute_s + r.codec_s + comm_s;
-      if (sim) sim->add_compute_seconds(compute_s + r.codec_s);
+      for (std::size_t k = 0; k < shadows; ++k)
+        shadow_clock[k] += compute_s + r.codec_s + (sims[k]->modeled_seconds() - shadow_before[k]);
+      for (auto& sm : sims) sm->add_compute_seconds(compute_s + r.codec_s);
       r.modeled_time_s = modeled_clock;
       if (sim) {
         r.bandwidth_gbps = 8.0 / now.beta / 1e9;
@@ -302,6 +319,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     er.test_acc = ev[1] / ev[2];
     er.kept_fraction = frac_sum / static_cast<double>(done);
     er.modeled_time_s = modeled_clock;
+    er.shadow_time_s = shadow_clock;
     st->end_interval({step, epoch + 1, cfg.lr.at(epoch + 1), static_cast<double>(done * cfg.batch)});
     er.policy_state = st->policy_state();
     er.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();

@@ -19,6 +19,7 @@ const auto& options_of(const method_config& m) {
   if constexpr (std::is_same_v<T, gravac::identity>) return m.identity;
   else if constexpr (std::is_same_v<T, gravac::topk>) return m.topk;
   else if constexpr (std::is_same_v<T, gravac::randomk>) return m.randomk;
+  else if constexpr (std::is_same_v<T, gravac::threshold>) return m.threshold;
   else if constexpr (std::is_same_v<T, gravac::adacomp>) return m.adacomp;
   else if constexpr (std::is_same_v<T, gravac::qsgd>) return m.qsgd;
   else if constexpr (std::is_same_v<T, gravac::terngrad>) return m.terngrad;
@@ -38,11 +39,6 @@ const auto& options_of(const method_config& m) {
   else static_assert(sizeof(T) == 0, "fmnist: no options for this part");
 }
 
-// Compressors whose amount of compression is a kept fraction: every policy that chooses
-// a fraction makes sense with them.
-template <class C>
-inline constexpr bool fraction_driven = std::is_same_v<C, gravac::topk> || std::is_same_v<C, gravac::randomk>;
-
 // Which (compressor, policy) pairs the example offers. The adaptive policies choose kept
 // fractions, which only selection compressors act on; AdaComp's compressor adapts by
 // itself and pairs with adacomp_policy (bin lengths by layer kind) or fixed; quantizers,
@@ -51,7 +47,7 @@ template <class C, class P>
 inline constexpr bool policy_fits =
     std::is_same_v<P, gravac::fixed_policy> ||
     (std::is_same_v<C, gravac::topk> && !std::is_same_v<P, gravac::fixed_policy>) ||
-    (std::is_same_v<C, gravac::randomk> &&
+    ((std::is_same_v<C, gravac::randomk> || std::is_same_v<C, gravac::threshold>) &&
      (std::is_same_v<P, gravac::gravac_policy> || std::is_same_v<P, gravac::accordion_policy> ||
       std::is_same_v<P, gravac::moo_policy>)) ||
     (std::is_same_v<C, gravac::adacomp> && std::is_same_v<P, gravac::adacomp_policy>);
@@ -115,7 +111,7 @@ class trainer_stepper final : public stepper {
 [[noreturn]] inline void not_offered(const method_config& m) {
   throw gravac::error(gravac::status::invalid_argument,
                       "the example does not offer " + method_name(m) +
-                          ". Offered: adaptive policies (gravac, accordion, moo) with topk or randomk; adacomp "
+                          ". Offered: adaptive policies (gravac, accordion, moo) with topk, randomk or threshold; adacomp "
                           "policy with topk or the adacomp compressor; fixed with every compressor; "
                           "allreduce_compatible needs topk, randomk or identity; low_rank_allreduce needs powersgd");
 }
@@ -155,7 +151,7 @@ std::unique_ptr<stepper> dispatch_collective(const method_config& m, host_comm c
 
 // One per compressor family (src/method_*.cpp).
 std::unique_ptr<stepper> make_topk_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
-std::unique_ptr<stepper> make_randomk_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
+std::unique_ptr<stepper> make_selection_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
 std::unique_ptr<stepper> make_other_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
 
 }  // namespace fmnist::detail
