@@ -59,8 +59,11 @@ std::vector<std::byte> compress_packet(adacomp& c, std::vector<float> g, std::ve
 }  // namespace
 
 TEST_CASE("adacomp equals the reference six steps, layer by layer", "[compress][adacomp]") {
-  const auto lay = test::mixed_layout();
-  for (std::uint32_t override_bin : {0u, 1u, 7u, 64u, 10000u}) {
+  // A layer longer than the kernel's chunks (1024), so spans of many bins, bins that
+  // straddle chunks (1500, 2000) and a bin longer than the layer are all exercised.
+  auto lay = test::mixed_layout();
+  lay.add("long", {5000 + 3}, layer_kind::dense);
+  for (std::uint32_t override_bin : {0u, 1u, 7u, 64u, 1500u, 2000u, 10000u}) {
     for (auto dist : {test::distribution::gaussian, test::distribution::laplace, test::distribution::all_equal}) {
       INFO("bin override " << override_bin << " distribution " << static_cast<int>(dist));
       adacomp c(lay);

@@ -14,10 +14,38 @@
 #include <vector>
 
 #include "gravac/compress/detail/bit_codes.hpp"
+#include "gravac/compress/detail/float_bits.hpp"
+#include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/detail/layered.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
+
+namespace detail {
+
+//! Positions of the set bits of every byte value, and their count: compacting eight
+//! flags is then one table row, with no branch.
+struct bit_position_table {
+  std::uint8_t at[256][8];  //!< at[m][0..count[m]): the set bits of m, ascending
+  std::uint8_t count[256];  //!< number of set bits of m
+};
+
+//! Builds the table (at compile time).
+constexpr bit_position_table make_bit_position_table() noexcept {
+  bit_position_table t{};
+  for (unsigned m = 0; m < 256; ++m) {
+    unsigned c = 0;
+    for (unsigned k = 0; k < 8; ++k)
+      if ((m >> k) & 1u) t.at[m][c++] = static_cast<std::uint8_t>(k);
+    t.count[m] = static_cast<std::uint8_t>(c);
+  }
+  return t;
+}
+
+//! The table, once per program.
+inline constexpr bit_position_table byte_bit_positions = make_bit_position_table();
+
+}  // namespace detail
 
 //! Options of AdaComp: the default bin length L_T per layer kind, used where
 //! step_params::bin_length is 0 for the layer.
@@ -71,8 +99,15 @@ class adacomp {
   //! A compressor for \p lay; rejects a zero bin length. Workspaces are sized here once.
   adacomp(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
     require(opt.conv_bin > 0 && opt.dense_bin > 0 && opt.bias_bin > 0, "adacomp: bin lengths must be positive");
-    indices_.resize(lay.max_layer_numel());
-    signs_.resize(lay.max_layer_numel());
+    std::size_t n32 = 0, n64 = 0;
+    for (const auto& l : lay.layers()) {
+      std::size_t& need = index_width_for(l.numel) == 4 ? n32 : n64;
+      need = std::max(need, l.numel);
+    }
+    indices32_.resize(n32 + 8);
+    indices64_.resize(n64 ? n64 + 8 : 0);
+    negative_.resize(lay.max_layer_numel() + 8);
+    gmax_.resize(detail::quant_chunk);
   }
 
   //! L_T of layer \p index under \p p: the policy's value when non-zero, else the option for the layer's kind.
@@ -153,44 +188,92 @@ class adacomp {
   }
 
  private:
+  // Appends the indices of the sent elements of a chunk (\p sent[k] is 0 or 1, readable
+  // up to m rounded up to 8 and zero after m) starting at element \p first. Eight flags at
+  // a time: their byte mask, then eight table entries are written (up to eight slots past
+  // the new count are scratch) and count advances by the mask's population.
+  template <class Index>
+  static std::size_t compact(const std::uint8_t* __restrict sent, std::size_t m, std::size_t first,
+                             Index* __restrict idx, std::size_t count) noexcept {
+    for (std::size_t k = 0; k < m; k += 8) {
+      std::uint64_t x;
+      std::memcpy(&x, sent + k, 8);
+      const auto mask = static_cast<unsigned>((x * 0x0102040810204080ull) >> 56);  // byte j -> bit j
+      const std::uint8_t* at = detail::byte_bit_positions.at[mask];
+      for (std::size_t j = 0; j < 8; ++j) idx[count + j] = static_cast<Index>(first + k + at[j]);
+      count += detail::byte_bit_positions.count[mask];
+    }
+    return count;
+  }
+
+  // The six steps on one layer (see the class comment). Spans of whole bins, about
+  // quant_chunk elements long (one bin when bins are longer), are read from memory once and
+  // scanned again in cache: (1) R += g over the span, (2) each bin's max |R| by an integer
+  // max on the magnitude bits (the bit order of non-negative floats is their value order),
+  // (3) vectorized flags against a per-element copy of the bin's max, then a branch-free
+  // compaction. (5) runs over the sent indices once the scale (4) is known.
   void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> r,
                    std::uint32_t bin, layer_stats& ls) {
     const std::size_t n = g.size();
+    const bool wide = index_width_for(n) == 8;
     std::size_t count = 0;
     double gsq = 0, rsq = 0, gmax_sum = 0;
-    std::fill(signs_.begin(), signs_.begin() + static_cast<std::ptrdiff_t>(detail::code_bytes(n, 1)), std::byte{0});
     const std::size_t bins = (n + bin - 1) / bin;
-    // Bin by bin, so that each bin is read from memory once and scanned again in cache.
-    for (std::size_t lo = 0; lo < n; lo += bin) {
-      const std::size_t hi = std::min(n, lo + bin);
-      float gmax = 0;
-      for (std::size_t i = lo; i < hi; ++i) {  // (1) R += g and (2) gmax of the bin
-        const float gi = g[i];
-        const float ri = r[i] + gi;
-        r[i] = ri;
-        gsq += static_cast<double>(gi) * gi;
-        rsq += static_cast<double>(ri) * ri;
-        gmax = std::max(gmax, std::fabs(ri));
-      }
-      gmax_sum += gmax;
-      for (std::size_t i = lo; i < hi; ++i) {  // (3) |H_i| = |R_i + g_i| >= gmax, R_i != 0
-        const float ri = r[i];
-        if (ri != 0.0f && std::fabs(ri + g[i]) >= gmax) {
-          indices_[count] = i;
-          if (ri < 0) signs_[count / 8] |= std::byte(1u << (count % 8));
-          ++count;
+    const std::size_t span = bin >= detail::quant_chunk ? bin : detail::quant_chunk / bin * bin;
+    alignas(64) float thr[detail::quant_chunk];
+    alignas(64) std::uint8_t flag[detail::quant_chunk];
+    for (std::size_t lo = 0; lo < n; lo += span) {
+      const std::size_t hi = std::min(n, lo + span);
+      const auto s = detail::accumulate_block(g.data() + lo, r.data() + lo, hi - lo);  // (1)
+      gsq += s.g_sq;
+      rsq += s.u_sq;
+      const std::size_t nbins = (hi - lo + bin - 1) / bin;  // at most quant_chunk, or 1
+      for (std::size_t b = 0; b < nbins; ++b) {              // (2)
+        const float* rb = r.data() + lo + b * bin;
+        const std::size_t len = std::min<std::size_t>(bin, hi - lo - b * bin);
+        std::uint32_t mx = 0;
+        for (std::size_t i = 0; i < len; ++i) {
+          const std::uint32_t a = detail::float_bits(rb[i]) & 0x7fffffffu;
+          mx = mx > a ? mx : a;
         }
+        gmax_[b] = detail::bits_float(mx);
+        gmax_sum += gmax_[b];
+      }
+      for (std::size_t c = lo; c < hi; c += detail::quant_chunk) {  // (3)
+        const std::size_t mc = std::min(detail::quant_chunk, hi - c);
+        for (std::size_t at = c; at < c + mc;) {
+          const std::size_t b = (at - lo) / bin;
+          const std::size_t end = std::min(c + mc, lo + (b + 1) * bin);
+          std::fill(thr + (at - c), thr + (end - c), gmax_[b]);
+          at = end;
+        }
+        const float* rc = r.data() + c;
+        const float* gc = g.data() + c;
+        for (std::size_t k = 0; k < mc; ++k)
+          flag[k] = static_cast<std::uint8_t>((rc[k] != 0.0f) & (std::fabs(rc[k] + gc[k]) >= thr[k]));
+        std::fill(flag + mc, flag + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
+        count = wide ? compact(flag, mc, c, indices64_.data(), count) : compact(flag, mc, c, indices32_.data(), count);
       }
     }
     const float scale = static_cast<float>(gmax_sum / static_cast<double>(bins));  // (4)
-    for (std::size_t j = 0; j < count; ++j) {  // (5)
-      const std::size_t i = indices_[j];
-      const bool negative = (static_cast<unsigned>(signs_[j / 8]) >> (j % 8)) & 1u;
-      r[i] = negative ? r[i] + scale : r[i] - scale;
-    }
+    const std::uint32_t scale_bits = detail::float_bits(scale);
+    // (5), which also records the signs sent (R_i of a sent element is not zero, so its sign
+    // is that of its bits). R_i - (-scale) is R_i + scale exactly.
+    auto update = [&](const auto* idx) {
+      for (std::size_t j = 0; j < count; ++j) {
+        const float x = r[idx[j]];
+        const std::uint32_t neg = detail::float_bits(x) >> 31;
+        negative_[j] = static_cast<std::uint8_t>(neg);
+        r[idx[j]] = x - detail::bits_float(scale_bits ^ (neg << 31));
+      }
+    };
+    if (wide)
+      update(indices64_.data());
+    else
+      update(indices32_.data());
     segment_header sh;
     sh.layer = index;
-    sh.index_width = index_width_for(n);
+    sh.index_width = wide ? 8 : 4;
     sh.numel = n;
     sh.count = count;
     write_segment(w, sh, [&](byte_writer& bw) {
@@ -198,16 +281,13 @@ class adacomp {
       std::memcpy(head, &scale, 4);
       std::memcpy(head + 4, &bin, 4);
       std::byte* dst = bw.reserve(count * sh.index_width);
-      if (sh.index_width == 4) {
-        for (std::size_t j = 0; j < count; ++j) {
-          const auto v = static_cast<std::uint32_t>(indices_[j]);
-          std::memcpy(dst + 4 * j, &v, 4);
-        }
-      } else {
-        std::memcpy(dst, indices_.data(), count * 8);
-      }
-      std::byte* bits = bw.reserve(detail::code_bytes(count, 1));
-      std::memcpy(bits, signs_.data(), detail::code_bytes(count, 1));
+      if (wide)
+        std::memcpy(dst, indices64_.data(), count * 8);
+      else
+        std::memcpy(dst, indices32_.data(), count * 4);
+      std::fill(negative_.begin() + static_cast<std::ptrdiff_t>(count),
+                negative_.begin() + static_cast<std::ptrdiff_t>(count + 8), std::uint8_t{0});
+      detail::pack_code_bytes<1>(negative_.data(), count, bw.reserve(detail::code_bytes(count, 1)));
     });
     ls = {count, gsq, rsq, static_cast<double>(count) * scale * scale};
   }
@@ -215,8 +295,10 @@ class adacomp {
   layout layout_;
   options options_;
   detail::layered_scratch scratch_;
-  std::vector<std::uint64_t> indices_;
-  std::vector<std::byte> signs_;
+  std::vector<std::uint32_t> indices32_;  // sent indices of layers with 32-bit indices (+ 8 scratch)
+  std::vector<std::uint64_t> indices64_;  // sent indices of larger layers (usually empty; + 8 scratch)
+  std::vector<std::uint8_t> negative_;    // sign of each sent element, one per byte (+ 8 padding)
+  std::vector<float> gmax_;               // max |R| of each bin of a span
 };
 static_assert(Compressor<adacomp>);
 
