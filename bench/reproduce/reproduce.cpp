@@ -14,7 +14,7 @@
 // Writes, into --out: one directory per run (steps.csv, epochs.csv), results.md (the
 // tables and the targets, met or missed), results.csv, and comparison plots.
 //
-//   reproduce                 # the reduced run (MLP, subset, 12 epochs, 4 thread ranks): ~20-30 min on 2 cores
+//   reproduce                 # the reduced run (MLP, subset, 12 epochs, 4 thread ranks): about 10 min on 2 cores
 //   reproduce --only gravac   # one method
 #include <CLI/CLI.hpp>
 

@@ -142,7 +142,8 @@ bool make_plots(const std::vector<plot_series>& series, const std::string& dir, 
         << "\nset ylabel " << quoted(yl) << "\n" << extra << "plot ";
       for (std::size_t i = 0; i < series.size(); ++i)
         f << (i ? ", \\\n     " : "") << quoted(series[i].dir + "/" + file) << " using " << using_
-          << " with lines lw 2 title " << quoted(series[i].label);
+          << " with lines lw 2 dt " << 1 + i / 8  // gnuplot cycles 8 colours: dash the next 8
+          << " title " << quoted(series[i].label);
       f << "\nunset logscale\n";
     };
     plot("accuracy_vs_epoch.png", "epochs.csv", "'epoch':(100*column('test_acc'))", "epoch", "test accuracy (%)", "");
