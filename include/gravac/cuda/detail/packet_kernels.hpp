@@ -24,7 +24,7 @@ struct segment_desc {
 };
 
 //! Writes the packet header (thread 0) and every segment header with its padding words.
-__global__ void write_packet_headers(std::byte* __restrict__ packet, const packet_header* __restrict__ head,
+static __global__ void write_packet_headers(std::byte* __restrict__ packet, const packet_header* __restrict__ head,
                               const segment_desc* __restrict__ segs, std::uint32_t count) {
   const std::uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t == 0) memcpy(packet, head, sizeof(packet_header));
@@ -121,7 +121,7 @@ struct layout_desc {
 //! Walks an untrusted sparse packet (one thread): every header check of validate_packet
 //! plus the sparse / raw payload-size checks; fills the segment table. Reads no byte
 //! outside [packet, packet + size).
-__global__ void walk_sparse_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
+static __global__ void walk_sparse_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
                                    std::uint8_t kind, segment_entry* __restrict__ table, walk_result* __restrict__ out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   auto fail = [&](verdict v) { *out = {v, 0}; };
@@ -179,7 +179,7 @@ __device__ __forceinline__ std::uint64_t load_index(const std::byte* payload, st
 
 //! Checks every index of every sparse segment (in range, strictly increasing); slot y of
 //! the grid takes segments y, y + gridDim.y, ...
-__global__ void check_sparse_indices(const std::byte* __restrict__ packet, layout_desc lay,
+static __global__ void check_sparse_indices(const std::byte* __restrict__ packet, layout_desc lay,
                                      const segment_entry* __restrict__ table, walk_result* __restrict__ out) {
   if (out->verdict != v_ok) return;
   const std::uint32_t segs = out->segments;
@@ -200,7 +200,7 @@ __global__ void check_sparse_indices(const std::byte* __restrict__ packet, layou
 
 //! out[layer offset + index] += scale * value for every segment of a validated packet
 //! (raw segments add densely). Slot y of the grid takes segments y, y + gridDim.y, ...
-__global__ void scatter_add_sparse(const std::byte* __restrict__ packet, layout_desc lay,
+static __global__ void scatter_add_sparse(const std::byte* __restrict__ packet, layout_desc lay,
                                    const segment_entry* __restrict__ table, const walk_result* __restrict__ walk,
                                    float* __restrict__ out, float scale) {
   if (walk->verdict != v_ok) return;

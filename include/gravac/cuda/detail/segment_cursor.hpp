@@ -65,7 +65,7 @@ __device__ inline void place_segment_at(std::byte* packet, packet_cursor* cur, s
 }
 
 //! Places a sparse (indices + float values) segment of *count values, or a raw segment.
-__global__ void place_sparse_segment(std::byte* __restrict__ packet, packet_cursor* __restrict__ cur,
+static __global__ void place_sparse_segment(std::byte* __restrict__ packet, packet_cursor* __restrict__ cur,
                                      segment_slot* __restrict__ slot, const std::uint32_t* __restrict__ count,
                                      std::uint32_t layer, unsigned long long numel, bool raw) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
@@ -83,7 +83,7 @@ __global__ void place_sparse_segment(std::byte* __restrict__ packet, packet_curs
 }
 
 //! Writes the packet header once every segment is placed. One thread.
-__global__ void finish_device_packet(std::byte* __restrict__ packet, const packet_cursor* __restrict__ cur,
+static __global__ void finish_device_packet(std::byte* __restrict__ packet, const packet_cursor* __restrict__ cur,
                                      std::uint8_t kind, std::uint64_t layout_hash) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   packet_header h{};

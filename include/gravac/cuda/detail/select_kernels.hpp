@@ -172,7 +172,7 @@ __device__ inline boundary find_boundary(const std::uint32_t* hist, int bins, st
 //! itself (non_finite_key or more: none). The candidates are every finite key >= t; when
 //! there are at most k of them they are the selection, else the k-th largest key T is
 //! resolved as for top-k and every key >= T is sent (ties included).
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
            select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
            std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
@@ -347,7 +347,7 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
 }
 
 //! Pass 2 (only on a miss): collects the keys of the first-digit boundary bin.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 collect_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
              std::uint32_t* __restrict__ cand, std::uint32_t cap) {
   if (st->done || !st->collect) return;
@@ -365,7 +365,7 @@ collect_pass(const float* __restrict__ e, std::size_t n, select_state* __restric
 //! Passes 3 and 4: histogram of the digit at \p shift (10 bits) of the keys whose bits
 //! above it equal the prefix, over the candidate buffer (or the whole input); the last
 //! block extends the prefix and decides whether the tie pass is needed.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
             const std::uint32_t* __restrict__ cand, std::uint32_t cap, std::uint32_t* __restrict__ hist, int shift) {
   if (st->done) return;
@@ -416,7 +416,7 @@ refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict
 //! Pass 5 (only with surplus ties at T): the index of the remaining-th key == T in index
 //! order. Each chunk of select_threads * tie_items values is counted; the last block
 //! finds the chunk holding that tie and scans it in order.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 tie_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
          std::uint32_t* __restrict__ chunk_counts) {
   if (!st->tie_needed) return;
@@ -502,7 +502,7 @@ struct bounded_index_writer {
 //! update), the kept energy, and the threshold remembered for the next step. When the
 //! compaction did not select exactly the count (a defect), nothing is zeroed and
 //! \p failure is set: compress() then restores every layer and throws.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
             select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold, layer_sums* __restrict__ sums,
             std::uint32_t* __restrict__ failure) {
@@ -537,7 +537,7 @@ gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slo
 
 //! u = g + e written raw into the layer's placed segment, e = 0, statistics (a layer sent
 //! dense).
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
          const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
          select_state* __restrict__ st, bool u_in_e) {
@@ -575,7 +575,7 @@ raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restri
 //! each sent index (e there is 0, so this restores u exactly). Raw layers restore every
 //! element. Slot y of the grid takes layers y, y + gridDim.y, ... Used only when compress()
 //! fails after some layers were updated, so that e = u = g + e_old: nothing sent, nothing lost.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 restore_pass(const std::byte* __restrict__ packet, const segment_slot* __restrict__ slots,
              const select_state* __restrict__ states, const std::uint64_t* __restrict__ offsets,
              std::uint32_t layers, float* __restrict__ e) {

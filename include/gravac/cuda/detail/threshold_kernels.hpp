@@ -47,7 +47,7 @@ __device__ __forceinline__ std::uint64_t splitmix64_nth_device(std::uint64_t see
 
 //! Counts key(g + e) into \p hist (estimate_bins zeroed counters) over the whole layer or
 //! over the sample: run s starts at s * stratum + splitmix64 draw s % room, as the host.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
                    std::uint32_t* __restrict__ hist) {
   __shared__ std::uint32_t sh[estimate_bins];
@@ -72,7 +72,7 @@ estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, est
 
 //! One block: the low threshold key from the histogram (threshold::estimate's last lines
 //! and detail::threshold_key_from_histogram), into \p guess; zeroes \p hist for the next layer.
-__global__ void __launch_bounds__(select_threads)
+static __global__ void __launch_bounds__(select_threads)
 estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, std::uint32_t* __restrict__ guess) {
   __shared__ std::uint32_t sh[estimate_bins];
   std::uint32_t mine = 0;
