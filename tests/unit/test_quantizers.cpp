@@ -279,6 +279,32 @@ TEST_CASE("cast16 and EF-sign equal a per-element reference", "[compress][quant]
   });
 }
 
+template <unsigned W>
+void check_code_bytes_round_trip() {
+  for (std::size_t m : {1u, 7u, 8u, 9u, 63u, 64u, 65u, 1000u, 1024u}) {
+    std::vector<std::uint8_t> codes((m + 7) / 8 * 8, 0), back(codes.size(), 0xff);
+    for (std::size_t k = 0; k < m; ++k) codes[k] = static_cast<std::uint8_t>((k * 2654435761u >> 7) & ((1u << W) - 1));
+    std::vector<std::byte> packed(detail::code_bytes(m, W) + 8, std::byte{0xee});
+    detail::pack_code_bytes<W>(codes.data(), m, packed.data());
+    // Bit layout: code k at bits [k*W, (k+1)*W) of the stream, as code_writer writes it.
+    std::vector<std::byte> ref(detail::code_bytes(m, W));
+    detail::code_writer<W> cw(ref.data());
+    for (std::size_t k = 0; k < m; ++k) cw.put(codes[k]);
+    cw.flush();
+    INFO("W " << W << " m " << m);
+    REQUIRE(std::memcmp(packed.data(), ref.data(), ref.size()) == 0);
+    REQUIRE(packed[ref.size()] == std::byte{0xee});  // nothing written past the codes
+    detail::unpack_code_bytes<W>(packed.data(), m, back.data());
+    for (std::size_t k = 0; k < m; ++k) REQUIRE(back[k] == codes[k]);
+  }
+}
+
+TEST_CASE("code packing by words equals the bit-stream layout and round-trips", "[compress][quant][packing]") {
+  check_code_bytes_round_trip<1>();
+  check_code_bytes_round_trip<2>();
+  check_code_bytes_round_trip<4>();
+}
+
 TEST_CASE("quantizers keep the error-feedback invariant", "[compress][quant][ef]") {
   for (std::uint32_t levels : {1u, 3u, 7u, 127u, 1000u})
     for (std::uint32_t bucket : {0u, 64u, 512u}) {

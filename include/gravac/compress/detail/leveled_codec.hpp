@@ -230,6 +230,19 @@ class leveled_codec {
     }
   }
 
+  // out[k] += scale * (±f * level): the sign applied as a bit flip (scale * -v is exactly
+  // -(scale * v)), not a float ternary, so the loop vectorizes.
+  template <unsigned W>
+  static void add_codes(const code_type<W>* __restrict code, std::size_t m, float f, float scale,
+                        float* __restrict out) noexcept {
+    constexpr std::uint32_t level_mask = (1u << (W - 1)) - 1u;
+    for (std::size_t k = 0; k < m; ++k) {
+      const std::uint32_t c = code[k];
+      const float v = f * static_cast<float>(static_cast<std::int32_t>(c & level_mask));
+      out[k] += bits_float(float_bits(scale * v) ^ ((c >> (W - 1)) << 31));
+    }
+  }
+
   template <unsigned W>
   static void add_w(const segment_header& sh, std::span<const std::byte> payload, std::span<float> out, float scale) {
     const auto levels = load_at<std::uint32_t>(payload, 0);
@@ -239,19 +252,18 @@ class leveled_codec {
     const std::size_t nb = bucket_count(n, bucket);
     const auto scales = payload.subspan(quant_prefix_bytes);
     const std::byte* codes = payload.data() + quant_prefix_bytes + pad8(nb * sizeof(float));
-    constexpr std::uint16_t sign_bit = static_cast<std::uint16_t>(1u << (W - 1));
-    std::uint16_t code[quant_chunk];
+    alignas(64) code_type<W> code[quant_chunk];
     for (std::size_t b = 0; b < nb; ++b) {
       const std::size_t lo = b * B, m = std::min(B, n - lo);
       const float f = step_value(load_at<float>(scales, b), levels);
       for (std::size_t c = 0; c < m; c += quant_chunk) {
         const std::size_t mc = std::min(quant_chunk, m - c);
-        unpack_codes<W>(codes + (lo + c) * W / 8, mc, code);
-        float* o = out.data() + lo + c;
-        for (std::size_t k = 0; k < mc; ++k) {
-          const float v = f * static_cast<float>(code[k] & (sign_bit - 1u));
-          o[k] += scale * ((code[k] & sign_bit) ? -v : v);
-        }
+        const std::byte* src = codes + (lo + c) * W / 8;
+        if constexpr (W >= 8)
+          std::memcpy(code, src, mc * sizeof(code[0]));
+        else
+          unpack_code_bytes<W>(src, mc, code);
+        add_codes<W>(code, mc, f, scale, out.data() + lo + c);
       }
     }
   }

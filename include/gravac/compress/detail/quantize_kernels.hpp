@@ -143,6 +143,35 @@ void pack_codes(const std::uint16_t* codes, std::size_t m, std::byte* out) noexc
   }
 }
 
+//! Unpacks \p m codes of W bits (W in 1, 2, 4) from \p in (code_bytes(m, W) bytes read)
+//! into one byte each: pack_code_bytes run backwards, eight codes per 64-bit word by three
+//! shift-or-mask steps. \p out must have room for m rounded up to 8.
+template <unsigned W>
+void unpack_code_bytes(const std::byte* __restrict in, std::size_t m, std::uint8_t* __restrict out) noexcept {
+  static_assert(W == 1 || W == 2 || W == 4);
+  constexpr std::uint64_t m0 = W == 1 ? 0x0101010101010101ull : W == 2 ? 0x0303030303030303ull : 0x0f0f0f0f0f0f0f0full;
+  constexpr std::uint64_t m1 = W == 1 ? 0x0003000300030003ull : W == 2 ? 0x000f000f000f000full : 0x00ff00ff00ff00ffull;
+  constexpr std::uint64_t m2 = W == 1 ? 0x0000000f0000000full : W == 2 ? 0x000000ff000000ffull : 0x0000ffff0000ffffull;
+  auto spread = [](std::uint64_t x) {
+    x = (x | (x << (32 - 4 * W))) & m2;
+    x = (x | (x << (16 - 2 * W))) & m1;
+    return (x | (x << (8 - W))) & m0;
+  };
+  const std::size_t words = m / 8;
+  for (std::size_t k = 0; k < words; ++k) {
+    std::uint64_t x = 0;
+    std::memcpy(&x, in + k * W, W);  // a constant size: one load, not a library call
+    x = spread(x);
+    std::memcpy(out + 8 * k, &x, 8);
+  }
+  if (m % 8) {
+    std::uint64_t x = 0;
+    std::memcpy(&x, in + words * W, code_bytes(m, W) - words * W);
+    x = spread(x);
+    std::memcpy(out + 8 * words, &x, 8);
+  }
+}
+
 //! Unpacks \p m one-bit codes from \p in (code_bytes(m, 1) bytes read) into one byte
 //! each (0 or 1), eight at a time by 64-bit arithmetic: the byte is replicated, bit k kept
 //! in byte k, and each byte tested for zero without carries between bytes. \p out must
