@@ -197,6 +197,29 @@ TEST_CASE("AR-Topk with random-k draws the indices on every rank and broadcasts 
   }
 }
 
+TEST_CASE("AR-Topk with threshold selection sends exactly k at the index rank, as the reference", "[ar_topk]") {
+  constexpr int n = 4;
+  const auto lay = test::mixed_layout();
+  std::vector<std::vector<float>> out(n), res(n);
+  run_ranks(n, [&](thread_communicator& comm) {
+    trainer<threshold, allreduce_compatible, fixed_policy>::options o;
+    o.policy.kept_fraction = 0.05;
+    o.collective.rule = index_rank_rule::star;
+    trainer<threshold, allreduce_compatible, fixed_policy> t(comm, lay, o);
+    auto g = test::make_data(lay.numel(), 70 + comm.rank(), test::distribution::laplace);
+    t.step(g);
+    out[static_cast<std::size_t>(comm.rank())] = g;
+    res[static_cast<std::size_t>(comm.rank())].assign(t.residual().begin(), t.residual().end());
+  });
+  std::vector<std::vector<float>> g(n), e(n, std::vector<float>(lay.numel(), 0.0f));
+  for (int r = 0; r < n; ++r) g[static_cast<std::size_t>(r)] = test::make_data(lay.numel(), 70 + r, test::distribution::laplace);
+  const auto ref = ar_topk_reference(lay, test::params_for(lay, 0.05), g, e, 0);  // STAR: step 0 -> rank 0
+  for (int r = 0; r < n; ++r) {
+    CHECK(out[static_cast<std::size_t>(r)] == ref);
+    CHECK(res[static_cast<std::size_t>(r)] == e[static_cast<std::size_t>(r)]);
+  }
+}
+
 namespace {
 // MOCK (unit test only): a thread engine whose broadcast delivers a corrupted index list
 // (an index past the end of the layer) to every rank but the root.

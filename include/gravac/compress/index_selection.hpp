@@ -24,6 +24,7 @@
 
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/randomk.hpp"
+#include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/concepts.hpp"
 
@@ -64,6 +65,21 @@ struct index_selection<topk> {
   }
 };
 
+//! Threshold selection: AR-Topk needs the same count of indices on every rank without a
+//! second exchange, so the index rank resolves its threshold to exactly k per layer: the
+//! k largest |u|, ties to the lower index (threshold's own approximate count applies to
+//! allgather, where every rank may send a different number).
+template <>
+struct index_selection<threshold> {
+  //! One rank chooses, the others receive the indices.
+  static constexpr bool shared_indices = false;
+  //! The k largest |u| of layer \p i.
+  static void select(const threshold&, std::span<const float> u, std::size_t i, const step_params& p,
+                     std::vector<std::uint64_t>& out, std::vector<std::uint64_t>& scratch) {
+    detail::select_topk_reference(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
+  }
+};
+
 //! Random-k: every rank draws the same indices from (seed, step, layer id). Values are
 //! summed unscaled (the `rescale` option is for allgather; error feedback keeps the rest).
 template <>
@@ -99,6 +115,6 @@ concept IndexSelector =
       index_selection<C>::select(c, u, i, p, v, v);
     };
 
-static_assert(IndexSelector<topk> && IndexSelector<randomk> && IndexSelector<identity>);
+static_assert(IndexSelector<topk> && IndexSelector<threshold> && IndexSelector<randomk> && IndexSelector<identity>);
 
 }  // namespace gravac
