@@ -236,6 +236,7 @@ TEST_CASE("torch_gradients: the trainer's average on 2 ranks equals the serial r
 
 TEST_CASE("torch_gradients: a short data-parallel training run lowers the loss", "[torch][threads]") {
   torch::set_num_threads(1);
+  torch::manual_seed(1);  // the networks' initial weights: the same run every time
   constexpr int ranks = 2, steps = 200;
   std::vector<mixed_net> nets(ranks);
   for (int r = 1; r < ranks; ++r) copy_parameters(*nets[0], *nets[r]);
