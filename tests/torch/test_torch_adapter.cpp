@@ -273,7 +273,7 @@ TEST_CASE("torch_gradients: a short data-parallel training run lowers the loss",
   };
   for (int r = 0; r < ranks; ++r) {
     INFO("rank " << r << ": first " << mean(losses[r], 0, 10) << " last " << mean(losses[r], steps - 10, 10));
-    CHECK(mean(losses[r], steps - 10, 10) < 0.5 * mean(losses[r], 0, 10));
+    CHECK(mean(losses[r], steps - 10, 10) < 0.6 * mean(losses[r], 0, 10));  // falls by 40% or more
   }
   // Same averaged gradients, same optimizer: the replicas stay identical.
   auto p0 = nets[0]->parameters(), p1 = nets[1]->parameters();
