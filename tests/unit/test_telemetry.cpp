@@ -28,13 +28,26 @@ std::atomic<long> allocations{0};
 #endif
 
 // Counting replacement of the global allocation functions, for this test executable only.
-void* operator new(std::size_t n) {
+// Every form is replaced: a sanitizer runtime would otherwise provide the forms left out,
+// and memory from its operator new[] would reach this free() (an alloc-dealloc mismatch).
+namespace {
+void* counted_new(std::size_t n) noexcept {
   allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  return std::malloc(n ? n : 1);
+}
+void* counted_new_or_throw(std::size_t n) {
+  if (void* p = counted_new(n)) return p;
   throw std::bad_alloc();
 }
+}  // namespace
+void* operator new(std::size_t n) { return counted_new_or_throw(n); }
+void* operator new[](std::size_t n) { return counted_new_or_throw(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_new(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_new(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace gravac;
 
