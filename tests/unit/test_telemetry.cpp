@@ -27,9 +27,23 @@ std::atomic<long> allocations{0};
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
 
+// Sanitizer runtimes own the allocator (TSan's defines every operator new itself), so the
+// counting replacement exists only in ordinary builds; there the zero-allocation check
+// below is real, and under a sanitizer the count stays 0 while the sanitizer checks memory.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GRAVAC_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define GRAVAC_TEST_SANITIZED 1
+#endif
+#endif
+#ifndef GRAVAC_TEST_SANITIZED
+#define GRAVAC_TEST_SANITIZED 0
+#endif
+
+#if !GRAVAC_TEST_SANITIZED
 // Counting replacement of the global allocation functions, for this test executable only.
-// Every form is replaced: a sanitizer runtime would otherwise provide the forms left out,
-// and memory from its operator new[] would reach this free() (an alloc-dealloc mismatch).
+// Every form is replaced, so that no library's own form ever mixes with these.
 namespace {
 void* counted_new(std::size_t n) noexcept {
   allocations.fetch_add(1, std::memory_order_relaxed);
@@ -48,6 +62,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#endif
 
 using namespace gravac;
 
