@@ -30,16 +30,7 @@ std::atomic<long> allocations{0};
 // Sanitizer runtimes own the allocator (TSan's defines every operator new itself), so the
 // counting replacement exists only in ordinary builds; there the zero-allocation check
 // below is real, and under a sanitizer the count stays 0 while the sanitizer checks memory.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define GRAVAC_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define GRAVAC_TEST_SANITIZED 1
-#endif
-#endif
-#ifndef GRAVAC_TEST_SANITIZED
-#define GRAVAC_TEST_SANITIZED 0
-#endif
+#include "sanitized.hpp"
 
 #if !GRAVAC_TEST_SANITIZED
 // Counting replacement of the global allocation functions, for this test executable only.
