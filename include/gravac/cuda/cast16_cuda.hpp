@@ -1,0 +1,7 @@
+#pragma once
+//! \file cast16_cuda.hpp
+//! \brief cast16_cuda: cast16 (fp16 or bf16 of u / N) on the device, the packets of gravac::cast16 bit for bit.
+//! It shares the quantizer machinery of quantize_cuda.hpp and is defined there. Part of
+//! target gravac::cuda.
+
+#include "gravac/cuda/quantize_cuda.hpp"

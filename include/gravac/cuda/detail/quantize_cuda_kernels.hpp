@@ -1,0 +1,435 @@
+#pragma once
+//! \file quantize_cuda_kernels.hpp
+//! \brief Device kernels of the quantizing compressors (qsgd_cuda, terngrad_cuda,
+//! sign_cuda, cast16_cuda): the same codes, scales and residuals as the host's, bit for bit.
+//!
+//! Bit identity needs the host's arithmetic exactly, so:
+//! - every float and double operation is an explicitly rounded intrinsic (__fadd_rn,
+//!   __fmul_rn, ...): nvcc would otherwise contract a * b + c into one FMA, which the host
+//!   (x86-64 without -mfma) does not;
+//! - a bucket's scale is summed in the host's order: the host accumulates u^2 (and |u|) in
+//!   chunks of quant_chunk = 1024 elements per bucket, each in sum_lanes = 16 float lanes
+//!   (lane k takes elements k, k + 16, ...), then the tail of fewer than 16 in double, then
+//!   the 16 lanes in lane order, and adds the chunks in order in double. Here 16 threads
+//!   own one chunk's lanes (accumulate_chunks), and one thread per bucket adds the chunks in
+//!   order (bucket_scales; layer_scale for EF-sign, whose one scale covers the layer);
+//! - the random draw of element i is detail::element_bits(stream, i), a pure function;
+//! - a float-to-int conversion of NaN or of 2^31 or more gives INT_MIN, as x86's cvttss2si
+//!   does for the host (CUDA's conversion saturates and maps NaN to 0).
+//! The layers of one packet are jobs of one launch per pass: each job owns whole blocks
+//! (quant_job::block_first), so a block never mixes layers and reduces its statistics once.
+
+#include <cub/block/block_reduce.cuh>
+
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+
+#include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/packet.hpp"
+
+namespace gravac::cuda_detail {
+
+//! Threads per block of the quantizer kernels.
+inline constexpr int quant_threads = 256;
+//! Elements per host chunk (detail::quant_chunk) and float lanes per chunk (detail::sum_lanes).
+inline constexpr unsigned long long quant_chunk_elems = detail::quant_chunk;
+//! Float partial sums per chunk, as on the host.
+inline constexpr int quant_lanes = static_cast<int>(detail::sum_lanes);
+static_assert(quant_lanes == 16 && quant_chunk_elems == 1024, "the device mirrors the host's chunking");
+//! Chunks one block of accumulate_chunks handles (quant_lanes threads each).
+inline constexpr int chunks_per_block = quant_threads / quant_lanes;
+
+//! The passes of a step; a job's first block in each pass grid is quant_job::block_first[pass].
+enum quant_pass : int { pass_accumulate = 0, pass_scales = 1, pass_codes = 2, pass_raw = 3 };
+
+//! One layer of a packet being written (device memory, planned on the host every step).
+struct quant_job {
+  unsigned long long offset = 0;        //!< first element of the layer in g and e
+  unsigned long long numel = 0;         //!< elements
+  unsigned long long payload = 0;       //!< offset of the segment payload in the packet
+  unsigned long long stream = 0;        //!< random stream (mix_seed of seed, step, layer id)
+  unsigned long long bucket = 0;        //!< elements per bucket (numel for one bucket)
+  unsigned long long buckets = 0;       //!< buckets of the layer
+  unsigned long long chunks_per_bucket = 0;  //!< chunks of a full bucket
+  unsigned long long chunks = 0;        //!< chunks of the layer
+  unsigned long long chunk_first = 0;   //!< first chunk record of the layer
+  unsigned long long bucket_first = 0;  //!< first bucket record of the layer
+  unsigned long long block_first[4] = {};  //!< first block of the job in each pass grid
+  std::uint32_t index = 0;              //!< job index (its quant_sums slot)
+  std::uint32_t raw = 0;                //!< sent dense (raw segment)
+};
+
+//! Sums of one chunk, in the host's order.
+struct chunk_sums {
+  double u_sq;   //!< sum of u^2
+  double u_abs;  //!< sum of |u|
+  float u_max;   //!< max |u| (with the host's NaN behaviour)
+  std::uint32_t pad_;
+};
+
+//! What the code pass needs of one bucket.
+struct bucket_scale {
+  float scale;  //!< the bucket's scale as sent
+  float inv;    //!< levels / scale, finite (0 for a zero or non-finite scale)
+  float step;   //!< scale / levels: what one level is worth
+  std::uint32_t pad_;
+};
+
+//! Statistics of one job (device memory, zeroed every step).
+struct quant_sums {
+  double grad_sq;            //!< ||g||^2
+  double input_sq;           //!< ||u||^2
+  double kept_sq;            //!< ||decompress(segment)||^2
+  std::uint32_t non_finite;  //!< a NaN or infinity was seen in u
+  std::uint32_t pad_;
+};
+
+//! The job that owns block \p block of pass \p pass: the last job whose first block is at
+//! most \p block (a job with no blocks shares its first block with the next job).
+__device__ __forceinline__ quant_job find_job(const quant_job* __restrict__ jobs, std::uint32_t count, int pass,
+                                              unsigned long long block) {
+  std::uint32_t lo = 0, hi = count;
+  while (hi - lo > 1) {
+    const std::uint32_t mid = (lo + hi) / 2;
+    if (jobs[mid].block_first[pass] <= block) lo = mid;
+    else hi = mid;
+  }
+  return jobs[lo];
+}
+
+//! |x| by clearing the sign bit (std::fabs on the host; keeps a NaN's payload).
+__device__ __forceinline__ float abs_bits(float x) { return __uint_as_float(__float_as_uint(x) & 0x7fffffffu); }
+
+//! static_cast<std::int32_t>(a) for a >= 0 or NaN as x86 computes it: truncation, and
+//! INT_MIN for NaN or a >= 2^31.
+__device__ __forceinline__ std::int32_t x86_trunc(float a) {
+  return a < 2147483648.0f ? __float2int_rz(a) : static_cast<std::int32_t>(0x80000000u);
+}
+
+//! detail::uniform24 on the device.
+__device__ __forceinline__ float uniform24_dev(std::uint32_t bits) {
+  return __fmul_rn(__int2float_rn(static_cast<std::int32_t>(bits >> 8)), 0x1p-24f);
+}
+
+//! A finite float (neither infinity nor NaN).
+__device__ __forceinline__ bool finite_bits(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+//! Adds a block's statistics to its job's (thread 0). Every thread of the block calls it.
+__device__ inline void add_block_sums(quant_sums* __restrict__ sums, double g, double u, double k, bool bad,
+                                      bool with_g, bool with_u, bool with_k) {
+  using reduce_t = cub::BlockReduce<double, quant_threads>;
+  __shared__ typename reduce_t::TempStorage red;
+  double bg = 0, bu = 0, bk = 0;
+  if (with_g) bg = reduce_t(red).Sum(g);
+  __syncthreads();
+  if (with_u) bu = reduce_t(red).Sum(u);
+  __syncthreads();
+  if (with_k) bk = reduce_t(red).Sum(k);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) sums->non_finite = 1;
+  if (threadIdx.x == 0) {
+    if (with_g && bg != 0.0) atomicAdd(&sums->grad_sq, bg);
+    if (with_u && bu != 0.0) atomicAdd(&sums->input_sq, bu);
+    if (with_k && bk != 0.0) atomicAdd(&sums->kept_sq, bk);
+  }
+}
+
+//! Pass 1 of QSGD, TernGrad and EF-sign: u = g + e into e (unless \p UInE: the gain pass
+//! already wrote it), and each chunk's sums exactly as detail::accumulate_block computes
+//! them: 16 threads per chunk, thread k summing lane k in float, the tail in double by the
+//! chunk's first thread, then lane by lane in double. Also ||g||^2, ||u||^2 and non-finite u.
+template <bool UInE>
+__global__ void __launch_bounds__(quant_threads)
+accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
+                  std::uint32_t job_count, chunk_sums* __restrict__ chunks, quant_sums* __restrict__ sums) {
+  const quant_job jb = find_job(jobs, job_count, pass_accumulate, blockIdx.x);
+  const unsigned lane = threadIdx.x % quant_lanes;
+  const unsigned group_base = (threadIdx.x % 32u) - lane;  // the group's first lane in its warp
+  const unsigned long long j =
+      (blockIdx.x - jb.block_first[pass_accumulate]) * chunks_per_block + threadIdx.x / quant_lanes;
+  float gs = 0, us = 0, ua = 0, um = 0;  // this lane's float partials
+  double tg = 0, tu = 0, ta = 0;         // the tail's double sums (lane 0)
+  float tm = 0;                          // the tail's max (lane 0)
+  bool bad = false;
+  if (j < jb.chunks) {
+    const unsigned long long b = j / jb.chunks_per_bucket;
+    const unsigned long long c = (j % jb.chunks_per_bucket) * quant_chunk_elems;
+    const unsigned long long lo = b * jb.bucket;
+    const unsigned long long mb = jb.numel - lo < jb.bucket ? jb.numel - lo : jb.bucket;
+    const unsigned long long mc = mb - c < quant_chunk_elems ? mb - c : quant_chunk_elems;
+    const float* gp = g + jb.offset + lo + c;
+    float* ep = e + jb.offset + lo + c;
+    const unsigned long long rows = mc / quant_lanes;
+    for (unsigned long long r = 0; r < rows; ++r) {
+      const unsigned long long i = r * quant_lanes + lane;
+      const float gi = gp[i];
+      float u;
+      if constexpr (UInE) {
+        u = ep[i];
+      } else {
+        u = __fadd_rn(ep[i], gi);
+        ep[i] = u;
+      }
+      const float a = abs_bits(u);
+      gs = __fadd_rn(gs, __fmul_rn(gi, gi));
+      us = __fadd_rn(us, __fmul_rn(u, u));
+      ua = __fadd_rn(ua, a);
+      um = um > a ? um : a;
+      bad |= !finite_bits(u);
+    }
+    if (lane == 0) {
+      for (unsigned long long i = rows * quant_lanes; i < mc; ++i) {
+        const float gi = gp[i];
+        float u;
+        if constexpr (UInE) {
+          u = ep[i];
+        } else {
+          u = __fadd_rn(ep[i], gi);
+          ep[i] = u;
+        }
+        const float a = u < 0.0f ? -u : u;  // the host's tail takes |u| this way
+        tg = __dadd_rn(tg, __dmul_rn(static_cast<double>(gi), static_cast<double>(gi)));
+        tu = __dadd_rn(tu, __dmul_rn(static_cast<double>(u), static_cast<double>(u)));
+        ta = __dadd_rn(ta, static_cast<double>(a));
+        tm = tm > a ? tm : a;
+        bad |= !finite_bits(u);
+      }
+    }
+  }
+  // Lane 0 adds the 16 lanes in order after its tail (every lane of the warp shuffles).
+  for (unsigned k = 0; k < static_cast<unsigned>(quant_lanes); ++k) {
+    const float lg = __shfl_sync(0xffffffffu, gs, static_cast<int>(group_base + k));
+    const float lu = __shfl_sync(0xffffffffu, us, static_cast<int>(group_base + k));
+    const float la = __shfl_sync(0xffffffffu, ua, static_cast<int>(group_base + k));
+    const float lm = __shfl_sync(0xffffffffu, um, static_cast<int>(group_base + k));
+    tg = __dadd_rn(tg, static_cast<double>(lg));
+    tu = __dadd_rn(tu, static_cast<double>(lu));
+    ta = __dadd_rn(ta, static_cast<double>(la));
+    tm = tm > lm ? tm : lm;
+  }
+  const bool owner = lane == 0 && j < jb.chunks;
+  if (owner) chunks[jb.chunk_first + j] = {tu, ta, tm, 0u};
+  add_block_sums(sums + jb.index, owner ? tg : 0.0, owner ? tu : 0.0, 0.0, bad, true, true, false);
+}
+
+//! Pass 2 of QSGD (\p L2: the norm) and TernGrad (max |u|): one thread per bucket adds its
+//! chunks in order as the host does, writes the scale (and the prefix, and the scales'
+//! padding) into the packet, and keeps scale, inv and step for the code pass.
+template <bool L2>
+__global__ void __launch_bounds__(quant_threads)
+bucket_scales(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
+              bucket_scale* __restrict__ out, std::byte* __restrict__ packet, std::uint32_t levels,
+              std::uint32_t bucket_option) {
+  const quant_job jb = find_job(jobs, job_count, pass_scales, blockIdx.x);
+  const unsigned long long b = (blockIdx.x - jb.block_first[pass_scales]) * quant_threads + threadIdx.x;
+  if (b >= jb.buckets) return;
+  const unsigned long long first = b * jb.chunks_per_bucket;
+  const unsigned long long last = b + 1 == jb.buckets ? jb.chunks : first + jb.chunks_per_bucket;
+  double sq = 0;
+  float mx = 0;
+  for (unsigned long long c = first; c < last; ++c) {
+    const chunk_sums s = chunks[jb.chunk_first + c];
+    sq = __dadd_rn(sq, s.u_sq);
+    mx = mx < s.u_max ? s.u_max : mx;  // std::max(bucket_max, s.u_max)
+  }
+  const float scale = L2 ? __double2float_rn(__dsqrt_rn(sq)) : mx;
+  const float lv = static_cast<float>(levels);
+  float inv = 0.0f;
+  if (scale > 0.0f) {
+    const float q = __fdiv_rn(lv, scale);
+    inv = FLT_MAX < q ? FLT_MAX : q;  // std::min(q, FLT_MAX)
+  }
+  out[jb.bucket_first + b] = {scale, inv, __fdiv_rn(scale, lv), 0u};
+  std::byte* pl = packet + jb.payload;
+  auto* scales = reinterpret_cast<float*>(pl + quant_prefix_bytes);
+  scales[b] = scale;
+  if (b + 1 == jb.buckets && jb.buckets % 2 == 1) scales[b + 1] = 0.0f;  // padding to 8 bytes
+  if (b == 0) {
+    auto* prefix = reinterpret_cast<std::uint32_t*>(pl);
+    prefix[0] = levels;
+    prefix[1] = bucket_option;
+  }
+}
+
+//! Pass 3 of QSGD and TernGrad: one thread per element (and per padding slot of the last
+//! code words): the draw, the level, the code and the residual, as leveled_codec's
+//! quantize_one; codes of W bits are or-ed across the lanes that share a 32-bit word and
+//! written by its first lane. Padding codes are zero. Also ||decompress||^2.
+template <unsigned W>
+__global__ void __launch_bounds__(quant_threads)
+quantize_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+               const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet, std::int32_t lv,
+               quant_sums* __restrict__ sums) {
+  constexpr unsigned per = 32 / W;  // codes per 32-bit word
+  const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
+  const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
+  const unsigned long long n = jb.numel;
+  const unsigned long long words = pad8(detail::code_bytes(n, W)) / 4;
+  std::uint32_t code = 0;
+  double v2 = 0;
+  if (i < n) {
+    const bucket_scale s = scales[jb.bucket_first + i / jb.bucket];
+    float* ep = e + jb.offset + i;
+    const float x = *ep;
+    const std::uint32_t xb = __float_as_uint(x);
+    const float a = __fmul_rn(__uint_as_float(xb & 0x7fffffffu), s.inv);
+    const std::int32_t fl = x86_trunc(a);
+    const float r = uniform24_dev(detail::element_bits(jb.stream, i));
+    std::int32_t l = fl + static_cast<std::int32_t>(r < __fsub_rn(a, __int2float_rn(fl)));
+    l = l < lv ? l : lv;
+    const float v = __fmul_rn(s.step, __int2float_rn(l));
+    const std::uint32_t neg = (xb >> 31) & static_cast<std::uint32_t>(l != 0);
+    code = (static_cast<std::uint32_t>(l) | (neg << (W - 1))) & ((1u << W) - 1u);
+    *ep = __fsub_rn(x, __uint_as_float(__float_as_uint(v) | (neg << 31)));
+    v2 = __dmul_rn(static_cast<double>(v), static_cast<double>(v));
+  }
+  const unsigned slot = threadIdx.x % per;  // blocks start on a word boundary
+  code <<= slot * W;
+#pragma unroll
+  for (unsigned off = per / 2; off > 0; off /= 2) code |= __shfl_xor_sync(0xffffffffu, code, static_cast<int>(off));
+  const unsigned long long word = i / per;
+  if (slot == 0 && word < words) {
+    const std::size_t at = jb.payload + quant_prefix_bytes + pad8(jb.buckets * sizeof(float));
+    reinterpret_cast<std::uint32_t*>(packet + at)[word] = code;
+  }
+  add_block_sums(sums + jb.index, 0.0, 0.0, v2, false, false, false, true);
+}
+
+//! Pass 2 of EF-sign: one block per layer, whose first thread adds the chunks' sums of |u|
+//! in order (the host's order), divides by numel in double, and writes the prefix (scale, 0).
+__global__ void __launch_bounds__(quant_threads)
+sign_layer_scale(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
+                 bucket_scale* __restrict__ out, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
+  const quant_job jb = find_job(jobs, job_count, pass_scales, blockIdx.x);
+  if (threadIdx.x != 0) return;
+  double s = 0;
+  for (unsigned long long c = 0; c < jb.chunks; ++c) s = __dadd_rn(s, chunks[jb.chunk_first + c].u_abs);
+  const float scale = __double2float_rn(__ddiv_rn(s, static_cast<double>(jb.numel)));
+  out[jb.bucket_first] = {scale, 0.0f, 0.0f, 0u};
+  auto* prefix = reinterpret_cast<float*>(packet + jb.payload);
+  prefix[0] = scale;
+  reinterpret_cast<std::uint32_t*>(packet + jb.payload)[1] = 0u;
+  const double sd = static_cast<double>(scale);
+  sums[jb.index].kept_sq = __dmul_rn(__dmul_rn(static_cast<double>(jb.numel), sd), sd);
+}
+
+//! Pass 3 of EF-sign: one thread per element; bit = u < 0 (a warp's 32 bits by ballot),
+//! e = u - (u < 0 ? -scale : scale). Padding bits are zero.
+__global__ void __launch_bounds__(quant_threads)
+sign_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+           const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet) {
+  const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
+  const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
+  const unsigned long long words = pad8(detail::code_bytes(jb.numel, 1)) / 4;
+  bool neg = false;
+  if (i < jb.numel) {
+    const float scale = scales[jb.bucket_first].scale;
+    float* ep = e + jb.offset + i;
+    const float u = *ep;
+    neg = u < 0.0f;
+    *ep = __fsub_rn(u, neg ? -scale : scale);
+  }
+  const std::uint32_t bits = __ballot_sync(0xffffffffu, neg);
+  const unsigned long long word = i / 32;
+  if (threadIdx.x % 32 == 0 && word < words)
+    reinterpret_cast<std::uint32_t*>(packet + jb.payload + quant_prefix_bytes)[word] = bits;
+}
+
+//! detail::fp16_of_magnitude on the device.
+__device__ __forceinline__ std::uint32_t fp16_of_magnitude_dev(std::uint32_t a) {
+  const std::uint32_t subnormal = __float_as_uint(__fadd_rn(__uint_as_float(a), 0.5f)) - 0x3f000000u;
+  const std::uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  return a < 0x38800000u ? subnormal : normal;
+}
+
+//! detail::fp16_to_float on the device.
+__device__ __forceinline__ float fp16_to_float_dev(std::uint32_t h) {
+  const std::uint32_t m = h & 0x7fffu;
+  const std::uint32_t bits = m < 0x400u ? __float_as_uint(__fmul_rn(__int2float_rn(static_cast<std::int32_t>(m)), 0x1p-24f))
+                                        : (m << 13) + 0x38000000u;
+  return __uint_as_float(bits | ((h & 0x8000u) << 16));
+}
+
+//! detail::bf16_to_float on the device.
+__device__ __forceinline__ float bf16_to_float_dev(std::uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
+
+//! cast16, the only pass: one thread per element: u = g + e (unless \p UInE), the 16-bit
+//! code of u / N clamped to the format's largest finite value (cast16::cast_block), e = u -
+//! N * decoded; two codes per 32-bit word. The job's first thread writes the prefix (N, 0).
+template <bool BF16, bool UInE>
+__global__ void __launch_bounds__(quant_threads)
+cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
+             std::uint32_t job_count, std::byte* __restrict__ packet, float ranks, float inv,
+             quant_sums* __restrict__ sums) {
+  const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
+  const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
+  const unsigned long long words = pad8(jb.numel * 2) / 4;
+  std::uint32_t code = 0;
+  double gsq = 0, usq = 0, ksq = 0;
+  bool bad = false;
+  if (i < jb.numel) {
+    const float gi = g[jb.offset + i];
+    float* ep = e + jb.offset + i;
+    const float x = UInE ? *ep : __fadd_rn(*ep, gi);
+    const std::uint32_t q = __float_as_uint(__fmul_rn(x, inv));
+    constexpr float limit = BF16 ? detail::bf16_max : detail::fp16_max;
+    const std::uint32_t limit_bits = __float_as_uint(limit);
+    std::uint32_t a = q & 0x7fffffffu;
+    a = a < limit_bits ? a : limit_bits;
+    const std::uint32_t sign = (q >> 16) & 0x8000u;
+    float v;
+    if constexpr (BF16) {
+      code = ((a + 0x7fffu + ((a >> 16) & 1u)) >> 16) | sign;
+      v = __fmul_rn(bf16_to_float_dev(code), ranks);
+    } else {
+      code = fp16_of_magnitude_dev(a) | sign;
+      v = __fmul_rn(fp16_to_float_dev(code), ranks);
+    }
+    code &= 0xffffu;
+    *ep = __fsub_rn(x, v);
+    gsq = __dmul_rn(static_cast<double>(gi), static_cast<double>(gi));
+    usq = __dmul_rn(static_cast<double>(x), static_cast<double>(x));
+    ksq = __dmul_rn(static_cast<double>(v), static_cast<double>(v));
+    bad = !finite_bits(x);
+  }
+  code <<= (threadIdx.x % 2) * 16;
+  code |= __shfl_xor_sync(0xffffffffu, code, 1);
+  const unsigned long long word = i / 2;
+  if (threadIdx.x % 2 == 0 && word < words)
+    reinterpret_cast<std::uint32_t*>(packet + jb.payload + quant_prefix_bytes)[word] = code;
+  if (i == 0) {
+    auto* prefix = reinterpret_cast<float*>(packet + jb.payload);
+    prefix[0] = ranks;
+    reinterpret_cast<std::uint32_t*>(packet + jb.payload)[1] = 0u;
+  }
+  add_block_sums(sums + jb.index, gsq, usq, ksq, bad, true, true, true);
+}
+
+//! Layers sent dense: u = g + e (unless \p UInE) written raw, e = 0, statistics; the
+//! padding float of an odd-sized layer is zero. One thread per float of the padded payload.
+template <bool UInE>
+__global__ void __launch_bounds__(quant_threads)
+raw_jobs(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
+         std::uint32_t job_count, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
+  const quant_job jb = find_job(jobs, job_count, pass_raw, blockIdx.x);
+  const unsigned long long i = (blockIdx.x - jb.block_first[pass_raw]) * quant_threads + threadIdx.x;
+  auto* out = reinterpret_cast<float*>(packet + jb.payload);
+  double gsq = 0, usq = 0;
+  bool bad = false;
+  if (i < jb.numel) {
+    const float gi = g[jb.offset + i];
+    float* ep = e + jb.offset + i;
+    const float u = UInE ? *ep : __fadd_rn(gi, *ep);
+    out[i] = u;
+    *ep = 0.0f;
+    gsq = __dmul_rn(static_cast<double>(gi), static_cast<double>(gi));
+    usq = __dmul_rn(static_cast<double>(u), static_cast<double>(u));
+    bad = !finite_bits(u);
+  } else if (i < pad8(jb.numel * sizeof(float)) / sizeof(float)) {
+    out[i] = 0.0f;
+  }
+  add_block_sums(sums + jb.index, gsq, usq, usq, bad, true, true, true);
+}
+
+}  // namespace gravac::cuda_detail

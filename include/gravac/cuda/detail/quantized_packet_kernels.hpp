@@ -1,0 +1,293 @@
+#pragma once
+//! \file quantized_packet_kernels.hpp
+//! \brief Quantized packets (packet_kind::quantized) in device memory: the header walk,
+//! the payload checks and the decoding of the device quantizers. The same checks as the
+//! host's validate (leveled_codec::check, sign::validate, cast16::validate) and the same
+//! decoded values bit for bit (every float operation rounded explicitly, no contraction).
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/compress/raw_segment.hpp"
+#include "gravac/cuda/detail/packet_kernels.hpp"
+#include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
+#include "gravac/packet.hpp"
+
+namespace gravac::cuda_detail {
+
+//! Which quantized encodings a packet may hold (besides raw segments).
+enum class quant_family : std::uint8_t {
+  qsgd,      //!< quant_encoding::qsgd, any level count 1..32767
+  terngrad,  //!< quant_encoding::terngrad, one level
+  sign,      //!< quant_encoding::sign
+  cast16,    //!< quant_encoding::fp16 or bf16
+};
+
+//! Verdicts of the quantized checks (after packet_kernels.hpp's verdict codes).
+enum quant_verdict : std::uint32_t {
+  qv_encoding = 64,
+  qv_prefix,
+  qv_levels,
+  qv_ternary,
+  qv_bucket,
+  qv_indices,
+  qv_count,
+  qv_size,
+  qv_scale,
+  qv_code,
+  qv_padding,
+  qv_special,
+};
+
+//! Human-readable reason of a verdict of the quantized walk or checks.
+inline const char* quant_validation_reason(std::uint32_t v) {
+  switch (v) {
+    case qv_encoding: return "quantized segment: unexpected encoding";
+    case qv_prefix: return "quantized segment: payload truncated";
+    case qv_levels: return "quantized segment: level count out of range";
+    case qv_ternary: return "ternary segment with more than one level";
+    case qv_bucket: return "quantized segment: bucket not a multiple of 64";
+    case qv_indices: return "quantized segment with indices";
+    case qv_count: return "quantized segment: count differs from numel";
+    case qv_size: return "quantized segment: payload size wrong";
+    case qv_scale: return "quantized segment: scale or multiplier not finite, or negative";
+    case qv_code: return "quantized segment: invalid code or level out of range";
+    case qv_padding: return "quantized segment: padding bits set";
+    case qv_special: return "cast16 segment: infinite or NaN value";
+    default: return validation_reason(v);
+  }
+}
+
+//! A segment found by the quantized walk.
+struct quant_segment {
+  std::uint64_t payload = 0;  //!< offset of the payload in the packet
+  std::uint64_t numel = 0;    //!< elements
+  std::uint32_t layer = 0;    //!< layer index
+  std::uint32_t levels = 0;   //!< leveled: level count s
+  std::uint32_t bucket = 0;   //!< leveled: elements per bucket (0: the whole layer)
+  std::uint8_t encoding = 0;  //!< segment_header::encoding
+  std::uint8_t raw = 0;       //!< a raw (dense) segment
+  std::uint8_t width = 0;     //!< code width in bits
+  std::uint8_t pad_ = 0;
+};
+
+//! code_width() on the device (without std::bit_width, which device code may not call).
+__device__ __forceinline__ unsigned code_width_dev(std::uint32_t levels) {
+  const unsigned bits = 1u + static_cast<unsigned>(32 - __clz(static_cast<int>(levels)));
+  return bits <= 2 ? 2u : bits <= 4 ? 4u : bits <= 8 ? 8u : 16u;
+}
+
+//! leveled_payload_bytes() on the device.
+__device__ __forceinline__ std::uint64_t leveled_payload_bytes_dev(std::uint64_t numel, std::uint32_t levels,
+                                                                   std::uint64_t bucket) {
+  return quant_prefix_bytes + pad8(bucket_count(numel, bucket) * sizeof(float)) +
+         pad8(detail::code_bytes(numel, code_width_dev(levels)));
+}
+
+//! A finite, non-negative float (detail::valid_scale).
+__device__ __forceinline__ bool valid_scale_dev(float s) { return s >= 0.0f && s <= 3.402823466e38f; }
+
+//! Walks an untrusted quantized packet (one thread): every header check of validate_packet,
+//! raw segments as validate_raw_segment, quantized segments' encoding, prefix and size as
+//! the host's; fills the segment table. Reads no byte outside [packet, packet + size).
+static __global__ void walk_quantized_packet(const std::byte* __restrict__ packet, std::uint64_t size,
+                                             layout_desc lay, quant_family family,
+                                             quant_segment* __restrict__ table, walk_result* __restrict__ out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  auto fail = [&](std::uint32_t v) { *out = {v, 0}; };
+  if (size < sizeof(packet_header)) return fail(v_truncated_header);
+  packet_header h;
+  memcpy(&h, packet, sizeof h);
+  if (h.magic != packet_magic) return fail(v_magic);
+  if (h.version != packet_version) return fail(v_version);
+  if (h.kind != static_cast<std::uint8_t>(packet_kind::quantized)) return fail(v_kind);
+  if (h.layout_hash != lay.hash) return fail(v_layout);
+  if (h.payload_bytes != size - sizeof(packet_header)) return fail(v_payload_size);
+  if (h.segment_count > lay.layers) return fail(v_segment_count);
+  std::uint64_t pos = sizeof(packet_header);
+  long long last = -1;
+  for (std::uint32_t s = 0; s < h.segment_count; ++s) {
+    if (size - pos < sizeof(segment_header)) return fail(v_truncated_segment);
+    segment_header sh;
+    memcpy(&sh, packet + pos, sizeof sh);
+    pos += sizeof sh;
+    if (sh.layer >= lay.layers) return fail(v_layer_range);
+    if (static_cast<long long>(sh.layer) <= last) return fail(v_layer_order);
+    last = sh.layer;
+    if (sh.numel != lay.numel[sh.layer]) return fail(v_numel);
+    if (sh.payload_bytes % 8 != 0) return fail(v_padding);
+    if (sh.payload_bytes > size - pos) return fail(v_payload_truncated);
+    const std::byte* pl = packet + pos;
+    quant_segment en;
+    en.payload = pos;
+    en.numel = sh.numel;
+    en.layer = sh.layer;
+    en.encoding = sh.encoding;
+    if (sh.encoding == raw_encoding) {
+      if (sh.index_width != 0) return fail(v_raw_indices);
+      if (sh.count != sh.numel) return fail(v_raw_count);
+      if (sh.payload_bytes != pad8(sh.numel * sizeof(float))) return fail(v_raw_size);
+      en.raw = 1;
+    } else if (family == quant_family::qsgd || family == quant_family::terngrad) {
+      const auto enc = family == quant_family::qsgd ? quant_encoding::qsgd : quant_encoding::terngrad;
+      if (sh.encoding != static_cast<std::uint8_t>(enc)) return fail(qv_encoding);
+      if (sh.payload_bytes < quant_prefix_bytes) return fail(qv_prefix);
+      std::uint32_t prefix[2];
+      memcpy(prefix, pl, sizeof prefix);
+      if (prefix[0] == 0 || prefix[0] > qsgd_max_levels) return fail(qv_levels);
+      if (family == quant_family::terngrad && prefix[0] != 1) return fail(qv_ternary);
+      if (prefix[1] % 64 != 0) return fail(qv_bucket);
+      if (sh.index_width != 0) return fail(qv_indices);
+      if (sh.count != sh.numel) return fail(qv_count);
+      if (sh.payload_bytes != leveled_payload_bytes_dev(sh.numel, prefix[0], prefix[1])) return fail(qv_size);
+      en.levels = prefix[0];
+      en.bucket = prefix[1];
+      en.width = static_cast<std::uint8_t>(code_width_dev(prefix[0]));
+    } else if (family == quant_family::sign) {
+      if (sh.encoding != static_cast<std::uint8_t>(quant_encoding::sign)) return fail(qv_encoding);
+      if (sh.index_width != 0) return fail(qv_indices);
+      if (sh.count != sh.numel) return fail(qv_count);
+      if (sh.payload_bytes != sign_payload_bytes(sh.numel)) return fail(qv_size);
+      float scale;
+      std::uint32_t word1;
+      memcpy(&scale, pl, 4);
+      memcpy(&word1, pl + 4, 4);
+      if (!valid_scale_dev(scale) || word1 != 0) return fail(qv_scale);
+      en.width = 1;
+    } else {
+      if (sh.encoding != static_cast<std::uint8_t>(quant_encoding::fp16) &&
+          sh.encoding != static_cast<std::uint8_t>(quant_encoding::bf16))
+        return fail(qv_encoding);
+      if (sh.index_width != 0) return fail(qv_indices);
+      if (sh.count != sh.numel) return fail(qv_count);
+      if (sh.payload_bytes != half_payload_bytes(sh.numel)) return fail(qv_size);
+      float mult;
+      std::uint32_t word1;
+      memcpy(&mult, pl, 4);
+      memcpy(&word1, pl + 4, 4);
+      if (!(valid_scale_dev(mult) && mult > 0.0f) || word1 != 0) return fail(qv_scale);
+      en.width = 16;
+    }
+    table[s] = en;
+    pos += sh.payload_bytes;
+  }
+  if (pos != size) return fail(v_trailing);
+  *out = {v_ok, h.segment_count};
+}
+
+//! Bytes from a quantized payload's start to its codes.
+__device__ __forceinline__ std::uint64_t code_offset(const quant_segment& en) {
+  if (en.encoding == static_cast<std::uint8_t>(quant_encoding::qsgd) ||
+      en.encoding == static_cast<std::uint8_t>(quant_encoding::terngrad))
+    return quant_prefix_bytes + pad8(bucket_count(en.numel, en.bucket) * sizeof(float));
+  return quant_prefix_bytes;
+}
+
+//! Checks the payload of every quantized segment the walk found: leveled scales finite and
+//! non-negative, every code valid (leveled: level <= s and no sign on level 0; cast16: not
+//! infinite or NaN), every padding bit zero. Slot y of the grid takes segments y, y +
+//! gridDim.y, ...; a failure is recorded once (atomicCAS on the verdict).
+static __global__ void check_quantized_payloads(const std::byte* __restrict__ packet,
+                                                const quant_segment* __restrict__ table,
+                                                walk_result* __restrict__ out) {
+  if (out->verdict != v_ok) return;
+  const std::uint32_t segs = out->segments;
+  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint64_t first = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  auto fail = [&](std::uint32_t v) { atomicCAS(&out->verdict, 0u, v); };
+  for (std::uint32_t s = blockIdx.y; s < segs; s += gridDim.y) {
+    const quant_segment en = table[s];
+    if (en.raw) continue;
+    const std::byte* pl = packet + en.payload;
+    const bool leveled = en.encoding == static_cast<std::uint8_t>(quant_encoding::qsgd) ||
+                         en.encoding == static_cast<std::uint8_t>(quant_encoding::terngrad);
+    if (leveled) {
+      const std::uint64_t nb = bucket_count(en.numel, en.bucket);
+      const auto* scales = reinterpret_cast<const float*>(pl + quant_prefix_bytes);
+      for (std::uint64_t b = first; b < nb; b += step)
+        if (!valid_scale_dev(scales[b])) fail(qv_scale);
+    }
+    const unsigned W = en.width;
+    const unsigned per = 32 / W;
+    const std::uint32_t mask = (1u << W) - 1u;  // W <= 16
+    const std::uint32_t sign_bit = 1u << (W - 1);
+    const std::uint16_t special =
+        en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? 0x7f80u : 0x7c00u;
+    const auto* words = reinterpret_cast<const std::uint32_t*>(pl + code_offset(en));
+    const std::uint64_t word_count = pad8(detail::code_bytes(en.numel, W)) / 4;
+    for (std::uint64_t w = first; w < word_count; w += step) {
+      const std::uint32_t word = words[w];
+      for (unsigned j = 0; j < per; ++j) {
+        const std::uint32_t c = (word >> (j * W)) & mask;
+        const std::uint64_t i = w * per + j;
+        if (i >= en.numel) {
+          if (c != 0) fail(qv_padding);
+        } else if (leveled) {
+          if ((c & (sign_bit - 1u)) > en.levels || c == sign_bit) fail(qv_code);
+        } else if (W == 16) {
+          if ((c & special) == special) fail(qv_special);
+        }
+      }
+    }
+  }
+}
+
+//! out[layer offset + i] += scale * decompress(segment)[i] for every segment of a validated
+//! packet, in the host decoders' arithmetic. Slot y of the grid takes segments y, y +
+//! gridDim.y, ...
+static __global__ void decode_quantized(const std::byte* __restrict__ packet, layout_desc lay,
+                                        const quant_segment* __restrict__ table,
+                                        const walk_result* __restrict__ walk, float* __restrict__ out, float scale) {
+  if (walk->verdict != v_ok) return;
+  const std::uint32_t segs = walk->segments;
+  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint64_t first = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  for (std::uint32_t s = blockIdx.y; s < segs; s += gridDim.y) {
+    const quant_segment en = table[s];
+    const std::byte* pl = packet + en.payload;
+    float* o = out + lay.offset[en.layer];
+    const std::uint64_t n = en.numel;
+    if (en.raw) {
+      const auto* v = reinterpret_cast<const float*>(pl);
+      for (std::uint64_t i = first; i < n; i += step) o[i] = __fadd_rn(o[i], __fmul_rn(scale, v[i]));
+      continue;
+    }
+    const auto* words = reinterpret_cast<const std::uint32_t*>(pl + code_offset(en));
+    const unsigned W = en.width;
+    const unsigned per = 32 / W;
+    const std::uint32_t mask = (1u << W) - 1u;  // W <= 16
+    if (en.encoding == static_cast<std::uint8_t>(quant_encoding::sign)) {
+      float packed;
+      memcpy(&packed, pl, 4);
+      const std::uint32_t sv = __float_as_uint(__fmul_rn(scale, packed));
+      for (std::uint64_t i = first; i < n; i += step) {
+        const std::uint32_t bit = (words[i / 32] >> (i % 32)) & 1u;
+        o[i] = __fadd_rn(o[i], __uint_as_float(sv ^ (bit << 31)));
+      }
+    } else if (en.encoding == static_cast<std::uint8_t>(quant_encoding::fp16) ||
+               en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16)) {
+      float mult;
+      memcpy(&mult, pl, 4);
+      const bool bf16 = en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16);
+      for (std::uint64_t i = first; i < n; i += step) {
+        const std::uint32_t c = (words[i / 2] >> ((i % 2) * 16)) & 0xffffu;
+        const float h = bf16 ? bf16_to_float_dev(c) : fp16_to_float_dev(c);
+        o[i] = __fadd_rn(o[i], __fmul_rn(scale, __fmul_rn(h, mult)));
+      }
+    } else {
+      const auto* scales = reinterpret_cast<const float*>(pl + quant_prefix_bytes);
+      const std::uint64_t B = en.bucket ? en.bucket : n;
+      const float lv = static_cast<float>(en.levels);
+      const std::uint32_t level_mask = (1u << (W - 1)) - 1u;
+      for (std::uint64_t i = first; i < n; i += step) {
+        const std::uint32_t c = (words[i / per] >> ((i % per) * W)) & mask;
+        const float f = __fdiv_rn(scales[i / B], lv);
+        const float v = __fmul_rn(f, __int2float_rn(static_cast<std::int32_t>(c & level_mask)));
+        o[i] = __fadd_rn(o[i], __uint_as_float(__float_as_uint(__fmul_rn(scale, v)) ^ ((c >> (W - 1)) << 31)));
+      }
+    }
+  }
+}
+
+}  // namespace gravac::cuda_detail

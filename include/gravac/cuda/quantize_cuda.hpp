@@ -1,0 +1,507 @@
+#pragma once
+//! \file quantize_cuda.hpp
+//! \brief The quantizing compressors on the device: qsgd_cuda, terngrad_cuda, sign_cuda and
+//! cast16_cuda. Same packets as gravac::qsgd, terngrad, sign and cast16 on the same input,
+//! bit for bit (the same scales, random draws, codes and padding), and the same residual
+//! e = u - decompress(packet); see detail/quantize_cuda_kernels.hpp for how. Part of target
+//! gravac::cuda.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gravac/compress/cast16.hpp"
+#include "gravac/compress/qsgd.hpp"
+#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/compress/raw_segment.hpp"
+#include "gravac/compress/sign.hpp"
+#include "gravac/compress/terngrad.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/cuda/detail/packet_kernels.hpp"
+#include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
+#include "gravac/cuda/detail/quantized_packet_kernels.hpp"
+#include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/device_buffer.hpp"
+#include "gravac/detail/random.hpp"
+
+namespace gravac {
+
+//! Options of qsgd_cuda: the stream, and those of gravac::qsgd (same meaning, same checks).
+struct qsgd_cuda_options {
+  stream_ref stream{};         //!< the stream every kernel of the compressor runs on
+  std::uint32_t levels = 127;  //!< see qsgd_options
+  std::uint32_t bucket = 512;  //!< see qsgd_options
+};
+//! Options of terngrad_cuda: the stream, and those of gravac::terngrad.
+struct terngrad_cuda_options {
+  stream_ref stream{};         //!< the stream every kernel of the compressor runs on
+  std::uint32_t bucket = 512;  //!< see terngrad_options
+};
+//! Options of sign_cuda: the stream.
+struct sign_cuda_options {
+  stream_ref stream{};  //!< the stream every kernel of the compressor runs on
+};
+//! Options of cast16_cuda: the stream, and the format of gravac::cast16.
+struct cast16_cuda_options {
+  stream_ref stream{};                         //!< the stream every kernel of the compressor runs on
+  cast16_format format = cast16_format::fp16;  //!< see cast16_options
+};
+
+//! Which quantizer a basic_quantize_cuda runs.
+using quantizer_cuda = cuda_detail::quant_family;
+
+namespace cuda_detail {
+template <quant_family Q>
+using quantize_options_t = std::conditional_t<
+    Q == quant_family::qsgd, qsgd_cuda_options,
+    std::conditional_t<Q == quant_family::terngrad, terngrad_cuda_options,
+                       std::conditional_t<Q == quant_family::sign, sign_cuda_options, cast16_cuda_options>>>;
+}  // namespace cuda_detail
+
+//! A quantizing compressor with error feedback over device memory. Models Compressor.
+//!
+//! compress() plans the packet on the host (every segment's size follows from the layout,
+//! the options and which layers go raw), uploads the plan, and runs a fixed sequence of
+//! launches that each cover every layer: the headers; the gain pass when gain candidates
+//! are asked for (the histogram of topk_cuda's fused pass); raw layers; then per quantizer
+//! the chunk sums, the scales and the codes with the residual. One copy of the statistics
+//! comes back and it returns when packet and residual are ready. Every workspace is
+//! allocated at construction (no allocation per step). compress_stats::non_finite reports a
+//! NaN or infinity in u = g + e (the host trainer checks g itself; device memory it cannot
+//! read, so the device compressor reports it, as topk_cuda does).
+template <quantizer_cuda Q>
+class basic_quantize_cuda {
+  static constexpr bool leveled = Q == quantizer_cuda::qsgd || Q == quantizer_cuda::terngrad;
+
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on device memory.
+  using memory_space = cuda_space;
+  //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options or cast16_cuda_options).
+  using options = cuda_detail::quantize_options_t<Q>;
+  //! Each rank has its own scales, so codes cannot be summed elementwise.
+  static constexpr bool summable_by_index = false;
+  //! Packet kind written (that of the host quantizers).
+  static constexpr packet_kind kind = packet_kind::quantized;
+
+  //! A compressor for \p lay; checks the options as the host quantizer does and allocates
+  //! the whole workspace.
+  basic_quantize_cuda(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+    if constexpr (Q == quantizer_cuda::qsgd) {
+      require(opt.levels >= 1 && opt.levels <= qsgd_max_levels, "qsgd_cuda: levels must be in 1.." +
+                                                                    std::to_string(qsgd_max_levels) + ", got " +
+                                                                    std::to_string(opt.levels));
+      require(opt.bucket % 64 == 0, "qsgd_cuda: bucket must be a multiple of 64 (or 0 for whole layers), got " +
+                                        std::to_string(opt.bucket));
+      levels_ = opt.levels;
+      bucket_ = opt.bucket;
+    } else if constexpr (Q == quantizer_cuda::terngrad) {
+      require(opt.bucket % 64 == 0, "terngrad_cuda: bucket must be a multiple of 64 (or 0 for whole layers), got " +
+                                        std::to_string(opt.bucket));
+      levels_ = 1;
+      bucket_ = opt.bucket;
+    } else if constexpr (Q == quantizer_cuda::cast16) {
+      require(opt.format == cast16_format::fp16 || opt.format == cast16_format::bf16, "cast16_cuda: unknown format");
+    }
+    const stream_ref s = opt.stream;
+    int dev = 0;
+    GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
+    GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    const std::size_t L = std::max<std::size_t>(lay.size(), 1);
+    // Worst case of the per-chunk and per-bucket records: every layer quantized.
+    std::size_t chunks = 0, buckets = 0;
+    pinned_buffer<std::uint64_t> info(2 * L);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      const auto sh = shape_of(lay[i].numel);
+      chunks += sh.chunks;
+      buckets += sh.buckets;
+      info[i] = lay[i].numel;
+      info[L + i] = lay[i].offset;
+    }
+    layer_info_ = device_buffer<std::uint64_t>(2 * L, s);
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(layer_info_.data(), info.data(), 2 * L * sizeof(std::uint64_t),
+                                    cudaMemcpyHostToDevice, s.get()));
+    jobs_ = device_buffer<cuda_detail::quant_job>(L, s);
+    sums_ = device_buffer<cuda_detail::quant_sums>(L, s);
+    chunks_ = device_buffer<cuda_detail::chunk_sums>(std::max<std::size_t>(chunks, 1), s);
+    scales_ = device_buffer<cuda_detail::bucket_scale>(std::max<std::size_t>(buckets, 1), s);
+    plan_ = device_buffer<cuda_detail::segment_desc>(L, s);
+    head_ = device_buffer<packet_header>(1, s);
+    // The gain pass (topk_cuda's fused pass with k = 0) and its workspace.
+    states_ = device_buffer<cuda_detail::select_state>(L, s);
+    prev_threshold_ = device_buffer<std::uint32_t>(1, s);
+    hist_ = device_buffer<std::uint32_t>(cuda_detail::max_bins, s);
+    hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
+    gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
+    gain_sums_ = device_buffer<cuda_detail::layer_sums>(1, s);
+    cand_ = device_buffer<std::uint32_t>(1, s);
+    // Validation and decoding.
+    table_ = device_buffer<cuda_detail::quant_segment>(L, s);
+    walk_ = device_buffer<cuda_detail::walk_result>(1, s);
+    jobs_host_.resize(L);
+    plan_host_.resize(L);
+    head_host_.resize(1);
+    sums_host_.resize(L);
+    gain_host_.resize(cuda_detail::max_gain_candidates);
+    walk_host_.resize(1);
+    job_layer_.resize(L);
+    s.synchronize();  // the pinned staging above is freed when this returns
+  }
+
+  //! Upper bound of the packet size, as the host quantizer's.
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    std::size_t n = sizeof(packet_header);
+    for (const auto& l : layout_.layers())
+      n += sizeof(segment_header) + std::max(payload_bytes(l.numel), pad8(l.numel * sizeof(float)));
+    return n;
+  }
+
+  //! Quantizes every layer whose kept fraction is below 1 (the others go raw); e = u -
+  //! decompress(packet). \p g, \p e and \p out are device memory. Returns the packet size
+  //! once the packet, the residual and the statistics are ready.
+  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
+                       std::span<std::byte> out, compress_stats& st) {
+    namespace cd = cuda_detail;
+    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
+            std::string(name()) + "::compress: buffer size does not match the layout");
+    require(p.kept_fraction.size() == layout_.size(),
+            std::string(name()) + "::compress: one kept fraction per layer is required");
+    require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
+            std::string(name()) + "::compress: at most 32 gain candidates");
+    st.reset(layout_.size(), p.gain_candidates.size());
+    // The plan: segment headers, jobs and each pass's blocks, on the host.
+    std::size_t at = sizeof(packet_header);
+    unsigned long long blocks[4] = {0, 0, 0, 0};
+    unsigned long long chunk_at = 0, bucket_at = 0;
+    std::uint32_t jobs = 0;
+    const std::uint8_t encoding = encoding_for();
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      const bool raw = p.kept_fraction[i] >= dense_fraction;
+      cd::segment_desc d;
+      d.at = at;
+      d.header.layer = static_cast<std::uint32_t>(i);
+      d.header.encoding = raw ? raw_encoding : encoding;
+      d.header.numel = l.numel;
+      d.header.count = l.numel;
+      d.header.payload_bytes = raw ? pad8(l.numel * sizeof(float)) : payload_bytes(l.numel);
+      plan_host_[jobs] = d;
+      cd::quant_job& jb = jobs_host_[jobs];
+      jb = cd::quant_job{};
+      jb.offset = l.offset;
+      jb.numel = l.numel;
+      jb.payload = at + sizeof(segment_header);
+      jb.index = jobs;
+      jb.raw = raw ? 1u : 0u;
+      for (int k = 0; k < 4; ++k) jb.block_first[k] = blocks[k];
+      const auto T = static_cast<unsigned long long>(cd::quant_threads);
+      if (raw) {
+        blocks[cd::pass_raw] += (pad8(l.numel * sizeof(float)) / sizeof(float) + T - 1) / T;
+      } else {
+        const auto sh = shape_of(l.numel);
+        jb.stream = detail::mix_seed(p.seed, p.step, l.id);
+        jb.bucket = sh.bucket;
+        jb.buckets = sh.buckets;
+        jb.chunks_per_bucket = sh.chunks_per_bucket;
+        jb.chunks = sh.chunks;
+        jb.chunk_first = chunk_at;
+        jb.bucket_first = bucket_at;
+        chunk_at += sh.chunks;
+        bucket_at += sh.buckets;
+        const unsigned long long slots = code_slots(l.numel);
+        blocks[cd::pass_codes] += (slots + T - 1) / T;
+        if constexpr (Q != quantizer_cuda::cast16) {
+          blocks[cd::pass_accumulate] += (sh.chunks + cd::chunks_per_block - 1) / cd::chunks_per_block;
+          blocks[cd::pass_scales] += leveled ? (sh.buckets + T - 1) / T : 1;
+        }
+      }
+      job_layer_[jobs] = i;
+      ++jobs;
+      at += sizeof(segment_header) + d.header.payload_bytes;
+    }
+    require(at <= out.size(), std::string(name()) + "::compress: packet buffer too small (needs " +
+                                  std::to_string(at) + " bytes, has " + std::to_string(out.size()) + ")");
+    packet_header h;
+    h.magic = packet_magic;
+    h.version = packet_version;
+    h.kind = static_cast<std::uint8_t>(kind);
+    h.segment_count = jobs;
+    h.layout_hash = layout_.hash();
+    h.payload_bytes = at - sizeof(packet_header);
+    head_host_[0] = h;
+
+    const cudaStream_t s = options_.stream.get();
+    std::byte* packet = out.data();
+    // The staging is rewritten next step; this call synchronizes before it returns.
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(head_.data(), head_host_.data(), sizeof h, cudaMemcpyHostToDevice, s));
+    if (jobs) {
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(plan_.data(), plan_host_.data(), jobs * sizeof(cd::segment_desc),
+                                      cudaMemcpyHostToDevice, s));
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(jobs_.data(), jobs_host_.data(), jobs * sizeof(cd::quant_job),
+                                      cudaMemcpyHostToDevice, s));
+      GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, jobs * sizeof(cd::quant_sums), s));
+    }
+    cd::write_packet_headers<<<(jobs + cd::packet_threads) / cd::packet_threads, cd::packet_threads, 0, s>>>(
+        packet, head_.data(), plan_.data(), jobs);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+
+    // The gain curve of u (every non-empty layer, as the host skeleton): topk_cuda's fused
+    // pass with k = 0 writes e = u, so the passes below read u from e.
+    const bool gains = !p.gain_candidates.empty();
+    if (gains) {
+      GRAVAC_TRY_CUDA(cudaMemsetAsync(gain_out_.data(), 0, gain_out_.size() * sizeof(double), s));
+      GRAVAC_TRY_CUDA(cudaMemsetAsync(states_.data(), 0, states_.size() * sizeof(cd::select_state), s));
+      cd::gain_request rq;
+      rq.count = static_cast<int>(p.gain_candidates.size());
+      for (std::uint32_t j = 0; j < jobs; ++j) {
+        const auto& l = layout_[job_layer_[j]];
+        for (int c = 0; c < rq.count; ++c) rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+        const int grid = blocks_for(l.numel, cd::select_threads * cd::fused_items);
+        cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(g.data() + l.offset, e.data() + l.offset, l.numel, 0,
+                                                           states_.data() + j, prev_threshold_.data(), hist_.data(),
+                                                           hist_sq_.data(), cand_.data(), 0, gain_sums_.data(), rq,
+                                                           gain_out_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+    }
+    float* gd = g.data();
+    float* ed = e.data();
+    const cd::quant_job* jd = jobs_.data();
+    cd::quant_sums* sd = sums_.data();
+    const auto grid_of = [](unsigned long long b) { return static_cast<unsigned>(b); };
+    if (blocks[cd::pass_raw]) {
+      if (gains) cd::raw_jobs<true><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
+      else cd::raw_jobs<false><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    if (blocks[cd::pass_codes]) {
+      if constexpr (Q == quantizer_cuda::cast16) {
+        const float ranks = static_cast<float>(std::max(1, p.ranks));
+        const float inv = 1.0f / ranks;  // on the host, as cast16 computes it
+        const unsigned grid = grid_of(blocks[cd::pass_codes]);
+        if (options_.format == cast16_format::bf16) {
+          if (gains) cd::cast16_codes<true, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
+          else cd::cast16_codes<true, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
+        } else {
+          if (gains) cd::cast16_codes<false, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
+          else cd::cast16_codes<false, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
+        }
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      } else {
+        const unsigned ga = grid_of(blocks[cd::pass_accumulate]);
+        if (gains) cd::accumulate_chunks<true><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
+        else cd::accumulate_chunks<false><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        const unsigned gs = grid_of(blocks[cd::pass_scales]);
+        const unsigned gc = grid_of(blocks[cd::pass_codes]);
+        if constexpr (Q == quantizer_cuda::sign) {
+          cd::sign_layer_scale<<<gs, cd::quant_threads, 0, s>>>(jd, jobs, chunks_.data(), scales_.data(), packet, sd);
+          GRAVAC_CHECK_CUDA_LAUNCH();
+          cd::sign_codes<<<gc, cd::quant_threads, 0, s>>>(ed, jd, jobs, scales_.data(), packet);
+          GRAVAC_CHECK_CUDA_LAUNCH();
+        } else {
+          cd::bucket_scales<Q == quantizer_cuda::qsgd><<<gs, cd::quant_threads, 0, s>>>(
+              jd, jobs, chunks_.data(), scales_.data(), packet, levels_, bucket_);
+          GRAVAC_CHECK_CUDA_LAUNCH();
+          launch_codes(gc, ed, packet, jobs);
+        }
+      }
+    }
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(sums_host_.data(), sums_.data(), std::max<std::uint32_t>(jobs, 1) * sizeof(cd::quant_sums),
+                                    cudaMemcpyDeviceToHost, s));
+    if (gains)
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_host_.data(), gain_out_.data(), gain_host_.size() * sizeof(double),
+                                      cudaMemcpyDeviceToHost, s));
+    options_.stream.synchronize();
+    for (std::uint32_t j = 0; j < jobs; ++j) {
+      const auto& sm = sums_host_[j];
+      st.layers[job_layer_[j]] = {static_cast<std::size_t>(jobs_host_[j].numel), sm.grad_sq, sm.input_sq, sm.kept_sq};
+      st.non_finite |= sm.non_finite != 0;
+    }
+    if (gains)
+      for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = gain_host_[c];
+    return at;
+  }
+
+  //! Validates an untrusted packet in device memory: the header walk, then every scale,
+  //! code and padding bit, on the device; only the verdict is copied back.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    if (packet.size() < sizeof(packet_header))
+      return validation::fail(cuda_detail::validation_reason(cuda_detail::v_truncated_header));
+    if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      return validation::fail(cuda_detail::validation_reason(cuda_detail::v_misaligned));
+    const cudaStream_t s = options_.stream.get();
+    launch_walk(packet);
+    cuda_detail::check_quantized_payloads<<<dim3(payload_blocks, grid_y()), cuda_detail::packet_threads, 0, s>>>(
+        packet.data(), table_.data(), walk_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(cuda_detail::walk_result),
+                                    cudaMemcpyDeviceToHost, s));
+    options_.stream.synchronize();
+    const std::uint32_t v = walk_host_[0].verdict;
+    if (v == cuda_detail::v_ok) return {};
+    if (v == cuda_detail::v_layout) return {status::layout_mismatch, cuda_detail::quant_validation_reason(v)};
+    return validation::fail(cuda_detail::quant_validation_reason(v));
+  }
+
+  //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
+  //! arithmetic. The packet must have been validated. Asynchronous on the compressor's stream.
+  void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
+    require(out.size() == layout_.numel(), std::string(name()) + "::decompress_add: buffer size does not match the layout");
+    if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      throw error(status::malformed_packet, "decompress_add: packet was not validated");
+    launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
+    cuda_detail::decode_quantized<<<dim3(payload_blocks, grid_y()), cuda_detail::packet_threads, 0,
+                                    options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
+                                                             out.data(), scale);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+
+  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
+  void zero(grad_view<cuda_space> v) const {
+    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
+  }
+  //! Waits for the compressor's queued work (decoding) to finish.
+  void synchronize() const { options_.stream.synchronize(); }
+  //! The compressor's stream.
+  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
+  //! The options it was built with.
+  [[nodiscard]] const options& get_options() const noexcept { return options_; }
+
+ private:
+  static constexpr unsigned payload_blocks = 64;
+
+  // The chunks and buckets of a quantized layer of n elements, as the host walks them.
+  struct layer_shape {
+    unsigned long long bucket = 0, buckets = 0, chunks_per_bucket = 0, chunks = 0;
+  };
+  [[nodiscard]] layer_shape shape_of(std::size_t n) const noexcept {
+    layer_shape sh;
+    if (n == 0 || Q == quantizer_cuda::cast16) return sh;
+    constexpr unsigned long long C = cuda_detail::quant_chunk_elems;
+    sh.bucket = leveled && bucket_ ? bucket_ : n;  // EF-sign: one bucket, the layer
+    sh.buckets = (n + sh.bucket - 1) / sh.bucket;
+    sh.chunks_per_bucket = (sh.bucket + C - 1) / C;
+    const unsigned long long last = n - (sh.buckets - 1) * sh.bucket;
+    sh.chunks = (sh.buckets - 1) * sh.chunks_per_bucket + (last + C - 1) / C;
+    return sh;
+  }
+
+  // Threads of the code pass of a layer: one per code slot of the padded code words.
+  [[nodiscard]] unsigned long long code_slots(std::size_t n) const noexcept {
+    const unsigned w = code_bits();
+    return pad8(detail::code_bytes(n, w)) * 8 / w;
+  }
+  [[nodiscard]] unsigned code_bits() const noexcept {
+    if constexpr (leveled) return code_width(levels_);
+    else if constexpr (Q == quantizer_cuda::sign) return 1;
+    else return 16;
+  }
+
+  [[nodiscard]] std::size_t payload_bytes(std::size_t n) const noexcept {
+    if constexpr (leveled) return leveled_payload_bytes(n, levels_, bucket_);
+    else if constexpr (Q == quantizer_cuda::sign) return sign_payload_bytes(n);
+    else return half_payload_bytes(n);
+  }
+
+  [[nodiscard]] std::uint8_t encoding_for() const noexcept {
+    quant_encoding enc = quant_encoding::fp16;
+    if constexpr (Q == quantizer_cuda::qsgd) enc = quant_encoding::qsgd;
+    else if constexpr (Q == quantizer_cuda::terngrad) enc = quant_encoding::terngrad;
+    else if constexpr (Q == quantizer_cuda::sign) enc = quant_encoding::sign;
+    else if constexpr (Q == quantizer_cuda::cast16)
+      enc = options_.format == cast16_format::bf16 ? quant_encoding::bf16 : quant_encoding::fp16;
+    return static_cast<std::uint8_t>(enc);
+  }
+
+  static constexpr const char* name() noexcept {
+    switch (Q) {
+      case quantizer_cuda::qsgd: return "qsgd_cuda";
+      case quantizer_cuda::terngrad: return "terngrad_cuda";
+      case quantizer_cuda::sign: return "sign_cuda";
+      default: return "cast16_cuda";
+    }
+  }
+
+  // The code pass of QSGD / TernGrad for the compressor's code width.
+  void launch_codes(unsigned grid, float* e, std::byte* packet, std::uint32_t count) {
+    namespace cd = cuda_detail;
+    const cudaStream_t s = options_.stream.get();
+    const auto lv = static_cast<std::int32_t>(levels_);
+    const cd::quant_job* jd = jobs_.data();
+    switch (code_width(levels_)) {
+      case 2: cd::quantize_codes<2><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
+      case 4: cd::quantize_codes<4><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
+      case 8: cd::quantize_codes<8><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
+      default: cd::quantize_codes<16><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
+    }
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+
+  void launch_walk(std::span<const std::byte> packet) const {
+    cuda_detail::walk_quantized_packet<<<1, 1, 0, options_.stream.get()>>>(packet.data(), packet.size(), desc(), Q,
+                                                                            table_.data(), walk_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+  [[nodiscard]] cuda_detail::layout_desc desc() const noexcept {
+    const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
+    return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
+  }
+  [[nodiscard]] unsigned grid_y() const noexcept {
+    return static_cast<unsigned>(std::clamp<std::size_t>(layout_.size(), 1, 65535));
+  }
+  [[nodiscard]] int blocks_for(std::size_t n, int per_block) const noexcept {
+    const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
+    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
+  }
+
+  layout layout_;
+  options options_;
+  std::uint32_t levels_ = 1;
+  std::uint32_t bucket_ = 0;
+  int sms_ = 1;
+  device_buffer<std::uint64_t> layer_info_;
+  device_buffer<cuda_detail::quant_job> jobs_;
+  device_buffer<cuda_detail::quant_sums> sums_;
+  device_buffer<cuda_detail::chunk_sums> chunks_;
+  device_buffer<cuda_detail::bucket_scale> scales_;
+  device_buffer<cuda_detail::segment_desc> plan_;
+  device_buffer<packet_header> head_;
+  device_buffer<cuda_detail::select_state> states_;
+  device_buffer<std::uint32_t> prev_threshold_;
+  device_buffer<std::uint32_t> hist_;
+  device_buffer<double> hist_sq_;
+  device_buffer<double> gain_out_;
+  device_buffer<cuda_detail::layer_sums> gain_sums_;
+  device_buffer<std::uint32_t> cand_;
+  mutable device_buffer<cuda_detail::quant_segment> table_;
+  mutable device_buffer<cuda_detail::walk_result> walk_;
+  pinned_buffer<cuda_detail::quant_job> jobs_host_;
+  pinned_buffer<cuda_detail::segment_desc> plan_host_;
+  pinned_buffer<packet_header> head_host_;
+  pinned_buffer<cuda_detail::quant_sums> sums_host_;
+  pinned_buffer<double> gain_host_;
+  mutable pinned_buffer<cuda_detail::walk_result> walk_host_;
+  std::vector<std::size_t> job_layer_;
+};
+
+//! QSGD with error feedback on the device: the packets of gravac::qsgd.
+using qsgd_cuda = basic_quantize_cuda<quantizer_cuda::qsgd>;
+//! TernGrad with error feedback on the device: the packets of gravac::terngrad.
+using terngrad_cuda = basic_quantize_cuda<quantizer_cuda::terngrad>;
+//! EF-sign on the device: the packets of gravac::sign.
+using sign_cuda = basic_quantize_cuda<quantizer_cuda::sign>;
+//! cast16 (fp16 or bf16 of u / N) on the device: the packets of gravac::cast16.
+using cast16_cuda = basic_quantize_cuda<quantizer_cuda::cast16>;
+static_assert(Compressor<qsgd_cuda>);
+static_assert(Compressor<terngrad_cuda>);
+static_assert(Compressor<sign_cuda>);
+static_assert(Compressor<cast16_cuda>);
+
+}  // namespace gravac

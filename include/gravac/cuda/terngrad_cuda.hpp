@@ -1,0 +1,7 @@
+#pragma once
+//! \file terngrad_cuda.hpp
+//! \brief terngrad_cuda: TernGrad with error feedback on the device, the packets of gravac::terngrad bit for bit.
+//! It shares the quantizer machinery of quantize_cuda.hpp and is defined there. Part of
+//! target gravac::cuda.
+
+#include "gravac/cuda/quantize_cuda.hpp"

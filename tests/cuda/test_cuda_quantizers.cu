@@ -1,0 +1,408 @@
+// The device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda) against their
+// host compressors on the same data: packets equal byte for byte (scales, random draws,
+// codes, padding), residuals equal bit for bit, statistics close; device validation agrees
+// with the host's on good and corrupted packets, and device decoding equals the host's bit
+// for bit. Sizes 1, 7, 1000, 2^16 + 3, 2^20; Gaussian, heavy-tailed and adversarial data
+// (all-zero layers, huge values, subnormals, NaN and infinity). Skipped without a GPU.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gravac/collective/allgather.hpp"
+#include "gravac/collective/dense_allreduce.hpp"
+#include "gravac/compress/cast16.hpp"
+#include "gravac/compress/qsgd.hpp"
+#include "gravac/compress/sign.hpp"
+#include "gravac/compress/terngrad.hpp"
+#include "gravac/cuda/cast16_cuda.hpp"
+#include "gravac/cuda/qsgd_cuda.hpp"
+#include "gravac/cuda/sign_cuda.hpp"
+#include "gravac/cuda/terngrad_cuda.hpp"
+#include "gravac_test_util.hpp"
+
+// The device quantizers plug into the collectives the device top-k uses.
+static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::qsgd_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::cast16_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::dense_allreduce, gravac::sign_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::dense_allreduce, gravac::terngrad_cuda>);
+
+namespace {
+
+using gravac::test::distribution;
+
+gravac::device_buffer<float> to_device(const std::vector<float>& h) {
+  gravac::device_buffer<float> d(std::max<std::size_t>(h.size(), 1));
+  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Equal bytes; with \p nan_equal, 4-byte words that are both NaN also count as equal (the
+// device returns the canonical NaN where the host propagates the input's payload).
+bool same_words(const void* a, const void* b, std::size_t bytes, bool nan_equal) {
+  if (!nan_equal || bytes % 4 != 0) return std::memcmp(a, b, bytes) == 0;
+  for (std::size_t i = 0; i < bytes / 4; ++i) {
+    std::uint32_t x, y;
+    std::memcpy(&x, static_cast<const std::byte*>(a) + 4 * i, 4);
+    std::memcpy(&y, static_cast<const std::byte*>(b) + 4 * i, 4);
+    const bool nan_x = (x & 0x7fffffffu) > 0x7f800000u, nan_y = (y & 0x7fffffffu) > 0x7f800000u;
+    if (x != y && !(nan_x && nan_y)) return false;
+  }
+  return true;
+}
+
+// Index of the first differing 4-byte word (for the failure message).
+std::size_t first_difference(const void* a, const void* b, std::size_t bytes) {
+  for (std::size_t i = 0; i < bytes; ++i)
+    if (static_cast<const unsigned char*>(a)[i] != static_cast<const unsigned char*>(b)[i]) return i;
+  return bytes;
+}
+
+bool all_finite(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+// One layout, one host and one device compressor with their residuals, stepped together.
+template <class Host, class Dev>
+struct pair_run {
+  gravac::layout lay;
+  Host host;
+  Dev dev;
+  std::vector<float> e_host;
+  gravac::device_buffer<float> e_dev;
+  std::vector<std::byte> packet_host;
+  gravac::device_buffer<std::byte> packet_dev;
+  std::size_t bytes = 0;
+
+  pair_run(gravac::layout l, const typename Host::options& ho, const typename Dev::options& dopt)
+      : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f), e_dev(std::max<std::size_t>(lay.numel(), 1)),
+        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {
+    REQUIRE(dev.max_packet_bytes() == host.max_packet_bytes());
+  }
+
+  // One step on both: packets and residuals identical, statistics close, and non-finite
+  // u reported exactly when u = g + e holds a NaN or infinity.
+  void step(const std::vector<float>& g, const gravac::step_params& p) {
+    std::vector<float> u(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) u[i] = g[i] + e_host[i];
+    const bool finite = all_finite(u);
+    std::vector<float> gh = g;
+    gravac::compress_stats sh, sd;
+    const auto bh = host.compress(gravac::host_view(gh), gravac::host_view(e_host), p, packet_host, sh);
+    auto gd = to_device(g);
+    const auto bd = dev.compress(gravac::grad_view<gravac::cuda_space>(gd.data(), lay.numel()),
+                                 gravac::grad_view<gravac::cuda_space>(e_dev.data(), lay.numel()), p, packet_dev.span(), sd);
+    REQUIRE(bd == bh);
+    bytes = bd;
+    const auto pd = to_host(packet_dev.data(), bd);
+    INFO("first differing packet byte: " << first_difference(pd.data(), packet_host.data(), bh) << " of " << bh);
+    REQUIRE(same_words(pd.data(), packet_host.data(), bh, !finite));
+    const auto ed = to_host(e_dev.data(), lay.numel());
+    INFO("first differing residual byte: " << first_difference(ed.data(), e_host.data(), ed.size() * 4));
+    // NaN-tolerant: the host's own residual may hold NaN from finite input (QSGD's scale
+    // overflows to infinity when the float partial sums of u^2 do; then inf * 0).
+    REQUIRE(same_words(ed.data(), e_host.data(), ed.size() * sizeof(float), true));
+    REQUIRE(sd.non_finite == !finite);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      CHECK(sd.layers[i].kept == sh.layers[i].kept);
+      // The host sums squares in float lanes (they overflow for |u| > 1.8e19, where the
+      // device's double sums do not), so statistics are compared where the host's are finite.
+      const auto close = [](double d, double h) {
+        return !std::isfinite(h) || d == Approx(h).epsilon(1e-5).margin(1e-30);
+      };
+      CHECK(close(sd.layers[i].grad_sq, sh.layers[i].grad_sq));
+      CHECK(close(sd.layers[i].input_sq, sh.layers[i].input_sq));
+      CHECK(close(sd.layers[i].kept_sq, sh.layers[i].kept_sq));
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) {
+      const double gh_ = gravac::gain_from_sq(sh.candidate_kept_sq[c], sh.input_sq());
+      const double gd_ = gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq());
+      CHECK(std::fabs(gd_ - gh_) <= 0.05);  // histogram interpolation inside the boundary bin
+    }
+  }
+
+  // Decoding the step's packet: device validation passes and the sum equals the host's bit for bit.
+  void check_decode(float scale) {
+    const std::vector<std::byte> good(packet_host.begin(), packet_host.begin() + static_cast<std::ptrdiff_t>(bytes));
+    REQUIRE(host.validate(good));
+    REQUIRE(dev.validate(packet_dev.span().first(bytes)));
+    auto base = gravac::test::make_data(lay.numel(), 99);
+    std::vector<float> out_h = base;
+    host.decompress_add(good, gravac::host_view(out_h), scale);
+    auto out_d = to_device(base);
+    dev.decompress_add(packet_dev.span().first(bytes), gravac::grad_view<gravac::cuda_space>(out_d.data(), lay.numel()), scale);
+    dev.synchronize();
+    const auto back = to_host(out_d.data(), lay.numel());
+    REQUIRE(same_words(back.data(), out_h.data(), back.size() * sizeof(float), false));
+  }
+};
+
+template <class Host, class Dev>
+struct typed_pair : pair_run<Host, Dev> {
+  using host_opt_t = typename Host::options;
+  using dev_opt_t = typename Dev::options;
+  using pair_run<Host, Dev>::pair_run;
+};
+
+const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3, 1u << 20};
+
+// Adversarial data of n values: \p kind 0 all zero, 1 huge (squares overflow float), 2
+// near the float maximum (sums overflow), 3 subnormal and tiny, 4 NaN and infinities among
+// Gaussian values.
+std::vector<float> adversarial(std::size_t n, int kind, std::uint64_t seed) {
+  auto v = gravac::test::make_data(n, seed);
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (kind) {
+      case 0: v[i] = 0.0f; break;
+      case 1: v[i] *= 1e30f; break;
+      case 2: v[i] = (i % 2 ? -3.0e38f : 3.1e38f) * (0.9f + 0.1f * std::fabs(std::tanh(v[i]))); break;
+      case 3: v[i] = v[i] * (i % 3 ? 1e-40f : 1e-20f); break;
+      default:
+        if (i % 97 == 5) v[i] = std::numeric_limits<float>::quiet_NaN();
+        if (i % 211 == 7) v[i] = std::numeric_limits<float>::infinity();
+        if (i % 307 == 11) v[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  return v;
+}
+
+// Steps a pair over every size: Gaussian and Laplace data, then each adversarial kind.
+template <class Pair>
+void sweep(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& dopt, bool big_sizes = true) {
+  for (auto n : sizes) {
+    if (!big_sizes && n > 70000) continue;
+    INFO("n = " << n);
+    Pair r(gravac::layout::flat(n), ho, dopt);
+    for (std::uint64_t s = 0; s < 2; ++s) {
+      r.step(gravac::test::make_data(n, 11 + s, s ? distribution::laplace : distribution::gaussian),
+             gravac::test::params_for(r.lay, 0.1, s));
+    }
+    r.check_decode(0.25f);
+    for (int kind = 0; kind < 5; ++kind) {
+      INFO("adversarial kind " << kind);
+      Pair a(gravac::layout::flat(n), ho, dopt);
+      a.step(adversarial(n, kind, 21 + kind), gravac::test::params_for(a.lay, 0.1, 3));
+      if (kind != 4) a.step(adversarial(n, kind, 31 + kind), gravac::test::params_for(a.lay, 0.1, 4));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("qsgd_cuda equals qsgd: every code width and bucket size, Gaussian and adversarial data") {
+  using P = typed_pair<gravac::qsgd, gravac::qsgd_cuda>;
+  const std::uint32_t levels[] = {1, 7, 127, 1000};   // codes of 2, 4, 8 and 16 bits
+  const std::uint32_t buckets[] = {512, 64, 0, 2048};  // 0: one norm per layer; 2048: two chunks per bucket
+  for (auto lv : levels)
+    for (auto b : buckets) {
+      INFO("levels = " << lv << ", bucket = " << b);
+      sweep<P>({.levels = lv, .bucket = b}, {.levels = lv, .bucket = b}, lv == 127 || b == 512);
+    }
+}
+
+TEST_CASE("terngrad_cuda equals terngrad: bucket sizes, Gaussian and adversarial data") {
+  using P = typed_pair<gravac::terngrad, gravac::terngrad_cuda>;
+  for (std::uint32_t b : {512u, 64u, 0u, 3072u}) {
+    INFO("bucket = " << b);
+    sweep<P>({.bucket = b}, {.bucket = b});
+  }
+}
+
+TEST_CASE("sign_cuda equals sign: Gaussian and adversarial data") {
+  using P = typed_pair<gravac::sign, gravac::sign_cuda>;
+  sweep<P>({}, {});
+}
+
+TEST_CASE("cast16_cuda equals cast16: fp16 and bf16, one and several ranks") {
+  using P = typed_pair<gravac::cast16, gravac::cast16_cuda>;
+  for (auto f : {gravac::cast16_format::fp16, gravac::cast16_format::bf16}) {
+    INFO("format = " << static_cast<int>(f));
+    sweep<P>({.format = f}, {.format = f});
+    for (int ranks : {3, 8}) {
+      P r(gravac::layout::flat(70001), {.format = f}, {.format = f});
+      auto p = gravac::test::params_for(r.lay, 0.1);
+      p.ranks = ranks;
+      r.step(gravac::test::make_data(70001, 5), p);
+      r.step(adversarial(70001, 1, 6), p);  // clamped to the format's maximum
+      r.check_decode(1.0f / static_cast<float>(ranks));
+    }
+  }
+}
+
+TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and the gain curve") {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("zero", {4096}, gravac::layer_kind::dense);
+  lay.add("big", {300001}, gravac::layer_kind::dense);
+  const double candidates[] = {0.5, 0.1, 0.01};
+  auto run = [&](auto& r) {
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      auto p = gravac::test::params_for(r.lay, 0.1, s, 17);
+      p.kept_fraction[1] = 1.0;           // a layer sent dense
+      if (s == 1) p.kept_fraction[6] = 1.0;  // the big one dense on one step
+      if (s == 2) p.gain_candidates = candidates;
+      auto g = gravac::test::make_data(r.lay.numel(), 71 + s);
+      for (std::size_t j = 0; j < r.lay[5].numel; ++j) g[r.lay[5].offset + j] = 0.0f;
+      r.step(g, p);
+      r.check_decode(0.5f);
+    }
+  };
+  {
+    typed_pair<gravac::qsgd, gravac::qsgd_cuda> r(lay, {.levels = 15, .bucket = 128}, {.levels = 15, .bucket = 128});
+    run(r);
+  }
+  {
+    typed_pair<gravac::terngrad, gravac::terngrad_cuda> r(lay, {}, {});
+    run(r);
+  }
+  {
+    typed_pair<gravac::sign, gravac::sign_cuda> r(lay, {}, {});
+    run(r);
+  }
+  {
+    typed_pair<gravac::cast16, gravac::cast16_cuda> r(lay, {.format = gravac::cast16_format::bf16},
+                                                      {.format = gravac::cast16_format::bf16});
+    run(r);
+  }
+}
+
+TEST_CASE("device quantizers: invalid options are rejected as on the host") {
+  const auto lay = gravac::layout::flat(100);
+  CHECK_THROWS_AS(gravac::qsgd_cuda(lay, {.levels = 0}), gravac::error);
+  CHECK_THROWS_AS(gravac::qsgd_cuda(lay, {.levels = 40000}), gravac::error);
+  CHECK_THROWS_AS(gravac::qsgd_cuda(lay, {.bucket = 100}), gravac::error);
+  CHECK_THROWS_AS(gravac::terngrad_cuda(lay, {.bucket = 65}), gravac::error);
+  CHECK_THROWS_AS(gravac::cast16_cuda(lay, {.format = static_cast<gravac::cast16_format>(7)}), gravac::error);
+}
+
+namespace {
+
+// Corrupts copies of a good packet; the device must reject exactly what the host rejects.
+template <class Pair>
+void corruptions(Pair& r) {
+  const std::vector<std::byte> good(r.packet_host.begin(), r.packet_host.begin() + static_cast<std::ptrdiff_t>(r.bytes));
+  auto check = [&](const std::vector<std::byte>& bad, const char* what, bool expect_bad = true) {
+    INFO(what);
+    const bool host_ok = static_cast<bool>(r.host.validate(bad));
+    gravac::device_buffer<std::byte> d(std::max<std::size_t>(bad.size(), 1));
+    GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), bad.data(), bad.size(), cudaMemcpyHostToDevice));
+    const bool dev_ok = static_cast<bool>(r.dev.validate(d.span().first(bad.size())));
+    CHECK(host_ok == !expect_bad);
+    CHECK(dev_ok == host_ok);
+  };
+  auto put = [&](std::size_t at, auto v) {
+    auto b = good;
+    std::memcpy(b.data() + at, &v, sizeof v);
+    return b;
+  };
+  check(good, "the good packet", false);
+  check(put(0, std::uint32_t{0}), "magic");
+  check(std::vector<std::byte>(good.begin(), good.end() - 8), "truncated");
+  check(put(offsetof(gravac::packet_header, layout_hash), std::uint64_t{0}), "layout hash");
+  // The first quantized segment.
+  std::size_t pos = sizeof(gravac::packet_header);
+  gravac::segment_header sh;
+  for (;;) {
+    std::memcpy(&sh, good.data() + pos, sizeof sh);
+    if (sh.encoding != gravac::raw_encoding) break;
+    pos += sizeof sh + sh.payload_bytes;
+    REQUIRE(pos < good.size());
+  }
+  const std::size_t pl = pos + sizeof sh;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  check(put(pos + offsetof(gravac::segment_header, encoding), std::uint8_t{9}), "encoding");
+  check(put(pos + offsetof(gravac::segment_header, index_width), std::uint8_t{4}), "indices");
+  check(put(pos + offsetof(gravac::segment_header, count), std::uint64_t{sh.numel - 1}), "count");
+  const auto enc = static_cast<gravac::quant_encoding>(sh.encoding);
+  if (enc == gravac::quant_encoding::qsgd || enc == gravac::quant_encoding::terngrad) {
+    std::uint32_t levels, bucket;
+    std::memcpy(&levels, good.data() + pl, 4);
+    std::memcpy(&bucket, good.data() + pl + 4, 4);
+    check(put(pl, std::uint32_t{0}), "zero levels");
+    check(put(pl, std::uint32_t{40000}), "too many levels");
+    check(put(pl + 4, bucket + 1), "bucket not a multiple of 64");
+    check(put(pl + 8, nan), "NaN scale");
+    check(put(pl + 8, -1.0f), "negative scale");
+    check(put(pl + 8, std::numeric_limits<float>::infinity()), "infinite scale");
+    const std::size_t nb = gravac::bucket_count(sh.numel, bucket);
+    const std::size_t codes = pl + 8 + gravac::pad8(nb * 4);
+    const unsigned w = gravac::code_width(levels);
+    {
+      auto b = good;  // a sign on level 0 in code 0
+      b[codes] = std::byte{static_cast<unsigned char>((1u << (w - 1)) & 0xffu)};
+      if (w == 16) b[codes] = std::byte{0}, b[codes + 1] = std::byte{0x80};
+      check(b, "sign on level zero");
+    }
+    if (w > 2) {
+      auto b = good;  // level s + 1 in code 0
+      const std::uint32_t c = levels + 1;
+      std::memcpy(b.data() + codes, &c, w / 8 ? w / 8 : 1);
+      if (w == 4) b[codes] = std::byte{static_cast<unsigned char>((static_cast<unsigned>(b[codes]) & 0xf0u) | c)};
+      check(b, "level above s");
+    }
+    const std::size_t used = sh.numel * w;
+    if ((pl + sh.payload_bytes) * 8 > codes * 8 + used) {
+      auto b = good;  // the last payload bit (padding)
+      b[pl + sh.payload_bytes - 1] |= std::byte{0x80};
+      check(b, "padding bit set");
+    }
+  } else if (enc == gravac::quant_encoding::sign) {
+    check(put(pl, nan), "NaN scale");
+    check(put(pl, -2.0f), "negative scale");
+    check(put(pl + 4, std::uint32_t{1}), "second prefix word");
+    if (gravac::pad8(gravac::detail::code_bytes(sh.numel, 1)) * 8 > sh.numel) {
+      auto b = good;
+      b[pl + sh.payload_bytes - 1] |= std::byte{0x80};
+      check(b, "padding bit set");
+    }
+  } else {
+    check(put(pl, 0.0f), "zero multiplier");
+    check(put(pl, nan), "NaN multiplier");
+    check(put(pl + 4, std::uint32_t{3}), "second prefix word");
+    check(put(pl + 8, std::uint16_t{0x7f80u | 0x7c00u}), "infinite code");
+    if (sh.numel % 4 != 0) {
+      auto b = good;
+      b[pl + sh.payload_bytes - 1] = std::byte{1};
+      check(b, "padding set");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device quantizers: validation agrees with the host's on good and corrupted packets") {
+  auto lay = gravac::test::mixed_layout();
+  auto p = gravac::test::params_for(lay, 0.1);
+  p.kept_fraction[0] = 1.0;  // a raw segment first
+  const auto g = gravac::test::make_data(lay.numel(), 81);
+  for (std::uint32_t lv : {1u, 7u, 127u, 1000u}) {
+    INFO("qsgd levels " << lv);
+    typed_pair<gravac::qsgd, gravac::qsgd_cuda> r(lay, {.levels = lv, .bucket = 64}, {.levels = lv, .bucket = 64});
+    r.step(g, p);
+    corruptions(r);
+  }
+  {
+    typed_pair<gravac::terngrad, gravac::terngrad_cuda> r(lay, {}, {});
+    r.step(g, p);
+    corruptions(r);
+  }
+  {
+    typed_pair<gravac::sign, gravac::sign_cuda> r(lay, {}, {});
+    r.step(g, p);
+    corruptions(r);
+  }
+  for (auto f : {gravac::cast16_format::fp16, gravac::cast16_format::bf16}) {
+    typed_pair<gravac::cast16, gravac::cast16_cuda> r(lay, {.format = f}, {.format = f});
+    r.step(g, p);
+    corruptions(r);
+  }
+}
