@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +47,33 @@ constexpr bit_position_table make_bit_position_table() noexcept {
 //! The table, once per program.
 inline constexpr bit_position_table byte_bit_positions = make_bit_position_table();
 
+//! An order-free sum of non-negative finite floats, the same on the host and the device:
+//! each value's significand is added to the integer of its binary exponent (exact, so the
+//! order of the additions does not matter and the device can add with atomics), and the
+//! integers are combined in double from the smallest exponent up (a fixed order). Each
+//! integer is below 2^56 for up to 2^32 values. cuda/detail/adacomp_kernels.hpp computes
+//! the same sum with the same double operations, bit for bit.
+struct exponent_sum {
+  std::uint64_t at[256];  //!< at[e]: sum of the significands of the values of biased exponent e (1 for subnormals)
+
+  //! Empty.
+  exponent_sum() noexcept { clear(); }
+  //! Empties the sum.
+  void clear() noexcept { std::fill(std::begin(at), std::end(at), std::uint64_t{0}); }
+  //! Adds the float of bits \p bits (non-negative, finite).
+  void add(std::uint32_t bits) noexcept {
+    const std::uint32_t e = bits >> 23, m = bits & 0x7fffffu;
+    at[e ? e : 1] += e ? (m | 0x800000u) : m;
+  }
+  //! The sum: at[e] * 2^(e - 150) for e = 1 .. 254, added in that order in double (each
+  //! product is exact: a power of two times an integer of at most 56 bits).
+  [[nodiscard]] double value() const noexcept {
+    double s = 0;
+    for (int e = 1; e < 255; ++e) s += static_cast<double>(at[e]) * std::ldexp(1.0, e - 150);
+    return s;
+  }
+};
+
 }  // namespace detail
 
 //! Options of AdaComp: the default bin length L_T per layer kind, used where
@@ -69,10 +98,14 @@ constexpr std::size_t adacomp_segment_bytes(std::size_t numel, std::size_t count
 //! Per layer, with residue R (the trainer's residual) and gradient g, exactly as
 //! algorithms.md: (1) R += g, H = R + g; (2) bins of L_T consecutive elements, gmax_b =
 //! max |R_i| in bin b; (3) send every i with |H_i| >= gmax_{bin(i)}: its index and the sign
-//! of R_i; (4) scale = mean over bins of gmax_b (summed in double, rounded to float once);
-//! (5) R_i -= sign(R_i) * scale for each sent i; (6) the receiver adds scale * sign_i.
+//! of R_i; (4) scale = mean over bins of gmax_b (the sum is detail::exponent_sum, exact per
+//! exponent and combined in a fixed order, so adacomp_cuda computes the same scale bit for
+//! bit; divided by the bin count in double, rounded to float once); (5) R_i -= sign(R_i) *
+//! scale for each sent i; (6) the receiver adds scale * sign_i.
 //! An element whose R_i is exactly 0 is never sent: its sign is undefined, and a bin of
-//! zeros (gmax 0) would otherwise send every element.
+//! zeros (gmax 0) would otherwise send every element. An infinite or NaN R_i is never sent
+//! and does not count in its bin's maximum (the scale stays finite, so the packet stays
+//! valid); it stays in the residue and compress_stats::non_finite is set.
 //!
 //! Error feedback: R_new + decompress(sent) == R_old + g. Unsent elements satisfy it bit
 //! for bit (R_new = fl(R_old + g), nothing decoded). A sent element has R_new = fl(R - s)
@@ -134,7 +167,7 @@ class adacomp {
     return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
                                    [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
                                        std::span<float> el, double, layer_stats& ls) {
-                                     write_layer(w, index, gl, el, bin_length(index, p), ls);
+                                     write_layer(w, index, gl, el, bin_length(index, p), ls, st.non_finite);
                                    });
   }
 
@@ -213,11 +246,13 @@ class adacomp {
   // (3) vectorized flags against a per-element copy of the bin's max, then a branch-free
   // compaction. (5) runs over the sent indices once the scale (4) is known.
   void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> r,
-                   std::uint32_t bin, layer_stats& ls) {
+                   std::uint32_t bin, layer_stats& ls, bool& non_finite) {
     const std::size_t n = g.size();
     const bool wide = index_width_for(n) == 8;
     std::size_t count = 0;
-    double gsq = 0, rsq = 0, gmax_sum = 0;
+    double gsq = 0, rsq = 0;
+    gmax_sum_.clear();
+    constexpr float inf = std::numeric_limits<float>::infinity();
     const std::size_t bins = (n + bin - 1) / bin;
     const std::size_t span = bin >= detail::quant_chunk ? bin : detail::quant_chunk / bin * bin;
     alignas(64) float thr[detail::quant_chunk];
@@ -231,13 +266,16 @@ class adacomp {
       for (std::size_t b = 0; b < nbins; ++b) {              // (2)
         const float* rb = r.data() + lo + b * bin;
         const std::size_t len = std::min<std::size_t>(bin, hi - lo - b * bin);
-        std::uint32_t mx = 0;
+        std::uint32_t mx = 0, bad = 0;
         for (std::size_t i = 0; i < len; ++i) {
           const std::uint32_t a = detail::float_bits(rb[i]) & 0x7fffffffu;
-          mx = mx > a ? mx : a;
+          const std::uint32_t finite = a < 0x7f800000u ? a : 0u;  // infinity and NaN do not count
+          bad |= a >= 0x7f800000u;
+          mx = mx > finite ? mx : finite;
         }
+        non_finite = non_finite || bad != 0;
         gmax_[b] = detail::bits_float(mx);
-        gmax_sum += gmax_[b];
+        gmax_sum_.add(mx);
       }
       for (std::size_t c = lo; c < hi; c += detail::quant_chunk) {  // (3)
         const std::size_t mc = std::min(detail::quant_chunk, hi - c);
@@ -250,12 +288,13 @@ class adacomp {
         const float* rc = r.data() + c;
         const float* gc = g.data() + c;
         for (std::size_t k = 0; k < mc; ++k)
-          flag[k] = static_cast<std::uint8_t>((rc[k] != 0.0f) & (std::fabs(rc[k] + gc[k]) >= thr[k]));
+          flag[k] = static_cast<std::uint8_t>((rc[k] != 0.0f) & (std::fabs(rc[k]) < inf) &
+                                              (std::fabs(rc[k] + gc[k]) >= thr[k]));
         std::fill(flag + mc, flag + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
         count = wide ? compact(flag, mc, c, indices64_.data(), count) : compact(flag, mc, c, indices32_.data(), count);
       }
     }
-    const float scale = static_cast<float>(gmax_sum / static_cast<double>(bins));  // (4)
+    const float scale = static_cast<float>(gmax_sum_.value() / static_cast<double>(bins));  // (4)
     const std::uint32_t scale_bits = detail::float_bits(scale);
     // (5), which also records the signs sent (R_i of a sent element is not zero, so its sign
     // is that of its bits). R_i - (-scale) is R_i + scale exactly.
@@ -299,6 +338,7 @@ class adacomp {
   std::vector<std::uint64_t> indices64_;  // sent indices of larger layers (usually empty; + 8 scratch)
   std::vector<std::uint8_t> negative_;    // sign of each sent element, one per byte (+ 8 padding)
   std::vector<float> gmax_;               // max |R| of each bin of a span
+  detail::exponent_sum gmax_sum_;         // the sum of a layer's bin maxima (step 4)
 };
 static_assert(Compressor<adacomp>);
 

@@ -28,6 +28,7 @@
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/threshold_kernels.hpp"
+#include "gravac/cuda/detail/whole_select_kernels.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 
@@ -39,6 +40,10 @@ struct topk_cuda_options {
   //! Capacity of the candidate buffer as a fraction of the largest layer (at least 65536
   //! keys, at most the layer). Larger avoids extra passes when k is large.
   double candidate_capacity = 1.0 / 16;
+  //! One selection over the whole buffer (the concatenation of the layers compressed this
+  //! step, k = kept_count(their total, step_params::global_fraction)) instead of one per
+  //! layer, as topk_options::whole_buffer. Needs 8 bytes of workspace per parameter.
+  bool whole_buffer = false;
 };
 
 //! Options of threshold_cuda: those of topk_cuda and of gravac::threshold (same meaning).
@@ -57,6 +62,9 @@ struct threshold_cuda_options {
 //! same seeded sample, the same histogram and interpolation), collects every |u| at or
 //! above it in the fused pass, and raises it to the k-th largest (ties included) when more
 //! than k were collected; the count (k_hat) is resolved on the device.
+//!
+//! topk_cuda with whole_buffer selects once over the concatenation of the compressed layers
+//! (see detail/whole_select_kernels.hpp): the packets of gravac::topk with whole_buffer.
 //!
 //! compress() runs a fixed sequence of kernels per layer on the stream (no host round trip
 //! between them; the kernels skip themselves when an earlier one resolved the threshold),
@@ -93,6 +101,11 @@ class basic_select_cuda {
       require(l.numel <= 0xffffffffull, "topk_cuda: layer '" + l.name + "' has 2^32 or more elements");
       largest = std::max(largest, l.numel);
     }
+    if constexpr (!Threshold) whole_ = opt.whole_buffer;
+    if (whole_) {  // the selection runs over up to every element: the workspace is sized for that
+      require(lay.numel() <= 0xffffffffull, "topk_cuda: whole_buffer needs fewer than 2^32 elements in all");
+      largest = lay.numel();
+    }
     const stream_ref s = opt.stream;
     int dev = 0;
     GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
@@ -100,7 +113,8 @@ class basic_select_cuda {
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<cuda_detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(L, s);
-    sums_ = device_buffer<cuda_detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
+    // + 2: scratch for raw layers' gain pass and for the whole-buffer selection's pass
+    sums_ = device_buffer<cuda_detail::layer_sums>(L + 2, s);
     hist_ = device_buffer<std::uint32_t>(cuda_detail::max_bins, s);
     hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
     gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
@@ -120,8 +134,16 @@ class basic_select_cuda {
                                           static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
                                           cuda_detail::selected_by_threshold{nullptr, nullptr}, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
+    if (whole_) {
+      concat_ = device_buffer<float>(std::max<std::size_t>(lay.numel(), 1), s);
+      list_ = device_buffer<std::uint32_t>(std::max<std::size_t>(lay.numel(), 1), s);
+      whole_state_ = device_buffer<cuda_detail::select_state>(1, s);
+      whole_threshold_ = device_buffer<std::uint32_t>(1, s);
+      no_threshold_ = device_buffer<std::uint32_t>(1, s);
+      first_ = device_buffer<std::uint32_t>(L, s);
+    }
     host_states_.resize(L);
-    host_sums_.resize(L + 1);
+    host_sums_.resize(L + 2);
     host_gain_.resize(cuda_detail::max_gain_candidates);
     host_failure_.resize(1);
     host_cursor_.resize(1);
@@ -150,13 +172,22 @@ class basic_select_cuda {
             "topk_cuda::compress: at most 32 gain candidates");
     // The largest packet this step can produce: k values per layer (a top-k layer sends at
     // most k), every value for threshold (ties may exceed k).
-    std::size_t bound = sizeof(packet_header);
+    // Whole buffer: k over the compressed layers together, at most min(numel, k) in each.
+    std::size_t bound = sizeof(packet_header), whole_k = 0;
+    if (whole_) {
+      std::size_t total = 0;
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (p.kept_fraction[i] < dense_fraction) total += layout_[i].numel;
+      whole_k = kept_count(total, p.global_fraction);
+    }
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
-      bound += p.kept_fraction[i] >= dense_fraction ? raw_segment_bytes(l.numel)
-                                                    : sparse_segment_bytes(l.numel, Threshold ? l.numel
-                                                                                                        : kept_count(l.numel, p.kept_fraction[i]));
+      bound += p.kept_fraction[i] >= dense_fraction
+                   ? raw_segment_bytes(l.numel)
+                   : sparse_segment_bytes(l.numel, Threshold ? l.numel
+                                                   : whole_  ? std::min(l.numel, whole_k)
+                                                             : kept_count(l.numel, p.kept_fraction[i]));
     }
     require(bound <= out.size(), "topk_cuda::compress: packet buffer too small (needs up to " + std::to_string(bound) +
                                      " bytes, has " + std::to_string(out.size()) + ")");
@@ -172,7 +203,9 @@ class basic_select_cuda {
     cd::gain_request gains;
     gains.count = static_cast<int>(p.gain_candidates.size());
     std::byte* packet = out.data();
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
+    if (whole_) queue_whole(g, e, p, packet, gains, whole_k);
+    // Per layer (the loop runs only without whole_buffer).
+    for (std::size_t i = 0; !whole_ && i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
       float* gl = g.data() + l.offset;
@@ -183,17 +216,7 @@ class basic_select_cuda {
       auto* slot = slots_.data() + i;
       const auto layer = static_cast<std::uint32_t>(i);
       if (p.kept_fraction[i] >= dense_fraction) {
-        if (gains.count > 0) {  // the gain curve covers dense layers too (as the host skeleton)
-          cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(gl, el, l.numel, 0, sti, prev_threshold_.data() + i,
-                                                             hist_.data(), hist_sq_.data(), cand_.data(), 0,
-                                                             sums_.data() + layout_.size(), gains, gain_out_.data());
-          GRAVAC_CHECK_CUDA_LAUNCH();
-        }
-        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, true);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-        cd::raw_pass<<<blocks_for(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
-            gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        queue_raw(i, g, e, packet, gains);
         continue;
       }
       const auto k = static_cast<std::uint32_t>(kept_count(l.numel, p.kept_fraction[i]));
@@ -295,6 +318,109 @@ class basic_select_cuda {
   [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
 
  private:
+  // A layer sent dense: its gain curve (as the host skeleton, the curve covers dense layers
+  // too), its segment placed, u written raw and e = 0.
+  void queue_raw(std::size_t i, grad_view<cuda_space> g, grad_view<cuda_space> e, std::byte* packet,
+                 const cuda_detail::gain_request& gains) {
+    namespace cd = cuda_detail;
+    const cudaStream_t s = options_.stream.get();
+    const auto& l = layout_[i];
+    float* gl = g.data() + l.offset;
+    float* el = e.data() + l.offset;
+    auto* sti = states_.data() + i;
+    auto* slot = slots_.data() + i;
+    if (gains.count > 0) {
+      cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+          gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), 0,
+          sums_.data() + layout_.size(), gains, gain_out_.data());
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, static_cast<std::uint32_t>(i),
+                                             l.numel, true);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    cd::raw_pass<<<blocks_for(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
+        gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+
+  // The whole-buffer selection (see detail/whole_select_kernels.hpp): each compressed
+  // layer's fused pass (k = 0: statistics, gain curve, u into e) copies u into concat_; one
+  // radix select of k over concat_; the ordered compaction lists the selected positions;
+  // then every layer in layout order: raw, or its part of the list gathered into its segment.
+  void queue_whole(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet,
+                   cuda_detail::gain_request gains, std::size_t k) {
+    namespace cd = cuda_detail;
+    const cudaStream_t s = options_.stream.get();
+    const std::size_t layers = layout_.size();
+    auto compressed = [&](std::size_t i) { return layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction; };
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(whole_state_.data(), 0, sizeof(cd::select_state), s));
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < layers; ++i) {
+      if (!compressed(i)) continue;
+      const auto& l = layout_[i];
+      for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+          g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
+          hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
+          concat_.data() + total);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      total += l.numel;
+    }
+    auto* whole = whole_state_.data();
+    if (total > 0) {
+      // The selection over concat_, exactly as over one layer (u is concat_ as it stands).
+      const auto kk = static_cast<std::uint32_t>(k);
+      const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, total));
+      cd::gain_request none;
+      cd::fused_pass<<<blocks_for(total, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+          nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(), hist_.data(), hist_sq_.data(),
+          cand_.data(), cap, sums_.data() + layers + 1, none, gain_out_.data());
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      if (k > 0) {
+        const int grid1 = blocks_for(total, cd::select_threads);
+        cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(concat_.data(), total, whole, cand_.data(), cap);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        for (int shift : {cd::refine_digit_bits, 0}) {
+          cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(concat_.data(), total, whole, cand_.data(), cap,
+                                                               hist_.data(), shift);
+          GRAVAC_CHECK_CUDA_LAUNCH();
+        }
+        cd::tie_pass<<<std::min(grid1, 4 * sms_), cd::select_threads, 0, s>>>(concat_.data(), total, whole,
+                                                                              chunk_counts_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        std::size_t temp = select_temp_.size();
+        GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+                                              thrust::make_tabulate_output_iterator(cd::whole_index_writer{list_.data(), whole}),
+                                              &whole->selected, static_cast<std::int64_t>(total),
+                                              cd::selected_by_threshold{concat_.data(), whole}, s));
+        cd::remember_whole_threshold<<<1, 1, 0, s>>>(whole, whole_threshold_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+    }
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < layers; ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      if (!compressed(i)) {
+        for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+        queue_raw(i, g, e, packet, gains);
+        continue;
+      }
+      auto* sti = states_.data() + i;
+      auto* slot = slots_.data() + i;
+      cd::split_whole_selection<<<1, 1, 0, s>>>(list_.data(), whole, start, l.numel, sti, first_.data() + i);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, static_cast<std::uint32_t>(i),
+                                               l.numel, false);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::gather_whole_pass<<<blocks_for(std::min(l.numel, k), cd::select_threads), cd::select_threads, 0, s>>>(
+          packet, slot, e.data() + l.offset, list_.data(), first_.data() + i, static_cast<std::uint32_t>(start), sti,
+          whole, sums_.data() + i, failure_.data());
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      start += l.numel;
+    }
+  }
+
   // The estimate's parameters of a layer, computed as threshold::estimate does (they do
   // not depend on the data; the histogram and the boundary are the device's part).
   [[nodiscard]] cuda_detail::estimate_request estimate_for(std::size_t n, double fraction, std::uint64_t seed) const {
@@ -359,6 +485,13 @@ class basic_select_cuda {
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
   device_buffer<std::uint32_t> est_hist_;  // threshold: the estimate's histogram
+  bool whole_ = false;                       // topk: one selection over the whole buffer
+  device_buffer<float> concat_;              // whole: u of the compressed layers, concatenated
+  device_buffer<std::uint32_t> list_;        // whole: the selected positions in concat_, ascending
+  device_buffer<cuda_detail::select_state> whole_state_;  // whole: the selection's state
+  device_buffer<std::uint32_t> whole_threshold_;  // whole: the previous step's threshold (0: none)
+  device_buffer<std::uint32_t> no_threshold_;     // whole: 0, so the layers' own passes collect nothing
+  device_buffer<std::uint32_t> first_;            // whole: each layer's first entry in list_
   pinned_buffer<cuda_detail::select_state> host_states_;
   pinned_buffer<cuda_detail::layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;

@@ -118,13 +118,15 @@ struct layout_desc {
   std::uint64_t hash = 0;                 //!< layout::hash()
 };
 
-//! Walks an untrusted sparse packet (one thread): every header check of validate_packet
-//! plus the sparse / raw payload-size checks; fills the segment table. Reads no byte
-//! outside [packet, packet + size).
-static __global__ void walk_sparse_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
-                                   std::uint8_t kind, segment_entry* __restrict__ table, walk_result* __restrict__ out) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  auto fail = [&](verdict v) { *out = {v, 0}; };
+//! Walks an untrusted packet (one thread): every header check of validate_packet, the raw
+//! segments' checks, and `check(sh, payload)` (a verdict) on every other segment, whose
+//! payload_bytes are already known to lie inside the packet; fills the segment table.
+//! Reads no byte outside [packet, packet + size).
+template <class SegmentCheck>
+__device__ void walk_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
+                            std::uint8_t kind, segment_entry* __restrict__ table, walk_result* __restrict__ out,
+                            SegmentCheck check) {
+  auto fail = [&](std::uint32_t v) { *out = {v, 0}; };
   if (size < sizeof(packet_header)) return fail(v_truncated_header);
   packet_header h;
   memcpy(&h, packet, sizeof h);
@@ -158,17 +160,32 @@ static __global__ void walk_sparse_packet(const std::byte* __restrict__ packet, 
       if (sh.payload_bytes != pad8(sh.numel * sizeof(float))) return fail(v_raw_size);
       en.raw = 1;
     } else {
-      if (sh.encoding != 0) return fail(v_unknown_encoding);
-      if (sh.index_width != index_width_for(sh.numel)) return fail(v_width);
-      if (sh.count > sh.numel) return fail(v_count);
-      if (sh.payload_bytes != pad8(sh.count * sh.index_width) + pad8(sh.count * sizeof(float)))
-        return fail(v_sparse_size);
+      const std::uint32_t v = check(sh, packet + pos);
+      if (v != v_ok) return fail(v);
     }
     table[s] = en;
     pos += sh.payload_bytes;
   }
   if (pos != size) return fail(v_trailing);
   *out = {v_ok, h.segment_count};
+}
+
+//! The payload checks of a sparse (indices + float values) segment.
+struct sparse_segment_check {
+  __device__ std::uint32_t operator()(const segment_header& sh, const std::byte*) const {
+    if (sh.encoding != 0) return v_unknown_encoding;
+    if (sh.index_width != index_width_for(sh.numel)) return v_width;
+    if (sh.count > sh.numel) return v_count;
+    if (sh.payload_bytes != pad8(sh.count * sh.index_width) + pad8(sh.count * sizeof(float))) return v_sparse_size;
+    return v_ok;
+  }
+};
+
+//! Walks an untrusted sparse packet (see walk_packet).
+static __global__ void walk_sparse_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
+                                   std::uint8_t kind, segment_entry* __restrict__ table, walk_result* __restrict__ out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  walk_packet(packet, size, lay, kind, table, out, sparse_segment_check{});
 }
 
 //! Loads index \p i of a sparse payload.

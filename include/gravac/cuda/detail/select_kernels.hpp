@@ -172,12 +172,16 @@ __device__ inline boundary find_boundary(const std::uint32_t* hist, int bins, st
 //! itself (non_finite_key or more: none). The candidates are every finite key >= t; when
 //! there are at most k of them they are the selection, else the k-th largest key T is
 //! resolved as for top-k and every key >= T is sent (ties included).
+//!
+//! Whole-buffer top-k: with \p copy, u is also written to copy[i] (each layer's u into the
+//! concatenation of the compressed layers); with \p g null, u is e as it stands (read only:
+//! the selection over that concatenation).
 static __global__ void __launch_bounds__(select_threads)
 fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
            select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
            std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
            std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
-           bool threshold_mode = false) {
+           bool threshold_mode = false, float* __restrict__ copy = nullptr) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ float sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
@@ -199,18 +203,19 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
 #pragma unroll
     for (int j = 0; j < fused_items; ++j) {
       const std::size_t i = base + static_cast<std::size_t>(j) * select_threads;
-      gv[j] = i < n ? g[i] : 0.0f;
+      gv[j] = g && i < n ? g[i] : 0.0f;
       ev[j] = i < n ? e[i] : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < fused_items; ++j) {
       const std::size_t i = base + static_cast<std::size_t>(j) * select_threads;
       const bool in = i < n;
-      const float u = gv[j] + ev[j];
+      const float u = g ? gv[j] + ev[j] : ev[j];
       std::uint32_t key = 0;
       bool finite = false;
       if (in) {
-        e[i] = u;
+        if (g) e[i] = u;
+        if (copy) copy[i] = u;
         gsq += static_cast<double>(gv[j]) * gv[j];
         usq += static_cast<double>(u) * u;
         key = magnitude_key(u);

@@ -1,0 +1,358 @@
+#pragma once
+//! \file adacomp_cuda.hpp
+//! \brief adacomp_cuda: AdaComp (algorithms.md) on the device, with its residue in device
+//! memory. The same packets as gravac::adacomp on the same input, bit for bit (the same
+//! elements sent, the same scale, the same residue), decoded on the device. Part of target
+//! gravac::cuda.
+
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
+
+#include <cub/device/device_select.cuh>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/raw_segment.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/cuda/detail/adacomp_kernels.hpp"
+#include "gravac/cuda/detail/segment_cursor.hpp"
+#include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/device_buffer.hpp"
+
+namespace gravac {
+
+//! Options of adacomp_cuda: the stream, and the bin lengths of gravac::adacomp.
+struct adacomp_cuda_options {
+  stream_ref stream{};    //!< the stream every kernel of the compressor runs on
+  adacomp_options bins{};  //!< L_T per layer kind (see adacomp_options)
+};
+
+//! AdaComp with its residue over device memory. Models Compressor.
+//!
+//! Per layer, the six steps of gravac::adacomp (see detail/adacomp_kernels.hpp for the
+//! kernels): the scale is the host's order-free detail::exponent_sum of the bin maxima,
+//! so it is the host's bit for bit; infinities and NaNs are never sent, do not count in a
+//! bin's maximum, stay in the residue and set compress_stats::non_finite. Layers at kept
+//! fraction 1 or more go raw. compress() queues every layer's kernels on the stream with
+//! no host round trip between them (segments are placed on the device once their counts
+//! are known), then copies the statistics back.
+//!
+//! Workspace: allocated at construction, for the bin lengths of the options; a policy that
+//! sets a shorter bin length than any seen before grows the bin maxima once (then never
+//! again for that length). Layers of 2^32 or more elements are rejected.
+class adacomp_cuda {
+ public:
+  //! Opt-in tag for the Compressor concept.
+  using compressor_tag = void;
+  //! Works on device memory.
+  using memory_space = cuda_space;
+  //! Options (see adacomp_cuda_options).
+  using options = adacomp_cuda_options;
+  //! Each rank sends its own indices and scale: values at shared indices are not summable.
+  static constexpr bool summable_by_index = false;
+  //! Packet kind written (the same as gravac::adacomp).
+  static constexpr packet_kind kind = packet_kind::adacomp;
+
+  //! A compressor for \p lay; rejects a zero bin length and layers of 2^32 or more elements.
+  adacomp_cuda(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+    require(opt.bins.conv_bin > 0 && opt.bins.dense_bin > 0 && opt.bins.bias_bin > 0,
+            "adacomp_cuda: bin lengths must be positive");
+    std::size_t largest = 0, most_bins = 1;
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      const auto& l = lay[i];
+      require(l.numel <= 0xffffffffull, "adacomp_cuda: layer '" + l.name + "' has 2^32 or more elements");
+      largest = std::max(largest, l.numel);
+      most_bins = std::max(most_bins, bins_of(l.numel, default_bin(i)));
+    }
+    const stream_ref s = opt.stream;
+    int dev = 0;
+    GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
+    GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    const std::size_t L = std::max<std::size_t>(lay.size(), 1);
+    states_ = device_buffer<cuda_detail::select_state>(L, s);
+    sums_ = device_buffer<cuda_detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
+    slots_ = device_buffer<cuda_detail::segment_slot>(L, s);
+    cursor_ = device_buffer<cuda_detail::packet_cursor>(1, s);
+    scales_ = device_buffer<float>(L, s);
+    exponent_acc_ = device_buffer<unsigned long long>(cuda_detail::exponent_slots, s);
+    gmax_ = device_buffer<std::uint32_t>(most_bins, s);
+    no_threshold_ = device_buffer<std::uint32_t>(1, s);  // the gain pass collects no candidates
+    hist_ = device_buffer<std::uint32_t>(cuda_detail::max_bins, s);
+    hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
+    gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
+    // Two-phase: the compaction's temporary storage for the largest layer, sized once.
+    std::size_t temp = 0;
+    GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
+        nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
+        thrust::make_tabulate_output_iterator(cuda_detail::adacomp_index_writer{nullptr, nullptr}),
+        static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
+        cuda_detail::adacomp_sent{nullptr, nullptr, nullptr, 1}, s.get()));
+    select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
+    // The layout as the validation and decoding kernels see it.
+    pinned_buffer<std::uint64_t> info(2 * L);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      info[i] = lay[i].numel;
+      info[L + i] = lay[i].offset;
+    }
+    layer_info_ = device_buffer<std::uint64_t>(2 * L, s);
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(layer_info_.data(), info.data(), 2 * L * sizeof(std::uint64_t),
+                                    cudaMemcpyHostToDevice, s.get()));
+    table_ = device_buffer<cuda_detail::segment_entry>(L, s);
+    walk_ = device_buffer<cuda_detail::walk_result>(1, s);
+    host_states_.resize(L);
+    host_sums_.resize(L + 1);
+    host_scales_.resize(L);
+    host_gain_.resize(cuda_detail::max_gain_candidates);
+    host_cursor_.resize(1);
+    host_walk_.resize(1);
+    s.synchronize();  // the pinned staging above is freed when this returns
+  }
+
+  //! L_T of layer \p index under \p p: the policy's value when non-zero, else the option
+  //! for the layer's kind (as gravac::adacomp::bin_length).
+  [[nodiscard]] std::uint32_t bin_length(std::size_t index, const step_params& p) const noexcept {
+    if (index < p.bin_length.size() && p.bin_length[index] > 0) return p.bin_length[index];
+    return default_bin(index);
+  }
+
+  //! Upper bound of the packet size (every element sent), as gravac::adacomp.
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    std::size_t n = sizeof(packet_header);
+    for (const auto& l : layout_.layers())
+      n += std::max(adacomp_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
+    return n;
+  }
+
+  //! AdaComp on every layer whose kept fraction is below 1; layers at 1 or more go raw.
+  //! \p g, \p e and \p out are device memory. Everything is checked before any memory is
+  //! touched. Returns the packet size once the packet, the residue and the statistics are ready.
+  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
+                       std::span<std::byte> out, compress_stats& st) {
+    namespace cd = cuda_detail;
+    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
+            "adacomp_cuda::compress: buffer size does not match the layout");
+    require(p.kept_fraction.size() == layout_.size(), "adacomp_cuda::compress: one kept fraction per layer is required");
+    require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
+            "adacomp_cuda::compress: at most 32 gain candidates");
+    // The largest packet this step can produce (every element of a compressed layer sent).
+    std::size_t bound = sizeof(packet_header), most_bins = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      if (p.kept_fraction[i] >= dense_fraction) {
+        bound += raw_segment_bytes(l.numel);
+      } else {
+        bound += adacomp_segment_bytes(l.numel, l.numel);
+        most_bins = std::max(most_bins, bins_of(l.numel, bin_length(i, p)));
+      }
+    }
+    require(bound <= out.size(), "adacomp_cuda::compress: packet buffer too small (needs up to " +
+                                     std::to_string(bound) + " bytes, has " + std::to_string(out.size()) + ")");
+    const cudaStream_t s = options_.stream.get();
+    gmax_.reserve(most_bins);  // grows only for a bin length shorter than any before
+    st.reset(layout_.size(), p.gain_candidates.size());
+    const std::size_t L = layout_.size();
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(states_.data(), 0, states_.size() * sizeof(cd::select_state), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(slots_.data(), 0, slots_.size() * sizeof(cd::segment_slot), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(cursor_.data(), 0, sizeof(cd::packet_cursor), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, sums_.size() * sizeof(cd::layer_sums), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(gain_out_.data(), 0, gain_out_.size() * sizeof(double), s));
+    // Kernels leave these zero; a step interrupted by an error might not have.
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(exponent_acc_.data(), 0, exponent_acc_.size() * sizeof(unsigned long long), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(hist_.data(), 0, hist_.size() * sizeof(std::uint32_t), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(hist_sq_.data(), 0, hist_sq_.size() * sizeof(double), s));
+
+    cd::gain_request gains;
+    gains.count = static_cast<int>(p.gain_candidates.size());
+    std::byte* packet = out.data();
+    for (std::size_t i = 0; i < L; ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      float* gl = g.data() + l.offset;
+      float* el = e.data() + l.offset;
+      auto* sti = states_.data() + i;
+      auto* slot = slots_.data() + i;
+      const auto layer = static_cast<std::uint32_t>(i);
+      const auto n = static_cast<std::uint32_t>(l.numel);
+      for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      const bool dense = p.kept_fraction[i] >= dense_fraction;
+      // The gain curve of u = g + e, as the host skeleton computes it before the layer's
+      // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
+      if (gains.count > 0) {
+        cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+            gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(), hist_sq_.data(), nullptr, 0,
+            sums_.data() + (dense ? L : i), gains, gain_out_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+      if (dense) {
+        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, true);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        cd::raw_pass<<<blocks_for(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
+            gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        continue;
+      }
+      const std::uint32_t bin = bin_length(i, p);
+      const std::size_t bins = bins_of(l.numel, bin);
+      GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
+      cd::adacomp_bins<<<blocks_for(l.numel, static_cast<int>(cd::adacomp_tile)), cd::adacomp_threads, 0, s>>>(
+          gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::adacomp_scale<<<blocks_for(bins, cd::adacomp_threads * 4), cd::adacomp_threads, 0, s>>>(
+          gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::begin_adacomp_segment<<<1, 1, 0, s>>>(cursor_.data(), slot);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      std::size_t temp = select_temp_.size();
+      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+                                            thrust::make_tabulate_output_iterator(cd::adacomp_index_writer{packet, slot}),
+                                            &sti->selected, static_cast<std::int64_t>(l.numel),
+                                            cd::adacomp_sent{el, gl, gmax_.data(), bin}, s));
+      cd::place_adacomp_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, sti, scales_.data() + i, layer,
+                                                l.numel, bin);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::adacomp_signs<<<blocks_for((l.numel + 31) / 32, cd::adacomp_threads), cd::adacomp_threads, 0, s>>>(
+          packet, slot, el, scales_.data() + i);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    cd::finish_device_packet<<<1, 1, 0, s>>>(packet, cursor_.data(), static_cast<std::uint8_t>(kind), layout_.hash());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    // One copy of the statistics back, then the packet and the residue are final.
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_states_.data(), states_.data(), states_.size() * sizeof(cd::select_state),
+                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_sums_.data(), sums_.data(), sums_.size() * sizeof(cd::layer_sums),
+                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_scales_.data(), scales_.data(), scales_.size() * sizeof(float),
+                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_gain_.data(), gain_out_.data(), host_gain_.size() * sizeof(double),
+                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor),
+                                    cudaMemcpyDeviceToHost, s));
+    options_.stream.synchronize();
+    const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
+    if (bytes > bound)  // cannot happen: every segment is at most its bound
+      throw error(status::backend_failure, "adacomp_cuda: the packet outgrew its bound", -1, backend::cuda);
+    for (std::size_t i = 0; i < L; ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      const auto& sm = host_sums_[i];
+      if (p.kept_fraction[i] >= dense_fraction) {
+        // As the host's raw segments: every value kept; non-finite values are not reported.
+        st.layers[i] = {l.numel, sm.grad_sq, sm.input_sq, sm.kept_sq};
+        continue;
+      }
+      const auto count = static_cast<std::size_t>(host_states_[i].selected);
+      const float scale = host_scales_[i];
+      st.layers[i] = {count, sm.grad_sq, sm.input_sq, static_cast<double>(count) * scale * scale};
+      st.non_finite |= host_states_[i].non_finite != 0;
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    return bytes;
+  }
+
+  //! Validates an untrusted packet in device memory: the header walk, every index and the
+  //! sign padding checked on the device; only the verdict is copied back.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    namespace cd = cuda_detail;
+    if (packet.size() < sizeof(packet_header)) return validation::fail(cd::validation_reason(cd::v_truncated_header));
+    if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      return validation::fail(cd::validation_reason(cd::v_misaligned));
+    const cudaStream_t s = options_.stream.get();
+    launch_walk(packet);
+    cd::check_adacomp_segments<<<dim3(scatter_blocks, grid_y()), cd::packet_threads, 0, s>>>(
+        packet.data(), desc(), table_.data(), walk_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_walk_.data(), walk_.data(), sizeof(cd::walk_result), cudaMemcpyDeviceToHost, s));
+    options_.stream.synchronize();
+    const std::uint32_t v = host_walk_[0].verdict;
+    if (v == cd::v_ok) return {};
+    if (v == cd::v_layout) return {status::layout_mismatch, cd::validation_reason(v)};
+    return validation::fail(cd::adacomp_reason(v));
+  }
+
+  //! Adds scale * decompress(packet) to \p out (device memory): ±(the segment's scale) at
+  //! each sent index, raw segments densely. The packet must have been validated.
+  //! Asynchronous on the compressor's stream.
+  void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
+    require(out.size() == layout_.numel(), "adacomp_cuda::decompress_add: buffer size does not match the layout");
+    if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      throw error(status::malformed_packet, "adacomp_cuda::decompress_add: packet was not validated");
+    launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
+    cuda_detail::scatter_add_adacomp<<<dim3(scatter_blocks, grid_y()), cuda_detail::packet_threads, 0,
+                                       options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
+                                                                out.data(), scale);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+
+  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
+  void zero(grad_view<cuda_space> v) const {
+    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
+  }
+  //! Waits for the compressor's queued work (decoding) to finish.
+  void synchronize() const { options_.stream.synchronize(); }
+  //! The compressor's stream.
+  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
+
+ private:
+  static constexpr unsigned scatter_blocks = 64;
+
+  [[nodiscard]] std::uint32_t default_bin(std::size_t index) const noexcept {
+    switch (layout_[index].kind) {
+      case layer_kind::conv: return options_.bins.conv_bin;
+      case layer_kind::bias_or_norm: return options_.bins.bias_bin;
+      default: return options_.bins.dense_bin;
+    }
+  }
+  static std::size_t bins_of(std::size_t numel, std::uint32_t bin) noexcept { return (numel + bin - 1) / bin; }
+
+  [[nodiscard]] int blocks_for(std::size_t n, int per_block) const noexcept {
+    const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
+    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
+  }
+  [[nodiscard]] unsigned grid_y() const noexcept {
+    return static_cast<unsigned>(std::clamp<std::size_t>(layout_.size(), 1, 65535));
+  }
+  [[nodiscard]] cuda_detail::layout_desc desc() const noexcept {
+    const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
+    return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
+  }
+  void launch_walk(std::span<const std::byte> packet) const {
+    cuda_detail::walk_adacomp_packet<<<1, 1, 0, options_.stream.get()>>>(
+        packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+
+  layout layout_;
+  options options_;
+  int sms_ = 1;
+  device_buffer<cuda_detail::select_state> states_;
+  device_buffer<cuda_detail::layer_sums> sums_;
+  device_buffer<cuda_detail::segment_slot> slots_;
+  device_buffer<cuda_detail::packet_cursor> cursor_;
+  device_buffer<float> scales_;
+  device_buffer<unsigned long long> exponent_acc_;
+  device_buffer<std::uint32_t> gmax_;
+  device_buffer<std::uint32_t> no_threshold_;
+  device_buffer<std::uint32_t> hist_;
+  device_buffer<double> hist_sq_;
+  device_buffer<double> gain_out_;
+  device_buffer<std::byte> select_temp_;
+  device_buffer<std::uint64_t> layer_info_;
+  mutable device_buffer<cuda_detail::segment_entry> table_;
+  mutable device_buffer<cuda_detail::walk_result> walk_;
+  pinned_buffer<cuda_detail::select_state> host_states_;
+  pinned_buffer<cuda_detail::layer_sums> host_sums_;
+  pinned_buffer<float> host_scales_;
+  pinned_buffer<double> host_gain_;
+  pinned_buffer<cuda_detail::packet_cursor> host_cursor_;
+  mutable pinned_buffer<cuda_detail::walk_result> host_walk_;
+};
+static_assert(Compressor<adacomp_cuda>);
+
+}  // namespace gravac
