@@ -252,13 +252,15 @@ TEST_CASE("adacomp_cuda: device validation agrees with the host's, decoding equa
     put(b, 0, std::uint32_t{0});
     check(b, "magic");
   }
-  // The first AdaComp segment with at least 3 elements sent and a partial sign byte.
+  // The first AdaComp segment with at least 3 elements sent, a partial last sign byte and
+  // padding bytes after it.
   std::size_t pos = sizeof(gravac::packet_header);
   gravac::segment_header sh;
   for (;;) {
     REQUIRE(pos < good.size());
     std::memcpy(&sh, good.data() + pos, sizeof sh);
-    if (sh.encoding != gravac::raw_encoding && sh.count >= 3 && sh.count % 8 != 0) break;
+    if (sh.encoding != gravac::raw_encoding && sh.count >= 3 && sh.count % 8 != 0 && ((sh.count + 7) / 8) % 8 != 0)
+      break;
     pos += sizeof sh + sh.payload_bytes;
   }
   const std::size_t pl = pos + sizeof sh;
