@@ -8,6 +8,8 @@
 // speedup_vs_sort. Targets on an H200 at N = 2^26, 1%: copy_fraction >= 0.5, speedup >= 3.
 // BM_threshold_cuda (threshold_cuda, the estimate from a seeded sample, then one fused pass)
 // reports the same counters plus k_error = |k_hat - k| / k.
+// BM_adacomp_cuda (AdaComp, bin length L_T = second argument) reports bytes_per_s and
+// copy_fraction of the same bytes (read g and e, write e, write the packet) and the count sent.
 #include <benchmark/benchmark.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -17,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 
@@ -160,6 +163,43 @@ void BM_select(benchmark::State& state) {
 void BM_topk_cuda(benchmark::State& state) { BM_select<gravac::topk_cuda>(state); }
 void BM_threshold_cuda(benchmark::State& state) { BM_select<gravac::threshold_cuda>(state); }
 
+// AdaComp on one convolution layer of n elements with bins of L_T elements.
+void BM_adacomp_cuda(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  gravac::layout lay;
+  lay.add("conv", {n}, gravac::layer_kind::conv);
+  gravac::adacomp_cuda_options opt;
+  opt.stream = cudaStreamPerThread;
+  opt.bins.conv_bin = static_cast<std::uint32_t>(state.range(1));
+  gravac::adacomp_cuda c(lay, opt);
+  auto g = gaussian(n, 3, 1.0f);
+  auto e = gaussian(n, 4, 0.1f);
+  gravac::device_buffer<std::byte> packet(c.max_packet_bytes());
+  gravac::step_params p;
+  p.kept_fraction.assign(1, 0.5);  // below 1: compressed (AdaComp decides how many)
+  gravac::compress_stats st;
+  std::size_t bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);  // warm-up
+  events ev;
+  double total = 0;
+  for (auto _ : state) {
+    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
+    bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);
+    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
+    const double s = ev.seconds();
+    state.SetIterationTime(s);
+    total += s;
+  }
+  const double per = total / static_cast<double>(state.iterations());
+  const double moved = 3.0 * static_cast<double>(n) * sizeof(float) + static_cast<double>(bytes);
+  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
+  const int b = log2_of(n);
+  if (copy_seconds[b] > 0) {
+    const double copy_rate = 2.0 * static_cast<double>(n) * sizeof(float) / copy_seconds[b];
+    state.counters["copy_fraction"] = (moved / per) / copy_rate;
+  }
+  state.counters["sent"] = static_cast<double>(st.layers[0].kept);
+}
+
 }  // namespace
 
 // Baselines first, so the top-k runs can report ratios to them.
@@ -180,6 +220,12 @@ BENCHMARK(BM_threshold_cuda)
     ->Args({1 << 26, 1000})
     ->Args({1 << 26, 100})
     ->Args({1 << 26, 10});
+BENCHMARK(BM_adacomp_cuda)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Args({1 << 24, 50})
+    ->Args({1 << 26, 50})
+    ->Args({1 << 26, 500});
 
 int main(int argc, char** argv) {
   if (gravac::visible_cuda_devices() == 0) {
