@@ -112,6 +112,10 @@ double run_compress(benchmark::State& state, C& c, const dataset& d, gravac::ste
   gravac::compress_stats st;
   double total = 0;
   std::size_t kept = 0;
+  // One untimed step first: it sets the guess (a training run's steady state) and touches
+  // the workspace's pages once, as every later step finds them.
+  std::memcpy(e.data(), d.e0.data(), e.size() * sizeof(float));
+  c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
   for (auto _ : state) {
     state.PauseTiming();
     std::memcpy(e.data(), d.e0.data(), e.size() * sizeof(float));

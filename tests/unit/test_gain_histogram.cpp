@@ -163,3 +163,43 @@ TEST_CASE("compressors report the histogram gain curve of u = g + e", "[gain][co
   check(randomk(lay), true);
   check(identity(lay), false);
 }
+
+TEST_CASE("large layers estimate the gain curve from the candidates and a sample, close to brute force",
+          "[gain][sampled]") {
+  // 2^21 + 5 elements: above 2^19, so below the guess the fused pass histograms one block
+  // in 8 (weight 8); the candidates at or above it are added exactly.
+  const std::size_t n = (std::size_t{1} << 21) + 5;
+  REQUIRE(detail::gain_sample_stride(n) == 8);
+  REQUIRE(detail::gain_sample_stride(std::size_t{1} << 19) == 1);
+  const auto lay = layout::flat(n);
+  const std::vector<double> fractions{0.1, 0.033, 0.011, 0.004, 0.001};
+  for (int kind : {0, 1, 4}) {
+    const auto g = data_for(kind, n, 91 + kind);
+    std::vector<double> exact(fractions.size());
+    for (std::size_t c = 0; c < fractions.size(); ++c) exact[c] = top_energy(g, kept_count(n, fractions[c]));
+    for (int which = 0; which < 3; ++which) {
+      auto check = [&](auto c) {
+        std::vector<std::byte> packet(c.max_packet_bytes());
+        for (std::uint64_t step : {0, 1, 2, 5}) {  // step 0 has no guess yet (all sampled); the blocks rotate
+          auto p = test::params_for(lay, 0.01, step);
+          p.gain_candidates = fractions;
+          std::vector<float> gg = g, e(n, 0.0f);  // u = g at every step
+          compress_stats st;
+          c.compress(host_view(gg), host_view(e), p, packet, st);
+          for (std::size_t i = 0; i < fractions.size(); ++i) {
+            INFO("data " << kind << " compressor " << which << " step " << step << " fraction " << fractions[i]);
+            // Above the guess exact; below it, 2^18 sampled values (heavy tails spread more).
+            // Step 0 of top-k has no guess: its miss reads u again and the curve is exact.
+            const double tol = kind == 4 ? 0.1 : 0.02;
+            CHECK(std::fabs(st.candidate_kept_sq[i] - exact[i]) <= tol * exact[i]);
+            // Fractions at or below the kept one lie above the guess: exact up to the bin model.
+            if (step > 0 && fractions[i] <= 0.004) CHECK(st.candidate_kept_sq[i] == Approx(exact[i]).epsilon(0.002));
+          }
+        }
+      };
+      if (which == 0) check(topk(lay));
+      if (which == 1) check(topk(lay, {.whole_buffer = true, .threads = 2}));
+      if (which == 2) check(threshold(lay));
+    }
+  }
+}

@@ -36,7 +36,8 @@ namespace gravac {
 //! Adds to \p kept_sq[c] the energy ||top-k_c(u)||^2 that exact top-k would keep of the
 //! values in \p h (a layer of \p numel elements), with k = kept_count(numel, candidates[c]).
 //! Exact when k falls on a bin edge; inside the boundary bin see partial_bin_energy.
-//! Infinities and NaNs are never counted as kept.
+//! Infinities and NaNs are never counted as kept. (For a histogram in which part of the
+//! layer is a weighted sample, see detail::histogram_sampling, the curve is an estimate.)
 inline void add_gain_curve(const magnitude_histogram& h, std::size_t numel, std::span<const double> candidates,
                            std::span<double> kept_sq) noexcept {
   if (h.empty()) return;

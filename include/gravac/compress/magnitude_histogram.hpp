@@ -61,6 +61,14 @@ class magnitude_histogram {
     ++count_[b];
     sumsq_[b] += m * m;
   }
+  //! Adds \p weight values of key \p key (a sample standing for that many), range widened
+  //! by the caller.
+  void add_weighted_unchecked(std::uint32_t key, std::uint32_t weight) noexcept {
+    const std::uint32_t b = bin_of(key);
+    const double m = key_magnitude(key);
+    count_[b] += weight;
+    sumsq_[b] += weight * (m * m);
+  }
   //! Counts one value by bin without its energy (selection only needs counts).
   void count_unchecked(std::uint32_t key) noexcept { ++count_[bin_of(key)]; }
   //! Declares that keys in [min_key, max_key] were added with the *_unchecked functions.

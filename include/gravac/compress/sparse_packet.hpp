@@ -77,13 +77,19 @@ inline void add_sparse_segment(const segment_header& sh, std::span<const std::by
                                float scale) {
   const std::size_t idx_bytes = pad8(sh.count * sh.index_width);
   const auto values = payload.subspan(idx_bytes);
-  if (sh.index_width == 4) {
-    for (std::size_t i = 0; i < sh.count; ++i)
-      out[load_at<std::uint32_t>(payload, i)] += scale * load_at<float>(values, i);
-  } else {
-    for (std::size_t i = 0; i < sh.count; ++i)
-      out[load_at<std::uint64_t>(payload, i)] += scale * load_at<float>(values, i);
-  }
+  // Scattered adds into a layer larger than the cache miss on almost every index:
+  // prefetching some way ahead overlaps the misses.
+  constexpr std::size_t ahead = 64;
+  auto add_all = [&]<class Index>() {
+    for (std::size_t i = 0; i < sh.count; ++i) {
+      if (i + ahead < sh.count) __builtin_prefetch(out.data() + load_at<Index>(payload, i + ahead), 1);
+      out[load_at<Index>(payload, i)] += scale * load_at<float>(values, i);
+    }
+  };
+  if (sh.index_width == 4)
+    add_all.template operator()<std::uint32_t>();
+  else
+    add_all.template operator()<std::uint64_t>();
 }
 
 }  // namespace gravac

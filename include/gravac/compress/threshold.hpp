@@ -111,7 +111,11 @@ class threshold {
           const bool want_gain = !p.gain_candidates.empty();
           const std::uint64_t k = kept_count(gl.size(), fraction);
           const std::uint32_t t = estimate(gl, el, fraction, detail::mix_seed(p.seed, p.step, layout_[index].id));
-          const auto r = work_.fuse(gl, el, 0, t, want_gain ? &hist_ : nullptr, true);
+          const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
+          const auto r = work_.fuse(gl, el, 0, t, hs);
+          if (want_gain)
+            detail::add_fused_gain_curve(work_, hs, 0, r.collected, gl.size(), p.gain_candidates, st.candidate_kept_sq);
+          hist_.clear();
           if (r.non_finite) st.non_finite = true;
           std::size_t count = r.collected;
           if (count > k) {
@@ -123,8 +127,6 @@ class threshold {
             count = work_.keep_selected(run, kth.key, all_ties);
           }
           const double ksq = work_.write_segment_from(w, index, el, 0, count);
-          if (want_gain) add_gain_curve(hist_, gl.size(), p.gain_candidates, st.candidate_kept_sq);
-          hist_.clear();
           ls = {count, r.grad_sq, r.input_sq, ksq};
         });
   }

@@ -106,20 +106,33 @@ class topk {
             layer_stats& ls) {
           const std::size_t slot = 0;  // one layer at a time: the workspace is reused
           const bool want_gain = !p.gain_candidates.empty();
-          const auto r = work_.fuse(gl, el, slot, guess_[index], want_gain ? &hist_ : nullptr, true);
-          bool counted = want_gain;
+          const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
+          const auto r = work_.fuse(gl, el, slot, guess_[index], hs);
+          // hist_ holds every element only when the gain histogram took every element.
+          bool counted = want_gain && hs.stride == 1;
           std::uint64_t k = kept_count(gl.size(), fraction);
+          const bool miss = k > 0 && r.collected < k;
+          if ((r.non_finite || miss) && !counted) {
+            // A second read of u: the whole histogram (with energies when the gain curve is
+            // wanted, which then comes from it exactly rather than from a sample).
+            hist_.clear();
+            detail::histogram_of_layer(el, hist_, want_gain);
+            counted = true;
+          }
+          if (want_gain) {
+            if (counted)
+              add_gain_curve(hist_, gl.size(), p.gain_candidates, st.candidate_kept_sq);
+            else
+              detail::add_fused_gain_curve(work_, hs, slot, r.collected, gl.size(), p.gain_candidates,
+                                           st.candidate_kept_sq);
+          }
           if (r.non_finite) {
             st.non_finite = true;
-            if (!counted) detail::count_into_histogram(el, hist_);
-            counted = true;
             k = std::min(k, hist_.finite_count());
           }
           std::size_t collected = r.collected;
-          if (k > 0 && collected < k) {  // miss: one more read of u, from the histogram's boundary bin down
-            if (!counted) detail::count_into_histogram(el, hist_);
+          if (k > 0 && collected < k)  // miss: collect again from the histogram's boundary bin down
             collected = work_.recollect(el, slot, magnitude_histogram::lower_key(find_boundary(hist_, k).bin));
-          }
           std::size_t count = 0;
           if (k > 0) {
             const detail::candidate_run run{slot, collected};
@@ -129,7 +142,6 @@ class topk {
             guess_[index] = detail::widened_guess(t.key, options_.guess_margin);
           }
           const double ksq = work_.write_segment_from(w, index, el, slot, count);
-          if (want_gain) add_gain_curve(hist_, gl.size(), p.gain_candidates, st.candidate_kept_sq);
           hist_.clear();
           ls = {count, r.grad_sq, r.input_sq, ksq};
         });
@@ -169,31 +181,43 @@ class topk {
     whole_gain_.assign(p.gain_candidates.size(), 0.0);
     unit_hist_.clear();
     std::size_t total = 0, collected = 0;
-    bool non_finite = false;
+    bool non_finite = false, all_counted = true;
     runs_.clear();
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       count_[i] = 0;
       if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
-      const auto r = work_.fuse(g.subspan(l.offset, l.numel), e.subspan(l.offset, l.numel), l.offset, whole_guess_,
-                                want_gain ? &hist_ : nullptr, true);
+      const auto hs = want_gain ? detail::gain_sampling(hist_, l.numel, p.step) : detail::histogram_sampling{};
+      const auto r = work_.fuse(g.subspan(l.offset, l.numel), e.subspan(l.offset, l.numel), l.offset, whole_guess_, hs);
       layer_sums_[i] = {r.grad_sq, r.input_sq};
       count_[i] = r.collected;
       total += l.numel;
       collected += r.collected;
       non_finite = non_finite || r.non_finite;
       if (want_gain) {
-        add_gain_curve(hist_, l.numel, p.gain_candidates, whole_gain_);
-        unit_hist_.merge(hist_);
+        detail::add_fused_gain_curve(work_, hs, l.offset, r.collected, l.numel, p.gain_candidates, whole_gain_);
+        if (hs.stride == 1)
+          unit_hist_.merge(hist_);
+        else
+          all_counted = false;  // a sample: a miss must read the layers again
         hist_.clear();
       }
     }
-    bool counted = want_gain;
+    bool counted = want_gain && all_counted;
+    // A second read of every compressed layer: their whole histogram, and with energies
+    // when the gain curve is wanted, which is then taken from it exactly.
     auto count_all = [&] {
       if (counted) return;
-      for (std::size_t i = 0; i < layout_.size(); ++i)
-        if (layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction)
-          detail::count_into_histogram(e.subspan(layout_[i].offset, layout_[i].numel), unit_hist_);
+      unit_hist_.clear();
+      std::fill(whole_gain_.begin(), whole_gain_.end(), 0.0);
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& l = layout_[i];
+        if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
+        detail::histogram_of_layer(e.subspan(l.offset, l.numel), hist_, want_gain);
+        if (want_gain) add_gain_curve(hist_, l.numel, p.gain_candidates, whole_gain_);
+        unit_hist_.merge(hist_);
+        hist_.clear();
+      }
       counted = true;
     };
     std::uint64_t k = kept_count(total, p.global_fraction);

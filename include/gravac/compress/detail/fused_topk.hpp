@@ -23,6 +23,11 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SSE2__) && !defined(GRAVAC_PORTABLE_KERNELS)
+#include <emmintrin.h>
+#endif
+
+#include "gravac/compress/gain_curve.hpp"
 #include "gravac/compress/magnitude_histogram.hpp"
 #include "gravac/compress/sparse_packet.hpp"
 #include "gravac/packet.hpp"
@@ -53,92 +58,180 @@ struct candidate_run {
   std::size_t count = 0;  //!< candidates in the run
 };
 
+//! Which elements of a fused pass also go into a magnitude histogram (count and energy).
+//! With a stride of 1, every element: the exact histogram. With a larger stride (large
+//! layers, where a scatter per element would cost more than the whole selection), the gain
+//! histogram is built in two parts: every candidate the pass collects (key >= the guess) is
+//! added exactly afterwards (fused_topk_workspace::add_candidates), and of the elements below
+//! the guess one block of fused_block in `stride` is added, each with weight `stride`. The
+//! largest values, which carry the energy of small kept fractions and of heavy tails, are
+//! thus exact, and the bulk below is a uniform sample. Blocks are chosen by their index in
+//! the layer: those equal to `phase` modulo `stride`.
+struct histogram_sampling {
+  magnitude_histogram* hist = nullptr;  //!< where the elements go; null: no histogram
+  std::uint32_t stride = 1;             //!< one block in this many (1: every element)
+  std::uint32_t phase = 0;              //!< which one (below stride)
+};
+
+//! Elements per block of the fused pass (the unit of sums and of histogram sampling).
+inline constexpr std::size_t fused_block = 256;
+
+//! The gain histogram's sampling stride for a layer of \p n elements: every element of
+//! layers up to 2^19 elements (the exact curve); above, a sample of about 2^18 elements
+//! below the guess (one block in at most 64), where a full histogram would cost more than
+//! the selection itself (a scatter per element against a memory-bound pass).
+[[nodiscard]] inline std::uint32_t gain_sample_stride(std::size_t n) noexcept {
+  constexpr std::size_t exact_up_to = std::size_t{1} << 19, sample = std::size_t{1} << 18;
+  if (n <= exact_up_to) return 1;
+  return static_cast<std::uint32_t>(std::min<std::size_t>(64, std::bit_floor(n / sample)));
+}
+
+//! The sampling of a layer's gain histogram at step \p step: the phase rotates with the
+//! step, so every block is seen over stride steps.
+[[nodiscard]] inline histogram_sampling gain_sampling(magnitude_histogram& h, std::size_t n, std::uint64_t step) noexcept {
+  const std::uint32_t stride = gain_sample_stride(n);
+  return {&h, stride, static_cast<std::uint32_t>(step % stride)};
+}
+
+//! Groups of 8 of the fused pass: u = g + e stored over e, float partial sums of g^2 and
+//! u^2, a non-finite flag, and the mask of the lanes whose key lies in (lo, non_finite_key).
+//! Keys are below 2^31, so signed compares order them, which SSE2 has.
+#if defined(__SSE2__) && !defined(GRAVAC_PORTABLE_KERNELS)
+struct fused_lanes {
+  __m128 fg0 = _mm_setzero_ps(), fg1 = _mm_setzero_ps(), fu0 = _mm_setzero_ps(), fu1 = _mm_setzero_ps();
+  __m128i nf = _mm_setzero_si128();
+
+  template <bool Collect>
+  unsigned step8(const float* g, float* e, std::int32_t lo) noexcept {
+    const __m128i abs_mask = _mm_set1_epi32(0x7fffffff);
+    const __m128i largest_finite = _mm_set1_epi32(static_cast<std::int32_t>(non_finite_key - 1));
+    const __m128 g0 = _mm_loadu_ps(g), g1 = _mm_loadu_ps(g + 4);
+    const __m128 u0 = _mm_add_ps(g0, _mm_loadu_ps(e)), u1 = _mm_add_ps(g1, _mm_loadu_ps(e + 4));
+    _mm_storeu_ps(e, u0);
+    _mm_storeu_ps(e + 4, u1);
+    fg0 = _mm_add_ps(fg0, _mm_mul_ps(g0, g0));
+    fg1 = _mm_add_ps(fg1, _mm_mul_ps(g1, g1));
+    fu0 = _mm_add_ps(fu0, _mm_mul_ps(u0, u0));
+    fu1 = _mm_add_ps(fu1, _mm_mul_ps(u1, u1));
+    const __m128i k0 = _mm_and_si128(_mm_castps_si128(u0), abs_mask);
+    const __m128i k1 = _mm_and_si128(_mm_castps_si128(u1), abs_mask);
+    const __m128i bad0 = _mm_cmpgt_epi32(k0, largest_finite), bad1 = _mm_cmpgt_epi32(k1, largest_finite);
+    nf = _mm_or_si128(nf, _mm_or_si128(bad0, bad1));
+    if constexpr (!Collect) return 0;
+    const __m128i l = _mm_set1_epi32(lo);
+    const __m128i c0 = _mm_andnot_si128(bad0, _mm_cmpgt_epi32(k0, l));
+    const __m128i c1 = _mm_andnot_si128(bad1, _mm_cmpgt_epi32(k1, l));
+    return static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(c0)) | (_mm_movemask_ps(_mm_castsi128_ps(c1)) << 4));
+  }
+  //! Adds the block's partial sums to \p gs and \p us (double) and restarts them.
+  void flush(double& gs, double& us) noexcept {
+    alignas(16) float a[4], b[4];
+    _mm_store_ps(a, _mm_add_ps(fg0, fg1));
+    _mm_store_ps(b, _mm_add_ps(fu0, fu1));
+    gs += (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
+    us += (static_cast<double>(b[0]) + b[1]) + (static_cast<double>(b[2]) + b[3]);
+    fg0 = fg1 = fu0 = fu1 = _mm_setzero_ps();
+  }
+  [[nodiscard]] bool non_finite() const noexcept { return _mm_movemask_epi8(nf) != 0; }
+};
+#else
+// Portable version (any architecture; GRAVAC_PORTABLE_KERNELS selects it on x86 for tests).
+struct fused_lanes {
+  float fg[8] = {}, fu[8] = {};
+  bool nf = false;
+
+  template <bool Collect>
+  unsigned step8(const float* g, float* e, std::int32_t lo) noexcept {
+    unsigned mask = 0;
+    for (unsigned l = 0; l < 8; ++l) {
+      const float gv = g[l];
+      const float u = gv + e[l];
+      e[l] = u;
+      fg[l] += gv * gv;
+      fu[l] += u * u;
+      const std::uint32_t k = std::bit_cast<std::uint32_t>(u) & 0x7fffffffu;
+      const bool bad = k >= non_finite_key;
+      nf = nf || bad;
+      if constexpr (Collect) mask |= static_cast<unsigned>(!bad && static_cast<std::int32_t>(k) > lo) << l;
+    }
+    return mask;
+  }
+  void flush(double& gs, double& us) noexcept {
+    for (unsigned l = 0; l < 8; ++l) {
+      gs += fg[l];
+      us += fu[l];
+      fg[l] = fu[l] = 0.0f;
+    }
+  }
+  [[nodiscard]] bool non_finite() const noexcept { return nf; }
+};
+#endif
+
 //! The fused pass over one chunk: u = g + e stored in e; keys >= guess (and finite) collected
-//! into idx/key in index order (idx relative to \p base). Histogram when \p h is not null.
-template <bool Collect, bool Hist, bool Energy>
+//! into idx/key in index order (idx relative to the layer: \p base is the chunk's offset in
+//! it). Blocks selected by \p hs also go into its histogram (count and energy).
+//!
+//! The pass runs at about the speed of `e += g` (memory-bound): the sums ride in float
+//! lanes per block (32 terms per lane, then double), the compare yields a bit mask per 8
+//! elements, and only the rare set bits cost a loop trip. The histogram is what is slow
+//! (a scatter per element), hence the sampling for large layers.
+template <bool Collect>
 fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std::uint32_t base, std::uint32_t guess,
-                                   std::uint32_t* idx, std::uint32_t* key, magnitude_histogram* h) noexcept {
-  constexpr std::size_t block = 512;
-  constexpr std::size_t lanes = 16;
-  alignas(64) std::uint32_t keys[block];
-  double gs[lanes] = {}, us[lanes] = {};
-  std::uint32_t kmin = 0xffffffffu, kmax = 0;
+                                   std::uint32_t* idx, std::uint32_t* key, const histogram_sampling& hs) noexcept {
+  // Collect keys in [guess, non_finite_key): key > lo, signed (keys are below 2^31).
+  const std::int32_t lo = static_cast<std::int32_t>(std::min(guess, non_finite_key)) - 1;
+  fused_lanes lanes;
+  fused_pass_result r;
   std::size_t c = 0;
-  // Collect keys in [guess, non_finite_key): one unsigned compare.
-  const std::uint32_t span_keys = guess <= non_finite_key ? non_finite_key - guess : 0;
-  for (std::size_t b0 = 0; b0 < n; b0 += block) {
-    const std::size_t m = std::min(block, n - b0);
+  const std::size_t first_block = base / fused_block;  // chunks of threads start block-aligned
+  for (std::size_t b0 = 0; b0 < n; b0 += fused_block) {
+    const std::size_t m = std::min(fused_block, n - b0);
     const float* gb = g + b0;
     float* eb = e + b0;
-    // Simple loops over a block that stays in L1, each one the compiler vectorizes:
-    // u and its key; the sums (lane-wise, so no reassociation is needed); the key range.
-    for (std::size_t j = 0; j < m; ++j) {
-      const float u = gb[j] + eb[j];
-      eb[j] = u;
-      keys[j] = std::bit_cast<std::uint32_t>(u) & 0x7fffffffu;
-    }
-    // Squares summed in float lanes within the block (64 terms per lane: relative error
-    // below 1e-5, typically 1e-7) and in double across blocks; double lanes would not
-    // vectorize on baseline x86-64.
-    float fg[lanes] = {}, fu[lanes] = {};
     std::size_t j = 0;
-    for (; j + lanes <= m; j += lanes) {
-      for (std::size_t l = 0; l < lanes; ++l) {
-        fg[l] += gb[j + l] * gb[j + l];
-        fu[l] += eb[j + l] * eb[j + l];
-      }
-    }
-    for (; j < m; ++j) {
-      fg[0] += gb[j] * gb[j];
-      fu[0] += eb[j] * eb[j];
-    }
-    for (std::size_t l = 0; l < lanes; ++l) {
-      gs[l] += fg[l];
-      us[l] += fu[l];
-    }
-    for (std::size_t i = 0; i < m; ++i) {
-      kmin = std::min(kmin, keys[i]);
-      kmax = std::max(kmax, keys[i]);
-    }
-    if constexpr (Hist) {
-      for (std::size_t i = 0; i < m; ++i) {
-        if constexpr (Energy)
-          h->add_unchecked(keys[i]);
-        else
-          h->count_unchecked(keys[i]);
-      }
-    }
-    if constexpr (Collect) {
-      // A bit mask per group of 16 (vectorized compares); candidates are rare, so the
-      // loop over set bits runs seldom.
-      const auto at = static_cast<std::uint32_t>(base + b0);
-      std::size_t i = 0;
-      for (; i + 16 <= m; i += 16) {
-        std::uint32_t mask = 0;
-        for (std::uint32_t l = 0; l < 16; ++l) mask |= static_cast<std::uint32_t>((keys[i + l] - guess) < span_keys) << l;
+    for (; j + 8 <= m; j += 8) {
+      unsigned mask = lanes.template step8<Collect>(gb + j, eb + j, lo);
+      if constexpr (Collect) {
         while (mask != 0) {
           const auto l = static_cast<std::uint32_t>(std::countr_zero(mask));
-          idx[c] = at + static_cast<std::uint32_t>(i) + l;
-          key[c] = keys[i + l];
+          idx[c] = base + static_cast<std::uint32_t>(b0 + j) + l;
+          key[c] = std::bit_cast<std::uint32_t>(eb[j + l]) & 0x7fffffffu;
           ++c;
           mask &= mask - 1;
         }
       }
-      for (; i < m; ++i) {
-        idx[c] = at + static_cast<std::uint32_t>(i);
-        key[c] = keys[i];
-        c += (keys[i] - guess) < span_keys ? 1u : 0u;
+    }
+    lanes.flush(r.grad_sq, r.input_sq);
+    for (; j < m; ++j) {  // the last few of a chunk
+      const float gv = gb[j];
+      const float u = gv + eb[j];
+      eb[j] = u;
+      r.grad_sq += static_cast<double>(gv) * gv;
+      r.input_sq += static_cast<double>(u) * u;
+      const std::uint32_t k = std::bit_cast<std::uint32_t>(u) & 0x7fffffffu;
+      r.non_finite = r.non_finite || k >= non_finite_key;
+      if constexpr (Collect) {
+        idx[c] = base + static_cast<std::uint32_t>(b0 + j);
+        key[c] = k;
+        c += (k >= guess && k < non_finite_key) ? 1u : 0u;
       }
     }
-  }
-  if constexpr (Hist) h->note_range(kmin, kmax);
-  fused_pass_result r;
-  for (std::size_t l = 0; l < lanes; ++l) {
-    r.grad_sq += gs[l];
-    r.input_sq += us[l];
+    if (hs.hist != nullptr && (first_block + b0 / fused_block) % hs.stride == hs.phase) {
+      std::uint32_t kmin = 0xffffffffu, kmax = 0;
+      for (std::size_t i = 0; i < m; ++i) {
+        const std::uint32_t k = std::bit_cast<std::uint32_t>(eb[i]) & 0x7fffffffu;
+        kmin = std::min(kmin, k);
+        kmax = std::max(kmax, k);
+        if (hs.stride == 1)
+          hs.hist->add_unchecked(k);
+        else if (!Collect || k < guess || k >= non_finite_key)  // candidates are added exactly later
+          hs.hist->add_weighted_unchecked(k, hs.stride);
+      }
+      hs.hist->note_range(kmin, kmax);
+    }
   }
   r.collected = c;
-  r.non_finite = n > 0 && kmax >= non_finite_key;
+  r.non_finite = r.non_finite || lanes.non_finite();
   return r;
 }
 
@@ -156,14 +249,18 @@ inline std::size_t collect_at_least(std::span<const float> u, std::uint32_t floo
   return c;
 }
 
-//! Counts |u| into \p h (no energy): the histogram a miss needs.
-inline void count_into_histogram(std::span<const float> u, magnitude_histogram& h) noexcept {
+//! Adds every |u| to \p h: counts only (what a miss needs), or counts and energies (\p
+//! energy: what an exact gain curve needs).
+inline void histogram_of_layer(std::span<const float> u, magnitude_histogram& h, bool energy) noexcept {
   std::uint32_t kmin = 0xffffffffu, kmax = 0;
   for (float x : u) {
     const std::uint32_t k = magnitude_key(x);
     kmin = std::min(kmin, k);
     kmax = std::max(kmax, k);
-    h.count_unchecked(k);
+    if (energy)
+      h.add_unchecked(k);
+    else
+      h.count_unchecked(k);
   }
   h.note_range(kmin, kmax);
 }
@@ -187,13 +284,27 @@ class fused_topk_workspace {
   [[nodiscard]] std::size_t capacity() const noexcept { return idx_.size(); }
 
   //! The fused pass over one layer whose candidates go to the slots at \p slot:
-  //! u = g + e over e, sums, candidates with key >= \p guess, histogram into \p h if given
-  //! (with energies when \p energy). Returns the measurements; candidates are contiguous.
+  //! u = g + e over e, sums, candidates with key >= \p guess, the blocks \p hs selects
+  //! into its histogram. Returns the measurements; candidates are contiguous.
   fused_pass_result fuse(std::span<const float> g, std::span<float> e, std::size_t slot, std::uint32_t guess,
-                         magnitude_histogram* h, bool energy) {
+                         const histogram_sampling& hs = {}) {
     const std::size_t n = g.size();
-    if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, h, energy);
-    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, key_.data() + slot, h, energy);
+    if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, hs);
+    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, key_.data() + slot, hs);
+  }
+
+  //! Adds the \p count candidates at \p slot to \p h exactly (count and energy): the part
+  //! of a sampled gain histogram above the guess (see histogram_sampling).
+  void add_candidates(magnitude_histogram& h, std::size_t slot, std::size_t count) const noexcept {
+    if (count == 0) return;
+    std::uint32_t kmin = 0xffffffffu, kmax = 0;
+    const std::uint32_t* kp = key_.data() + slot;
+    for (std::size_t i = 0; i < count; ++i) {
+      kmin = std::min(kmin, kp[i]);
+      kmax = std::max(kmax, kp[i]);
+      h.add_unchecked(kp[i]);
+    }
+    h.note_range(kmin, kmax);
   }
 
   //! After a miss: collects every finite element of u (held in e) with key >= \p floor.
@@ -264,7 +375,11 @@ class fused_topk_workspace {
     write_segment(w, sh, [&](byte_writer& bw) {
       std::byte* id = bw.reserve(count * sizeof(std::uint32_t));
       std::byte* vd = bw.reserve(count * sizeof(float));
+      // The selected elements are scattered over a layer that left the cache during the
+      // fused pass: prefetching 64 ahead overlaps their misses (3x faster at 2^24).
+      constexpr std::size_t ahead = 64;
       for (std::size_t j = 0; j < count; ++j) {
+        if (j + ahead < count) __builtin_prefetch(e.data() + ip[j + ahead], 1);
         const std::uint32_t ix = ip[j];
         const float v = e[ix];
         e[ix] = 0.0f;
@@ -287,30 +402,26 @@ class fused_topk_workspace {
 
   static fused_pass_result fuse_chunk(const float* g, float* e, std::size_t n, std::uint32_t base,
                                       std::uint32_t guess, std::uint32_t* idx, std::uint32_t* key,
-                                      magnitude_histogram* h, bool energy) noexcept {
-    const bool collect = guess != no_guess;
-    if (h == nullptr)
-      return collect ? fused_pass_chunk<true, false, false>(g, e, n, base, guess, idx, key, nullptr)
-                     : fused_pass_chunk<false, false, false>(g, e, n, base, guess, idx, key, nullptr);
-    if (energy)
-      return collect ? fused_pass_chunk<true, true, true>(g, e, n, base, guess, idx, key, h)
-                     : fused_pass_chunk<false, true, true>(g, e, n, base, guess, idx, key, h);
-    return collect ? fused_pass_chunk<true, true, false>(g, e, n, base, guess, idx, key, h)
-                   : fused_pass_chunk<false, true, false>(g, e, n, base, guess, idx, key, h);
+                                      const histogram_sampling& hs) noexcept {
+    return guess != no_guess ? fused_pass_chunk<true>(g, e, n, base, guess, idx, key, hs)
+                             : fused_pass_chunk<false>(g, e, n, base, guess, idx, key, hs);
   }
 
-  // Splits the layer into one chunk per thread; each collects into its own part of the
-  // layer's region and fills its own histogram. The parts are then moved together (in
-  // index order) and the histograms merged.
+  // Splits the layer into one chunk per thread (whole blocks, so histogram sampling picks
+  // the same blocks as one thread would); each collects into its own part of the layer's
+  // region and fills its own histogram. The parts are then moved together (in index
+  // order) and the histograms merged.
   fused_pass_result fuse_threaded(std::span<const float> g, std::span<float> e, std::size_t slot,
-                                  std::uint32_t guess, magnitude_histogram* h, bool energy) {
+                                  std::uint32_t guess, const histogram_sampling& hs) {
     const std::size_t n = g.size();
-    const std::size_t per = (n + threads_ - 1) / threads_;
+    const std::size_t blocks = (n + fused_block - 1) / fused_block;
+    const std::size_t per = (blocks + threads_ - 1) / threads_ * fused_block;
     auto work = [&](unsigned t) {
       const std::size_t a = std::min(n, t * per), b = std::min(n, a + per);
-      magnitude_histogram* th = h ? &thread_hist_[t] : nullptr;
+      histogram_sampling ths = hs;
+      if (hs.hist != nullptr) ths.hist = &thread_hist_[t];
       thread_results_[t] = fuse_chunk(g.data() + a, e.data() + a, b - a, static_cast<std::uint32_t>(a), guess,
-                                      idx_.data() + slot + a, key_.data() + slot + a, th, energy);
+                                      idx_.data() + slot + a, key_.data() + slot + a, ths);
     };
     for (unsigned t = 1; t < threads_; ++t) pool_.emplace_back(work, t);
     work(0);
@@ -328,8 +439,8 @@ class fused_topk_workspace {
       r.grad_sq += tr.grad_sq;
       r.input_sq += tr.input_sq;
       r.non_finite = r.non_finite || tr.non_finite;
-      if (h) {
-        h->merge(thread_hist_[t]);
+      if (hs.hist != nullptr) {
+        hs.hist->merge(thread_hist_[t]);
         thread_hist_[t].clear();
       }
     }
@@ -345,6 +456,16 @@ class fused_topk_workspace {
   std::vector<fused_pass_result> thread_results_;
   std::vector<std::jthread> pool_;
 };
+
+//! The gain curve of a layer of \p numel elements after its fused pass (with sampling \p hs
+//! and \p collected candidates at \p slot): completes a sampled histogram with the exact
+//! candidates, then adds the curve to \p kept_sq.
+inline void add_fused_gain_curve(const fused_topk_workspace& w, const histogram_sampling& hs, std::size_t slot,
+                                 std::size_t collected, std::size_t numel, std::span<const double> candidates,
+                                 std::span<double> kept_sq) noexcept {
+  if (hs.stride > 1) w.add_candidates(*hs.hist, slot, collected);
+  add_gain_curve(*hs.hist, numel, candidates, kept_sq);
+}
 
 //! The next step's guess: the threshold key lowered by a margin of \p margin in magnitude
 //! (magnitudes drift slowly from step to step, so the next top-k is almost surely above it).
