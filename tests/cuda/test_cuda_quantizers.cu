@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "gravac/collective/allgather.hpp"
+#include "gravac/comm/thread_communicator.hpp"
+#include "gravac/policy/fixed_policy.hpp"
+#include "gravac/trainer.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
@@ -405,4 +408,66 @@ TEST_CASE("device quantizers: validation agrees with the host's on good and corr
     r.step(g, p);
     corruptions(r);
   }
+}
+
+namespace {
+
+// MOCK: a one-rank communicator over device memory (the collectives' device paths without
+// NCCL): allgatherv copies this rank's packet, the reductions of one rank are the identity.
+struct one_rank_device_comm {
+  using communicator_tag = void;
+  using memory_space = gravac::cuda_space;
+  using byte_buffer = gravac::device_byte_buffer;
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+  void allreduce_sum(std::span<float>) {}
+  void allreduce_sum(std::span<double>) {}
+  void allreduce_max(std::span<double>) {}
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    out.resize(in.size());
+    if (!in.empty())
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(out.data(), in.data(), in.size(), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+    GRAVAC_TRY_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+    sizes.assign(1, in.size());
+  }
+  void broadcast(std::span<std::byte>, int) {}
+  void barrier() {}
+};
+static_assert(gravac::Communicator<one_rank_device_comm>);
+
+// The device trainer's averaged gradient after each step equals the host trainer's bit for bit.
+template <class HostC, class DevC, class K>
+void trainer_pair(double fraction) {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {100003}, gravac::layer_kind::conv);
+  gravac::fixed_policy_options pol;
+  pol.kept_fraction = fraction;
+  pol.one_dim_dense = true;  // 1-D layers go raw
+  std::vector<std::vector<float>> host_out;
+  gravac::run_ranks(1, [&](gravac::thread_communicator& comm) {
+    gravac::trainer<HostC, K, gravac::fixed_policy> t(comm, lay, {.policy = pol, .seed = 3});
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      auto g = gravac::test::make_data(lay.numel(), 200 + s);
+      t.step(std::span<float>(g));
+      host_out.push_back(g);
+    }
+  });
+  one_rank_device_comm comm;
+  gravac::trainer<DevC, K, gravac::fixed_policy> t(comm, lay, {.policy = pol, .seed = 3});
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    auto g = to_device(gravac::test::make_data(lay.numel(), 200 + s));
+    t.step(gravac::grad_view<gravac::cuda_space>(g.data(), lay.numel()));
+    const auto back = to_host(g.data(), lay.numel());
+    REQUIRE(same_words(back.data(), host_out[s].data(), back.size() * sizeof(float), false));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("trainer with a device quantizer equals the host trainer (one rank, allgather and dense_allreduce)") {
+  trainer_pair<gravac::qsgd, gravac::qsgd_cuda, gravac::allgather>(0.1);
+  trainer_pair<gravac::terngrad, gravac::terngrad_cuda, gravac::allgather>(0.1);
+  trainer_pair<gravac::sign, gravac::sign_cuda, gravac::dense_allreduce>(0.1);
+  trainer_pair<gravac::cast16, gravac::cast16_cuda, gravac::dense_allreduce>(0.1);
 }
