@@ -167,17 +167,20 @@ struct fused_lanes {
 };
 #endif
 
-//! The fused pass over one chunk: u = g + e stored in e; keys >= guess (and finite) collected
-//! into idx/key in index order (idx relative to the layer: \p base is the chunk's offset in
-//! it). Blocks selected by \p hs also go into its histogram (count and energy).
+//! The fused pass over one chunk: u = g + e stored in e; the elements whose key is >= guess
+//! (and finite) collected into idx/bits in index order: the index (relative to the layer:
+//! \p base is the chunk's offset in it) and the bit pattern of u (its key is the pattern
+//! without the sign bit). Elements selected by \p hs also go into its histogram (count and
+//! energy). With \p Zero the collected elements are left as zero in e (their values live in
+//! bits): the caller sends them from there and restores those it does not send.
 //!
 //! The pass runs at about the speed of `e += g` (memory-bound): the sums ride in float
 //! lanes per block (32 terms per lane, then double), the compare yields a bit mask per 8
 //! elements, and only the rare set bits cost a loop trip. The histogram is what is slow
 //! (a scatter per element), hence the sampling for large layers.
-template <bool Collect>
+template <bool Collect, bool Zero>
 fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std::uint32_t base, std::uint32_t guess,
-                                   std::uint32_t* idx, std::uint32_t* key, const histogram_sampling& hs) noexcept {
+                                   std::uint32_t* idx, std::uint32_t* bits, const histogram_sampling& hs) noexcept {
   // Collect keys in [guess, non_finite_key): key > lo, signed (keys are below 2^31).
   const std::int32_t lo = static_cast<std::int32_t>(std::min(guess, non_finite_key)) - 1;
   fused_lanes lanes;
@@ -188,6 +191,7 @@ fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std:
     const std::size_t m = std::min(fused_block, n - b0);
     const float* gb = g + b0;
     float* eb = e + b0;
+    const std::size_t c0 = c;
     std::size_t j = 0;
     for (; j + 8 <= m; j += 8) {
       unsigned mask = lanes.template step8<Collect>(gb + j, eb + j, lo);
@@ -195,7 +199,7 @@ fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std:
         while (mask != 0) {
           const auto l = static_cast<std::uint32_t>(std::countr_zero(mask));
           idx[c] = base + static_cast<std::uint32_t>(b0 + j) + l;
-          key[c] = std::bit_cast<std::uint32_t>(eb[j + l]) & 0x7fffffffu;
+          bits[c] = std::bit_cast<std::uint32_t>(eb[j + l]);
           ++c;
           mask &= mask - 1;
         }
@@ -212,7 +216,7 @@ fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std:
       r.non_finite = r.non_finite || k >= non_finite_key;
       if constexpr (Collect) {
         idx[c] = base + static_cast<std::uint32_t>(b0 + j);
-        key[c] = k;
+        bits[c] = std::bit_cast<std::uint32_t>(u);
         c += (k >= guess && k < non_finite_key) ? 1u : 0u;
       }
     }
@@ -229,22 +233,25 @@ fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std:
       }
       hs.hist->note_range(kmin, kmax);
     }
+    if constexpr (Zero)  // after the histogram, which must see u
+      for (std::size_t q = c0; q < c; ++q) e[idx[q] - base] = 0.0f;
   }
   r.collected = c;
   r.non_finite = r.non_finite || lanes.non_finite();
   return r;
 }
 
-//! Collects (index, key) of the finite elements of \p u with key >= \p floor, in index order.
+//! Collects (index, bit pattern) of the finite elements of \p u with key >= \p floor, in
+//! index order.
 inline std::size_t collect_at_least(std::span<const float> u, std::uint32_t floor, std::uint32_t* idx,
-                                    std::uint32_t* key) noexcept {
+                                    std::uint32_t* bits) noexcept {
   const std::uint32_t span_keys = floor <= non_finite_key ? non_finite_key - floor : 0;
   std::size_t c = 0;
   for (std::size_t i = 0; i < u.size(); ++i) {
-    const std::uint32_t k = magnitude_key(u[i]);
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(u[i]);
     idx[c] = static_cast<std::uint32_t>(i);
-    key[c] = k;
-    c += (k - floor) < span_keys ? 1u : 0u;
+    bits[c] = b;
+    c += ((b & 0x7fffffffu) - floor) < span_keys ? 1u : 0u;
   }
   return c;
 }
@@ -272,7 +279,7 @@ class fused_topk_workspace {
   //! A workspace for buffers of up to \p capacity elements, with \p threads threads for
   //! the fused pass of large layers (1: the calling thread only).
   explicit fused_topk_workspace(std::size_t capacity = 0, unsigned threads = 1)
-      : idx_(capacity), key_(capacity), digits_(std::size_t{1} << 12), threads_(std::max(1u, threads)) {
+      : idx_(capacity), bits_(capacity), digits_(std::size_t{1} << 12), threads_(std::max(1u, threads)) {
     if (threads_ > 1) {
       thread_hist_.resize(threads_);
       thread_results_.resize(threads_);
@@ -284,13 +291,15 @@ class fused_topk_workspace {
   [[nodiscard]] std::size_t capacity() const noexcept { return idx_.size(); }
 
   //! The fused pass over one layer whose candidates go to the slots at \p slot:
-  //! u = g + e over e, sums, candidates with key >= \p guess, the blocks \p hs selects
-  //! into its histogram. Returns the measurements; candidates are contiguous.
+  //! u = g + e over e, sums, candidates with key >= \p guess, the elements \p hs selects
+  //! into its histogram. Returns the measurements; candidates are contiguous. With \p
+  //! zero_collected the candidates are left as zero in e (see fused_pass_chunk): then
+  //! keep_and_restore and write_segment_from_candidates must follow.
   fused_pass_result fuse(std::span<const float> g, std::span<float> e, std::size_t slot, std::uint32_t guess,
-                         const histogram_sampling& hs = {}) {
+                         const histogram_sampling& hs = {}, bool zero_collected = false) {
     const std::size_t n = g.size();
-    if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, hs);
-    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, key_.data() + slot, hs);
+    if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, hs, zero_collected);
+    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, bits_.data() + slot, hs, zero_collected);
   }
 
   //! Adds the \p count candidates at \p slot to \p h exactly (count and energy): the part
@@ -298,18 +307,19 @@ class fused_topk_workspace {
   void add_candidates(magnitude_histogram& h, std::size_t slot, std::size_t count) const noexcept {
     if (count == 0) return;
     std::uint32_t kmin = 0xffffffffu, kmax = 0;
-    const std::uint32_t* kp = key_.data() + slot;
+    const std::uint32_t* bp = bits_.data() + slot;
     for (std::size_t i = 0; i < count; ++i) {
-      kmin = std::min(kmin, kp[i]);
-      kmax = std::max(kmax, kp[i]);
-      h.add_unchecked(kp[i]);
+      const std::uint32_t k = bp[i] & 0x7fffffffu;
+      kmin = std::min(kmin, k);
+      kmax = std::max(kmax, k);
+      h.add_unchecked(k);
     }
     h.note_range(kmin, kmax);
   }
 
   //! After a miss: collects every finite element of u (held in e) with key >= \p floor.
   std::size_t recollect(std::span<const float> u, std::size_t slot, std::uint32_t floor) noexcept {
-    return collect_at_least(u, floor, idx_.data() + slot, key_.data() + slot);
+    return collect_at_least(u, floor, idx_.data() + slot, bits_.data() + slot);
   }
 
   //! The k-th largest key over the candidate runs (k >= 1 and at most their total), by a
@@ -325,9 +335,11 @@ class fused_topk_workspace {
       const std::uint32_t mask = (1u << lv.bits) - 1u;
       std::fill_n(digits_.begin(), std::size_t{1} << lv.bits, 0);
       for (const auto& r : runs) {
-        const std::uint32_t* kp = key_.data() + r.first;
-        for (std::size_t i = 0; i < r.count; ++i)
-          if ((kp[i] >> above) == prefix) ++digits_[(kp[i] >> lv.shift) & mask];
+        const std::uint32_t* bp = bits_.data() + r.first;
+        for (std::size_t i = 0; i < r.count; ++i) {
+          const std::uint32_t key = bp[i] & 0x7fffffffu;
+          if ((key >> above) == prefix) ++digits_[(key >> lv.shift) & mask];
+        }
       }
       std::uint64_t cum = 0;
       std::uint32_t d = mask;
@@ -345,10 +357,10 @@ class fused_topk_workspace {
   //! key, or the key of t while \p ties_left lasts (lowest index first). Returns the count.
   std::size_t keep_selected(candidate_run run, std::uint32_t t, std::uint64_t& ties_left) noexcept {
     std::uint32_t* ip = idx_.data() + run.first;
-    const std::uint32_t* kp = key_.data() + run.first;
+    const std::uint32_t* bp = bits_.data() + run.first;
     std::size_t w = 0;
     for (std::size_t i = 0; i < run.count; ++i) {
-      const std::uint32_t k = kp[i];
+      const std::uint32_t k = bp[i] & 0x7fffffffu;
       bool take = k > t;
       if (k == t && ties_left > 0) {
         take = true;
@@ -358,6 +370,54 @@ class fused_topk_workspace {
       w += take ? 1u : 0u;
     }
     return w;
+  }
+
+  //! keep_selected after a pass that zeroed its candidates in \p e: keeps the values with
+  //! the indices, and writes back into e the value of every candidate not kept.
+  std::size_t keep_and_restore(candidate_run run, std::uint32_t t, std::uint64_t& ties_left,
+                               std::span<float> e) noexcept {
+    std::uint32_t* ip = idx_.data() + run.first;
+    std::uint32_t* bp = bits_.data() + run.first;
+    std::size_t w = 0;
+    for (std::size_t i = 0; i < run.count; ++i) {
+      const std::uint32_t ix = ip[i], b = bp[i], k = b & 0x7fffffffu;
+      bool take = k > t;
+      if (k == t && ties_left > 0) {
+        take = true;
+        --ties_left;
+      }
+      if (!take) e[ix] = std::bit_cast<float>(b);
+      ip[w] = ix;
+      bp[w] = b;
+      w += take ? 1u : 0u;
+    }
+    return w;
+  }
+
+  //! Writes the sparse segment of layer \p index (\p numel elements) from the \p count
+  //! candidates at \p slot, values from the pass (after a pass that zeroed them in e: the
+  //! residual is already right, and e is not touched). Returns the energy sent.
+  double write_segment_from_candidates(byte_writer& w, std::uint32_t index, std::size_t numel, std::size_t slot,
+                                       std::size_t count) {
+    segment_header sh;
+    sh.layer = index;
+    sh.index_width = index_width_for(numel);
+    sh.numel = numel;
+    sh.count = count;
+    double ksq = 0;
+    const std::uint32_t* ip = idx_.data() + slot;
+    const std::uint32_t* bp = bits_.data() + slot;
+    write_segment(w, sh, [&](byte_writer& bw) {
+      std::byte* id = bw.reserve(count * sizeof(std::uint32_t));
+      std::byte* vd = bw.reserve(count * sizeof(float));
+      std::memcpy(id, ip, count * sizeof(std::uint32_t));
+      std::memcpy(vd, bp, count * sizeof(float));
+      for (std::size_t j = 0; j < count; ++j) {
+        const double v = std::bit_cast<float>(bp[j]);
+        ksq += v * v;
+      }
+    });
+    return ksq;
   }
 
   //! Writes the sparse segment of layer \p index from the \p count selected indices at
@@ -394,17 +454,20 @@ class fused_topk_workspace {
   //! Selected index \p j of the layer at \p slot (after keep_selected).
   [[nodiscard]] std::uint32_t index_at(std::size_t slot, std::size_t j) const noexcept { return idx_[slot + j]; }
   //! Key of candidate \p j of the layer at \p slot.
-  [[nodiscard]] std::uint32_t key_at(std::size_t slot, std::size_t j) const noexcept { return key_[slot + j]; }
+  [[nodiscard]] std::uint32_t key_at(std::size_t slot, std::size_t j) const noexcept {
+    return bits_[slot + j] & 0x7fffffffu;
+  }
 
  private:
   // Below this many elements per thread a thread costs more than it saves.
   static constexpr std::size_t min_chunk = std::size_t{1} << 18;
 
   static fused_pass_result fuse_chunk(const float* g, float* e, std::size_t n, std::uint32_t base,
-                                      std::uint32_t guess, std::uint32_t* idx, std::uint32_t* key,
-                                      const histogram_sampling& hs) noexcept {
-    return guess != no_guess ? fused_pass_chunk<true>(g, e, n, base, guess, idx, key, hs)
-                             : fused_pass_chunk<false>(g, e, n, base, guess, idx, key, hs);
+                                      std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
+                                      const histogram_sampling& hs, bool zero) noexcept {
+    if (guess == no_guess) return fused_pass_chunk<false, false>(g, e, n, base, guess, idx, bits, hs);
+    return zero ? fused_pass_chunk<true, true>(g, e, n, base, guess, idx, bits, hs)
+                : fused_pass_chunk<true, false>(g, e, n, base, guess, idx, bits, hs);
   }
 
   // Splits the layer into one chunk per thread (whole blocks, so histogram sampling picks
@@ -412,7 +475,7 @@ class fused_topk_workspace {
   // region and fills its own histogram. The parts are then moved together (in index
   // order) and the histograms merged.
   fused_pass_result fuse_threaded(std::span<const float> g, std::span<float> e, std::size_t slot,
-                                  std::uint32_t guess, const histogram_sampling& hs) {
+                                  std::uint32_t guess, const histogram_sampling& hs, bool zero) {
     const std::size_t n = g.size();
     const std::size_t blocks = (n + fused_block - 1) / fused_block;
     const std::size_t per = (blocks + threads_ - 1) / threads_ * fused_block;
@@ -421,7 +484,7 @@ class fused_topk_workspace {
       histogram_sampling ths = hs;
       if (hs.hist != nullptr) ths.hist = &thread_hist_[t];
       thread_results_[t] = fuse_chunk(g.data() + a, e.data() + a, b - a, static_cast<std::uint32_t>(a), guess,
-                                      idx_.data() + slot + a, key_.data() + slot + a, ths);
+                                      idx_.data() + slot + a, bits_.data() + slot + a, ths, zero);
     };
     for (unsigned t = 1; t < threads_; ++t) pool_.emplace_back(work, t);
     work(0);
@@ -433,7 +496,7 @@ class fused_topk_workspace {
       const std::size_t a = std::min(n, t * per);
       if (c != a) {
         std::memmove(idx_.data() + slot + c, idx_.data() + slot + a, tr.collected * sizeof(std::uint32_t));
-        std::memmove(key_.data() + slot + c, key_.data() + slot + a, tr.collected * sizeof(std::uint32_t));
+        std::memmove(bits_.data() + slot + c, bits_.data() + slot + a, tr.collected * sizeof(std::uint32_t));
       }
       c += tr.collected;
       r.grad_sq += tr.grad_sq;
@@ -449,7 +512,7 @@ class fused_topk_workspace {
   }
 
   std::vector<std::uint32_t> idx_;
-  std::vector<std::uint32_t> key_;
+  std::vector<std::uint32_t> bits_;
   std::vector<std::uint64_t> digits_;
   unsigned threads_ = 1;
   std::vector<magnitude_histogram> thread_hist_;
