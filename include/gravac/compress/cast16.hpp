@@ -29,6 +29,24 @@ struct cast16_options {
   cast16_format format = cast16_format::fp16;  //!< the 16-bit format on the wire
 };
 
+namespace detail {
+
+//! Float bits of the largest magnitude cast16 sends of u / N on \p ranks = N ranks: the
+//! format's largest finite value, lowered one unit of the format's last place at a time
+//! while that value times N (what the decoder multiplies back) passes the float maximum,
+//! which happens for bf16 from N = 2 (fp16's maximum times N stays far below it). So the
+//! decoded value and the residual stay finite for every finite u. cast16_cuda clamps with
+//! the same bits.
+inline std::uint32_t cast16_limit_bits(cast16_format format, float ranks) noexcept {
+  const bool fp16 = format == cast16_format::fp16;
+  std::uint32_t bits = float_bits(fp16 ? fp16_max : bf16_max);
+  const std::uint32_t unit = fp16 ? 0x2000u : 0x10000u;  // 13 and 16 float mantissa bits dropped
+  while (!std::isfinite(bits_float(bits) * ranks)) bits -= unit;
+  return bits;
+}
+
+}  // namespace detail
+
 //! Casts u / N to 16 bits. Models Compressor.
 //!
 //! Why divide by N (step_params::ranks) before the cast: a half-precision sum of N
@@ -40,7 +58,9 @@ struct cast16_options {
 //! in float before the cast, and decoding multiplies back in float. A collective that sums
 //! the 16-bit codes themselves (a half-precision allreduce) would use the codes' sum as the
 //! average directly and skip its 1/N. Values with |u / N| above the format's largest
-//! finite value are clamped to it (never infinity); the residual keeps the excess.
+//! finite value are clamped to it (never infinity); the residual keeps the excess. For
+//! bf16 the clamp is lowered so that N times the clamped value stays finite
+//! (detail::cast16_limit_bits), so finite u near the float maximum decodes finite.
 //! e = u - decompress(packet).
 class cast16 {
  public:
@@ -123,10 +143,9 @@ class cast16 {
   //! order of non-negative floats is their value order), converted, decoded back. Integer
   //! selects only, so the loop vectorizes. Returns the sum of squares of the decoded values.
   template <cast16_format F>
-  static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks, std::uint16_t* __restrict h,
+  GRAVAC_KERNEL_INLINE static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks, std::uint16_t* __restrict h,
                            float* __restrict v2) noexcept {
-    constexpr float limit = F == cast16_format::fp16 ? detail::fp16_max : detail::bf16_max;
-    const std::uint32_t limit_bits = detail::float_bits(limit);
+    const std::uint32_t limit_bits = detail::cast16_limit_bits(F, ranks);
     for (std::size_t k = 0; k < m; ++k) {
       const float x = u[k];
       const std::uint32_t q = detail::float_bits(x * inv);
@@ -146,7 +165,29 @@ class cast16 {
       u[k] = x - v;
       v2[k] = v * v;
     }
-    return detail::lane_sum(v2, m);
+    const double sq = detail::lane_sum(v2, m);
+    // A float square overflowed, or those of tiny non-zero values underflowed: again in double.
+    return std::isfinite(sq) && !(sq < detail::tiny_block_sq && any_nonzero(h, m)) ? sq : decoded_squares<F>(h, m, ranks);
+  }
+
+  //! True when a code of \p h[0..m) is not ±0 (checked only for blocks of tiny squares).
+  static bool any_nonzero(const std::uint16_t* h, std::size_t m) noexcept {
+    unsigned acc = 0;
+    for (std::size_t k = 0; k < m; ++k) acc |= h[k] & 0x7fffu;
+    return acc != 0;
+  }
+
+  //! Sum of squares of the decoded values of \p m codes in double: cast_block's rare path
+  //! when a bf16 value above about 1.8e19 squares past the float maximum (or below about
+  //! 1e-19 under the smallest normal float).
+  template <cast16_format F>
+  static double decoded_squares(const std::uint16_t* h, std::size_t m, float ranks) noexcept {
+    double sq = 0;
+    for (std::size_t k = 0; k < m; ++k) {
+      const double v = (F == cast16_format::fp16 ? detail::fp16_to_float(h[k]) : detail::bf16_to_float(h[k])) * ranks;
+      sq += v * v;
+    }
+    return sq;
   }
 
   template <cast16_format F>
@@ -166,15 +207,17 @@ class cast16 {
       double gsq = 0, usq = 0, ksq = 0;
       alignas(64) std::uint16_t h[detail::quant_chunk];
       alignas(64) float v2[detail::quant_chunk];
-      for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
-        const std::size_t mc = std::min(detail::quant_chunk, n - c);
-        float* u = e.data() + c;
-        const auto s = detail::accumulate_block(g.data() + c, u, mc);  // u = g + e, in cache now
-        gsq += s.g_sq;
-        usq += s.u_sq;
-        ksq += cast_block<F>(u, mc, inv, ranks, h, v2);
-        std::memcpy(codes + 2 * c, h, 2 * mc);
-      }
+      detail::with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
+        for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
+          const std::size_t mc = std::min(detail::quant_chunk, n - c);
+          float* u = e.data() + c;
+          const auto s = detail::accumulate_block(g.data() + c, u, mc);  // u = g + e, in cache now
+          gsq += s.g_sq;
+          usq += s.u_sq;
+          ksq += cast_block<F>(u, mc, inv, ranks, h, v2);
+          std::memcpy(codes + 2 * c, h, 2 * mc);
+        }
+      });
       ls = {n, gsq, usq, ksq};
     });
   }

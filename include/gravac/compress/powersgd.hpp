@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -125,7 +126,7 @@ class powersgd {
       auto& s = layers_[i];
       const auto& l = layout_[i];
       s.low_rank = s.matrix && p.kept_fraction[i] < dense_fraction;
-      accumulate(gs.subspan(l.offset, l.numel), es.subspan(l.offset, l.numel), st.layers[i]);
+      s.u_max = accumulate(gs.subspan(l.offset, l.numel), es.subspan(l.offset, l.numel), st.layers[i]);
       if (!p.gain_candidates.empty() && l.numel > 0)
         detail::add_reference_gain_curve(es.subspan(l.offset, l.numel), p.gain_candidates, st.candidate_kept_sq,
                                          gain_scratch_);
@@ -173,8 +174,11 @@ class powersgd {
       q.setZero();  // Q_local = M^T P^, one pass over M accumulating rows (no GEMM workspace)
       for (Eigen::Index row = 0; row < m.rows(); ++row)
         for (Eigen::Index j = 0; j < q.cols(); ++j) q.col(j).noalias() += pm(row, j) * m.row(row).transpose();
+      keep_residual_finite(q, s.u_max);
       subtract_product(i, es);
-      const double kept = static_cast<double>(q.squaredNorm());  // ||P^ Q^T|| = ||Q|| (P^ orthonormal)
+      // ||P^ Q^T|| = ||Q|| (P^ orthonormal); in double: float squares of |Q| above about
+      // 1.8e19 overflow and below about 1e-19 underflow (Q is small: no cost).
+      const double kept = q.template cast<double>().squaredNorm();
       st.layers[i].kept = s.r * (s.rows + s.cols);
       st.layers[i].kept_sq = kept;
     }
@@ -299,6 +303,7 @@ class powersgd {
     std::size_t rows = 0, cols = 0, r = 0;
     bool matrix = false;    // compressible at all (shape and size)
     bool low_rank = false;  // compressed this step
+    float u_max = 0;        // max |u| of the layer this step
     std::size_t warm_at = 0, p_at = 0, q_at = 0;
   };
 
@@ -320,15 +325,45 @@ class powersgd {
   }
 
   // u = g + e into e, with the layer's norms (u must be materialized for M anyway).
-  static void accumulate(std::span<const float> g, std::span<float> e, layer_stats& ls) {
+  // Returns max |u| (keep_residual_finite's bound).
+  static float accumulate(std::span<const float> g, std::span<float> e, layer_stats& ls) {
     double gsq = 0, usq = 0;
+    float mx = 0;
     for (std::size_t i = 0; i < g.size(); ++i) {
       e[i] += g[i];
       gsq += static_cast<double>(g[i]) * g[i];
       usq += static_cast<double>(e[i]) * e[i];
+      mx = std::max(mx, std::fabs(e[i]));
     }
     ls.grad_sq = gsq;
     ls.input_sq = usq;
+    return mx;
+  }
+
+  // This rank's Q_local may be any matrix (e = M - P^ Q_local^T keeps the invariant), so
+  // where the residual could overflow it sends nothing: every entry of P^ Q^T is at most
+  // sum_j max |Q_j| (P^ has unit columns), and M - P^ Q^T stays finite while that plus
+  // max |M| stays below the float maximum (with a margin for rounding). Only values within
+  // a factor of about r sqrt(rows) of the float maximum get there; Q_local is then zero
+  // and the residual keeps all of M. Zero columns are redrawn for the next warm start.
+  static void keep_residual_finite(Eigen::Map<col_major>& q, float u_max) {
+    double bound = u_max;
+    for (Eigen::Index j = 0; j < q.cols(); ++j) bound += static_cast<double>(q.col(j).cwiseAbs().maxCoeff());
+    if (!q.allFinite() || !(bound * (1.0 + 0x1p-10) < static_cast<double>(std::numeric_limits<float>::max())))
+      q.setZero();
+  }
+
+  // Multiplies column \p c by a power of two (exact) so its largest |entry| is near 1 when
+  // it is outside [2^-40, 2^40]: Gram-Schmidt and the norm are then free of float
+  // overflow (squares of |x| above about 1.8e19) and underflow (tiny gradients), and give
+  // the same bits as unscaled (every step commutes with a power-of-two scale). Columns in
+  // the range, the common case, are left untouched; infinity and NaN too.
+  template <class Column>
+  static void bring_to_unit_range(Column&& c) {
+    const float m = c.cwiseAbs().maxCoeff();
+    if (!(m > 0x1p40f || (m > 0 && m < 0x1p-40f)) || !std::isfinite(m)) return;
+    const double f = std::ldexp(1.0, -std::ilogb(m));
+    c = (c.template cast<double>() * f).template cast<float>();
   }
 
   // Draws the warm-start columns that are exactly zero (or all of them without warm start).
@@ -346,6 +381,7 @@ class powersgd {
   static void orthonormalize(Eigen::Map<col_major>& pm) {
     for (Eigen::Index j = 0; j < pm.cols(); ++j) {
       auto cj = pm.col(j);
+      bring_to_unit_range(cj);  // P^ does not depend on the column's scale
       const float before = cj.norm();
       for (int pass = 0; pass < 2; ++pass)
         for (Eigen::Index k = 0; k < j; ++k) cj -= pm.col(k).dot(cj) * pm.col(k);

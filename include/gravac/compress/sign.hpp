@@ -105,27 +105,30 @@ class sign {
       std::byte* bits = bw.reserve(detail::code_bytes(n, 1));
       alignas(64) std::uint8_t code[detail::quant_chunk];
       double gsq = 0, usq = 0, abs_sum = 0;
-      // Pass 1: u = g + e into e, the signs, and sum |u|. The scale needs the whole layer,
-      // so the residual is finished in a second pass.
-      for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
-        const std::size_t mc = std::min(detail::quant_chunk, n - c);
-        const auto s = detail::accumulate_block(g.data() + c, e.data() + c, mc);
-        gsq += s.g_sq;
-        usq += s.u_sq;
-        abs_sum += s.u_abs;
-        const float* u = e.data() + c;
-        for (std::size_t k = 0; k < mc; ++k) code[k] = static_cast<std::uint8_t>(u[k] < 0);
-        std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
-        detail::pack_code_bytes<1>(code, mc, bits + c / 8);
-      }
-      const float scale = static_cast<float>(abs_sum / static_cast<double>(n));
-      const std::uint32_t zero = 0;
-      std::memcpy(prefix, &scale, sizeof scale);
-      std::memcpy(prefix + 4, &zero, sizeof zero);
-      for (std::size_t i = 0; i < n; ++i) {
-        const float u = e[i];
-        e[i] = u - (u < 0 ? -scale : scale);  // a select, not a branch: vectorizes
-      }
+      float scale = 0;
+      detail::with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
+        // Pass 1: u = g + e into e, the signs, and sum |u|. The scale needs the whole layer,
+        // so the residual is finished in a second pass.
+        for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
+          const std::size_t mc = std::min(detail::quant_chunk, n - c);
+          const auto s = detail::accumulate_block(g.data() + c, e.data() + c, mc);
+          gsq += s.g_sq;
+          usq += s.u_sq;
+          abs_sum += s.u_abs;
+          const float* u = e.data() + c;
+          for (std::size_t k = 0; k < mc; ++k) code[k] = static_cast<std::uint8_t>(u[k] < 0);
+          std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
+          detail::pack_code_bytes<1>(code, mc, bits + c / 8);
+        }
+        scale = static_cast<float>(abs_sum / static_cast<double>(n));
+        const std::uint32_t zero = 0;
+        std::memcpy(prefix, &scale, sizeof scale);
+        std::memcpy(prefix + 4, &zero, sizeof zero);
+        for (std::size_t i = 0; i < n; ++i) {
+          const float u = e[i];
+          e[i] = u - (u < 0 ? -scale : scale);  // a select, not a branch: vectorizes
+        }
+      });
       ls = {n, gsq, usq, static_cast<double>(n) * scale * scale};
     });
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gravac/compress/detail/float_bits.hpp"
+#include "gravac/detail/isa_dispatch.hpp"
 
 namespace gravac::detail {
 
@@ -18,7 +19,7 @@ inline constexpr float bf16_max = 0x1.fep127f;
 //! fp16 bits of a magnitude: \p a is the bit pattern of a float in [0, fp16_max], the
 //! result its fp16 bits rounded to nearest even. Both cases are computed and one is
 //! selected with an integer select, so loops calling it vectorize.
-inline std::uint32_t fp16_of_magnitude(std::uint32_t a) noexcept {
+GRAVAC_KERNEL_INLINE std::uint32_t fp16_of_magnitude(std::uint32_t a) noexcept {
   // Below 2^-14 fp16 is subnormal with unit 2^-24: adding 0.5 (whose float ulp is 2^-24)
   // lets the FPU round to that unit, and the mantissa then holds the fp16 bits.
   const std::uint32_t subnormal = float_bits(bits_float(a) + 0.5f) - 0x3f000000u;
@@ -38,7 +39,7 @@ inline std::uint16_t float_to_fp16(float f) noexcept {
 }
 
 //! Float value of finite fp16 bits \p h (exact).
-inline float fp16_to_float(std::uint16_t h) noexcept {
+GRAVAC_KERNEL_INLINE float fp16_to_float(std::uint16_t h) noexcept {
   // Normal values: rebias the exponent (15 -> 127) in the integer bits. Subnormal ones
   // (exponent 0): mantissa * 2^-24, converted from an integer. Neither step touches a float
   // denormal, which would cost a microcode assist per vector on x86; a mask selects.

@@ -108,7 +108,7 @@ class leveled_codec {
   //! operations only (no float ternaries, which GCC leaves as branches under the default
   //! -ftrapping-math), so the loops around it vectorize. Returns the decoded value squared.
   template <unsigned W>
-  static float quantize_one(float* __restrict u, code_type<W>* __restrict code, std::size_t k, std::uint32_t bits,
+  GRAVAC_KERNEL_INLINE static float quantize_one(float* __restrict u, code_type<W>* __restrict code, std::size_t k, std::uint32_t bits,
                             float inv, float f, std::int32_t lv) noexcept {
     const float x = u[k];
     const std::uint32_t xb = float_bits(x);
@@ -128,7 +128,7 @@ class leveled_codec {
   //! sum of squares of the decoded values. The draws are computed inline, 64 elements per
   //! group key, so the inner loop has a fixed trip count and no dependency between elements.
   template <unsigned W>
-  static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u, std::size_t m, float inv,
+  GRAVAC_KERNEL_INLINE static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u, std::size_t m, float inv,
                                 float f, std::int32_t lv, code_type<W>* __restrict code) noexcept {
     alignas(64) float v2[quant_chunk];
     for (std::size_t at = 0; at < m; at += random_group) {
@@ -144,7 +144,23 @@ class leveled_codec {
         for (std::uint32_t j = 0; j < rest; ++j) va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
       }
     }
-    return lane_sum(v2, m);
+    const double sq = lane_sum(v2, m);
+    // A float square overflowed, or those of a tiny bucket underflowed: again in double.
+    return std::isfinite(sq) && !(sq < tiny_block_sq && f > 0) ? sq : level_squares<W>(code, m, f);
+  }
+
+  //! Sum of squares of the decoded values of \p m codes in double: quantize_levels' rare
+  //! path when a decoded |value| above about 1.8e19 squares past the float maximum (or
+  //! below about 1e-19 under the smallest normal float).
+  template <unsigned W>
+  static double level_squares(const code_type<W>* code, std::size_t m, float f) noexcept {
+    constexpr std::uint32_t level_mask = (1u << (W - 1)) - 1u;
+    double sq = 0;
+    for (std::size_t k = 0; k < m; ++k) {
+      const double v = f * static_cast<float>(static_cast<std::int32_t>(code[k] & level_mask));
+      sq += v * v;
+    }
+    return sq;
   }
 
   template <unsigned W>
@@ -166,37 +182,42 @@ class leveled_codec {
       std::byte* codes = bw.reserve(code_bytes(n, W));
       alignas(64) code_type<W> code[quant_chunk];
       const auto lv = static_cast<std::int32_t>(levels_);
-      for (std::size_t b = 0; b < nb; ++b) {
-        const std::size_t lo = b * B, m = std::min(B, n - lo);
-        // Pass 1 over the bucket: u = g + e into e, and the bucket's scale.
-        double bucket_sq = 0;
-        float bucket_max = 0;
-        for (std::size_t c = 0; c < m; c += quant_chunk) {
-          const auto s = accumulate_block(g.data() + lo + c, e.data() + lo + c, std::min(quant_chunk, m - c));
-          gsq += s.g_sq;
-          bucket_sq += s.u_sq;
-          bucket_max = std::max(bucket_max, s.u_max);
-        }
-        usq += bucket_sq;
-        const float scale = Scale == level_scale::l2_norm ? static_cast<float>(std::sqrt(bucket_sq)) : bucket_max;
-        std::memcpy(scales + b * sizeof(float), &scale, sizeof(float));
-        const float f = step_value(scale, levels_);
-        // levels / scale, kept finite: a subnormal scale would make it infinite, and 0 * inf
-        // a NaN level. Capped, a tiny bucket is merely under-sent (the residual keeps the rest).
-        const float inv = scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
-        // Pass 2 (the bucket is in cache when it is small): draws, levels, codes, residual.
-        for (std::size_t c = 0; c < m; c += quant_chunk) {
-          const std::size_t mc = std::min(quant_chunk, m - c);
-          ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code);
-          std::byte* dst = codes + (lo + c) * W / 8;
-          if constexpr (W >= 8) {
-            std::memcpy(dst, code, mc * sizeof(code[0]));
-          } else {
-            std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), code_type<W>{0});
-            pack_code_bytes<W>(code, mc, dst);
+      with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
+        for (std::size_t b = 0; b < nb; ++b) {
+          const std::size_t lo = b * B, m = std::min(B, n - lo);
+          // Pass 1 over the bucket: u = g + e into e, and the bucket's scale.
+          double bucket_sq = 0;
+          float bucket_max = 0;
+          for (std::size_t c = 0; c < m; c += quant_chunk) {
+            const auto s = accumulate_block(g.data() + lo + c, e.data() + lo + c, std::min(quant_chunk, m - c));
+            gsq += s.g_sq;
+            bucket_sq += s.u_sq;
+            bucket_max = std::max(bucket_max, s.u_max);
+          }
+          usq += bucket_sq;
+          // The norm of finite values can pass the float maximum: capped (max_level_scale), so
+          // the scale and every decoded level stay finite; the residual keeps the rest.
+          const float scale = std::min(
+              Scale == level_scale::l2_norm ? static_cast<float>(std::sqrt(bucket_sq)) : bucket_max, max_level_scale);
+          std::memcpy(scales + b * sizeof(float), &scale, sizeof(float));
+          const float f = step_value(scale, levels_);
+          // levels / scale, kept finite: a subnormal scale would make it infinite, and 0 * inf
+          // a NaN level. Capped, a tiny bucket is merely under-sent (the residual keeps the rest).
+          const float inv = scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
+          // Pass 2 (the bucket is in cache when it is small): draws, levels, codes, residual.
+          for (std::size_t c = 0; c < m; c += quant_chunk) {
+            const std::size_t mc = std::min(quant_chunk, m - c);
+            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code);
+            std::byte* dst = codes + (lo + c) * W / 8;
+            if constexpr (W >= 8) {
+              std::memcpy(dst, code, mc * sizeof(code[0]));
+            } else {
+              std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), code_type<W>{0});
+              pack_code_bytes<W>(code, mc, dst);
+            }
           }
         }
-      }
+      });
     });
     ls = {n, gsq, usq, ksq};
   }

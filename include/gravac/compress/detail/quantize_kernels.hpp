@@ -11,6 +11,7 @@
 
 #include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
+#include "gravac/detail/isa_dispatch.hpp"
 
 namespace gravac::detail {
 
@@ -64,7 +65,7 @@ constexpr std::uint32_t element_bits(std::uint64_t stream, std::uint64_t i) noex
 }
 
 //! Sum of \p x[0..m) in sum_lanes float lanes (vectorized without -ffast-math), then in double.
-inline double lane_sum(const float* x, std::size_t m) noexcept {
+GRAVAC_KERNEL_INLINE double lane_sum(const float* x, std::size_t m) noexcept {
   float s[sum_lanes] = {};
   std::size_t k = 0;
   for (; k + sum_lanes <= m; k += sum_lanes)
@@ -76,13 +77,13 @@ inline double lane_sum(const float* x, std::size_t m) noexcept {
 }
 
 //! Uniform float in [0, 1) from the top 24 of 32 random bits (exactly representable).
-inline float uniform24(std::uint32_t bits) noexcept {
+GRAVAC_KERNEL_INLINE float uniform24(std::uint32_t bits) noexcept {
   return static_cast<float>(static_cast<std::int32_t>(bits >> 8)) * 0x1p-24f;
 }
 
 //! Fills \p u[0..m) with uniform24(element_bits(stream, first + k)). \p first must be a
 //! multiple of random_group (chunks start on bucket boundaries, which are multiples of 64).
-inline void fill_uniforms(std::uint64_t stream, std::size_t first, std::size_t m, float* u) noexcept {
+GRAVAC_KERNEL_INLINE void fill_uniforms(std::uint64_t stream, std::size_t first, std::size_t m, float* u) noexcept {
   for (std::size_t at = 0; at < m; at += random_group) {
     const std::uint32_t key = random_group_key(stream, (first + at) / random_group);
     float* ug = u + at;
@@ -100,7 +101,7 @@ inline void fill_uniforms(std::uint64_t stream, std::size_t first, std::size_t m
 //! three shift-or-mask steps, so no per-code shifting. \p codes must be readable up to
 //! m rounded up to 8, with zeros after m; the first code lands on bit 0 of out[0].
 template <unsigned W>
-void pack_code_bytes(const std::uint8_t* __restrict codes, std::size_t m, std::byte* __restrict out) noexcept {
+GRAVAC_KERNEL_INLINE void pack_code_bytes(const std::uint8_t* __restrict codes, std::size_t m, std::byte* __restrict out) noexcept {
   static_assert(W == 1 || W == 2 || W == 4);
   constexpr std::uint64_t m1 = W == 1 ? 0x0003000300030003ull : W == 2 ? 0x000f000f000f000full : 0x00ff00ff00ff00ffull;
   constexpr std::uint64_t m2 = W == 1 ? 0x0000000f0000000full : W == 2 ? 0x000000ff000000ffull : 0x0000ffff0000ffffull;
@@ -214,8 +215,40 @@ struct block_sums {
   float u_max = 0;  //!< max |u|
 };
 
+//! A block whose float sum of u^2 is below this (and u not all zero) is summed again in
+//! double: squares below the smallest normal float (|u| below about 1e-19) lose bits or
+//! vanish, which would give a tiny bucket a zero QSGD norm (nothing ever sent).
+inline constexpr double tiny_block_sq = 0x1p-100;
+
+//! The sums of a block whose float partial sums did not stay finite: u (already in \p u)
+//! and g over [0, m), each term added in double in index order. accumulate_block's rare
+//! path: a finite |u| or |g| above about 1.8e19 has a square past the float maximum (and
+//! a few |u| near it a float sum of |u| past it), while in double every sum of a block
+//! stays finite; also a non-zero block whose squares underflow (tiny_block_sq). A NaN or
+//! infinite element gives non-finite sums here too. Not inlined
+//! into the kernels (it is not on their fast path); quantize_cuda_kernels.hpp's
+//! accumulate_chunks repeats it in the same order, bit for bit.
+inline block_sums exact_block_sums(const float* g, const float* u, std::size_t m, float u_max) noexcept {
+  block_sums s;
+  for (std::size_t i = 0; i < m; ++i) {
+    const double gi = g[i], ui = u[i];
+    s.g_sq += gi * gi;
+    s.u_sq += ui * ui;
+    s.u_abs += ui < 0 ? -ui : ui;
+  }
+  s.u_max = u_max;
+  return s;
+}
+
+//! The largest scale a leveled (QSGD or TernGrad) bucket sends: one float ulp below the
+//! float maximum, the largest value for which step_value(scale, s) * s, what the decoder
+//! computes for the top level, is finite for every level count s up to qsgd_max_levels
+//! (test_quantizer_overflow checks every s). A bucket whose L2 norm exceeds it (finite
+//! values, but a norm past the float maximum) sends this scale; the residual keeps the rest.
+inline constexpr float max_level_scale = 0x1.fffffcp127f;
+
 //! Computes u = g + e into e over [0, m) and returns its block sums.
-inline block_sums accumulate_block(const float* __restrict g, float* __restrict e, std::size_t m) noexcept {
+GRAVAC_KERNEL_INLINE block_sums accumulate_block(const float* __restrict g, float* __restrict e, std::size_t m) noexcept {
   constexpr std::size_t L = sum_lanes;
   float gs[L] = {}, us[L] = {}, ua[L] = {}, um[L] = {};
   std::size_t i = 0;
@@ -248,6 +281,11 @@ inline block_sums accumulate_block(const float* __restrict g, float* __restrict 
     s.u_abs += ua[k];
     s.u_max = s.u_max > um[k] ? s.u_max : um[k];
   }
+  // A float lane overflowed (or the block is not finite), or the squares of a tiny
+  // non-zero block underflowed: the block again, in double.
+  if (!(std::isfinite(s.g_sq) && std::isfinite(s.u_sq) && std::isfinite(s.u_abs)) ||
+      (s.u_sq < tiny_block_sq && s.u_max > 0)) [[unlikely]]
+    s = exact_block_sums(g, e, m, s.u_max);
   return s;
 }
 
