@@ -13,6 +13,7 @@
 #include "gravac/compress/topk.hpp"
 #include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
+#include "gravac_overflow_util.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
@@ -58,6 +59,7 @@ struct pair_run {
   std::size_t bytes = 0;
   // Relative tolerance of the norms: adacomp sums squares in float lanes before double.
   double norm_eps = 1e-9;
+  gravac::compress_stats last_host;  // the host's statistics of the last step
 
   pair_run(gravac::layout l, const typename Host::options& ho, const typename Dev::options& dopt)
       : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f), e_dev(lay.numel()),
@@ -95,6 +97,7 @@ struct pair_run {
       const double gd_ = gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq());
       CHECK(std::fabs(gd_ - gh_) <= 0.05);  // both interpolate inside a histogram bin
     }
+    last_host = sh;
   }
 };
 
@@ -203,6 +206,33 @@ TEST_CASE("adacomp_cuda: infinities and NaNs are never sent, do not count, and a
   r.step(gravac::test::make_data(lay.numel(), 32), p);  // the non-finite values stay in the residue
   auto clean = make_ada(lay);
   clean.step(gravac::test::make_data(lay.numel(), 33), p);
+}
+
+TEST_CASE("adacomp_cuda: finite values near the float maximum, huge and tiny: finite residues and statistics") {
+  // The host sums squares in float lanes, which overflow for |R| above about 1.8e19 (and
+  // underflow for tiny R): its rare path sums in double, as the device always does.
+  const auto lay = ada_layout();
+  for (auto kind : gravac::test::overflow::all_kinds) {
+    INFO("data: " << gravac::test::overflow::kind_name(kind));
+    auto r = make_ada(lay);
+    auto p = gravac::test::params_for(r.lay, 0.5);
+    const auto h = gravac::test::overflow::make_huge(lay.numel(), kind, 51);
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      r.step(step == 0 ? h : step == 1 ? gravac::test::make_data(lay.numel(), 52)
+                                       : gravac::test::overflow::second_huge_step(h, r.e_host), p);
+      REQUIRE_FALSE(r.last_host.non_finite);
+      for (float x : r.e_host) REQUIRE(std::isfinite(x));
+      for (const auto& ls : r.last_host.layers) {
+        CHECK(std::isfinite(ls.grad_sq));
+        CHECK(std::isfinite(ls.input_sq));
+        CHECK(std::isfinite(ls.kept_sq));
+      }
+      const std::vector<std::byte> pk(r.packet_host.begin(), r.packet_host.begin() + static_cast<std::ptrdiff_t>(r.bytes));
+      REQUIRE(r.host.validate(pk));
+      REQUIRE(r.dev.validate(r.packet_dev.span().first(r.bytes)));
+    }
+  }
 }
 
 TEST_CASE("adacomp_cuda: dense layers go raw, gain curve") {

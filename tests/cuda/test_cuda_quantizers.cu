@@ -6,6 +6,7 @@
 // (all-zero layers, huge values, subnormals, NaN and infinity). Skipped without a GPU.
 #include <catch2/catch.hpp>
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -86,6 +87,7 @@ struct pair_run {
   std::vector<std::byte> packet_host;
   gravac::device_buffer<std::byte> packet_dev;
   std::size_t bytes = 0;
+  bool last_finite = true;  // the last step's u was finite
 
   pair_run(gravac::layout l, const typename Host::options& ho, const typename Dev::options& dopt)
       : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f), e_dev(std::max<std::size_t>(lay.numel(), 1)),
@@ -112,16 +114,24 @@ struct pair_run {
     REQUIRE(same_words(pd.data(), packet_host.data(), bh, !finite));
     const auto ed = to_host(e_dev.data(), lay.numel());
     INFO("first differing residual byte: " << first_difference(ed.data(), e_host.data(), ed.size() * 4));
-    // NaN-tolerant: the host's own residual may hold NaN from finite input (QSGD's scale
-    // overflows to infinity when the float partial sums of u^2 do; then inf * 0).
-    REQUIRE(same_words(ed.data(), e_host.data(), ed.size() * sizeof(float), true));
+    // Finite u (even near the float maximum, where float squares and sums overflow) gives
+    // a finite residual and a valid packet on both; NaN payloads may differ otherwise.
+    REQUIRE(same_words(ed.data(), e_host.data(), ed.size() * sizeof(float), !finite));
     REQUIRE(sd.non_finite == !finite);
+    last_finite = finite;
+    if (finite) {
+      REQUIRE(all_finite(e_host));
+      const std::vector<std::byte> pk(packet_host.begin(), packet_host.begin() + static_cast<std::ptrdiff_t>(bh));
+      REQUIRE(host.validate(pk));
+      REQUIRE(dev.validate(packet_dev.span().first(bd)));
+    }
     for (std::size_t i = 0; i < lay.size(); ++i) {
       CHECK(sd.layers[i].kept == sh.layers[i].kept);
-      // The host sums squares in float lanes (they overflow for |u| > 1.8e19, where the
-      // device's double sums do not), so statistics are compared where the host's are finite.
-      const auto close = [](double d, double h) {
-        return !std::isfinite(h) || d == Approx(h).epsilon(1e-5).margin(1e-30);
+      // Statistics of finite u are finite on both and close (the host adds in float lanes,
+      // or in double in its rare path; the device in double).
+      const auto close = [&](double d, double h) {
+        if (!finite) return true;
+        return std::isfinite(d) && std::isfinite(h) && d == Approx(h).epsilon(1e-5).margin(1e-30);
       };
       CHECK(close(sd.layers[i].grad_sq, sh.layers[i].grad_sq));
       CHECK(close(sd.layers[i].input_sq, sh.layers[i].input_sq));
@@ -161,7 +171,10 @@ const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3, 1u << 20};
 
 // Adversarial data of n values: \p kind 0 all zero, 1 huge (squares overflow float), 2
 // near the float maximum (sums overflow), 3 subnormal and tiny, 4 NaN and infinities among
-// Gaussian values.
+// Gaussian values, 5 just past the float squares' range (2e19), 6 tiny mixed with a few
+// values near the float maximum, 7 every value the float maximum (a norm of sqrt(n)
+// times it), 8 tiny (1e-30: squares underflow).
+constexpr int adversarial_kinds = 9;
 std::vector<float> adversarial(std::size_t n, int kind, std::uint64_t seed) {
   auto v = gravac::test::make_data(n, seed);
   for (std::size_t i = 0; i < n; ++i) {
@@ -170,6 +183,10 @@ std::vector<float> adversarial(std::size_t n, int kind, std::uint64_t seed) {
       case 1: v[i] *= 1e30f; break;
       case 2: v[i] = (i % 2 ? -3.0e38f : 3.1e38f) * (0.9f + 0.1f * std::fabs(std::tanh(v[i]))); break;
       case 3: v[i] = v[i] * (i % 3 ? 1e-40f : 1e-20f); break;
+      case 5: v[i] *= 2e19f; break;
+      case 6: v[i] = i % 37 == 3 ? 3e38f : i % 101 == 7 ? -FLT_MAX : v[i] * (i % 2 ? 1e-42f : 1e-30f); break;
+      case 7: v[i] = FLT_MAX; break;
+      case 8: v[i] *= 1e-30f; break;
       default:
         if (i % 97 == 5) v[i] = std::numeric_limits<float>::quiet_NaN();
         if (i % 211 == 7) v[i] = std::numeric_limits<float>::infinity();
@@ -191,11 +208,12 @@ void sweep(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& 
              gravac::test::params_for(r.lay, 0.1, s));
     }
     r.check_decode(0.25f);
-    for (int kind = 0; kind < 5; ++kind) {
+    for (int kind = 0; kind < adversarial_kinds; ++kind) {
       INFO("adversarial kind " << kind);
       Pair a(gravac::layout::flat(n), ho, dopt);
       a.step(adversarial(n, kind, 21 + kind), gravac::test::params_for(a.lay, 0.1, 3));
       if (kind != 4) a.step(adversarial(n, kind, 31 + kind), gravac::test::params_for(a.lay, 0.1, 4));
+      if (a.last_finite) a.check_decode(0.25f);
     }
   }
 }
@@ -238,6 +256,13 @@ TEST_CASE("cast16_cuda equals cast16: fp16 and bf16, one and several ranks") {
       r.step(gravac::test::make_data(70001, 5), p);
       r.step(adversarial(70001, 1, 6), p);  // clamped to the format's maximum
       r.check_decode(1.0f / static_cast<float>(ranks));
+      // Near the float maximum: bf16's maximum times N overflows, so the clamp is lower.
+      P m(gravac::layout::flat(70001), {.format = f}, {.format = f});
+      m.step(adversarial(70001, 7, 8), p);
+      m.check_decode(1.0f / static_cast<float>(ranks));
+      P q(gravac::layout::flat(70001), {.format = f}, {.format = f});
+      q.step(adversarial(70001, 2, 9), p);
+      q.check_decode(1.0f / static_cast<float>(ranks));
     }
   }
 }

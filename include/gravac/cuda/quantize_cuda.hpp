@@ -284,13 +284,14 @@ class basic_quantize_cuda {
       if constexpr (Q == quantizer_cuda::cast16) {
         const float ranks = static_cast<float>(std::max(1, p.ranks));
         const float inv = 1.0f / ranks;  // on the host, as cast16 computes it
+        const std::uint32_t lim = detail::cast16_limit_bits(options_.format, ranks);
         const unsigned grid = grid_of(blocks[cd::pass_codes]);
         if (options_.format == cast16_format::bf16) {
-          if (gains) cd::cast16_codes<true, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
-          else cd::cast16_codes<true, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
+          if (gains) cd::cast16_codes<true, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+          else cd::cast16_codes<true, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
         } else {
-          if (gains) cd::cast16_codes<false, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
-          else cd::cast16_codes<false, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, sd);
+          if (gains) cd::cast16_codes<false, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+          else cd::cast16_codes<false, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
         }
         GRAVAC_CHECK_CUDA_LAUNCH();
       } else {

@@ -13,6 +13,9 @@
 //!   the 16 lanes in lane order, and adds the chunks in order in double. Here 16 threads
 //!   own one chunk's lanes (accumulate_chunks), and one thread per bucket adds the chunks in
 //!   order (bucket_scales; layer_scale for EF-sign, whose one scale covers the layer);
+//!   a chunk whose float lanes overflowed, or whose squares underflowed, is summed again in
+//!   double in index order by its first lane, as detail::exact_block_sums does on the host;
+//! - a bucket's scale is capped at detail::max_level_scale, as on the host;
 //! - the random draw of element i is detail::element_bits(stream, i), a pure function;
 //! - a float-to-int conversion of NaN or of 2^31 or more gives INT_MIN, as x86's cvttss2si
 //!   does for the host (CUDA's conversion saturates and maps NaN to 0).
@@ -152,6 +155,9 @@ accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quan
   double tg = 0, tu = 0, ta = 0;         // the tail's double sums (lane 0)
   float tm = 0;                          // the tail's max (lane 0)
   bool bad = false;
+  const float* chunk_g = nullptr;        // the chunk's g and u, and its length
+  const float* chunk_u = nullptr;
+  unsigned long long chunk_m = 0;
   if (j < jb.chunks) {
     const unsigned long long b = j / jb.chunks_per_bucket;
     const unsigned long long c = (j % jb.chunks_per_bucket) * quant_chunk_elems;
@@ -160,6 +166,9 @@ accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quan
     const unsigned long long mc = mb - c < quant_chunk_elems ? mb - c : quant_chunk_elems;
     const float* gp = g + jb.offset + lo + c;
     float* ep = e + jb.offset + lo + c;
+    chunk_g = gp;
+    chunk_u = ep;
+    chunk_m = mc;
     const unsigned long long rows = mc / quant_lanes;
     for (unsigned long long r = 0; r < rows; ++r) {
       const unsigned long long i = r * quant_lanes + lane;
@@ -208,6 +217,23 @@ accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quan
     ta = __dadd_rn(ta, static_cast<double>(la));
     tm = tm > lm ? tm : lm;
   }
+  // accumulate_block's rare path (detail::exact_block_sums): when a float lane overflowed
+  // (or the chunk is not finite), or the chunk is tiny and not zero (its squares
+  // underflow), the first lane sums the chunk again in double in index order.
+  __syncwarp();  // the u the chunk's lanes wrote, visible to its first lane
+  if (lane == 0 && j < jb.chunks &&
+      (!(isfinite(tg) && isfinite(tu) && isfinite(ta)) || (tu < detail::tiny_block_sq && tm > 0.0f))) {
+    double sg = 0, su = 0, sa = 0;
+    for (unsigned long long i = 0; i < chunk_m; ++i) {
+      const double gi = static_cast<double>(chunk_g[i]), ui = static_cast<double>(chunk_u[i]);
+      sg = __dadd_rn(sg, __dmul_rn(gi, gi));
+      su = __dadd_rn(su, __dmul_rn(ui, ui));
+      sa = __dadd_rn(sa, ui < 0 ? -ui : ui);
+    }
+    tg = sg;
+    tu = su;
+    ta = sa;
+  }
   const bool owner = lane == 0 && j < jb.chunks;
   if (owner) chunks[jb.chunk_first + j] = {tu, ta, tm, 0u};
   add_block_sums(sums + jb.index, owner ? tg : 0.0, owner ? tu : 0.0, 0.0, bad, true, true, false);
@@ -233,7 +259,9 @@ bucket_scales(const quant_job* __restrict__ jobs, std::uint32_t job_count, const
     sq = __dadd_rn(sq, s.u_sq);
     mx = mx < s.u_max ? s.u_max : mx;  // std::max(bucket_max, s.u_max)
   }
-  const float scale = L2 ? __double2float_rn(__dsqrt_rn(sq)) : mx;
+  const float norm_or_max = L2 ? __double2float_rn(__dsqrt_rn(sq)) : mx;
+  // std::min(norm_or_max, max_level_scale): a norm past the float maximum is capped.
+  const float scale = detail::max_level_scale < norm_or_max ? detail::max_level_scale : norm_or_max;
   const float lv = static_cast<float>(levels);
   float inv = 0.0f;
   if (scale > 0.0f) {
@@ -355,13 +383,14 @@ __device__ __forceinline__ float fp16_to_float_dev(std::uint32_t h) {
 __device__ __forceinline__ float bf16_to_float_dev(std::uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
 
 //! cast16, the only pass: one thread per element: u = g + e (unless \p UInE), the 16-bit
-//! code of u / N clamped to the format's largest finite value (cast16::cast_block), e = u -
-//! N * decoded; two codes per 32-bit word. The job's first thread writes the prefix (N, 0).
+//! code of u / N clamped to \p limit_bits (detail::cast16_limit_bits: the format's largest
+//! finite value whose N-fold is finite; cast16::cast_block), e = u - N * decoded; two codes
+//! per 32-bit word. The job's first thread writes the prefix (N, 0).
 template <bool BF16, bool UInE>
 __global__ void __launch_bounds__(quant_threads)
 cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
              std::uint32_t job_count, std::byte* __restrict__ packet, float ranks, float inv,
-             quant_sums* __restrict__ sums) {
+             std::uint32_t limit_bits, quant_sums* __restrict__ sums) {
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long words = pad8(jb.numel * 2) / 4;
@@ -373,8 +402,6 @@ cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job
     float* ep = e + jb.offset + i;
     const float x = UInE ? *ep : __fadd_rn(*ep, gi);
     const std::uint32_t q = __float_as_uint(__fmul_rn(x, inv));
-    constexpr float limit = BF16 ? detail::bf16_max : detail::fp16_max;
-    const std::uint32_t limit_bits = __float_as_uint(limit);
     std::uint32_t a = q & 0x7fffffffu;
     a = a < limit_bits ? a : limit_bits;
     const std::uint32_t sign = (q >> 16) & 0x8000u;
