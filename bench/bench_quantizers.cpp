@@ -3,7 +3,9 @@
 //
 // Counters: ratio_to_memcpy = kernel time per call / median memcpy time of the gradient
 // buffer (N floats), measured right after the kernel's loop. Target for the quantizers:
-// <= 1.5 at N = 2^24, one thread.
+// <= 1.5 at N = 2^24, one thread. On a processor with AVX2, compress also prints
+// avx2_speedup: the same compress with the baseline (SSE2) kernels / with the AVX2 ones
+// (see gravac/detail/isa_dispatch.hpp), medians in the same run.
 //
 // Arguments: log2 N, data (0 Gaussian, 1 Laplace). Sizes 2^16, 2^20 and 2^24 run by
 // default; 2^26 is registered with the prefix "large/" and runs only when selected, e.g.
@@ -25,6 +27,7 @@
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/sign.hpp"
 #include "gravac/compress/terngrad.hpp"
+#include "gravac/detail/isa_dispatch.hpp"
 #if __has_include(<Eigen/Core>)
 #include "gravac/compress/powersgd.hpp"
 #define GRAVAC_BENCH_POWERSGD 1
@@ -122,6 +125,20 @@ void run(benchmark::State& state, typename C::options opt, bool decompress, bool
   state.SetBytesProcessed(static_cast<std::int64_t>(iters * n * sizeof(float)));
   state.counters["ratio_to_memcpy"] = per_call / memcpy_time(d.g);
   state.counters["bits_per_element"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(n);
+  if (!decompress && gravac::detail::runs_avx2_kernels()) {
+    // The same compress with the kernels built for the baseline instruction set (what a
+    // processor without AVX2 runs), against the AVX2 ones, medians in this run.
+    auto step = [&] {
+      ++p.step;
+      bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
+      benchmark::DoNotOptimize(packet.data());
+    };
+    const double best = median_time(step);
+    gravac::detail::kernel_isa_choice().store(gravac::detail::kernel_isa::baseline);
+    const double base = median_time(step);
+    gravac::detail::kernel_isa_choice().store(gravac::detail::kernel_isa::best);
+    state.counters["avx2_speedup"] = base / best;
+  }
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
