@@ -214,6 +214,9 @@ class cast16 {
           const auto s = detail::accumulate_block(g.data() + c, u, mc);  // u = g + e, in cache now
           gsq += s.g_sq;
           usq += s.u_sq;
+          // The conversion is compute bound: let memory stream the next chunk meanwhile.
+          if (c + mc < n)
+            detail::prefetch_block(g.data() + c + mc, e.data() + c + mc, std::min(detail::quant_chunk, n - c - mc));
           ksq += cast_block<F>(u, mc, inv, ranks, h, v2);
           std::memcpy(codes + 2 * c, h, 2 * mc);
         }

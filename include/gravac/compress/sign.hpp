@@ -115,6 +115,8 @@ class sign {
           gsq += s.g_sq;
           usq += s.u_sq;
           abs_sum += s.u_abs;
+          if (c + mc < n)  // the next chunk streams in while this one is coded
+            detail::prefetch_block(g.data() + c + mc, e.data() + c + mc, std::min(detail::quant_chunk, n - c - mc));
           const float* u = e.data() + c;
           for (std::size_t k = 0; k < mc; ++k) code[k] = static_cast<std::uint8_t>(u[k] < 0);
           std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});

@@ -165,11 +165,24 @@ class threshold {
       add_sum_to_histogram(g, e, sample_hist_);
     } else {
       // Strata of equal size, one run of neighbours at a seeded random place in each.
+      // The runs lie at random places of a layer that is not in the cache: their places are
+      // drawn a batch ahead and prefetched, so the misses overlap instead of queueing.
       detail::splitmix64 rng(seed);
-      for (std::size_t s = 0; s < runs; ++s) {
-        const std::size_t room = stratum - run + 1;
-        const std::size_t at = s * stratum + static_cast<std::size_t>(rng.next() % room);
-        add_sum_to_histogram(g.subspan(at, run), e.subspan(at, run), sample_hist_);
+      const std::size_t room = stratum - run + 1;
+      constexpr std::size_t batch = 16;
+      std::size_t at[batch];
+      for (std::size_t s0 = 0; s0 < runs; s0 += batch) {
+        const std::size_t m = std::min(batch, runs - s0);
+        for (std::size_t j = 0; j < m; ++j) {
+          at[j] = (s0 + j) * stratum + static_cast<std::size_t>(rng.next() % room);
+          for (std::size_t b = 0; b < run + 15; b += 16) {  // every 64-byte line of the run
+            const std::size_t i = at[j] + std::min(b, run - 1);
+            __builtin_prefetch(g.data() + i);
+            __builtin_prefetch(e.data() + i);
+          }
+        }
+        for (std::size_t j = 0; j < m; ++j)
+          add_sum_to_histogram(g.subspan(at[j], run), e.subspan(at[j], run), sample_hist_);
       }
       scale = static_cast<double>(n) / static_cast<double>(runs * run);
       sampled = true;

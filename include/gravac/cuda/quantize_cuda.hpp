@@ -55,6 +55,7 @@ struct cast16_cuda_options {
 using quantizer_cuda = cuda_detail::quant_family;
 
 namespace cuda_detail {
+//! The options struct of the device quantizer of family \p Q.
 template <quant_family Q>
 using quantize_options_t = std::conditional_t<
     Q == quant_family::qsgd, qsgd_cuda_options,

@@ -205,6 +205,9 @@ class leveled_codec {
           // a NaN level. Capped, a tiny bucket is merely under-sent (the residual keeps the rest).
           const float inv = scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
           // Pass 2 (the bucket is in cache when it is small): draws, levels, codes, residual.
+          // Being compute bound, it first asks for the next bucket's lines, so that memory
+          // streams them meanwhile (the hardware prefetcher idles while no stream advances).
+          if (b + 1 < nb && B <= quant_chunk) prefetch_block(g.data() + lo + B, e.data() + lo + B, std::min(B, n - lo - B));
           for (std::size_t c = 0; c < m; c += quant_chunk) {
             const std::size_t mc = std::min(quant_chunk, m - c);
             ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code);

@@ -206,6 +206,14 @@ void unpack_codes(const std::byte* in, std::size_t m, std::uint16_t* codes) noex
   }
 }
 
+//! Prefetches the cache lines of g[0, m) (to read) and e[0, m) (to write).
+GRAVAC_KERNEL_INLINE void prefetch_block(const float* g, const float* e, std::size_t m) noexcept {
+  for (std::size_t i = 0; i < m; i += 16) {  // 16 floats a 64-byte line
+    __builtin_prefetch(g + i);
+    __builtin_prefetch(e + i, 1);
+  }
+}
+
 //! Squared norms and max |.| of a block, with sum_lanes independent float partial sums
 //! (then summed in double): vectorizable, and accurate enough for blocks of a few thousand.
 struct block_sums {
