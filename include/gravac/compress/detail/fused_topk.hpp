@@ -3,13 +3,14 @@
 //! \brief The CPU kernels of exact error-feedback top-k (and of threshold selection).
 //!
 //! One fused pass forms u = g + e, writes u over e, sums ||g||^2 and ||u||^2, optionally
-//! fills a magnitude histogram, and collects (index, key) of every element whose |u| is at
-//! or above a guessed key (the previous step's threshold widened by a margin, or an
-//! estimate from a sample). When at least k elements were collected, the exact top-k is
-//! among them and is resolved from the short list by a radix select on the keys; the
-//! residual update is then k scattered writes of zero. Only a miss (too few collected)
-//! costs a second read of e, guided by the histogram. Ties go to the lower index, which
-//! makes the result identical to the sort-based reference.
+//! fills a (possibly sampled) magnitude histogram, and collects (index, bit pattern) of
+//! every element whose |u| is at or above a guessed key (the previous step's threshold
+//! widened by a margin, or an estimate from a sample). When at least k elements were
+//! collected, the exact top-k is among them and is resolved from the short list by a
+//! radix select on the keys; the residual update is then k scattered (prefetched) writes
+//! of zero, or none when the pass left its candidates as zero (threshold). Only a miss
+//! (too few collected) costs a second read of e, guided by a full histogram. Ties go to
+//! the lower index, which makes the result identical to the sort-based reference.
 //!
 //! Candidates live in a workspace as long as the gradient buffer, in the region of each
 //! layer (at the layer's offset), so no list can overflow and nothing is allocated per step.
