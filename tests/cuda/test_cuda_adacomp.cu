@@ -13,93 +13,21 @@
 #include "gravac/compress/topk.hpp"
 #include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
+#include "cuda_test_util.hpp"
 #include "gravac_overflow_util.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
 
 using gravac::test::distribution;
-
-gravac::device_buffer<float> to_device(const std::vector<float>& h) {
-  gravac::device_buffer<float> d(h.size());
-  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Equal 4-byte words, or both a NaN (the device may return the canonical NaN where the
-// host keeps the input's payload). Every packet field is 4 or 8 bytes at a 4-byte boundary.
-bool same_words(const void* a, const void* b, std::size_t bytes) {
-  if (bytes % 4 != 0) return std::memcmp(a, b, bytes) == 0;
-  for (std::size_t i = 0; i < bytes / 4; ++i) {
-    std::uint32_t x, y;
-    std::memcpy(&x, static_cast<const std::byte*>(a) + 4 * i, 4);
-    std::memcpy(&y, static_cast<const std::byte*>(b) + 4 * i, 4);
-    const bool nan_x = (x & 0x7fffffffu) > 0x7f800000u, nan_y = (y & 0x7fffffffu) > 0x7f800000u;
-    if (x != y && !(nan_x && nan_y)) return false;
-  }
-  return true;
-}
+using gravac::test::same_words;
+using gravac::test::scaled;
+using gravac::test::to_device;
+using gravac::test::to_host;
 
 // A host and a device compressor for one layout, stepped together on the same data.
 template <class Host, class Dev>
-struct pair_run {
-  gravac::layout lay;
-  Host host;
-  Dev dev;
-  std::vector<float> e_host;
-  gravac::device_buffer<float> e_dev;
-  std::vector<std::byte> packet_host;
-  gravac::device_buffer<std::byte> packet_dev;
-  std::size_t bytes = 0;
-  // Relative tolerance of the norms: adacomp sums squares in float lanes before double.
-  double norm_eps = 1e-9;
-  gravac::compress_stats last_host;  // the host's statistics of the last step
-
-  pair_run(gravac::layout l, const typename Host::options& ho, const typename Dev::options& dopt)
-      : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f), e_dev(lay.numel()),
-        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {}
-
-  // Relatively close, or both NaN (a NaN gradient makes both norms NaN).
-  [[nodiscard]] bool close(double a, double b) const {
-    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-    return a == Approx(b).epsilon(norm_eps).margin(1e-30);
-  }
-
-  // One step on both: identical packets and residuals, the same counts, close statistics.
-  void step(const std::vector<float>& g, const gravac::step_params& p) {
-    std::vector<float> gh = g;
-    gravac::compress_stats sh, sd;
-    const auto bh = host.compress(gravac::host_view(gh), gravac::host_view(e_host), p, packet_host, sh);
-    auto gd = to_device(g);
-    const auto bd = dev.compress(gravac::device_view(gd), gravac::device_view(e_dev), p, packet_dev.span(), sd);
-    REQUIRE(bd == bh);
-    bytes = bd;
-    const auto pd = to_host(packet_dev.data(), bd);
-    REQUIRE(same_words(pd.data(), packet_host.data(), bh));
-    const auto ed = to_host(e_dev.data(), e_dev.size());
-    REQUIRE(same_words(ed.data(), e_host.data(), ed.size() * sizeof(float)));
-    REQUIRE(sd.non_finite == sh.non_finite);
-    for (std::size_t i = 0; i < lay.size(); ++i) {
-      INFO("layer " << i);
-      CHECK(sd.layers[i].kept == sh.layers[i].kept);
-      CHECK(close(sd.layers[i].grad_sq, sh.layers[i].grad_sq));
-      CHECK(close(sd.layers[i].input_sq, sh.layers[i].input_sq));
-      CHECK(close(sd.layers[i].kept_sq, sh.layers[i].kept_sq));
-    }
-    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) {
-      const double gh_ = gravac::gain_from_sq(sh.candidate_kept_sq[c], sh.input_sq());
-      const double gd_ = gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq());
-      CHECK(std::fabs(gd_ - gh_) <= 0.05);  // both interpolate inside a histogram bin
-    }
-    last_host = sh;
-  }
-};
+using pair_run = gravac::test::pair_run<Host, Dev>;
 
 using ada_pair = pair_run<gravac::adacomp, gravac::adacomp_cuda>;
 using whole_pair = pair_run<gravac::topk, gravac::topk_cuda>;
@@ -126,11 +54,6 @@ gravac::layout ada_layout() {
   lay.add("lstm", {3, 1667}, gravac::layer_kind::recurrent);          // 5001: a partial bin of 1
   lay.add("fc3.weight", {70001}, gravac::layer_kind::dense);
   return lay;
-}
-
-std::vector<float> scaled(std::vector<float> v, float s) {
-  for (auto& x : v) x *= s;
-  return v;
 }
 
 }  // namespace

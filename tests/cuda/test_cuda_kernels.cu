@@ -13,92 +13,29 @@
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/cuda/threshold_cuda.hpp"
+#include "cuda_test_util.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
 
 using gravac::test::distribution;
+using gravac::test::same_words;
+using gravac::test::scaled;
+using gravac::test::to_device;
+using gravac::test::to_host;
 
-// Device copies of host data, and back.
-gravac::device_buffer<float> to_device(const std::vector<float>& h) {
-  gravac::device_buffer<float> d(h.size());
-  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Equal 4-byte words, or both a NaN: the device returns the canonical NaN where the host
-// propagates the input's payload, so NaN bits may differ; every packet field and every
-// residual element is a 4-byte word (or a pair of them) at a 4-byte boundary.
-bool same_words(const void* a, const void* b, std::size_t bytes) {
-  if (bytes % 4 != 0) return std::memcmp(a, b, bytes) == 0;
-  for (std::size_t i = 0; i < bytes / 4; ++i) {
-    std::uint32_t x, y;
-    std::memcpy(&x, static_cast<const std::byte*>(a) + 4 * i, 4);
-    std::memcpy(&y, static_cast<const std::byte*>(b) + 4 * i, 4);
-    const bool nan_x = (x & 0x7fffffffu) > 0x7f800000u, nan_y = (y & 0x7fffffffu) > 0x7f800000u;
-    if (x != y && !(nan_x && nan_y)) return false;
-  }
-  return true;
-}
-
-// One layout, one host and one device compressor, and their buffers, stepped together.
+// One layout, one host and one device compressor, and their buffers, stepped together:
+// packets and residuals identical, statistics close, and (stricter than the default) no
+// norm may be NaN.
 template <class Host, class Dev>
-struct pair_run_t {
-  gravac::layout lay;
-  Host host;
-  Dev dev;
-  std::vector<float> e_host;
-  gravac::device_buffer<float> e_dev;
-  std::vector<std::byte> packet_host;
-  gravac::device_buffer<std::byte> packet_dev;
-  std::size_t bytes = 0;
-
-  explicit pair_run_t(gravac::layout l)
-      : lay(std::move(l)), host(lay), dev(lay), e_host(lay.numel(), 0.0f), e_dev(lay.numel()),
-        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {}
-
-  // One step on both; checks packets and residuals are identical and the stats close.
-  void step(const std::vector<float>& g, const gravac::step_params& p) {
-    std::vector<float> gh = g;
-    gravac::compress_stats sh, sd;
-    const auto bh = host.compress(gravac::host_view(gh), gravac::host_view(e_host), p, packet_host, sh);
-    auto gd = to_device(g);
-    const auto bd = dev.compress(gravac::device_view(gd), gravac::device_view(e_dev), p, packet_dev.span(), sd);
-    REQUIRE(bd == bh);
-    bytes = bd;
-    const auto pd = to_host(packet_dev.data(), bd);
-    REQUIRE(same_words(pd.data(), packet_host.data(), bh));
-    const auto ed = to_host(e_dev.data(), e_dev.size());
-    REQUIRE(same_words(ed.data(), e_host.data(), ed.size() * sizeof(float)));
-    REQUIRE(sd.non_finite == sh.non_finite);
-    for (std::size_t i = 0; i < lay.size(); ++i) {
-      CHECK(sd.layers[i].kept == sh.layers[i].kept);
-      CHECK(sd.layers[i].grad_sq == Approx(sh.layers[i].grad_sq).epsilon(1e-9).margin(1e-30));
-      CHECK(sd.layers[i].input_sq == Approx(sh.layers[i].input_sq).epsilon(1e-9).margin(1e-30));
-      CHECK(sd.layers[i].kept_sq == Approx(sh.layers[i].kept_sq).epsilon(1e-9).margin(1e-30));
-    }
-    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) {
-      const double gh_ = gravac::gain_from_sq(sh.candidate_kept_sq[c], sh.input_sq());
-      const double gd_ = gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq());
-      // Exact at histogram bin edges, interpolated inside the boundary bin (1/8 octave wide).
-      CHECK(std::fabs(gd_ - gh_) <= 0.05);
-    }
+struct pair_run_t : gravac::test::pair_run<Host, Dev> {
+  explicit pair_run_t(gravac::layout l) : gravac::test::pair_run<Host, Dev>(std::move(l)) {
+    this->nan_norms_equal = false;
   }
 };
 
 using pair_run = pair_run_t<gravac::topk, gravac::topk_cuda>;
 using threshold_pair = pair_run_t<gravac::threshold, gravac::threshold_cuda>;
-
-std::vector<float> scaled(std::vector<float> v, float s) {
-  for (auto& x : v) x *= s;
-  return v;
-}
 
 }  // namespace
 

@@ -25,6 +25,7 @@
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
 #include "gravac/cuda/terngrad_cuda.hpp"
+#include "cuda_test_util.hpp"
 #include "gravac_test_util.hpp"
 
 // The device quantizers plug into the collectives the device top-k uses.
@@ -36,32 +37,9 @@ static_assert(gravac::CollectiveAccepts<gravac::dense_allreduce, gravac::terngra
 namespace {
 
 using gravac::test::distribution;
-
-gravac::device_buffer<float> to_device(const std::vector<float>& h) {
-  gravac::device_buffer<float> d(std::max<std::size_t>(h.size(), 1));
-  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Equal bytes; with \p nan_equal, 4-byte words that are both NaN also count as equal (the
-// device returns the canonical NaN where the host propagates the input's payload).
-bool same_words(const void* a, const void* b, std::size_t bytes, bool nan_equal) {
-  if (!nan_equal || bytes % 4 != 0) return std::memcmp(a, b, bytes) == 0;
-  for (std::size_t i = 0; i < bytes / 4; ++i) {
-    std::uint32_t x, y;
-    std::memcpy(&x, static_cast<const std::byte*>(a) + 4 * i, 4);
-    std::memcpy(&y, static_cast<const std::byte*>(b) + 4 * i, 4);
-    const bool nan_x = (x & 0x7fffffffu) > 0x7f800000u, nan_y = (y & 0x7fffffffu) > 0x7f800000u;
-    if (x != y && !(nan_x && nan_y)) return false;
-  }
-  return true;
-}
+using gravac::test::same_words;
+using gravac::test::to_device;
+using gravac::test::to_host;
 
 // Index of the first differing 4-byte word (for the failure message).
 std::size_t first_difference(const void* a, const void* b, std::size_t bytes) {
@@ -78,20 +56,15 @@ bool all_finite(const std::vector<float>& v) {
 
 // One layout, one host and one device compressor with their residuals, stepped together.
 template <class Host, class Dev>
-struct pair_run {
-  gravac::layout lay;
-  Host host;
-  Dev dev;
-  std::vector<float> e_host;
-  gravac::device_buffer<float> e_dev;
-  std::vector<std::byte> packet_host;
-  gravac::device_buffer<std::byte> packet_dev;
-  std::size_t bytes = 0;
+struct pair_run : gravac::test::compressor_pair<Host, Dev> {
+  using pair_base = gravac::test::compressor_pair<Host, Dev>;
+  using pair_base::lay, pair_base::host, pair_base::dev, pair_base::e_host, pair_base::e_dev, pair_base::packet_host,
+      pair_base::packet_dev, pair_base::bytes;
   bool last_finite = true;  // the last step's u was finite
 
+  // The device residual holds at least one element, even for an empty layout.
   pair_run(gravac::layout l, const typename Host::options& ho, const typename Dev::options& dopt)
-      : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f), e_dev(std::max<std::size_t>(lay.numel(), 1)),
-        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {
+      : pair_base(std::move(l), ho, dopt, 1) {
     REQUIRE(dev.max_packet_bytes() == host.max_packet_bytes());
   }
 
@@ -104,7 +77,7 @@ struct pair_run {
     std::vector<float> gh = g;
     gravac::compress_stats sh, sd;
     const auto bh = host.compress(gravac::host_view(gh), gravac::host_view(e_host), p, packet_host, sh);
-    auto gd = to_device(g);
+    auto gd = to_device(g, 1);
     const auto bd = dev.compress(gravac::grad_view<gravac::cuda_space>(gd.data(), lay.numel()),
                                  gravac::grad_view<gravac::cuda_space>(e_dev.data(), lay.numel()), p, packet_dev.span(), sd);
     REQUIRE(bd == bh);
@@ -152,7 +125,7 @@ struct pair_run {
     auto base = gravac::test::make_data(lay.numel(), 99);
     std::vector<float> out_h = base;
     host.decompress_add(good, gravac::host_view(out_h), scale);
-    auto out_d = to_device(base);
+    auto out_d = to_device(base, 1);
     dev.decompress_add(packet_dev.span().first(bytes), gravac::grad_view<gravac::cuda_space>(out_d.data(), lay.numel()), scale);
     dev.synchronize();
     const auto back = to_host(out_d.data(), lay.numel());
@@ -481,7 +454,7 @@ void trainer_pair(double fraction) {
   gravac::trainer<DevC, K, gravac::fixed_policy> t(comm, lay, {.policy = pol, .seed = 3});
   for (std::uint64_t s = 0; s < 3; ++s) {
     INFO("step " << s);
-    auto g = to_device(gravac::test::make_data(lay.numel(), 200 + s));
+    auto g = to_device(gravac::test::make_data(lay.numel(), 200 + s), 1);
     t.step(gravac::grad_view<gravac::cuda_space>(g.data(), lay.numel()));
     const auto back = to_host(g.data(), lay.numel());
     REQUIRE(same_words(back.data(), host_out[s].data(), back.size() * sizeof(float), false));

@@ -10,22 +10,13 @@
 #include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
+#include "cuda_test_util.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
 
-template <class T>
-gravac::device_buffer<T> to_device(const std::vector<T>& h) {
-  gravac::device_buffer<T> d(h.size());
-  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using gravac::test::to_device;
+using gravac::test::to_host;
 
 gravac::mpi_communicator& world() {
   static gravac::mpi_communicator m;

@@ -1,0 +1,140 @@
+#pragma once
+// Helpers shared by the GPU tests (test_cuda_kernels, test_cuda_adacomp,
+// test_cuda_quantizers, test_nccl): copies between host vectors and device buffers, a
+// bitwise comparison that tolerates NaN payloads, and a host and a device compressor
+// stepped together on the same data.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "gravac/cuda/cuda_error.hpp"
+#include "gravac/cuda/device_buffer.hpp"
+#include "gravac/layout.hpp"
+#include "gravac/memory.hpp"
+#include "gravac/step.hpp"
+
+namespace gravac::test {
+
+//! A device copy of \p h, of at least \p min_elements elements (zero-filled past h).
+template <class T>
+gravac::device_buffer<T> to_device(const std::vector<T>& h, std::size_t min_elements = 0) {
+  gravac::device_buffer<T> d(std::max(h.size(), min_elements));
+  if (!h.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+//! A host copy of the \p n elements at device address \p d.
+template <class T>
+std::vector<T> to_host(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  if (n) GRAVAC_TRY_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+//! Equal bytes; with \p nan_equal, 4-byte words that are both NaN also count as equal.
+//! The device returns the canonical NaN where the host propagates the input's payload, so
+//! NaN bits may differ; every packet field and every residual element is a 4-byte word
+//! (or a pair of them) at a 4-byte boundary.
+inline bool same_words(const void* a, const void* b, std::size_t bytes, bool nan_equal = true) {
+  if (!nan_equal || bytes % 4 != 0) return std::memcmp(a, b, bytes) == 0;
+  for (std::size_t i = 0; i < bytes / 4; ++i) {
+    std::uint32_t x, y;
+    std::memcpy(&x, static_cast<const std::byte*>(a) + 4 * i, 4);
+    std::memcpy(&y, static_cast<const std::byte*>(b) + 4 * i, 4);
+    const bool nan_x = (x & 0x7fffffffu) > 0x7f800000u, nan_y = (y & 0x7fffffffu) > 0x7f800000u;
+    if (x != y && !(nan_x && nan_y)) return false;
+  }
+  return true;
+}
+
+//! \p v with every element multiplied by \p s.
+inline std::vector<float> scaled(std::vector<float> v, float s) {
+  for (auto& x : v) x *= s;
+  return v;
+}
+
+//! One layout, a host and a device compressor of it, their residuals and packet buffers.
+template <class Host, class Dev>
+struct compressor_pair {
+  gravac::layout lay;                          //!< the layout both compress
+  Host host;                                   //!< the host (reference) compressor
+  Dev dev;                                     //!< the device compressor under test
+  std::vector<float> e_host;                   //!< the host residual
+  gravac::device_buffer<float> e_dev;          //!< the device residual
+  std::vector<std::byte> packet_host;          //!< the host packet buffer
+  gravac::device_buffer<std::byte> packet_dev; //!< the device packet buffer
+  std::size_t bytes = 0;                       //!< the last step's packet size
+
+  //! Both with default options; the device residual holds at least \p min_elements.
+  explicit compressor_pair(gravac::layout l, std::size_t min_elements = 0)
+      : lay(std::move(l)), host(lay), dev(lay), e_host(lay.numel(), 0.0f), e_dev(std::max(lay.numel(), min_elements)),
+        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {}
+
+  //! Both with the given options; the device residual holds at least \p min_elements.
+  template <class HostOptions, class DevOptions>
+  compressor_pair(gravac::layout l, const HostOptions& ho, const DevOptions& dopt, std::size_t min_elements = 0)
+      : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f),
+        e_dev(std::max(lay.numel(), min_elements)), packet_host(host.max_packet_bytes()),
+        packet_dev(dev.max_packet_bytes()) {}
+};
+
+//! A compressor_pair stepped together: each step checks identical packets and residuals,
+//! the same counts and close statistics.
+template <class Host, class Dev>
+struct pair_run : compressor_pair<Host, Dev> {
+  using compressor_pair<Host, Dev>::compressor_pair;
+
+  //! Relative tolerance of the norms (adacomp sums squares in float lanes before double).
+  double norm_eps = 1e-9;
+  //! Whether two NaN norms count as close (a NaN gradient makes both norms NaN); when
+  //! false every NaN norm fails the comparison.
+  bool nan_norms_equal = true;
+  gravac::compress_stats last_host;  //!< the host's statistics of the last step
+
+  //! Relatively close (within norm_eps), or both NaN where nan_norms_equal.
+  [[nodiscard]] bool close(double a, double b) const {
+    if (nan_norms_equal && (std::isnan(a) || std::isnan(b))) return std::isnan(a) && std::isnan(b);
+    return a == Approx(b).epsilon(norm_eps).margin(1e-30);
+  }
+
+  //! One step on both: identical packets and residuals, the same counts, close statistics.
+  void step(const std::vector<float>& g, const gravac::step_params& p) {
+    auto& self = *this;
+    std::vector<float> gh = g;
+    gravac::compress_stats sh, sd;
+    const auto bh = self.host.compress(gravac::host_view(gh), gravac::host_view(self.e_host), p, self.packet_host, sh);
+    auto gd = to_device(g);
+    const auto bd =
+        self.dev.compress(gravac::device_view(gd), gravac::device_view(self.e_dev), p, self.packet_dev.span(), sd);
+    REQUIRE(bd == bh);
+    self.bytes = bd;
+    const auto pd = to_host(self.packet_dev.data(), bd);
+    REQUIRE(same_words(pd.data(), self.packet_host.data(), bh));
+    const auto ed = to_host(self.e_dev.data(), self.e_dev.size());
+    REQUIRE(same_words(ed.data(), self.e_host.data(), ed.size() * sizeof(float)));
+    REQUIRE(sd.non_finite == sh.non_finite);
+    for (std::size_t i = 0; i < self.lay.size(); ++i) {
+      INFO("layer " << i);
+      CHECK(sd.layers[i].kept == sh.layers[i].kept);
+      CHECK(close(sd.layers[i].grad_sq, sh.layers[i].grad_sq));
+      CHECK(close(sd.layers[i].input_sq, sh.layers[i].input_sq));
+      CHECK(close(sd.layers[i].kept_sq, sh.layers[i].kept_sq));
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) {
+      const double gh_ = gravac::gain_from_sq(sh.candidate_kept_sq[c], sh.input_sq());
+      const double gd_ = gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq());
+      // Exact at histogram bin edges, interpolated inside the boundary bin (1/8 octave wide).
+      CHECK(std::fabs(gd_ - gh_) <= 0.05);
+    }
+    last_host = sh;
+  }
+};
+
+}  // namespace gravac::test
