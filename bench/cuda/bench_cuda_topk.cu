@@ -15,53 +15,21 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
-#include <cstdio>
-#include <random>
-#include <vector>
 
 #include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
+#include "bench_cuda_util.hpp"
 
 namespace {
 
-// Times of the baselines of this run, by N (so the ratios compare like with like).
-double copy_seconds[64] = {};
+using gravac::bench::BM_copy;
+using gravac::bench::events;
+using gravac::bench::gaussian;
+using gravac::bench::log2_of;
+
+// Times of the sort baseline of this run, by log2 N (the copy's are in bench_cuda_util.hpp).
 double sort_seconds[64] = {};
-
-int log2_of(std::size_t n) {
-  int b = 0;
-  while ((std::size_t{1} << b) < n) ++b;
-  return b;
-}
-
-struct events {
-  cudaEvent_t a{}, b{};
-  events() {
-    GRAVAC_TRY_CUDA(cudaEventCreate(&a));
-    GRAVAC_TRY_CUDA(cudaEventCreate(&b));
-  }
-  ~events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  double seconds() {
-    GRAVAC_TRY_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    GRAVAC_TRY_CUDA(cudaEventElapsedTime(&ms, a, b));
-    return ms * 1e-3;
-  }
-};
-
-gravac::device_buffer<float> gaussian(std::size_t n, std::uint64_t seed, float scale) {
-  std::vector<float> h(n);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  for (auto& x : h) x = d(rng);
-  gravac::device_buffer<float> b(n);
-  GRAVAC_TRY_CUDA(cudaMemcpy(b.data(), h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  return b;
-}
 
 __global__ void abs_and_iota(const float* u, float* key, std::uint32_t* idx, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -71,24 +39,7 @@ __global__ void abs_and_iota(const float* u, float* key, std::uint32_t* idx, std
   }
 }
 
-// Baseline 1: copy of the n floats (device to device); bytes moved = read + write.
-void BM_copy(benchmark::State& state) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  auto src = gaussian(n, 1, 1.0f);
-  gravac::device_buffer<float> dst(n);
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double s = ev.seconds();
-    state.SetIterationTime(s);
-    total += s;
-  }
-  copy_seconds[log2_of(n)] = total / static_cast<double>(state.iterations());
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * n * sizeof(float)));
-}
+// Baseline 1: BM_copy (bench_cuda_util.hpp), the device's copy bandwidth.
 
 // Baseline 2: sort-based selection: |u| and indices, then a descending radix sort of the
 // pairs (the top k are then the first k).
@@ -128,33 +79,13 @@ void BM_select(benchmark::State& state) {
   typename C::options opt;
   opt.stream = cudaStreamPerThread;
   C c(lay, opt);
-  auto g = gaussian(n, 3, 1.0f);
-  auto e = gaussian(n, 4, 0.1f);
-  gravac::device_buffer<std::byte> packet(c.max_packet_bytes());
   gravac::step_params p;
   p.kept_fraction.assign(1, f);
   p.global_fraction = f;
   gravac::compress_stats st;
-  std::size_t bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);  // warm-up
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double s = ev.seconds();
-    state.SetIterationTime(s);
-    total += s;
-  }
-  const double per = total / static_cast<double>(state.iterations());
-  const double moved = 3.0 * static_cast<double>(n) * sizeof(float) + static_cast<double>(bytes);
-  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
+  const auto t = gravac::bench::time_compress(state, c, n, p, st);
   const int b = log2_of(n);
-  if (copy_seconds[b] > 0) {
-    const double copy_rate = 2.0 * static_cast<double>(n) * sizeof(float) / copy_seconds[b];
-    state.counters["copy_fraction"] = (moved / per) / copy_rate;
-  }
-  if (sort_seconds[b] > 0) state.counters["speedup_vs_sort"] = sort_seconds[b] / per;
+  if (sort_seconds[b] > 0) state.counters["speedup_vs_sort"] = sort_seconds[b] / t.seconds;
   state.counters["k"] = static_cast<double>(st.layers[0].kept);
   // threshold: |k_hat - k| / k (0 for exact top-k).
   const double k = static_cast<double>(gravac::kept_count(n, f));
@@ -172,31 +103,10 @@ void BM_adacomp_cuda(benchmark::State& state) {
   opt.stream = cudaStreamPerThread;
   opt.bins.conv_bin = static_cast<std::uint32_t>(state.range(1));
   gravac::adacomp_cuda c(lay, opt);
-  auto g = gaussian(n, 3, 1.0f);
-  auto e = gaussian(n, 4, 0.1f);
-  gravac::device_buffer<std::byte> packet(c.max_packet_bytes());
   gravac::step_params p;
   p.kept_fraction.assign(1, 0.5);  // below 1: compressed (AdaComp decides how many)
   gravac::compress_stats st;
-  std::size_t bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);  // warm-up
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double s = ev.seconds();
-    state.SetIterationTime(s);
-    total += s;
-  }
-  const double per = total / static_cast<double>(state.iterations());
-  const double moved = 3.0 * static_cast<double>(n) * sizeof(float) + static_cast<double>(bytes);
-  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
-  const int b = log2_of(n);
-  if (copy_seconds[b] > 0) {
-    const double copy_rate = 2.0 * static_cast<double>(n) * sizeof(float) / copy_seconds[b];
-    state.counters["copy_fraction"] = (moved / per) / copy_rate;
-  }
+  gravac::bench::time_compress(state, c, n, p, st);
   state.counters["sent"] = static_cast<double>(st.layers[0].kept);
 }
 
@@ -227,14 +137,4 @@ BENCHMARK(BM_adacomp_cuda)
     ->Args({1 << 26, 50})
     ->Args({1 << 26, 500});
 
-int main(int argc, char** argv) {
-  if (gravac::visible_cuda_devices() == 0) {
-    std::printf("SKIPPED: no CUDA device visible\n");
-    return 77;
-  }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return gravac::bench::run_benchmarks(argc, argv); }
