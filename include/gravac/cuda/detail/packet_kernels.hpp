@@ -118,6 +118,49 @@ struct layout_desc {
   std::uint64_t hash = 0;                 //!< layout::hash()
 };
 
+//! Reads the header of an untrusted packet of \p size bytes into \p h and makes every
+//! packet-header check of validate_packet (\p kind expected): v_ok, or the first failing
+//! verdict. Shared by every device walker, so they all check headers alike.
+__device__ inline std::uint32_t read_packet_header(const std::byte* __restrict__ packet, std::uint64_t size,
+                                                   const layout_desc& lay, std::uint8_t kind, packet_header& h) {
+  if (size < sizeof(packet_header)) return v_truncated_header;
+  memcpy(&h, packet, sizeof h);
+  if (h.magic != packet_magic) return v_magic;
+  if (h.version != packet_version) return v_version;
+  if (h.kind != kind) return v_kind;
+  if (h.layout_hash != lay.hash) return v_layout;
+  if (h.payload_bytes != size - sizeof(packet_header)) return v_payload_size;
+  if (h.segment_count > lay.layers) return v_segment_count;
+  return v_ok;
+}
+
+//! Reads the segment header at \p pos (then advanced past it) into \p sh and checks it as
+//! validate_packet does: layer in range and after \p last (then set to it), numel of the
+//! layout, payload padded and inside the packet. v_ok, or the first failing verdict.
+__device__ inline std::uint32_t read_segment_header(const std::byte* __restrict__ packet, std::uint64_t size,
+                                                    const layout_desc& lay, std::uint64_t& pos, long long& last,
+                                                    segment_header& sh) {
+  if (size - pos < sizeof(segment_header)) return v_truncated_segment;
+  memcpy(&sh, packet + pos, sizeof sh);
+  pos += sizeof sh;
+  if (sh.layer >= lay.layers) return v_layer_range;
+  if (static_cast<long long>(sh.layer) <= last) return v_layer_order;
+  last = sh.layer;
+  if (sh.numel != lay.numel[sh.layer]) return v_numel;
+  if (sh.payload_bytes % 8 != 0) return v_padding;
+  if (sh.payload_bytes > size - pos) return v_payload_truncated;
+  return v_ok;
+}
+
+//! The checks of a raw (dense) segment's header, as validate_raw_segment: v_ok, or the
+//! first failing verdict.
+__device__ inline std::uint32_t check_raw_segment(const segment_header& sh) {
+  if (sh.index_width != 0) return v_raw_indices;
+  if (sh.count != sh.numel) return v_raw_count;
+  if (sh.payload_bytes != pad8(sh.numel * sizeof(float))) return v_raw_size;
+  return v_ok;
+}
+
 //! Walks an untrusted packet (one thread): every header check of validate_packet, the raw
 //! segments' checks, and `check(sh, payload)` (a verdict) on every other segment, whose
 //! payload_bytes are already known to lie inside the packet; fills the segment table.
@@ -127,37 +170,20 @@ __device__ void walk_packet(const std::byte* __restrict__ packet, std::uint64_t 
                             std::uint8_t kind, segment_entry* __restrict__ table, walk_result* __restrict__ out,
                             SegmentCheck check) {
   auto fail = [&](std::uint32_t v) { *out = {v, 0}; };
-  if (size < sizeof(packet_header)) return fail(v_truncated_header);
   packet_header h;
-  memcpy(&h, packet, sizeof h);
-  if (h.magic != packet_magic) return fail(v_magic);
-  if (h.version != packet_version) return fail(v_version);
-  if (h.kind != kind) return fail(v_kind);
-  if (h.layout_hash != lay.hash) return fail(v_layout);
-  if (h.payload_bytes != size - sizeof(packet_header)) return fail(v_payload_size);
-  if (h.segment_count > lay.layers) return fail(v_segment_count);
+  if (const std::uint32_t v = read_packet_header(packet, size, lay, kind, h); v != v_ok) return fail(v);
   std::uint64_t pos = sizeof(packet_header);
   long long last = -1;
   for (std::uint32_t s = 0; s < h.segment_count; ++s) {
-    if (size - pos < sizeof(segment_header)) return fail(v_truncated_segment);
     segment_header sh;
-    memcpy(&sh, packet + pos, sizeof sh);
-    pos += sizeof sh;
-    if (sh.layer >= lay.layers) return fail(v_layer_range);
-    if (static_cast<long long>(sh.layer) <= last) return fail(v_layer_order);
-    last = sh.layer;
-    if (sh.numel != lay.numel[sh.layer]) return fail(v_numel);
-    if (sh.payload_bytes % 8 != 0) return fail(v_padding);
-    if (sh.payload_bytes > size - pos) return fail(v_payload_truncated);
+    if (const std::uint32_t v = read_segment_header(packet, size, lay, pos, last, sh); v != v_ok) return fail(v);
     segment_entry en;
     en.payload = pos;
     en.count = sh.count;
     en.layer = sh.layer;
     en.width = sh.index_width;
     if (sh.encoding == raw_encoding) {
-      if (sh.index_width != 0) return fail(v_raw_indices);
-      if (sh.count != sh.numel) return fail(v_raw_count);
-      if (sh.payload_bytes != pad8(sh.numel * sizeof(float))) return fail(v_raw_size);
+      if (const std::uint32_t v = check_raw_segment(sh); v != v_ok) return fail(v);
       en.raw = 1;
     } else {
       const std::uint32_t v = check(sh, packet + pos);

@@ -96,28 +96,14 @@ static __global__ void walk_quantized_packet(const std::byte* __restrict__ packe
                                              quant_segment* __restrict__ table, walk_result* __restrict__ out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   auto fail = [&](std::uint32_t v) { *out = {v, 0}; };
-  if (size < sizeof(packet_header)) return fail(v_truncated_header);
   packet_header h;
-  memcpy(&h, packet, sizeof h);
-  if (h.magic != packet_magic) return fail(v_magic);
-  if (h.version != packet_version) return fail(v_version);
-  if (h.kind != static_cast<std::uint8_t>(packet_kind::quantized)) return fail(v_kind);
-  if (h.layout_hash != lay.hash) return fail(v_layout);
-  if (h.payload_bytes != size - sizeof(packet_header)) return fail(v_payload_size);
-  if (h.segment_count > lay.layers) return fail(v_segment_count);
+  const auto kind = static_cast<std::uint8_t>(packet_kind::quantized);
+  if (const std::uint32_t v = read_packet_header(packet, size, lay, kind, h); v != v_ok) return fail(v);
   std::uint64_t pos = sizeof(packet_header);
   long long last = -1;
   for (std::uint32_t s = 0; s < h.segment_count; ++s) {
-    if (size - pos < sizeof(segment_header)) return fail(v_truncated_segment);
     segment_header sh;
-    memcpy(&sh, packet + pos, sizeof sh);
-    pos += sizeof sh;
-    if (sh.layer >= lay.layers) return fail(v_layer_range);
-    if (static_cast<long long>(sh.layer) <= last) return fail(v_layer_order);
-    last = sh.layer;
-    if (sh.numel != lay.numel[sh.layer]) return fail(v_numel);
-    if (sh.payload_bytes % 8 != 0) return fail(v_padding);
-    if (sh.payload_bytes > size - pos) return fail(v_payload_truncated);
+    if (const std::uint32_t v = read_segment_header(packet, size, lay, pos, last, sh); v != v_ok) return fail(v);
     const std::byte* pl = packet + pos;
     quant_segment en;
     en.payload = pos;
@@ -125,9 +111,7 @@ static __global__ void walk_quantized_packet(const std::byte* __restrict__ packe
     en.layer = sh.layer;
     en.encoding = sh.encoding;
     if (sh.encoding == raw_encoding) {
-      if (sh.index_width != 0) return fail(v_raw_indices);
-      if (sh.count != sh.numel) return fail(v_raw_count);
-      if (sh.payload_bytes != pad8(sh.numel * sizeof(float))) return fail(v_raw_size);
+      if (const std::uint32_t v = check_raw_segment(sh); v != v_ok) return fail(v);
       en.raw = 1;
     } else if (family == quant_family::qsgd || family == quant_family::terngrad) {
       const auto enc = family == quant_family::qsgd ? quant_encoding::qsgd : quant_encoding::terngrad;
