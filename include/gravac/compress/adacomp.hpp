@@ -288,8 +288,9 @@ class adacomp {
         const float* rc = r.data() + c;
         const float* gc = g.data() + c;
         for (std::size_t k = 0; k < mc; ++k)
-          flag[k] = static_cast<std::uint8_t>((rc[k] != 0.0f) & (std::fabs(rc[k]) < inf) &
-                                              (std::fabs(rc[k] + gc[k]) >= thr[k]));
+          // Integer '&' of the three tests (not '&&'), so the loop stays branch-free.
+          flag[k] = static_cast<std::uint8_t>(static_cast<int>(rc[k] != 0.0f) & static_cast<int>(std::fabs(rc[k]) < inf) &
+                                              static_cast<int>(std::fabs(rc[k] + gc[k]) >= thr[k]));
         std::fill(flag + mc, flag + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
         count = wide ? compact(flag, mc, c, indices64_.data(), count) : compact(flag, mc, c, indices32_.data(), count);
       }
