@@ -85,4 +85,24 @@ inline double max_rel_diff(std::span<const float> a, std::span<const float> b) {
   return m;
 }
 
+// Heavy-tailed data: Student-t with 1.5 degrees of freedom, rows of 64 of varying scale.
+inline std::vector<float> heavy_tailed(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::student_t_distribution<float> t(1.5f);
+  std::lognormal_distribution<float> scale(0.0f, 1.0f);
+  std::vector<float> v(n);
+  float s = 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % 64 == 0) s = scale(rng);
+    v[i] = s * t(rng);
+  }
+  return v;
+}
+
+// Data of kind 0..3 (the distributions of make_data, in order) or 4 (heavy_tailed).
+inline std::vector<float> data_of_kind(int kind, std::size_t n, std::uint64_t seed) {
+  if (kind < 4) return make_data(n, seed, static_cast<distribution>(kind));
+  return heavy_tailed(n, seed);
+}
+
 }  // namespace gravac::test

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 
 #include "gravac_test_util.hpp"
 
@@ -13,30 +12,6 @@ using namespace gravac;
 namespace {
 
 bool bit_equal(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
-// Heavy-tailed data: Student-t with 1.5 degrees of freedom, rows of varying scale.
-std::vector<float> heavy_tailed(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::student_t_distribution<float> t(1.5f);
-  std::lognormal_distribution<float> scale(0.0f, 1.0f);
-  std::vector<float> v(n);
-  float s = 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i % 64 == 0) s = scale(rng);
-    v[i] = s * t(rng);
-  }
-  return v;
-}
-
-std::vector<float> data_for(int kind, std::size_t n, std::uint64_t seed) {
-  switch (kind) {
-    case 0: return test::make_data(n, seed, test::distribution::gaussian);
-    case 1: return test::make_data(n, seed, test::distribution::laplace);
-    case 2: return test::make_data(n, seed, test::distribution::all_equal);
-    case 3: return test::make_data(n, seed, test::distribution::narrow);
-    default: return heavy_tailed(n, seed);
-  }
-}
 
 struct decoded {
   std::vector<float> dense;     // decompress(packet)
@@ -85,8 +60,8 @@ TEST_CASE("fused top-k equals the reference selection bit for bit", "[topk][fuse
         INFO("data " << kind << " n " << n << " f " << f);
         const auto lay = layout::flat(n);
         topk c(lay);
-        const auto g = data_for(kind, n, 100 + n);
-        auto e = data_for(kind == 2 ? 2 : 0, n, 200 + n);
+        const auto g = test::data_of_kind(kind, n, 100 + n);
+        auto e = test::data_of_kind(kind == 2 ? 2 : 0, n, 200 + n);
         for (auto& x : e) x *= 0.25f;
         std::vector<float> u(n);
         for (std::size_t i = 0; i < n; ++i) u[i] = g[i] + e[i];
@@ -134,7 +109,7 @@ TEST_CASE("fused whole-buffer top-k equals the reference over the compressed lay
     for (double f : {0.0, 0.001, 0.01, 0.3, 0.9, 1.0}) {
       INFO("data " << kind << " f " << f);
       topk c(lay, {.whole_buffer = true});
-      auto g = data_for(kind, lay.numel(), 7 + kind);
+      auto g = test::data_of_kind(kind, lay.numel(), 7 + kind);
       // Layer "b" larger in magnitude so the global selection is lopsided.
       for (std::size_t i = 0; i < 1023; ++i) g[lay[3].offset + i] *= 3.0f;
       std::vector<float> e(lay.numel(), 0.0f);

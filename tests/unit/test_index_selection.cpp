@@ -3,36 +3,18 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
-#include <random>
 
 #include "gravac/compress/index_selection.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;
 
-namespace {
-
-std::vector<float> data_for(int kind, std::size_t n, std::uint64_t seed) {
-  if (kind < 4) return test::make_data(n, seed, static_cast<test::distribution>(kind));
-  std::mt19937_64 rng(seed);  // heavy tails, rows of varying scale
-  std::student_t_distribution<float> t(1.5f);
-  std::lognormal_distribution<float> scale(0.0f, 1.0f);
-  std::vector<float> v(n);
-  float sc = 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i % 64 == 0) sc = scale(rng);
-    v[i] = sc * t(rng);
-  }
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("the fast top-k index selection equals the reference, ties included", "[index_selection]") {
   std::vector<std::uint64_t> fast, want, scratch, order;
   for (std::size_t n : {std::size_t{65537}, std::size_t{100003}, (std::size_t{1} << 18) + 5, std::size_t{1} << 20}) {
     for (int kind = 0; kind < 5; ++kind) {
-      const auto u = data_for(kind, n, 17 + n + kind);
+      const auto u = test::data_of_kind(kind, n, 17 + n + kind);
       for (double f : {0.0001, 0.001, 0.01, 0.1, 0.24, 0.5}) {
         const std::size_t k = kept_count(n, f);
         detail::select_topk_indices(u, k, scratch, fast);

@@ -113,7 +113,7 @@ class threshold {
           const std::uint32_t t = estimate(gl, el, fraction, detail::mix_seed(p.seed, p.step, layout_[index].id));
           const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
           // Candidates leave the pass as zero in e (most of them are sent), so sending reads
-          // no scattered memory; the few not sent are written back by keep_and_restore.
+          // no scattered memory; the few not sent are written back by keep_selected.
           const auto r = work_.fuse(gl, el, 0, t, hs, /*zero_collected=*/true);
           if (want_gain)
             detail::add_fused_gain_curve(work_, hs, 0, r.collected, gl.size(), p.gain_candidates, st.candidate_kept_sq);
@@ -126,7 +126,7 @@ class threshold {
             const detail::candidate_run run{0, r.collected};
             const auto kth = work_.select(std::span<const detail::candidate_run>(&run, 1), k);
             std::uint64_t all_ties = r.collected;
-            count = work_.keep_and_restore(run, kth.key, all_ties, el);
+            count = work_.keep_selected(run, kth.key, all_ties, el);
           }
           const double ksq = work_.write_segment_from_candidates(w, index, el.size(), 0, count);
           ls = {count, r.grad_sq, r.input_sq, ksq};

@@ -49,31 +49,29 @@ inline std::atomic<kernel_isa>& kernel_isa_choice() noexcept {
   return choice;
 }
 
-//! True when with_best_isa currently runs the AVX2 version.
-inline bool runs_avx2_kernels() noexcept;
-
-#if GRAVAC_ISA_DISPATCH
-//! True when the processor runs AVX2 (asked once).
+//! True when this build dispatches (see GRAVAC_ISA_DISPATCH) and the processor runs AVX2
+//! (asked once).
 inline bool cpu_has_avx2() noexcept {
+#if GRAVAC_ISA_DISPATCH
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
+#else
+  return false;
+#endif
 }
 
+//! True when with_best_isa currently runs the AVX2 version.
+inline bool runs_avx2_kernels() noexcept {
+  return cpu_has_avx2() && kernel_isa_choice().load(std::memory_order_relaxed) == kernel_isa::best;
+}
+
+#if GRAVAC_ISA_DISPATCH
 //! Calls \p kernel from code compiled for AVX2 (the always-inlined kernel with it).
 template <class Kernel>
 [[gnu::target("avx2")]] inline void run_for_avx2(Kernel& kernel) {
   kernel();
 }
 #endif
-
-//! True when this build dispatches and the processor has AVX2.
-inline bool cpu_has_avx2_if_dispatched() noexcept {
-#if GRAVAC_ISA_DISPATCH
-  return cpu_has_avx2();
-#else
-  return false;
-#endif
-}
 
 //! Runs \p kernel (a lambda marked GRAVAC_KERNEL_LAMBDA) compiled for the best instruction
 //! set this processor has: AVX2 where available, the build's baseline otherwise.
@@ -86,14 +84,6 @@ inline void with_best_isa(Kernel&& kernel) {
   }
 #endif
   kernel();
-}
-
-inline bool runs_avx2_kernels() noexcept {
-#if GRAVAC_ISA_DISPATCH
-  return cpu_has_avx2() && kernel_isa_choice().load(std::memory_order_relaxed) == kernel_isa::best;
-#else
-  return false;
-#endif
 }
 
 }  // namespace gravac::detail

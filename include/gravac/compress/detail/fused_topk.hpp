@@ -295,7 +295,7 @@ class fused_topk_workspace {
   //! u = g + e over e, sums, candidates with key >= \p guess, the elements \p hs selects
   //! into its histogram. Returns the measurements; candidates are contiguous. With \p
   //! zero_collected the candidates are left as zero in e (see fused_pass_chunk): then
-  //! keep_and_restore and write_segment_from_candidates must follow.
+  //! keep_selected (with the residual to restore) and write_segment_from_candidates must follow.
   fused_pass_result fuse(std::span<const float> g, std::span<float> e, std::size_t slot, std::uint32_t guess,
                          const histogram_sampling& hs = {}, bool zero_collected = false) {
     const std::size_t n = g.size();
@@ -356,27 +356,10 @@ class fused_topk_workspace {
 
   //! Keeps, in place and in index order, the candidates of \p run that beat \p t: a larger
   //! key, or the key of t while \p ties_left lasts (lowest index first). Returns the count.
-  std::size_t keep_selected(candidate_run run, std::uint32_t t, std::uint64_t& ties_left) noexcept {
-    std::uint32_t* ip = idx_.data() + run.first;
-    const std::uint32_t* bp = bits_.data() + run.first;
-    std::size_t w = 0;
-    for (std::size_t i = 0; i < run.count; ++i) {
-      const std::uint32_t k = bp[i] & 0x7fffffffu;
-      bool take = k > t;
-      if (k == t && ties_left > 0) {
-        take = true;
-        --ties_left;
-      }
-      ip[w] = ip[i];
-      w += take ? 1u : 0u;
-    }
-    return w;
-  }
-
-  //! keep_selected after a pass that zeroed its candidates in \p e: keeps the values with
-  //! the indices, and writes back into e the value of every candidate not kept.
-  std::size_t keep_and_restore(candidate_run run, std::uint32_t t, std::uint64_t& ties_left,
-                               std::span<float> e) noexcept {
+  //! After a pass that zeroed its candidates, \p restore is the layer's residual: the value
+  //! of every candidate not kept is written back into it.
+  std::size_t keep_selected(candidate_run run, std::uint32_t t, std::uint64_t& ties_left,
+                            std::span<float> restore = {}) noexcept {
     std::uint32_t* ip = idx_.data() + run.first;
     std::uint32_t* bp = bits_.data() + run.first;
     std::size_t w = 0;
@@ -387,7 +370,7 @@ class fused_topk_workspace {
         take = true;
         --ties_left;
       }
-      if (!take) e[ix] = std::bit_cast<float>(b);
+      if (!take && !restore.empty()) restore[ix] = std::bit_cast<float>(b);
       ip[w] = ix;
       bp[w] = b;
       w += take ? 1u : 0u;
@@ -400,11 +383,7 @@ class fused_topk_workspace {
   //! residual is already right, and e is not touched). Returns the energy sent.
   double write_segment_from_candidates(byte_writer& w, std::uint32_t index, std::size_t numel, std::size_t slot,
                                        std::size_t count) {
-    segment_header sh;
-    sh.layer = index;
-    sh.index_width = index_width_for(numel);
-    sh.numel = numel;
-    sh.count = count;
+    const segment_header sh = sparse_header(index, numel, count);
     double ksq = 0;
     const std::uint32_t* ip = idx_.data() + slot;
     const std::uint32_t* bp = bits_.data() + slot;
@@ -426,11 +405,7 @@ class fused_topk_workspace {
   //! Returns the energy sent.
   double write_segment_from(byte_writer& w, std::uint32_t index, std::span<float> e, std::size_t slot,
                             std::size_t count) {
-    segment_header sh;
-    sh.layer = index;
-    sh.index_width = index_width_for(e.size());
-    sh.numel = e.size();
-    sh.count = count;
+    const segment_header sh = sparse_header(index, e.size(), count);
     double ksq = 0;
     const std::uint32_t* ip = idx_.data() + slot;
     write_segment(w, sh, [&](byte_writer& bw) {
@@ -460,6 +435,16 @@ class fused_topk_workspace {
   }
 
  private:
+  // The header of a sparse segment of \p count values of layer \p index (\p numel elements).
+  static segment_header sparse_header(std::uint32_t index, std::size_t numel, std::size_t count) noexcept {
+    segment_header sh;
+    sh.layer = index;
+    sh.index_width = index_width_for(numel);
+    sh.numel = numel;
+    sh.count = count;
+    return sh;
+  }
+
   // Below this many elements per thread a thread costs more than it saves.
   static constexpr std::size_t min_chunk = std::size_t{1} << 18;
 
