@@ -142,11 +142,28 @@ class cast16 {
   //! clamped to the format's largest finite value by an integer min on its bits (the bit
   //! order of non-negative floats is their value order), converted, decoded back. Integer
   //! selects only, so the loop vectorizes. Returns the sum of squares of the decoded values.
+  //! \p u is element \p first of a layer of \p n elements whose g and e are \p g_layer and
+  //! \p e_layer: being compute bound, the loop asks for the lines ahead (stream_prefetch).
   template <cast16_format F>
   GRAVAC_KERNEL_INLINE static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks, std::uint16_t* __restrict h,
-                           float* __restrict v2) noexcept {
+                           float* __restrict v2, const float* g_layer, const float* e_layer, std::size_t n,
+                           std::size_t first) noexcept {
     const std::uint32_t limit_bits = detail::cast16_limit_bits(F, ranks);
-    for (std::size_t k = 0; k < m; ++k) {
+    for (std::size_t at = 0; at < m; at += detail::random_group) {
+      detail::stream_prefetch(g_layer, e_layer, n, first + at);
+      const std::size_t end = std::min(at + detail::random_group, m);
+      for (std::size_t k = at; k < end; ++k) cast_one<F>(u, h, v2, k, inv, ranks, limit_bits);
+    }
+    const double sq = detail::lane_sum(v2, m);
+    // A float square overflowed, or those of tiny non-zero values underflowed: again in double.
+    return std::isfinite(sq) && !(sq < detail::tiny_block_sq && any_nonzero(h, m)) ? sq : decoded_squares<F>(h, m, ranks);
+  }
+
+  //! Element \p k of cast_block: its code into \p h, the residual into \p u, the decoded square into \p v2.
+  template <cast16_format F>
+  GRAVAC_KERNEL_INLINE static void cast_one(float* __restrict u, std::uint16_t* __restrict h, float* __restrict v2,
+                                            std::size_t k, float inv, float ranks, std::uint32_t limit_bits) noexcept {
+    {
       const float x = u[k];
       const std::uint32_t q = detail::float_bits(x * inv);
       std::uint32_t a = q & 0x7fffffffu;
@@ -165,9 +182,6 @@ class cast16 {
       u[k] = x - v;
       v2[k] = v * v;
     }
-    const double sq = detail::lane_sum(v2, m);
-    // A float square overflowed, or those of tiny non-zero values underflowed: again in double.
-    return std::isfinite(sq) && !(sq < detail::tiny_block_sq && any_nonzero(h, m)) ? sq : decoded_squares<F>(h, m, ranks);
   }
 
   //! True when a code of \p h[0..m) is not ±0 (checked only for blocks of tiny squares).
@@ -214,10 +228,7 @@ class cast16 {
           const auto s = detail::accumulate_block(g.data() + c, u, mc);  // u = g + e, in cache now
           gsq += s.g_sq;
           usq += s.u_sq;
-          // The conversion is compute bound: let memory stream the next chunk meanwhile.
-          if (c + mc < n)
-            detail::prefetch_block(g.data() + c + mc, e.data() + c + mc, std::min(detail::quant_chunk, n - c - mc));
-          ksq += cast_block<F>(u, mc, inv, ranks, h, v2);
+          ksq += cast_block<F>(u, mc, inv, ranks, h, v2, g.data(), e.data(), n, c);
           std::memcpy(codes + 2 * c, h, 2 * mc);
         }
       });

@@ -115,10 +115,15 @@ class sign {
           gsq += s.g_sq;
           usq += s.u_sq;
           abs_sum += s.u_abs;
-          if (c + mc < n)  // the next chunk streams in while this one is coded
-            detail::prefetch_block(g.data() + c + mc, e.data() + c + mc, std::min(detail::quant_chunk, n - c - mc));
-          const float* u = e.data() + c;
-          for (std::size_t k = 0; k < mc; ++k) code[k] = static_cast<std::uint8_t>(u[k] < 0);
+          // Local restrict pointers: code is a byte array, which may alias anything, so
+          // through the lambda's captures every store would reload them (a scalar loop).
+          const float* __restrict u = e.data() + c;
+          std::uint8_t* __restrict cb = code;
+          for (std::size_t at = 0; at < mc; at += detail::random_group) {
+            detail::stream_prefetch(g.data(), e.data(), n, c + at);  // memory streams meanwhile
+            const std::size_t end = std::min(at + detail::random_group, mc);
+            for (std::size_t k = at; k < end; ++k) cb[k] = static_cast<std::uint8_t>(u[k] < 0);
+          }
           std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
           detail::pack_code_bytes<1>(code, mc, bits + c / 8);
         }

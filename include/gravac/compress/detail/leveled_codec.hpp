@@ -129,9 +129,11 @@ class leveled_codec {
   //! group key, so the inner loop has a fixed trip count and no dependency between elements.
   template <unsigned W>
   GRAVAC_KERNEL_INLINE static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u, std::size_t m, float inv,
-                                float f, std::int32_t lv, code_type<W>* __restrict code) noexcept {
+                                float f, std::int32_t lv, code_type<W>* __restrict code, const float* g_layer,
+                                const float* e_layer, std::size_t n) noexcept {
     alignas(64) float v2[quant_chunk];
     for (std::size_t at = 0; at < m; at += random_group) {
+      stream_prefetch(g_layer, e_layer, n, first + at);
       const std::uint32_t key = random_group_key(stream, (first + at) / random_group);
       float* ua = u + at;
       code_type<W>* ca = code + at;
@@ -205,12 +207,11 @@ class leveled_codec {
           // a NaN level. Capped, a tiny bucket is merely under-sent (the residual keeps the rest).
           const float inv = scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
           // Pass 2 (the bucket is in cache when it is small): draws, levels, codes, residual.
-          // Being compute bound, it first asks for the next bucket's lines, so that memory
-          // streams them meanwhile (the hardware prefetcher idles while no stream advances).
-          if (b + 1 < nb && B <= quant_chunk) prefetch_block(g.data() + lo + B, e.data() + lo + B, std::min(B, n - lo - B));
+          // Being compute bound, it asks for the lines of the buckets ahead as it goes
+          // (stream_prefetch), so that memory streams them meanwhile.
           for (std::size_t c = 0; c < m; c += quant_chunk) {
             const std::size_t mc = std::min(quant_chunk, m - c);
-            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code);
+            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, g.data(), e.data(), n);
             std::byte* dst = codes + (lo + c) * W / 8;
             if constexpr (W >= 8) {
               std::memcpy(dst, code, mc * sizeof(code[0]));

@@ -206,9 +206,18 @@ void unpack_codes(const std::byte* in, std::size_t m, std::uint16_t* codes) noex
   }
 }
 
-//! Prefetches the cache lines of g[0, m) (to read) and e[0, m) (to write).
-GRAVAC_KERNEL_INLINE void prefetch_block(const float* g, const float* e, std::size_t m) noexcept {
-  for (std::size_t i = 0; i < m; i += 16) {  // 16 floats a 64-byte line
+//! Elements ahead of the element being coded whose cache lines stream_prefetch asks for.
+inline constexpr std::size_t prefetch_distance = 1024;
+
+//! Asks for the cache lines of g and e (e to be written) at elements [at + prefetch_distance,
+//! + random_group) of a layer of \p n elements. Called once per group of 64 elements from a
+//! compute-bound coding loop, so that memory streams the data a later pass reads while
+//! this one computes: the hardware prefetcher only advances while loads miss, and asking
+//! for a whole block at once overflows the miss buffers and stalls the loop.
+GRAVAC_KERNEL_INLINE void stream_prefetch(const float* g, const float* e, std::size_t n, std::size_t at) noexcept {
+  const std::size_t from = at + prefetch_distance;
+  const std::size_t to = from + random_group < n ? from + random_group : n;
+  for (std::size_t i = from; i < to; i += 16) {  // 16 floats a 64-byte line
     __builtin_prefetch(g + i);
     __builtin_prefetch(e + i, 1);
   }
