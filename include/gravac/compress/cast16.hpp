@@ -142,15 +142,16 @@ class cast16 {
   //! clamped to the format's largest finite value by an integer min on its bits (the bit
   //! order of non-negative floats is their value order), converted, decoded back. Integer
   //! selects only, so the loop vectorizes. Returns the sum of squares of the decoded values.
-  //! \p u is element \p first of a layer of \p n elements whose g and e are \p g_layer and
-  //! \p e_layer: being compute bound, the loop asks for the lines ahead (stream_prefetch).
+  //! \p u is element \p first of a layer of \p n elements whose g, e and codes are \p g_layer,
+  //! \p e_layer and \p codes_layer: being compute bound, the loop asks for the lines ahead
+  //! (stream_prefetch).
   template <cast16_format F>
   GRAVAC_KERNEL_INLINE static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks, std::uint16_t* __restrict h,
                            float* __restrict v2, const float* g_layer, const float* e_layer, std::size_t n,
-                           std::size_t first) noexcept {
+                           std::size_t first, const std::byte* codes_layer) noexcept {
     const std::uint32_t limit_bits = detail::cast16_limit_bits(F, ranks);
     for (std::size_t at = 0; at < m; at += detail::random_group) {
-      detail::stream_prefetch(g_layer, e_layer, n, first + at);
+      detail::stream_prefetch(g_layer, e_layer, n, first + at, codes_layer, 16);
       const std::size_t end = std::min(at + detail::random_group, m);
       for (std::size_t k = at; k < end; ++k) cast_one<F>(u, h, v2, k, inv, ranks, limit_bits);
     }
@@ -228,7 +229,7 @@ class cast16 {
           const auto s = detail::accumulate_block(g.data() + c, u, mc);  // u = g + e, in cache now
           gsq += s.g_sq;
           usq += s.u_sq;
-          ksq += cast_block<F>(u, mc, inv, ranks, h, v2, g.data(), e.data(), n, c);
+          ksq += cast_block<F>(u, mc, inv, ranks, h, v2, g.data(), e.data(), n, c, codes);
           std::memcpy(codes + 2 * c, h, 2 * mc);
         }
       });

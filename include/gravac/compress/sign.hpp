@@ -120,7 +120,7 @@ class sign {
           const float* __restrict u = e.data() + c;
           std::uint8_t* __restrict cb = code;
           for (std::size_t at = 0; at < mc; at += detail::random_group) {
-            detail::stream_prefetch(g.data(), e.data(), n, c + at);  // memory streams meanwhile
+            detail::stream_prefetch(g.data(), e.data(), n, c + at, bits, 1);  // memory streams meanwhile
             const std::size_t end = std::min(at + detail::random_group, mc);
             for (std::size_t k = at; k < end; ++k) cb[k] = static_cast<std::uint8_t>(u[k] < 0);
           }

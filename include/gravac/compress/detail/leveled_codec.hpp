@@ -127,13 +127,15 @@ class leveled_codec {
   //! element \p first of the layer stream first (a multiple of random_group). Returns the
   //! sum of squares of the decoded values. The draws are computed inline, 64 elements per
   //! group key, so the inner loop has a fixed trip count and no dependency between elements.
+  //! \p g_layer, \p e_layer (\p n elements) and \p codes_layer are the whole layer's, for
+  //! stream_prefetch.
   template <unsigned W>
   GRAVAC_KERNEL_INLINE static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u, std::size_t m, float inv,
                                 float f, std::int32_t lv, code_type<W>* __restrict code, const float* g_layer,
-                                const float* e_layer, std::size_t n) noexcept {
+                                const float* e_layer, std::size_t n, std::byte* codes_layer) noexcept {
     alignas(64) float v2[quant_chunk];
     for (std::size_t at = 0; at < m; at += random_group) {
-      stream_prefetch(g_layer, e_layer, n, first + at);
+      stream_prefetch(g_layer, e_layer, n, first + at, codes_layer, W);
       const std::uint32_t key = random_group_key(stream, (first + at) / random_group);
       float* ua = u + at;
       code_type<W>* ca = code + at;
@@ -211,7 +213,7 @@ class leveled_codec {
           // (stream_prefetch), so that memory streams them meanwhile.
           for (std::size_t c = 0; c < m; c += quant_chunk) {
             const std::size_t mc = std::min(quant_chunk, m - c);
-            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, g.data(), e.data(), n);
+            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, g.data(), e.data(), n, codes);
             std::byte* dst = codes + (lo + c) * W / 8;
             if constexpr (W >= 8) {
               std::memcpy(dst, code, mc * sizeof(code[0]));

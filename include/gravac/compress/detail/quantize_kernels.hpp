@@ -210,17 +210,23 @@ void unpack_codes(const std::byte* in, std::size_t m, std::uint16_t* codes) noex
 inline constexpr std::size_t prefetch_distance = 1024;
 
 //! Asks for the cache lines of g and e (e to be written) at elements [at + prefetch_distance,
-//! + random_group) of a layer of \p n elements. Called once per group of 64 elements from a
-//! compute-bound coding loop, so that memory streams the data a later pass reads while
-//! this one computes: the hardware prefetcher only advances while loads miss, and asking
-//! for a whole block at once overflows the miss buffers and stalls the loop.
-GRAVAC_KERNEL_INLINE void stream_prefetch(const float* g, const float* e, std::size_t n, std::size_t at) noexcept {
+//! + random_group) of a layer of \p n elements, and for those of the codes the kernel will
+//! write for them, \p code_bits per element from \p codes (the layer's first code; the
+//! packet's lines would otherwise be read from memory when the first store misses). Called
+//! once per group of 64 elements from a compute-bound coding loop, so that memory streams
+//! the data a later pass reads while this one computes: the hardware prefetcher only
+//! advances while loads miss, and asking for a whole block at once overflows the miss
+//! buffers and stalls the loop.
+GRAVAC_KERNEL_INLINE void stream_prefetch(const float* g, const float* e, std::size_t n, std::size_t at,
+                                          const std::byte* codes, std::size_t code_bits) noexcept {
   const std::size_t from = at + prefetch_distance;
+  if (from >= n) return;
   const std::size_t to = from + random_group < n ? from + random_group : n;
   for (std::size_t i = from; i < to; i += 16) {  // 16 floats a 64-byte line
     __builtin_prefetch(g + i);
     __builtin_prefetch(e + i, 1);
   }
+  for (std::size_t b = from * code_bits / 8; b < to * code_bits / 8; b += 64) __builtin_prefetch(codes + b, 1);
 }
 
 //! Squared norms and max |.| of a block, with sum_lanes independent float partial sums
