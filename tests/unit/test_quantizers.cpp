@@ -336,6 +336,38 @@ TEST_CASE("QSGD and TernGrad are unbiased", "[compress][quant][statistics]") {
   CHECK(std::fabs(z_sum / n) > 5.0 / std::sqrt(static_cast<double>(n)));
 }
 
+// ||e|| after \p steps of error feedback with a fresh Gaussian gradient (norm about
+// sqrt(n)) each step, starting from e = 0.
+template <class C>
+double residual_norm_after(const typename C::options& opt, int steps) {
+  const std::size_t n = 4096;
+  const auto lay = layout::flat(n);
+  C c(lay, opt);
+  std::vector<float> e(n, 0.0f);
+  for (int t = 0; t < steps; ++t) {
+    compress_stats st;
+    make_packet(c, test::make_data(n, 500 + static_cast<unsigned>(t)), e, test::params_for(lay, 0.5, t, 99), st);
+  }
+  double sq = 0;
+  for (float x : e) sq += double(x) * x;
+  return std::sqrt(sq);
+}
+
+// Error feedback stays bounded only for a quantizer whose error is smaller than its input
+// (E||Q(u) - u||^2 < ||u||^2); QSGD's variance bound is min(B / s^2, sqrt(B) / s) ||u||^2
+// for buckets of B, so s >= about sqrt(B) keeps it. Documented in qsgd_options::levels.
+TEST_CASE("QSGD's error feedback stays bounded for s >= sqrt(bucket), not below", "[compress][quant][ef]") {
+  const double g_norm = std::sqrt(4096.0);  // of each step's gradient
+  CHECK(residual_norm_after<qsgd>({}, 150) < g_norm);  // the defaults: s = 127, buckets of 512
+  CHECK(residual_norm_after<qsgd>({.levels = 7, .bucket = 64}, 150) < g_norm);
+  CHECK(residual_norm_after<qsgd>({.levels = 127, .bucket = 0}, 150) < g_norm);
+  // Below: the residual grows geometrically (a documented limit, checked so that the
+  // documentation stays true).
+  CHECK(residual_norm_after<qsgd>({.levels = 1, .bucket = 512}, 150) > 1e3 * g_norm);
+  // TernGrad stays bounded, a few gradient norms for buckets of 512.
+  CHECK(residual_norm_after<terngrad>({}, 150) < 20 * g_norm);
+}
+
 TEST_CASE("quantizers draw from the shared seed: same step, same bits", "[compress][quant]") {
   const auto lay = test::mixed_layout();
   qsgd a(lay), b(lay);

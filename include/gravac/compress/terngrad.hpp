@@ -18,7 +18,9 @@ namespace gravac {
 struct terngrad_options {
   //! Elements per bucket sharing one scale (max |u| of the bucket): a multiple of 64, or 0
   //! for one scale per layer as in the paper. Buckets lower the variance and let the
-  //! compressor read each element once while it is in cache.
+  //! compressor read each element once while it is in cache. With error feedback the
+  //! residual stays bounded but large, about 8 gradient norms for buckets of 512 and 3 for
+  //! buckets of 64 on Gaussian gradients: TernGrad's error is larger than its input.
   std::uint32_t bucket = 512;
 };
 
