@@ -175,7 +175,7 @@ BENCHMARK(BM_memcpy)->Apply(sizes);
 BENCHMARK(BM_memcpy)->Name("large/BM_memcpy")->Apply(large);
 GRAVAC_QBENCH(adacomp, adacomp, gravac::adacomp_options{}, false)
 GRAVAC_QBENCH(qsgd_s127, qsgd, (gravac::qsgd_options{.levels = 127, .bucket = 512}), false)
-GRAVAC_QBENCH(qsgd_s7, qsgd, (gravac::qsgd_options{.levels = 7, .bucket = 512}), false)
+GRAVAC_QBENCH(qsgd_s7, qsgd, (gravac::qsgd_options{.levels = 7, .bucket = 64}), false)  // s >= sqrt(B): bounded residual
 GRAVAC_QBENCH(terngrad, terngrad, gravac::terngrad_options{}, false)
 GRAVAC_QBENCH(sign, sign, gravac::sign_options{}, false)
 GRAVAC_QBENCH(cast16_fp16, cast16, gravac::cast16_options{.format = gravac::cast16_format::fp16}, false)
