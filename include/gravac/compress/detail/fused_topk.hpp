@@ -12,6 +12,9 @@
 //! (too few collected) costs a second read of e, guided by a full histogram. Ties go to
 //! the lower index, which makes the result identical to the sort-based reference.
 //!
+//! The pass runs in SSE2 lanes, or in AVX2 vectors where the processor has it
+//! (fused_pass_chunk_avx2, chosen by runs_avx2_kernels(); the same bits).
+//!
 //! Candidates live in a workspace as long as the gradient buffer, in the region of each
 //! layer (at the layer's offset), so no list can overflow and nothing is allocated per step.
 
