@@ -164,25 +164,23 @@ class cast16 {
   template <cast16_format F>
   GRAVAC_KERNEL_INLINE static void cast_one(float* __restrict u, std::uint16_t* __restrict h, float* __restrict v2,
                                             std::size_t k, float inv, float ranks, std::uint32_t limit_bits) noexcept {
-    {
-      const float x = u[k];
-      const std::uint32_t q = detail::float_bits(x * inv);
-      std::uint32_t a = q & 0x7fffffffu;
-      a = a < limit_bits ? a : limit_bits;
-      const std::uint32_t sign = (q >> 16) & 0x8000u;
-      std::uint32_t code;
-      float v;
-      if constexpr (F == cast16_format::fp16) {
-        code = detail::fp16_of_magnitude(a) | sign;
-        v = detail::fp16_to_float(static_cast<std::uint16_t>(code)) * ranks;
-      } else {
-        code = ((a + 0x7fffu + ((a >> 16) & 1u)) >> 16) | sign;  // float_to_bf16 of the clamped value
-        v = detail::bf16_to_float(static_cast<std::uint16_t>(code)) * ranks;
-      }
-      h[k] = static_cast<std::uint16_t>(code);
-      u[k] = x - v;
-      v2[k] = v * v;
+    const float x = u[k];
+    const std::uint32_t q = detail::float_bits(x * inv);
+    std::uint32_t a = q & 0x7fffffffu;
+    a = a < limit_bits ? a : limit_bits;
+    const std::uint32_t sign = (q >> 16) & 0x8000u;
+    std::uint32_t code;
+    float v;
+    if constexpr (F == cast16_format::fp16) {
+      code = detail::fp16_of_magnitude(a) | sign;
+      v = detail::fp16_to_float(static_cast<std::uint16_t>(code)) * ranks;
+    } else {
+      code = ((a + 0x7fffu + ((a >> 16) & 1u)) >> 16) | sign;  // float_to_bf16 of the clamped value
+      v = detail::bf16_to_float(static_cast<std::uint16_t>(code)) * ranks;
     }
+    h[k] = static_cast<std::uint16_t>(code);
+    u[k] = x - v;
+    v2[k] = v * v;
   }
 
   //! True when a code of \p h[0..m) is not ±0 (checked only for blocks of tiny squares).

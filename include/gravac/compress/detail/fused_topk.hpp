@@ -13,7 +13,7 @@
 //! the lower index, which makes the result identical to the sort-based reference.
 //!
 //! The pass runs in SSE2 lanes, or in AVX2 vectors where the processor has it
-//! (fused_pass_chunk_avx2, chosen by runs_avx2_kernels(); the same bits).
+//! (fused_pass_avx2, chosen by runs_avx2_kernels(); the same bits).
 //!
 //! Candidates live in a workspace as long as the gradient buffer, in the region of each
 //! layer (at the layer's offset), so no list can overflow and nothing is allocated per step.
@@ -178,7 +178,7 @@ struct fused_lanes {
 
 #if GRAVAC_ISA_DISPATCH
 //! fused_lanes with one 256-bit vector per quantity, for processors with AVX2 (see
-//! fused_pass_chunk_avx2): half the instructions of the SSE2 version and the same bits
+//! fused_pass_avx2): half the instructions of the SSE2 version and the same bits
 //! (lane l of the vector sums what lane l % 4 of the SSE2 version's fg0 or fg1 sums, and
 //! flush adds the two halves as the SSE2 version adds fg0 and fg1).
 struct fused_lanes_avx2 {
@@ -229,7 +229,7 @@ struct fused_lanes_avx2 {
 //! lanes per block (32 terms per lane, then double), the compare yields a bit mask per 8
 //! elements, and only the rare set bits cost a loop trip. The histogram is what is slow
 //! (a scatter per element), hence the sampling for large layers.
-//! \p Lanes is fused_lanes, or fused_lanes_avx2 inlined into fused_pass_chunk_avx2.
+//! \p Lanes is fused_lanes, or fused_lanes_avx2 inlined into fused_pass_avx2.
 template <bool Collect, bool Zero, class Lanes = fused_lanes>
 GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std::uint32_t base,
                                                         std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
@@ -294,14 +294,25 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
   return r;
 }
 
+//! The fused pass of one chunk with the variant the guess and \p zero call for (see
+//! fused_pass_chunk), in \p Lanes.
+template <class Lanes>
+GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std::size_t n, std::uint32_t base,
+                                                  std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
+                                                  const histogram_sampling& hs, bool zero) noexcept {
+  if (guess == no_guess) return fused_pass_chunk<false, false, Lanes>(g, e, n, base, guess, idx, bits, hs);
+  return zero ? fused_pass_chunk<true, true, Lanes>(g, e, n, base, guess, idx, bits, hs)
+              : fused_pass_chunk<true, false, Lanes>(g, e, n, base, guess, idx, bits, hs);
+}
+
 #if GRAVAC_ISA_DISPATCH
-//! fused_pass_chunk compiled for AVX2 (inlined here with fused_lanes_avx2): what
+//! fused_pass compiled for AVX2 (inlined here with fused_lanes_avx2): what
 //! fused_topk_workspace runs where runs_avx2_kernels() (isa_dispatch.hpp); the same bits.
-template <bool Collect, bool Zero>
-[[gnu::target("avx2")]] fused_pass_result fused_pass_chunk_avx2(const float* g, float* e, std::size_t n, std::uint32_t base,
-                                                                std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
-                                                                const histogram_sampling& hs) noexcept {
-  return fused_pass_chunk<Collect, Zero, fused_lanes_avx2>(g, e, n, base, guess, idx, bits, hs);
+[[gnu::target("avx2")]] inline fused_pass_result fused_pass_avx2(const float* g, float* e, std::size_t n,
+                                                                 std::uint32_t base, std::uint32_t guess,
+                                                                 std::uint32_t* idx, std::uint32_t* bits,
+                                                                 const histogram_sampling& hs, bool zero) noexcept {
+  return fused_pass<fused_lanes_avx2>(g, e, n, base, guess, idx, bits, hs, zero);
 }
 #endif
 
@@ -515,15 +526,9 @@ class fused_topk_workspace {
                                       std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
                                       const histogram_sampling& hs, bool zero) noexcept {
 #if GRAVAC_ISA_DISPATCH
-    if (runs_avx2_kernels()) {
-      if (guess == no_guess) return fused_pass_chunk_avx2<false, false>(g, e, n, base, guess, idx, bits, hs);
-      return zero ? fused_pass_chunk_avx2<true, true>(g, e, n, base, guess, idx, bits, hs)
-                  : fused_pass_chunk_avx2<true, false>(g, e, n, base, guess, idx, bits, hs);
-    }
+    if (runs_avx2_kernels()) return fused_pass_avx2(g, e, n, base, guess, idx, bits, hs, zero);
 #endif
-    if (guess == no_guess) return fused_pass_chunk<false, false>(g, e, n, base, guess, idx, bits, hs);
-    return zero ? fused_pass_chunk<true, true>(g, e, n, base, guess, idx, bits, hs)
-                : fused_pass_chunk<true, false>(g, e, n, base, guess, idx, bits, hs);
+    return fused_pass<fused_lanes>(g, e, n, base, guess, idx, bits, hs, zero);
   }
 
   // Splits the layer into one chunk per thread (whole blocks, so histogram sampling picks
