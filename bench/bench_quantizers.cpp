@@ -1,9 +1,15 @@
 // AdaComp, the quantizers (QSGD, TernGrad, EF-sign, cast16) and PowerSGD: compress and
 // decompress against a memcpy of the same buffer, measured in the same process.
 //
-// Counters: ratio_to_memcpy = kernel time per call / median memcpy time of the gradient
-// buffer (N floats), measured right after the kernel's loop. Target for the quantizers:
-// <= 1.5 at N = 2^24, one thread. On a processor with AVX2, compress also prints
+// Counters: ratio_to_memcpy = kernel time per call / memcpy time of the gradient buffer
+// (N floats), the median of 9 ratios of neighbouring timings (bench_common.hpp's
+// paired_ratio: the VM's bandwidth drifts over seconds). Target for the quantizers:
+// <= 1.5 at N = 2^24, one thread. Compress also prints ef_floor_to_memcpy, the
+// error-feedback floor (bench_common.hpp: read g and e, write e and a packet of the
+// kernel's size) against memcpy, and ratio_to_ef_floor, the kernel against that floor:
+// what no kernel of this packet size can go below, and how far above it this one is
+// (EF-sign's floor passes over e twice, as its layer-wide scale requires).
+// On a processor with AVX2, compress also prints
 // avx2_speedup: the same compress with the baseline (SSE2) kernels / with the AVX2 ones
 // (see gravac/detail/isa_dispatch.hpp), medians in the same run.
 //
@@ -20,8 +26,10 @@
 #include <map>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
@@ -35,49 +43,10 @@
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using namespace gravac_bench;
 
-struct dataset {
-  std::vector<float> g, e0;
-};
-
-const dataset& data(std::size_t n, int dist) {
-  static std::map<std::pair<std::size_t, int>, dataset> cache;
-  auto& d = cache[{n, dist}];
-  if (d.g.size() == n) return d;
-  std::mt19937_64 rng(4321 + n + dist);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::exponential_distribution<float> expo(1.0f);
-  auto draw = [&] { return dist == 0 ? normal(rng) : ((rng() & 1) ? 1.0f : -1.0f) * expo(rng); };
-  d.g.resize(n);
-  d.e0.resize(n);
-  for (auto& x : d.g) x = draw();
-  for (auto& x : d.e0) x = 0.3f * draw();
-  return d;
-}
-
-double median_time(const std::function<void()>& fn) {
-  std::vector<double> t;
-  double total = 0;
-  while (t.size() < 5 || (total < 0.3 && t.size() < 50)) {
-    const auto a = clock_type::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
-    total += t.back();
-  }
-  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-  return t[t.size() / 2];
-}
-
-double memcpy_time(const std::vector<float>& src) {
-  static std::vector<float> dst;
-  dst.resize(src.size());
-  return median_time([&] {
-    std::memcpy(dst.data(), src.data(), src.size() * sizeof(float));
-    benchmark::DoNotOptimize(dst.data());
-    benchmark::ClobberMemory();
-  });
-}
+// The data of this binary (its own seed).
+const dataset& data(std::size_t n, int dist) { return gravac_bench::data(n, dist, 4321); }
 
 // One layer of N elements; PowerSGD gets a matrix of about sqrt(N) x sqrt(N).
 gravac::layout layout_for(std::size_t n, bool matrix) {
@@ -91,6 +60,12 @@ gravac::layout layout_for(std::size_t n, bool matrix) {
   }
   return lay;
 }
+
+// EF-sign needs its layer's one scale (the mean |u|) before any residual: a second pass
+// over e on a layer larger than the cache, which its floor has too. (AdaComp's scale comes
+// first as well, but only its sent elements are revisited.)
+template <class C>
+constexpr bool layer_scale_first = std::is_same_v<C, gravac::sign>;
 
 template <class C>
 void run(benchmark::State& state, typename C::options opt, bool decompress, bool matrix = false) {
@@ -107,9 +82,7 @@ void run(benchmark::State& state, typename C::options opt, bool decompress, bool
   p.seed = 1;
   gravac::compress_stats st;
   std::size_t bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
-  const auto t0 = clock_type::now();
-  std::int64_t iters = 0;
-  for (auto _ : state) {
+  auto call = [&] {
     if (decompress) {
       c.decompress_add(std::span<const std::byte>(packet.data(), bytes), gravac::host_view(out), 0.25f);
       benchmark::DoNotOptimize(out.data());
@@ -119,25 +92,20 @@ void run(benchmark::State& state, typename C::options opt, bool decompress, bool
       benchmark::DoNotOptimize(packet.data());
     }
     benchmark::ClobberMemory();
-    ++iters;
-  }
-  const double per_call = std::chrono::duration<double>(clock_type::now() - t0).count() / static_cast<double>(iters);
-  state.SetBytesProcessed(static_cast<std::int64_t>(iters * n * sizeof(float)));
-  state.counters["ratio_to_memcpy"] = per_call / memcpy_time(d.g);
+  };
+  for (auto _ : state) call();
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
   state.counters["bits_per_element"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(n);
+  set_ratio_counters(state, [] {}, call, d.g, decompress ? std::nullopt : std::optional<std::size_t>(bytes),
+                     layer_scale_first<C>);
   if (!decompress && gravac::detail::runs_avx2_kernels()) {
     // The same compress with the kernels built for the baseline instruction set (what a
-    // processor without AVX2 runs), against the AVX2 ones, medians in this run.
-    auto step = [&] {
-      ++p.step;
-      bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
-      benchmark::DoNotOptimize(packet.data());
-    };
-    const double best = median_time(step);
+    // processor without AVX2 runs), against the AVX2 ones, paired in this run.
+    const double best_to_memcpy = state.counters["ratio_to_memcpy"].value;
     gravac::detail::kernel_isa_choice().store(gravac::detail::kernel_isa::baseline);
-    const double base = median_time(step);
+    const double base_to_memcpy = paired_ratio([] {}, call, memcpy_of(d.g), calls_for(n), 5);
     gravac::detail::kernel_isa_choice().store(gravac::detail::kernel_isa::best);
-    state.counters["avx2_speedup"] = base / best;
+    state.counters["avx2_speedup"] = base_to_memcpy / best_to_memcpy;
   }
 }
 

@@ -2,11 +2,16 @@
 // fused error-feedback top-k (compress, decompress), threshold selection, the gain curve
 // on top of selection, a memcpy of the same buffer and copy + abs + std::nth_element.
 //
-// Each benchmark times its kernel per iteration and, after the loop, the baselines on the
-// same buffers, and prints the ratios as counters:
+// Each benchmark times its kernel per iteration and, after the loop, the kernel against
+// its baselines on the same buffers, and prints the ratios as counters:
 //   ratio_to_memcpy        kernel time / memcpy time (the target for top-k is <= 2)
 //   speedup_vs_nth_element nth_element time / kernel time (target >= 5)
 //   gain_overhead          time with 5 gain candidates / time without - 1 (target <= 0.10)
+//   ef_floor_to_memcpy     the error-feedback floor (bench_common.hpp: read g and e, write
+//                          e and a packet of the kernel's size) / memcpy time
+//   ratio_to_ef_floor      kernel time / that floor (top-k and threshold compress)
+// Each ratio is the median of ratios of neighbouring timings (bench_common.hpp's
+// paired_ratio), which the drift of a shared machine's memory bandwidth does not bias.
 //
 // Arguments: log2 N, kept fraction in 1/10000 (1000 = 10%, 100 = 1%, 10 = 0.1%), data
 // (0 Gaussian, 1 Laplace). Sizes 2^16, 2^20 and 2^24 run by default; 2^26 is registered
@@ -21,75 +26,32 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using namespace gravac_bench;
 
-double seconds(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// Gradient and residual of one (N, distribution), generated once per process.
-struct dataset {
-  std::vector<float> g, e0;
-};
-
-const dataset& data(std::size_t n, int dist) {
-  static std::map<std::pair<std::size_t, int>, dataset> cache;
-  auto& d = cache[{n, dist}];
-  if (d.g.size() == n) return d;
-  std::mt19937_64 rng(1234 + n + dist);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::exponential_distribution<float> expo(1.0f);
-  auto draw = [&] { return dist == 0 ? normal(rng) : ((rng() & 1) ? 1.0f : -1.0f) * expo(rng); };
-  d.g.resize(n);
-  d.e0.resize(n);
-  for (auto& x : d.g) x = draw();
-  for (auto& x : d.e0) x = 0.3f * draw();  // a residual of a few earlier steps
-  return d;
-}
-
-// Median time of fn over reps runs (at least 3, more for short ones, at most ~0.3 s).
-double median_time(const std::function<void()>& fn) {
-  std::vector<double> t;
-  double total = 0;
-  while (t.size() < 3 || (total < 0.3 && t.size() < 50)) {
-    const auto a = clock_type::now();
-    fn();
-    const auto b = clock_type::now();
-    t.push_back(seconds(a, b));
-    total += t.back();
-  }
-  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-  return t[t.size() / 2];
-}
-
-double memcpy_time(const std::vector<float>& src) {
-  static std::vector<float> dst;
-  dst.resize(src.size());
-  return median_time([&] {
-    std::memcpy(dst.data(), src.data(), src.size() * sizeof(float));
-    benchmark::DoNotOptimize(dst.data());
-    benchmark::ClobberMemory();
-  });
-}
+// The data of this binary (its own seed).
+const dataset& data(std::size_t n, int dist) { return gravac_bench::data(n, dist, 1234); }
 
 // The naive baseline: |g + e| copied out, then std::nth_element for the k-th largest.
-double nth_element_time(const dataset& d, std::size_t k) {
+std::function<void()> nth_element_of(const dataset& d, std::size_t k) {
   static std::vector<float> tmp;
   tmp.resize(d.g.size());
-  return median_time([&] {
+  return [&d, k] {
     for (std::size_t i = 0; i < tmp.size(); ++i) tmp[i] = std::fabs(d.g[i] + d.e0[i]);
     std::nth_element(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(k - 1), tmp.end(), std::greater<>());
     benchmark::DoNotOptimize(tmp.data());
-  });
+  };
 }
 
 struct config {
@@ -104,30 +66,39 @@ config config_of(const benchmark::State& s) {
 
 const std::vector<double> five_candidates{0.1, 0.033, 0.011, 0.004, 0.001};
 
+// One compress call of a benchmark, with the untimed restore of the residual before it.
+struct compress_call {
+  std::function<void()> restore, call;
+  std::size_t bytes = 0;  // the packet's size of the last call
+};
+
 // Runs `compress` once per iteration from the same residual (restored untimed), so each
 // iteration sees the steady state of a training run: the previous step's threshold fits.
+// Sets the counters kept and ratio_to_memcpy, and with \p floor those of the
+// error-feedback floor (bench_common.hpp).
 template <class C>
-double run_compress(benchmark::State& state, C& c, const dataset& d, gravac::step_params& p,
-                    std::vector<std::byte>& packet, std::vector<float>& g, std::vector<float>& e) {
-  gravac::compress_stats st;
-  double total = 0;
-  std::size_t kept = 0;
+compress_call run_compress(benchmark::State& state, C& c, const dataset& d, gravac::step_params& p,
+                           std::vector<std::byte>& packet, std::vector<float>& g, std::vector<float>& e, bool floor) {
+  auto st = std::make_shared<gravac::compress_stats>();
+  compress_call cc;
+  cc.restore = [&d, &e] { std::memcpy(e.data(), d.e0.data(), e.size() * sizeof(float)); };
+  cc.call = [&c, &g, &e, &p, &packet, st] {
+    benchmark::DoNotOptimize(c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, *st));
+  };
   // One untimed step first: it sets the guess (a training run's steady state) and touches
   // the workspace's pages once, as every later step finds them.
-  std::memcpy(e.data(), d.e0.data(), e.size() * sizeof(float));
-  c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
+  cc.restore();
+  cc.call();
   for (auto _ : state) {
     state.PauseTiming();
-    std::memcpy(e.data(), d.e0.data(), e.size() * sizeof(float));
+    cc.restore();
     state.ResumeTiming();
-    const auto a = clock_type::now();
-    const auto bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
-    total += seconds(a, clock_type::now());
-    benchmark::DoNotOptimize(bytes);
-    kept = st.layers[0].kept;
+    cc.call();
   }
-  state.counters["kept"] = static_cast<double>(kept);
-  return total / static_cast<double>(state.iterations());
+  cc.bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, *st);
+  state.counters["kept"] = static_cast<double>(st->layers[0].kept);
+  set_ratio_counters(state, cc.restore, cc.call, d.g, floor ? std::optional<std::size_t>(cc.bytes) : std::nullopt);
+  return cc;
 }
 
 void set_bytes(benchmark::State& state, std::size_t n) {
@@ -170,11 +141,10 @@ void BM_topk_compress(benchmark::State& state) {
   auto p = gravac::step_params{};
   p.kept_fraction.assign(1, cfg.f);
   p.global_fraction = cfg.f;
-  const double t = run_compress(state, c, d, p, packet, g, e);
-  const double tm = memcpy_time(d.g);
-  const double tn = nth_element_time(d, gravac::kept_count(cfg.n, cfg.f));
-  state.counters["ratio_to_memcpy"] = t / tm;
-  state.counters["speedup_vs_nth_element"] = tn / t;
+  const auto cc = run_compress(state, c, d, p, packet, g, e, /*floor=*/true);
+  // kernel / nth_element, paired as the other ratios (5 pairs: nth_element is slow).
+  state.counters["speedup_vs_nth_element"] =
+      1.0 / paired_ratio(cc.restore, cc.call, nth_element_of(d, gravac::kept_count(cfg.n, cfg.f)), 1, 5);
   set_bytes(state, cfg.n);
 }
 
@@ -189,7 +159,7 @@ void BM_topk_gain5(benchmark::State& state) {
   p.kept_fraction.assign(1, cfg.f);
   p.global_fraction = cfg.f;
   p.gain_candidates = five_candidates;
-  const double t = run_compress(state, c, d, p, packet, g, e);
+  run_compress(state, c, d, p, packet, g, e, /*floor=*/false);
   // The same selection without the gain curve, timed the same way (median of runs).
   auto q = p;
   q.gain_candidates = {};
@@ -211,7 +181,6 @@ void BM_topk_gain5(benchmark::State& state) {
   std::sort(with.begin(), with.end());
   std::sort(without.begin(), without.end());
   state.counters["gain_overhead"] = with[3] / without[3] - 1.0;
-  state.counters["ratio_to_memcpy"] = t / memcpy_time(d.g);
   set_bytes(state, cfg.n);
 }
 
@@ -228,15 +197,12 @@ void BM_topk_decompress(benchmark::State& state) {
   gravac::compress_stats st;
   const auto bytes = c.compress(gravac::host_view(g), gravac::host_view(e), p, packet, st);
   const std::span<const std::byte> pk(packet.data(), bytes);
-  double total = 0;
-  for (auto _ : state) {
-    const auto a = clock_type::now();
+  auto call = [&] {
     c.decompress_add(pk, gravac::host_view(out), 0.5f);
-    total += seconds(a, clock_type::now());
     benchmark::DoNotOptimize(out.data());
-  }
-  const double t = total / static_cast<double>(state.iterations());
-  state.counters["ratio_to_memcpy"] = t / memcpy_time(d.g);
+  };
+  for (auto _ : state) call();
+  set_ratio_counters(state, [] {}, call, d.g, std::nullopt);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
 
@@ -250,10 +216,9 @@ void BM_threshold_compress(benchmark::State& state) {
   auto p = gravac::step_params{};
   p.kept_fraction.assign(1, cfg.f);
   p.global_fraction = cfg.f;
-  const double t = run_compress(state, c, d, p, packet, g, e);
+  run_compress(state, c, d, p, packet, g, e, /*floor=*/true);
   const double k = static_cast<double>(gravac::kept_count(cfg.n, cfg.f));
   state.counters["k_error"] = std::fabs(state.counters["kept"].value - k) / k;
-  state.counters["ratio_to_memcpy"] = t / memcpy_time(d.g);
   set_bytes(state, cfg.n);
 }
 
