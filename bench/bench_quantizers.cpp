@@ -9,7 +9,7 @@
 // kernel's size) against memcpy, and ratio_to_ef_floor, the kernel against that floor:
 // what no kernel of this packet size can go below, and how far above it this one is
 // (EF-sign's floor passes over e twice, as its layer-wide scale requires).
-// On a processor with AVX2, compress also prints
+// On a processor with AVX2, compress of the dispatched quantizers also prints
 // avx2_speedup: the same compress with the baseline (SSE2) kernels / with the AVX2 ones
 // (see gravac/detail/isa_dispatch.hpp), medians in the same run.
 //
@@ -67,6 +67,11 @@ gravac::layout layout_for(std::size_t n, bool matrix) {
 template <class C>
 constexpr bool layer_scale_first = std::is_same_v<C, gravac::sign>;
 
+// The compressors whose kernels run through with_best_isa (AdaComp and PowerSGD do not).
+template <class C>
+constexpr bool isa_dispatched = std::is_same_v<C, gravac::qsgd> || std::is_same_v<C, gravac::terngrad> ||
+                                std::is_same_v<C, gravac::sign> || std::is_same_v<C, gravac::cast16>;
+
 template <class C>
 void run(benchmark::State& state, typename C::options opt, bool decompress, bool matrix = false) {
   const std::size_t n = std::size_t{1} << state.range(0);
@@ -98,7 +103,7 @@ void run(benchmark::State& state, typename C::options opt, bool decompress, bool
   state.counters["bits_per_element"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(n);
   set_ratio_counters(state, [] {}, call, d.g, decompress ? std::nullopt : std::optional<std::size_t>(bytes),
                      layer_scale_first<C>);
-  if (!decompress && gravac::detail::runs_avx2_kernels()) {
+  if (isa_dispatched<C> && !decompress && gravac::detail::runs_avx2_kernels()) {
     // The same compress with the kernels built for the baseline instruction set (what a
     // processor without AVX2 runs), against the AVX2 ones, paired in this run.
     const double best_to_memcpy = state.counters["ratio_to_memcpy"].value;

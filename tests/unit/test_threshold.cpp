@@ -1,6 +1,8 @@
 // Threshold selection (approximate top-k): the k it achieves, what it sends, error feedback.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -103,6 +105,84 @@ TEST_CASE("threshold sends exactly the values at or above a threshold, in index 
   }
   CHECK(sent == r.st.layers[0].kept);
   CHECK(max_unsent < min_sent);
+}
+
+TEST_CASE("threshold from a sample sends exactly the values above its final threshold, step after step",
+          "[threshold][sampled]") {
+  // Large enough that the estimate comes from a sample: the pass zeroes from the central
+  // estimate, above its collect key, and keep_selected mends both sides.
+  const std::size_t n = (std::size_t{1} << 20) + 777;
+  const auto lay = layout::flat(n);
+  for (int kind = 0; kind < 3; ++kind) {
+    threshold c(lay);
+    std::vector<float> e(n, 0.0f);
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      const auto g = data_for(kind, n, 77 + step);
+      auto r = run(c, lay, g, e, test::params_for(lay, 0.01, step));
+      float min_sent = std::numeric_limits<float>::infinity(), max_unsent = 0;
+      std::size_t sent = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float u = g[i] + e[i];
+        if (r.dense[i] != 0.0f) {
+          REQUIRE(bit_equal(r.dense[i], u));
+          REQUIRE(r.residual[i] == 0.0f);
+          min_sent = std::min(min_sent, std::fabs(u));
+          ++sent;
+        } else {
+          REQUIRE(bit_equal(r.residual[i], u));
+          max_unsent = std::max(max_unsent, std::fabs(u));
+        }
+      }
+      INFO("data " << kind << " step " << step);
+      CHECK(sent == r.st.layers[0].kept);
+      CHECK(max_unsent <= min_sent);
+      e = r.residual;
+    }
+  }
+}
+
+TEST_CASE("a pass zeroing from a key above its collect key leaves a residual that keep_selected and zero_below mend",
+          "[threshold][fused]") {
+  const std::size_t n = 100003;
+  const auto g = test::make_data(n, 41, test::distribution::laplace);
+  auto e0 = test::make_data(n, 42);
+  for (auto& x : e0) x *= 0.3f;
+  std::vector<float> u(n);
+  std::vector<std::uint32_t> keys(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    u[i] = g[i] + e0[i];
+    keys[i] = magnitude_key(u[i]);
+  }
+  auto sorted = keys;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  const std::uint32_t collect = sorted[3000], zero_from = sorted[2000];
+  REQUIRE(collect < zero_from);
+  auto expect_residual = [&](const std::vector<float>& e, auto sent) {
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO("i " << i << " key " << keys[i]);
+      if (sent(keys[i]))
+        REQUIRE(e[i] == 0.0f);
+      else
+        REQUIRE(bit_equal(e[i], u[i]));
+    }
+  };
+  detail::fused_topk_workspace ws(n, 1);
+  // The final threshold below the zeroing key (candidates left in e are sent: zeroed) and
+  // above it (zeroed candidates not sent: written back).
+  for (const std::uint32_t t : {sorted[2500], sorted[1500]}) {
+    auto e = e0;
+    const auto r = ws.fuse(g, e, 0, collect, {}, zero_from);
+    expect_residual(e, [&](std::uint32_t k) { return k >= zero_from; });
+    std::uint64_t ties = r.collected;
+    const std::size_t kept = ws.keep_selected({0, r.collected}, t, ties, e, zero_from);
+    CHECK(kept == static_cast<std::size_t>(std::count_if(keys.begin(), keys.end(), [&](auto k) { return k >= t; })));
+    expect_residual(e, [&](std::uint32_t k) { return k >= t; });
+  }
+  // Every candidate sent.
+  auto e = e0;
+  const auto r = ws.fuse(g, e, 0, collect, {}, zero_from);
+  ws.zero_below({0, r.collected}, zero_from, e);
+  expect_residual(e, [&](std::uint32_t k) { return k >= collect; });
 }
 
 TEST_CASE("threshold keeps ties: all-equal data sends everything", "[threshold]") {

@@ -66,6 +66,9 @@ namespace detail {
 //! collected, the threshold t is raised to the k-th largest of them; every |u| >= t is
 //! sent (ties included, so all-equal data sends everything) and zeroed in e. When the
 //! sample erred high, fewer than k are sent: there is never a second read of g or e.
+//! The pass already zeroes the candidates at or above the sample's central estimate, so
+//! only those between it and t are written again, at scattered places (a few thousand
+//! at 2^24 and 1%, against the 20-25 thousand of the low threshold's margin).
 //! Infinities and NaNs are never sent (compress_stats::non_finite reports them).
 class threshold {
  public:
@@ -110,23 +113,25 @@ class threshold {
             layer_stats& ls) {
           const bool want_gain = !p.gain_candidates.empty();
           const std::uint64_t k = kept_count(gl.size(), fraction);
-          const std::uint32_t t = estimate(gl, el, fraction, detail::mix_seed(p.seed, p.step, layout_[index].id));
+          const auto t = estimate(gl, el, fraction, detail::mix_seed(p.seed, p.step, layout_[index].id));
           const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
-          // Candidates leave the pass as zero in e (most of them are sent), so sending reads
-          // no scattered memory; the few not sent are written back by keep_selected.
-          const auto r = work_.fuse(gl, el, 0, t, hs, /*zero_collected=*/true);
+          // Candidates at or above the central estimate leave the pass as zero in e (about k
+          // of them, nearly all sent), so sending reads no scattered memory; keep_selected
+          // then writes back the few not sent and zeroes the few sent below it.
+          const auto r = work_.fuse(gl, el, 0, t.collect, hs, t.zero);
           if (want_gain)
             detail::add_fused_gain_curve(work_, hs, 0, r.collected, gl.size(), p.gain_candidates, st.candidate_kept_sq);
           hist_.clear();
           if (r.non_finite) st.non_finite = true;
           std::size_t count = r.collected;
+          const detail::candidate_run all{0, r.collected};
+          if (count <= k) work_.zero_below(all, t.zero, el);  // every candidate is sent
           if (count > k) {
             // More than k at or above the (low) estimate: raise the threshold to the k-th
             // largest of them, keeping every value equal to it (|u| >= t, ties included).
-            const detail::candidate_run run{0, r.collected};
-            const auto kth = work_.select(std::span<const detail::candidate_run>(&run, 1), k);
+            const auto kth = work_.select(std::span<const detail::candidate_run>(&all, 1), k);
             std::uint64_t all_ties = r.collected;
-            count = work_.keep_selected(run, kth.key, all_ties, el);
+            count = work_.keep_selected(all, kth.key, all_ties, el, t.zero);
           }
           const double ksq = work_.write_segment_from_candidates(w, index, el.size(), 0, count);
           ls = {count, r.grad_sq, r.input_sq, ksq};
@@ -144,15 +149,24 @@ class threshold {
                                  float s) { add_sparse_segment(sh, payload, o, s); });
   }
 
-  //! The low threshold key of a layer: the fused pass collects every magnitude_key(u) >= it
-  //! (0xffffffff collects nothing). From the whole layer's histogram it is the lower edge
-  //! of the boundary bin (at least k lie above); from a sample it is set a few standard
-  //! deviations of the sampled count low, so that at least k lie above it almost surely.
-  [[nodiscard]] std::uint32_t estimate(std::span<const float> g, std::span<const float> e, double fraction,
+  //! The keys of a layer's estimate (magnitude_key of |u|; detail::no_guess: none).
+  struct estimate_keys {
+    //! The low threshold: the fused pass collects every key >= it. From the whole layer's
+    //! histogram it is the lower edge of the boundary bin (at least k lie above); from a
+    //! sample it is set a few standard deviations of the sampled count low, so that at
+    //! least k lie above it almost surely.
+    std::uint32_t collect = detail::no_guess;
+    //! The central estimate (>= collect): candidates at or above it are zeroed in e by the
+    //! pass, as if sent. From the whole histogram, collect itself.
+    std::uint32_t zero = detail::no_guess;
+  };
+
+  //! Estimates the keys of layer (\p g, \p e) for kept \p fraction; \p seed places the sample.
+  [[nodiscard]] estimate_keys estimate(std::span<const float> g, std::span<const float> e, double fraction,
                                        std::uint64_t seed) {
     const std::size_t n = g.size();
     const double k = static_cast<double>(kept_count(n, fraction));
-    if (k == 0) return detail::no_guess;
+    if (k == 0) return {};
     const double f = k / static_cast<double>(n);
     const std::size_t run = std::min(options_.run_length, n);
     const double wanted = static_cast<double>(options_.expected_hits) / f;
@@ -188,14 +202,17 @@ class threshold {
       sampled = true;
     }
     const std::uint64_t finite = sample_hist_.finite_count();
-    if (finite == 0) return detail::no_guess;
-    if (!sampled)
-      return magnitude_histogram::lower_key(
+    if (finite == 0) return {};
+    if (!sampled) {
+      const std::uint32_t edge = magnitude_histogram::lower_key(
           find_boundary(sample_hist_, std::min(static_cast<std::uint64_t>(k), finite)).bin);
+      return {edge, edge};
+    }
     // Aim below the estimate by four standard deviations of the sampled count, so that the
     // pass almost always collects at least k; the exact k-th is then taken among them.
     const double hits = k / scale;
-    return detail::threshold_key_from_histogram(sample_hist_, hits + 4.0 * std::sqrt(hits) + 4.0);
+    const std::uint32_t low = detail::threshold_key_from_histogram(sample_hist_, hits + 4.0 * std::sqrt(hits) + 4.0);
+    return {low, std::max(low, detail::threshold_key_from_histogram(sample_hist_, hits))};
   }
 
  private:

@@ -222,8 +222,9 @@ struct fused_lanes_avx2 {
 //! (and finite) collected into idx/bits in index order: the index (relative to the layer:
 //! \p base is the chunk's offset in it) and the bit pattern of u (its key is the pattern
 //! without the sign bit). Elements selected by \p hs also go into its histogram (count and
-//! energy). With \p Zero the collected elements are left as zero in e (their values live in
-//! bits): the caller sends them from there and restores those it does not send.
+//! energy). With \p Zero the collected elements whose key is >= \p zero_from are left as
+//! zero in e (their values live in bits): the caller sends them from there, restores those
+//! it does not send and zeroes the others it sends (see keep_selected).
 //!
 //! The pass runs at about the speed of `e += g` (memory-bound): the sums ride in float
 //! lanes per block (32 terms per lane, then double), the compare yields a bit mask per 8
@@ -233,7 +234,7 @@ struct fused_lanes_avx2 {
 template <bool Collect, bool Zero, class Lanes = fused_lanes>
 GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e, std::size_t n, std::uint32_t base,
                                                         std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
-                                                        const histogram_sampling& hs) noexcept {
+                                                        const histogram_sampling& hs, std::uint32_t zero_from) noexcept {
   // Collect keys in [guess, non_finite_key): key > lo, signed (keys are below 2^31).
   const std::int32_t lo = static_cast<std::int32_t>(std::min(guess, non_finite_key)) - 1;
   Lanes lanes;
@@ -287,22 +288,23 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
       hs.hist->note_range(kmin, kmax);
     }
     if constexpr (Zero)  // after the histogram, which must see u
-      for (std::size_t q = c0; q < c; ++q) e[idx[q] - base] = 0.0f;
+      for (std::size_t q = c0; q < c; ++q)
+        if ((bits[q] & 0x7fffffffu) >= zero_from) e[idx[q] - base] = 0.0f;
   }
   r.collected = c;
   r.non_finite = r.non_finite || lanes.non_finite();
   return r;
 }
 
-//! The fused pass of one chunk with the variant the guess and \p zero call for (see
-//! fused_pass_chunk), in \p Lanes.
+//! The fused pass of one chunk with the variant the guess and \p zero_from (no_guess: zero
+//! nothing) call for (see fused_pass_chunk), in \p Lanes.
 template <class Lanes>
 GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std::size_t n, std::uint32_t base,
                                                   std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
-                                                  const histogram_sampling& hs, bool zero) noexcept {
-  if (guess == no_guess) return fused_pass_chunk<false, false, Lanes>(g, e, n, base, guess, idx, bits, hs);
-  return zero ? fused_pass_chunk<true, true, Lanes>(g, e, n, base, guess, idx, bits, hs)
-              : fused_pass_chunk<true, false, Lanes>(g, e, n, base, guess, idx, bits, hs);
+                                                  const histogram_sampling& hs, std::uint32_t zero_from) noexcept {
+  if (guess == no_guess) return fused_pass_chunk<false, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from);
+  return zero_from != no_guess ? fused_pass_chunk<true, true, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from)
+                               : fused_pass_chunk<true, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from);
 }
 
 #if GRAVAC_ISA_DISPATCH
@@ -311,8 +313,9 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std:
 [[gnu::target("avx2")]] inline fused_pass_result fused_pass_avx2(const float* g, float* e, std::size_t n,
                                                                  std::uint32_t base, std::uint32_t guess,
                                                                  std::uint32_t* idx, std::uint32_t* bits,
-                                                                 const histogram_sampling& hs, bool zero) noexcept {
-  return fused_pass<fused_lanes_avx2>(g, e, n, base, guess, idx, bits, hs, zero);
+                                                                 const histogram_sampling& hs,
+                                                                 std::uint32_t zero_from) noexcept {
+  return fused_pass<fused_lanes_avx2>(g, e, n, base, guess, idx, bits, hs, zero_from);
 }
 #endif
 
@@ -367,14 +370,15 @@ class fused_topk_workspace {
 
   //! The fused pass over one layer whose candidates go to the slots at \p slot:
   //! u = g + e over e, sums, candidates with key >= \p guess, the elements \p hs selects
-  //! into its histogram. Returns the measurements; candidates are contiguous. With \p
-  //! zero_collected the candidates are left as zero in e (see fused_pass_chunk): then
-  //! keep_selected (with the residual to restore) and write_segment_from_candidates must follow.
+  //! into its histogram. Returns the measurements; candidates are contiguous. Candidates
+  //! with key >= \p zero_from (no_guess: none) are left as zero in e (see
+  //! fused_pass_chunk): then keep_selected or zero_below (with the residual) and
+  //! write_segment_from_candidates must follow.
   fused_pass_result fuse(std::span<const float> g, std::span<float> e, std::size_t slot, std::uint32_t guess,
-                         const histogram_sampling& hs = {}, bool zero_collected = false) {
+                         const histogram_sampling& hs = {}, std::uint32_t zero_from = no_guess) {
     const std::size_t n = g.size();
-    if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, hs, zero_collected);
-    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, bits_.data() + slot, hs, zero_collected);
+    if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, hs, zero_from);
+    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, bits_.data() + slot, hs, zero_from);
   }
 
   //! Adds the \p count candidates at \p slot to \p h exactly (count and energy): the part
@@ -430,10 +434,12 @@ class fused_topk_workspace {
 
   //! Keeps, in place and in index order, the candidates of \p run that beat \p t: a larger
   //! key, or the key of t while \p ties_left lasts (lowest index first). Returns the count.
-  //! After a pass that zeroed its candidates, \p restore is the layer's residual: the value
-  //! of every candidate not kept is written back into it.
+  //! After a pass that zeroed its candidates of key >= \p zero_from, \p residual is the
+  //! layer's residual, made right: the value of every zeroed candidate not kept is written
+  //! back, and every kept candidate the pass left in it is zeroed. (Both are scattered
+  //! writes to a layer out of the cache: zero_from near t keeps them few.)
   std::size_t keep_selected(candidate_run run, std::uint32_t t, std::uint64_t& ties_left,
-                            std::span<float> restore = {}) noexcept {
+                            std::span<float> residual = {}, std::uint32_t zero_from = 0) noexcept {
     std::uint32_t* ip = idx_.data() + run.first;
     std::uint32_t* bp = bits_.data() + run.first;
     std::size_t w = 0;
@@ -444,12 +450,21 @@ class fused_topk_workspace {
         take = true;
         --ties_left;
       }
-      if (!take && !restore.empty()) restore[ix] = std::bit_cast<float>(b);
+      if (!residual.empty() && take != (k >= zero_from)) residual[ix] = take ? 0.0f : std::bit_cast<float>(b);
       ip[w] = ix;
       bp[w] = b;
       w += take ? 1u : 0u;
     }
     return w;
+  }
+
+  //! Zeroes in \p residual the candidates of \p run with key below \p zero_from, which a
+  //! pass with that zero_from left in it: when every candidate is sent.
+  void zero_below(candidate_run run, std::uint32_t zero_from, std::span<float> residual) const noexcept {
+    const std::uint32_t* ip = idx_.data() + run.first;
+    const std::uint32_t* bp = bits_.data() + run.first;
+    for (std::size_t i = 0; i < run.count; ++i)
+      if ((bp[i] & 0x7fffffffu) < zero_from) residual[ip[i]] = 0.0f;
   }
 
   //! Writes the sparse segment of layer \p index (\p numel elements) from the \p count
@@ -524,11 +539,11 @@ class fused_topk_workspace {
 
   static fused_pass_result fuse_chunk(const float* g, float* e, std::size_t n, std::uint32_t base,
                                       std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
-                                      const histogram_sampling& hs, bool zero) noexcept {
+                                      const histogram_sampling& hs, std::uint32_t zero_from) noexcept {
 #if GRAVAC_ISA_DISPATCH
-    if (runs_avx2_kernels()) return fused_pass_avx2(g, e, n, base, guess, idx, bits, hs, zero);
+    if (runs_avx2_kernels()) return fused_pass_avx2(g, e, n, base, guess, idx, bits, hs, zero_from);
 #endif
-    return fused_pass<fused_lanes>(g, e, n, base, guess, idx, bits, hs, zero);
+    return fused_pass<fused_lanes>(g, e, n, base, guess, idx, bits, hs, zero_from);
   }
 
   // Splits the layer into one chunk per thread (whole blocks, so histogram sampling picks
@@ -536,7 +551,7 @@ class fused_topk_workspace {
   // region and fills its own histogram. The parts are then moved together (in index
   // order) and the histograms merged.
   fused_pass_result fuse_threaded(std::span<const float> g, std::span<float> e, std::size_t slot,
-                                  std::uint32_t guess, const histogram_sampling& hs, bool zero) {
+                                  std::uint32_t guess, const histogram_sampling& hs, std::uint32_t zero_from) {
     const std::size_t n = g.size();
     const std::size_t blocks = (n + fused_block - 1) / fused_block;
     const std::size_t per = (blocks + threads_ - 1) / threads_ * fused_block;
@@ -545,7 +560,7 @@ class fused_topk_workspace {
       histogram_sampling ths = hs;
       if (hs.hist != nullptr) ths.hist = &thread_hist_[t];
       thread_results_[t] = fuse_chunk(g.data() + a, e.data() + a, b - a, static_cast<std::uint32_t>(a), guess,
-                                      idx_.data() + slot + a, bits_.data() + slot + a, ths, zero);
+                                      idx_.data() + slot + a, bits_.data() + slot + a, ths, zero_from);
     };
     for (unsigned t = 1; t < threads_; ++t) pool_.emplace_back(work, t);
     work(0);
