@@ -66,7 +66,8 @@ inline double median_time(const std::function<void()>& fn, std::size_t min_runs 
 
 //! Median over \p pairs alternations of (time of \p kernel) / (time of \p baseline), each
 //! side timed over enough calls (\p calls) to last about a millisecond; \p prepare runs
-//! untimed before every kernel call (to restore a residual). The memory bandwidth of a shared
+//! untimed before every call of either side (to restore a residual, and to leave the
+//! caches alike for both). The memory bandwidth of a shared
 //! machine drifts over seconds: a kernel timed for half a second and its baseline for the
 //! next differ by that drift (up to 30% on the development VM), while a ratio of neighbouring
 //! calls does not. This is the figure the ratio counters report.
@@ -76,6 +77,7 @@ inline double paired_ratio(const std::function<void()>& prepare, const std::func
   for (int r = 0; r < pairs; ++r) {
     double tb = 0, tk = 0;
     for (std::size_t c = 0; c < calls; ++c) {
+      prepare();
       const auto a = clock_type::now();
       baseline();
       tb += seconds(a, clock_type::now());
