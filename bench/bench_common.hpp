@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -33,12 +34,10 @@ struct dataset {
   std::vector<float> g, e0;
 };
 
-//! The data of \p n elements: Gaussian (\p dist 0) or Laplace (1) gradients, and a residual
-//! of 0.3 times the same law (a few earlier steps' leftovers). \p seed varies per binary.
-inline const dataset& data(std::size_t n, int dist, std::uint64_t seed) {
-  static std::map<std::pair<std::size_t, int>, dataset> cache;
-  auto& d = cache[{n, dist}];
-  if (d.g.size() == n) return d;
+//! Generates the data of \p n elements: Gaussian (\p dist 0) or Laplace (1) gradients, and
+//! a residual of 0.3 times the same law (a few earlier steps' leftovers), from \p seed.
+inline dataset make_dataset(std::size_t n, int dist, std::uint64_t seed) {
+  dataset d;
   std::mt19937_64 rng(seed + n + static_cast<std::uint64_t>(dist));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::exponential_distribution<float> expo(1.0f);
@@ -47,6 +46,15 @@ inline const dataset& data(std::size_t n, int dist, std::uint64_t seed) {
   d.e0.resize(n);
   for (auto& x : d.g) x = draw();
   for (auto& x : d.e0) x = 0.3f * draw();
+  return d;
+}
+
+//! make_dataset(n, dist, seed), generated once per process for each (n, dist). \p seed
+//! varies per binary.
+inline const dataset& data(std::size_t n, int dist, std::uint64_t seed) {
+  static std::map<std::pair<std::size_t, int>, dataset> cache;
+  auto& d = cache[{n, dist}];
+  if (d.g.size() != n) d = make_dataset(n, dist, seed);
   return d;
 }
 
@@ -110,6 +118,18 @@ inline std::function<void()> memcpy_of(const std::vector<float>& src) {
 
 //! Median time of a memcpy of \p src into a buffer of its size.
 inline double memcpy_time(const std::vector<float>& src) { return median_time(memcpy_of(src)); }
+
+//! The naive selection baseline: |g + e| of \p d copied out, then std::nth_element for the
+//! \p k-th largest.
+inline std::function<void()> nth_element_of(const dataset& d, std::size_t k) {
+  static std::vector<float> tmp;
+  tmp.resize(d.g.size());
+  return [&d, k] {
+    for (std::size_t i = 0; i < tmp.size(); ++i) tmp[i] = std::fabs(d.g[i] + d.e0[i]);
+    std::nth_element(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(k - 1), tmp.end(), std::greater<>());
+    benchmark::DoNotOptimize(tmp.data());
+  };
+}
 
 //! The error-feedback floor: e += g over \p g.size() elements (read g and e, write e) and
 //! \p packet_bytes written to a packet as the elements go, in chunks of 1024 elements as the

@@ -1,5 +1,6 @@
 // AdaComp, the quantizers (QSGD, TernGrad, EF-sign, cast16) and PowerSGD: compress and
-// decompress against a memcpy of the same buffer, measured in the same process.
+// decompress against a memcpy of the same buffer, measured in the same process (and
+// BM_nth_element, copy + abs + std::nth_element at 1%, the selection baseline, for scale).
 //
 // Counters: ratio_to_memcpy = kernel time per call / memcpy time of the gradient buffer
 // (N floats), the median of 9 ratios of neighbouring timings (bench_common.hpp's
@@ -136,6 +137,16 @@ void BM_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
 }
 
+// The naive selection baseline of bench_topk (copy + abs + std::nth_element, 1% kept), in
+// this binary too for scale: what a hand-written top-k costs beside the quantizers.
+void BM_nth_element(benchmark::State& state) {
+  const std::size_t n = std::size_t{1} << state.range(0);
+  const auto& d = data(n, static_cast<int>(state.range(1)));
+  const auto nth = nth_element_of(d, gravac::kept_count(n, 0.01));
+  for (auto _ : state) nth();
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
+}
+
 #define GRAVAC_QBENCH(name, type, opts, matrix)                                                          \
   void BM_compress_##name(benchmark::State& s) { run<gravac::type>(s, opts, false, matrix); }           \
   void BM_decompress_##name(benchmark::State& s) { run<gravac::type>(s, opts, true, matrix); }          \
@@ -146,6 +157,8 @@ void BM_memcpy(benchmark::State& state) {
 
 BENCHMARK(BM_memcpy)->Apply(sizes);
 BENCHMARK(BM_memcpy)->Name("large/BM_memcpy")->Apply(large);
+BENCHMARK(BM_nth_element)->Apply(sizes);
+BENCHMARK(BM_nth_element)->Name("large/BM_nth_element")->Apply(large);
 GRAVAC_QBENCH(adacomp, adacomp, gravac::adacomp_options{}, false)
 GRAVAC_QBENCH(qsgd_s127, qsgd, (gravac::qsgd_options{.levels = 127, .bucket = 512}), false)
 GRAVAC_QBENCH(qsgd_s7, qsgd, (gravac::qsgd_options{.levels = 7, .bucket = 64}), false)  // s >= sqrt(B): bounded residual
