@@ -1,10 +1,11 @@
 #pragma once
-// What the CPU benchmarks share: the generated data, the median timer and the two
-// data-movement baselines measured in the same process as the kernels:
-//   memcpy_time    a memcpy of the gradient buffer (N floats), the yardstick;
-//   ef_floor_time  the traffic every error-feedback compressor must generate: read g and
-//                  e, write e, and write a packet of the kernel's size. A kernel's ratio to
-//                  it says how much of its time is computation that did not overlap memory.
+// What the CPU benchmarks share: the generated data, and the baselines a kernel is timed
+// against call by call (paired_ratio) in the same process:
+//   memcpy_of       a memcpy of the gradient buffer (N floats), the yardstick;
+//   ef_floor_of     the traffic every error-feedback compressor must generate: read g and
+//                   e, write e, and write a packet of the kernel's size. A kernel's ratio to
+//                   it says how much of its time is computation that did not overlap memory;
+//   nth_element_of  copy + abs + std::nth_element, the naive selection.
 
 #include <benchmark/benchmark.h>
 
@@ -58,20 +59,6 @@ inline const dataset& data(std::size_t n, int dist, std::uint64_t seed) {
   return d;
 }
 
-//! Median time of \p fn over at least \p min_runs runs (more for short ones, ~0.3 s at most).
-inline double median_time(const std::function<void()>& fn, std::size_t min_runs = 5) {
-  std::vector<double> t;
-  double total = 0;
-  while (t.size() < min_runs || (total < 0.3 && t.size() < 50)) {
-    const auto a = clock_type::now();
-    fn();
-    t.push_back(seconds(a, clock_type::now()));
-    total += t.back();
-  }
-  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-  return t[t.size() / 2];
-}
-
 //! Median over \p pairs alternations of (time of \p kernel) / (time of \p baseline), each
 //! side timed over enough calls (\p calls) to last about a millisecond; \p prepare runs
 //! untimed before every call of either side (to restore a residual, and to leave the
@@ -115,9 +102,6 @@ inline std::function<void()> memcpy_of(const std::vector<float>& src) {
     benchmark::ClobberMemory();
   };
 }
-
-//! Median time of a memcpy of \p src into a buffer of its size.
-inline double memcpy_time(const std::vector<float>& src) { return median_time(memcpy_of(src)); }
 
 //! The naive selection baseline: |g + e| of \p d copied out, then std::nth_element for the
 //! \p k-th largest.

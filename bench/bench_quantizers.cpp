@@ -21,11 +21,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <functional>
-#include <map>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>

@@ -58,6 +58,31 @@ result run(threshold& c, const layout& lay, std::vector<float> g, std::vector<fl
   return r;
 }
 
+// How a compress of u = g + e split u: requires every sent value to be u bit for bit with
+// a zero residual, and every unsent one to stay in the residual bit for bit; returns the
+// count sent and the magnitudes on either side.
+struct sent_split {
+  std::size_t sent = 0;
+  float min_sent = std::numeric_limits<float>::infinity(), max_unsent = 0;
+};
+
+sent_split split_sent(const std::vector<float>& g, const std::vector<float>& e, const result& r) {
+  sent_split s;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const float u = g[i] + e[i];
+    if (r.dense[i] != 0.0f) {
+      REQUIRE(bit_equal(r.dense[i], u));
+      REQUIRE(r.residual[i] == 0.0f);
+      s.min_sent = std::min(s.min_sent, std::fabs(u));
+      ++s.sent;
+    } else {
+      REQUIRE(bit_equal(r.residual[i], u));
+      s.max_unsent = std::max(s.max_unsent, std::fabs(u));
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("threshold achieves k within 10% on Gaussian, Laplace and gradient-like data", "[threshold]") {
@@ -89,22 +114,9 @@ TEST_CASE("threshold sends exactly the values at or above a threshold, in index 
   for (auto& x : e) x *= 0.3f;
   auto r = run(c, lay, g, e, test::params_for(lay, 0.01));
   // Every sent magnitude is >= every unsent one, and sent values are u bit for bit.
-  float min_sent = std::numeric_limits<float>::infinity(), max_unsent = 0;
-  std::size_t sent = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float u = g[i] + e[i];
-    if (r.dense[i] != 0.0f) {
-      REQUIRE(bit_equal(r.dense[i], u));
-      REQUIRE(r.residual[i] == 0.0f);
-      min_sent = std::min(min_sent, std::fabs(u));
-      ++sent;
-    } else {
-      REQUIRE(bit_equal(r.residual[i], u));
-      max_unsent = std::max(max_unsent, std::fabs(u));
-    }
-  }
-  CHECK(sent == r.st.layers[0].kept);
-  CHECK(max_unsent < min_sent);
+  const auto s = split_sent(g, e, r);
+  CHECK(s.sent == r.st.layers[0].kept);
+  CHECK(s.max_unsent < s.min_sent);
 }
 
 TEST_CASE("threshold from a sample sends exactly the values above its final threshold, step after step",
@@ -119,23 +131,10 @@ TEST_CASE("threshold from a sample sends exactly the values above its final thre
     for (std::uint64_t step = 0; step < 3; ++step) {
       const auto g = data_for(kind, n, 77 + step);
       auto r = run(c, lay, g, e, test::params_for(lay, 0.01, step));
-      float min_sent = std::numeric_limits<float>::infinity(), max_unsent = 0;
-      std::size_t sent = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const float u = g[i] + e[i];
-        if (r.dense[i] != 0.0f) {
-          REQUIRE(bit_equal(r.dense[i], u));
-          REQUIRE(r.residual[i] == 0.0f);
-          min_sent = std::min(min_sent, std::fabs(u));
-          ++sent;
-        } else {
-          REQUIRE(bit_equal(r.residual[i], u));
-          max_unsent = std::max(max_unsent, std::fabs(u));
-        }
-      }
       INFO("data " << kind << " step " << step);
-      CHECK(sent == r.st.layers[0].kept);
-      CHECK(max_unsent <= min_sent);
+      const auto s = split_sent(g, e, r);
+      CHECK(s.sent == r.st.layers[0].kept);
+      CHECK(s.max_unsent <= s.min_sent);
       e = r.residual;
     }
   }

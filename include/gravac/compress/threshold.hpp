@@ -125,8 +125,9 @@ class threshold {
           if (r.non_finite) st.non_finite = true;
           std::size_t count = r.collected;
           const detail::candidate_run all{0, r.collected};
-          if (count <= k) work_.zero_below(all, t.zero, el);  // every candidate is sent
-          if (count > k) {
+          if (count <= k) {
+            work_.zero_below(all, t.zero, el);  // every candidate is sent
+          } else {
             // More than k at or above the (low) estimate: raise the threshold to the k-th
             // largest of them, keeping every value equal to it (|u| >= t, ties included).
             const auto kth = work_.select(std::span<const detail::candidate_run>(&all, 1), k);
