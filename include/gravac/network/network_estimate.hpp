@@ -1,18 +1,31 @@
 #pragma once
 //! \file network_estimate.hpp
-//! \brief An online estimate of the network's (alpha, beta), fitted by robust least
-//! squares from the timings of collectives the run already makes.
+//! \brief An online estimate of the network's (alpha, beta), fitted by robust least squares
+//! from the timings of collectives the run already makes, accurate whatever its prior.
 //!
-//! Each timed call contributes one sample `seconds ~ latency * alpha + bytes * beta`,
-//! whose coefficients come from the cost model of the algorithm used (cost_terms).
-//! The fit minimises *relative* residuals (network noise is multiplicative, and small
-//! messages must count as much as large ones to pin down alpha), with Huber weights
-//! re-estimated from the median absolute residual (IRLS), so a few stalls do not move it.
-//! A weak pull towards a prior keeps it defined while every sample has the same shape
-//! (one message size only). Samples live in a fixed ring buffer: no allocation per step.
+//! Each timed call contributes one sample `seconds ~ latency * alpha + bytes * beta`, whose
+//! coefficients come from the cost model of the algorithm used (cost_terms). The fit minimises
+//! *relative* residuals (network noise is multiplicative, and small messages must count as
+//! much as large ones to pin down alpha), with Huber weights re-estimated from the median
+//! absolute residual (IRLS), so a few stalls do not move it.
+//!
+//! The prior only ever decides what the samples cannot:
+//! - its magnitude never counts: the prior is first scaled as a whole to the samples (the
+//!   median of measured over prior-modeled time), and the fit runs in units of that scaled
+//!   prior, so a prior 100 times too slow or too fast costs nothing;
+//! - when the samples determine both unknowns, the pull towards the prior's split is worth
+//!   `prior_weight` samples that know it only to within 100%, while the real samples count
+//!   with the residual scale the fit sees: exact samples outweigh any prior, noisy ones
+//!   outweigh it unless they barely separate alpha from beta;
+//! - when every sample has the same shape (all (latency, bytes) pairs proportional: one
+//!   collective at one message size), alpha and beta cannot be told apart: the fit then keeps
+//!   the prior's proportions and only fits their common scale, so the modeled time at that
+//!   shape is right and identifiable() is false.
+//!
+//! Samples live in a fixed ring buffer: no allocation per step. Results depend only on the
+//! samples and their order (same samples, same bits).
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -24,11 +37,13 @@ namespace gravac {
 
 //! Options of the network estimate.
 struct network_estimate_options {
-  std::size_t window = 64;        //!< most recent samples kept (older ones are forgotten)
-  network_params prior{};         //!< value before any sample, and the weak prior of the fit
-  double prior_weight = 1e-3;     //!< weight of the prior relative to one sample
-  double huber_k = 1.345;         //!< Huber threshold in robust standard deviations
-  int iterations = 12;            //!< IRLS iterations
+  std::size_t window = 64;  //!< most recent samples kept (older ones are forgotten)
+  network_params prior{};   //!< value before any sample; its split (alpha : beta) is the fit's weak prior
+  //! Weight of the pull towards the prior's split, in samples that know the split to within
+  //! 100% (the real samples count with the fit's residual scale, so exact ones always win).
+  double prior_weight = 1e-3;
+  double huber_k = 1.345;  //!< Huber threshold in robust standard deviations
+  int iterations = 12;     //!< IRLS iterations
 };
 
 //! Robust online least-squares estimate of (alpha, beta).
@@ -52,7 +67,7 @@ class network_estimate {
   //! are not finite and positive, or carry no cost, are ignored. Refits.
   void add(const cost_terms& terms, double seconds) {
     if (!(seconds > 0) || !std::isfinite(seconds) || !(terms.latency >= 0) || !(terms.bytes >= 0) ||
-        terms.latency + terms.bytes <= 0)
+        !std::isfinite(terms.latency) || !std::isfinite(terms.bytes) || terms.latency + terms.bytes <= 0)
       return;
     samples_[next_] = {terms, seconds};
     next_ = (next_ + 1) % samples_.size();
@@ -62,12 +77,18 @@ class network_estimate {
 
   //! The current estimate.
   [[nodiscard]] const network_params& params() const noexcept { return current_; }
+  //! Whether the split between alpha and beta came from the samples. False before any
+  //! sample, when all samples have one shape (proportional (latency, bytes): alpha and beta
+  //! cannot be told apart, so params() is the prior scaled to match them), and when the
+  //! samples separate alpha from beta so weakly that the prior's pull outweighs them.
+  [[nodiscard]] bool identifiable() const noexcept { return identifiable_; }
   //! Samples in the window.
   [[nodiscard]] std::size_t samples() const noexcept { return count_; }
   //! Forgets every sample (after a known change of network).
   void clear() noexcept {
     count_ = next_ = 0;
     current_ = options_.prior;
+    identifiable_ = false;
   }
 
  private:
@@ -76,19 +97,32 @@ class network_estimate {
     double seconds = 0;
   };
 
-  // IRLS on relative residuals r_i = (t_i - a_i alpha - b_i beta) / t_i, solved in the
-  // scaled unknowns x = alpha / alpha0, y = beta / beta0 (well conditioned whatever the units).
+  // Below this 1 - cos^2 of the angle between the (weighted, relative) latency and byte
+  // columns, the samples count as one shape. Measured over 64 samples: exactly proportional
+  // columns leave rounding below 1e-14; two sizes of one collective 1% apart give 2.5e-5,
+  // a decade apart 0.4.
+  static constexpr double one_shape_below = 1e-9;
+  // Floor of the robust residual scale: exact samples still get finite Huber weights.
+  static constexpr double min_residual_scale = 1e-9;
+
+  // IRLS on relative residuals r_i = 1 - (p_i x + q_i y), with p_i = latency_i alpha1 / t_i,
+  // q_i = bytes_i beta1 / t_i, in the unknowns x = alpha / alpha1, y = beta / beta1 where
+  // (alpha1, beta1) is the prior scaled to the samples: x = y = 1 is the prior's split at the
+  // samples' magnitude, and the units are well conditioned whatever the prior.
   void fit() {
-    const double a0 = options_.prior.alpha, b0 = options_.prior.beta;
+    const double magnitude = prior_scale();
+    const double a1 = options_.prior.alpha * magnitude, b1 = options_.prior.beta * magnitude;
+    // The first pass weighs every sample alike; its pull uses the residuals of the scaled prior.
+    double residual_scale = robust_scale(a1, b1, 1.0, 1.0);
     std::fill(weights_.begin(), weights_.begin() + static_cast<std::ptrdiff_t>(count_), 1.0);
     double x = 1, y = 1;
+    bool split_from_data = false;
     for (int it = 0; it < options_.iterations; ++it) {
-      // Normal equations of sum w_i (p_i x + q_i y - 1)^2 + lambda ((x-1)^2 + (y-1)^2).
-      const double lambda = options_.prior_weight;
-      double sxx = lambda, sxy = 0, syy = lambda, sx1 = lambda, sy1 = lambda;
+      double sw = 0, sxx = 0, sxy = 0, syy = 0, sx1 = 0, sy1 = 0;
       for (std::size_t i = 0; i < count_; ++i) {
         const auto& s = samples_[i];
-        const double p = s.terms.latency * a0 / s.seconds, q = s.terms.bytes * b0 / s.seconds, w = weights_[i];
+        const double p = s.terms.latency * a1 / s.seconds, q = s.terms.bytes * b1 / s.seconds, w = weights_[i];
+        sw += w;
         sxx += w * p * p;
         sxy += w * p * q;
         syy += w * q * q;
@@ -96,43 +130,80 @@ class network_estimate {
         sy1 += w * q;
       }
       const double det = sxx * syy - sxy * sxy;
-      if (!(std::fabs(det) > 1e-300)) break;
-      double nx = (sx1 * syy - sy1 * sxy) / det, ny = (sxx * sy1 - sxy * sx1) / det;
-      // A negative coefficient is not physical: refit the other alone.
-      if (nx < 0) {
-        nx = 0;
-        ny = sy1 / syy;
-      } else if (ny < 0) {
-        ny = 0;
-        nx = sx1 / sxx;
+      double nx = 1, ny = 1;
+      if (!(det > one_shape_below * sxx * syy)) {
+        // One shape: only the common scale of the prior's split is observable.
+        const double along = sxx + 2 * sxy + syy;
+        nx = ny = along > 0 ? (sx1 + sy1) / along : 1.0;
+        split_from_data = false;
+      } else {
+        // Pull towards x = y = 1 worth prior_weight average samples whose residual is 1,
+        // against samples whose residual is residual_scale (a Gaussian prior's MAP).
+        const double pull = options_.prior_weight * residual_scale * residual_scale / sw;
+        const double lx = pull * sxx, ly = pull * syy;
+        const double mxx = sxx + lx, myy = syy + ly, bx = sx1 + lx, by = sy1 + ly;
+        const double m_det = mxx * myy - sxy * sxy;
+        nx = (bx * myy - by * sxy) / m_det;
+        ny = (mxx * by - sxy * bx) / m_det;
+        // A negative coefficient is not physical: refit the other alone.
+        if (nx < 0) {
+          nx = 0;
+          ny = by / myy;
+        } else if (ny < 0) {
+          ny = 0;
+          nx = bx / mxx;
+        }
+        // The data decide the split when they outweigh the pull in their weakest direction:
+        // relative to the pull (pull * diag), the data's information there is 1 - cos(angle).
+        split_from_data = 1.0 - sxy / std::sqrt(sxx * syy) > pull;
       }
       const bool converged = std::fabs(nx - x) <= 1e-12 * std::max(1.0, std::fabs(x)) &&
                              std::fabs(ny - y) <= 1e-12 * std::max(1.0, std::fabs(y));
       x = nx;
       y = ny;
-      if (converged || count_ < 3) break;
-      reweight(x, y);
+      if (converged) break;
+      residual_scale = reweight(a1, b1, x, y);
     }
-    current_ = {std::max(0.0, x * a0), std::max(0.0, y * b0)};
+    current_ = {std::max(0.0, x * a1), std::max(0.0, y * b1)};
+    identifiable_ = split_from_data;
   }
 
-  // Huber weights from the relative residuals, scaled by 1.4826 * median |r| (MAD).
-  void reweight(double x, double y) {
-    const double a0 = options_.prior.alpha, b0 = options_.prior.beta;
+  // The prior's common scale that matches the samples: the median over the window of the
+  // measured time over the time the prior models (robust to stalls, exact on exact samples).
+  double prior_scale() {
     for (std::size_t i = 0; i < count_; ++i) {
       const auto& s = samples_[i];
-      scratch_[i] = std::fabs(1.0 - (s.terms.latency * a0 * x + s.terms.bytes * b0 * y) / s.seconds);
+      scratch_[i] = s.seconds / s.terms.seconds(options_.prior);
+    }
+    const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>(count_ / 2);
+    std::nth_element(scratch_.begin(), mid, scratch_.begin() + static_cast<std::ptrdiff_t>(count_));
+    return *mid;
+  }
+
+  // |relative residual| of each sample into scratch_; returns 1.4826 * their median (MAD),
+  // found with weights_ as the work buffer (the caller sets the weights afterwards).
+  double robust_scale(double a1, double b1, double x, double y) {
+    for (std::size_t i = 0; i < count_; ++i) {
+      const auto& s = samples_[i];
+      scratch_[i] = std::fabs(1.0 - (s.terms.latency * a1 * x + s.terms.bytes * b1 * y) / s.seconds);
     }
     std::copy(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(count_), weights_.begin());
-    auto mid = weights_.begin() + static_cast<std::ptrdiff_t>(count_ / 2);
+    const auto mid = weights_.begin() + static_cast<std::ptrdiff_t>(count_ / 2);
     std::nth_element(weights_.begin(), mid, weights_.begin() + static_cast<std::ptrdiff_t>(count_));
-    const double scale = std::max(1.4826 * *mid, 1e-9);
+    return std::max(1.4826 * *mid, min_residual_scale);
+  }
+
+  // Huber weights from the relative residuals at (x, y); returns the robust scale used.
+  double reweight(double a1, double b1, double x, double y) {
+    const double scale = robust_scale(a1, b1, x, y);
     const double k = options_.huber_k * scale;
     for (std::size_t i = 0; i < count_; ++i) weights_[i] = scratch_[i] <= k ? 1.0 : k / scratch_[i];
+    return scale;
   }
 
   options options_;
   network_params current_;
+  bool identifiable_ = false;
   std::vector<sample> samples_;
   std::vector<double> weights_;
   std::vector<double> scratch_;
