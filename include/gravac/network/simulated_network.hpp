@@ -9,6 +9,24 @@
 //! Allgather by recursive doubling on the total bytes, broadcast by binomial tree,
 //! barrier by dissemination. The charges depend only on sizes every rank agrees on, so
 //! the clock is identical on every rank.
+//!
+//! Beside the clock it counts the bytes this rank sends and receives on the wire under the
+//! algorithm each call is charged as (wire_bytes_sent(), wire_bytes_received()). A packet's
+//! own size understates what an Allgather moves (every rank receives the N-1 others'
+//! packets), so byte comparisons between collectives should use these counts:
+//!
+//! - Allreduce of B bytes: sent = received = 2(N-1)/N B. Exact for the ring (reduce-scatter
+//!   and allgather, 2(N-1) blocks of B/N); for the tree it is the per-rank average of its
+//!   2(N-1) messages of B (a reduce and a broadcast, N-1 messages each), since the tree's
+//!   own split between ranks depends on their position in it.
+//! - Allgather(v) of blocks summing to T, own block b: received = T - b; sent = T - b too,
+//!   counting a ring's forwarding (each rank passes on N-1 blocks). In a ring the blocks a
+//!   rank forwards are all but its successor's, so with unequal blocks its exact share
+//!   differs by (successor's block - own block); the sum over ranks is the same.
+//! - Broadcast of B: received = B on every rank but the root, 0 on the root; sent = the
+//!   per-rank average (N-1)/N B of the binomial tree's N-1 messages (the tree's inner
+//!   ranks send more than its leaves).
+//! - Barrier: no payload, 0.
 
 #include <cstddef>
 #include <cstdint>
@@ -52,22 +70,35 @@ class simulated_communicator {
   [[nodiscard]] int size() const { return inner_->size(); }
 
   //! Sums over ranks (real), charged as an Allreduce of the span's bytes.
-  void allreduce_sum(std::span<float> d) { charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); }); }
+  void allreduce_sum(std::span<float> d) {
+    charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); });
+    count_allreduce(bytes(d));
+  }
   //! Sums over ranks (real), charged as an Allreduce.
-  void allreduce_sum(std::span<double> d) { charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); }); }
+  void allreduce_sum(std::span<double> d) {
+    charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); });
+    count_allreduce(bytes(d));
+  }
   //! Maximum over ranks (real), charged as an Allreduce.
-  void allreduce_max(std::span<double> d) { charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_max(d); }); }
+  void allreduce_max(std::span<double> d) {
+    charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_max(d); });
+    count_allreduce(bytes(d));
+  }
   //! Variable-length allgather (real), charged on the total bytes gathered.
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
     const network_params net = current();
+    const double own = static_cast<double>(in.size());
     inner_->allgatherv(in, out, sizes);
     std::size_t total = 0;
     for (auto s : sizes) total += s;
     charge(cost_model::allgather(size(), static_cast<double>(total)), net);
+    if (size() > 1) count(static_cast<double>(total) - own, static_cast<double>(total) - own);
   }
   //! Broadcast from \p root (real), charged as a binomial tree.
   void broadcast(std::span<std::byte> d, int root) {
-    charged(cost_model::broadcast(size(), static_cast<double>(d.size())), [&] { inner_->broadcast(d, root); });
+    const double b = static_cast<double>(d.size());
+    charged(cost_model::broadcast(size(), b), [&] { inner_->broadcast(d, root); });
+    if (size() > 1) count(static_cast<double>(size() - 1) / size() * b, rank() == root ? 0.0 : b);
   }
   //! Broadcast of typed values from \p root.
   template <class T>
@@ -91,6 +122,14 @@ class simulated_communicator {
   [[nodiscard]] std::pair<cost_terms, double> last_charge() const noexcept { return {last_terms_, last_seconds_}; }
   //! Calls charged so far.
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  //! Bytes this rank has sent on the wire so far (cumulative, like modeled_seconds()), by
+  //! the algorithm each call is charged as (see the file comment). Fractional where the
+  //! count is a per-rank average (Allreduce, broadcast).
+  [[nodiscard]] double wire_bytes_sent() const noexcept { return sent_; }
+  //! Bytes this rank has received on the wire so far (cumulative), by the algorithm each
+  //! call is charged as: for an Allgather the other ranks' blocks, for a broadcast the
+  //! payload on every rank but the root.
+  [[nodiscard]] double wire_bytes_received() const noexcept { return received_; }
   //! The wrapped engine.
   [[nodiscard]] Inner& inner() noexcept { return *inner_; }
   //! Forwards abort to the inner engine when it has one.
@@ -119,6 +158,16 @@ class simulated_communicator {
     ++calls_;
   }
 
+  // Ring Allreduce of b bytes: 2(N-1) blocks of b/N each way (the tree's per-rank average too).
+  void count_allreduce(double b) noexcept {
+    const int n = size();
+    if (n > 1) count(2.0 * (n - 1) / n * b, 2.0 * (n - 1) / n * b);
+  }
+  void count(double sent, double received) noexcept {
+    sent_ += sent;
+    received_ += received;
+  }
+
   Inner* inner_;
   network_profile profile_;
   options options_;
@@ -127,6 +176,8 @@ class simulated_communicator {
   cost_terms last_terms_{};
   double last_seconds_ = 0;
   std::uint64_t calls_ = 0;
+  double sent_ = 0;
+  double received_ = 0;
 };
 static_assert(Communicator<simulated_communicator<communicator_ref<host_space>>>);
 
