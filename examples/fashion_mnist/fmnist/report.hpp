@@ -18,10 +18,12 @@ train_observer console_observer(bool progress, std::FILE* out = stdout);
 //! The header line matching the per-epoch lines of console_observer.
 std::string epoch_header();
 
-//! Prints the summary of \p r (final accuracy, bytes, times) to \p out.
+//! Prints the summary of \p r (final accuracy, packet bytes, and wire bytes when a simulated
+//! network counted them; times) to \p out.
 void print_summary(const run_result& r, std::FILE* out = stdout);
 
-//! Writes \p dir/steps.csv and \p dir/epochs.csv (creating \p dir). Throws on I/O errors.
+//! Writes \p dir/steps.csv and \p dir/epochs.csv (creating \p dir), packet and wire bytes in
+//! separate columns. Throws on I/O errors.
 void write_csv(const run_result& r, const std::string& dir);
 
 //! One series of a comparison plot: a label and the directory holding its CSV files.

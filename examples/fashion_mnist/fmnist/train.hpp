@@ -13,6 +13,12 @@
 //! backward and optimizer, the slowest rank per step) and the modeled time, which adds
 //! per step a fixed compute time (calibrated once at the start, or given), the measured
 //! compression time, and the communication time the simulated network charged.
+//!
+//! Two byte counts are kept apart too: the packet bytes (the size of what a rank's
+//! collective hands over, gravac::step_report::bytes_sent) and the wire bytes the
+//! simulated network counts for the algorithm it charges (an Allgather delivers the N-1
+//! other packets into every rank; an Allreduce moves 2(N-1)/N of its buffer each way).
+//! Comparisons between collectives should use the wire bytes.
 
 #include <cstddef>
 #include <cstdint>
@@ -54,7 +60,8 @@ struct run_config {
   std::size_t epochs = 5;                          //!< epochs to train
   std::size_t batch = 128;                         //!< global batch (all ranks together); divisible by the rank count
   std::size_t train_subset = 0;                    //!< samples per epoch (a fresh random subset each epoch); 0 = all
-  std::size_t test_subset = 0;                     //!< test samples evaluated after each epoch (a fixed random subset); 0 = all
+  //! Test samples evaluated after each epoch (a fixed random subset); 0 = all.
+  std::size_t test_subset = 0;
   step_decay lr{0.05, 0.1, {}};                    //!< learning-rate schedule (per epoch)
   double momentum = 0.9;                           //!< SGD momentum
   double weight_decay = 1e-4;                      //!< L2 weight decay
@@ -78,8 +85,13 @@ struct step_record {
   double loss = 0;                 //!< mean training loss over the global batch (before the update)
   double train_acc = 0;            //!< training accuracy over the global batch
   double kept_fraction = 1;        //!< kept fraction the policy chose (numel-weighted over layers)
-  double bytes_sent = 0;           //!< bytes a rank put on the wire (mean over ranks)
+  double bytes_sent = 0;           //!< packet bytes: the size of a rank's own packet (mean over ranks)
   double dense_bytes = 0;          //!< what a dense fp32 Allreduce would send
+  //! Wire bytes a rank sent since the previous step's record (mean over ranks), as the
+  //! primary simulated network counts them: every collective of the step, control traffic
+  //! included (0 without a simulated network).
+  double wire_bytes_sent = 0;
+  double wire_bytes_received = 0;  //!< wire bytes a rank received, counted like wire_bytes_sent
   std::string collective;          //!< the aggregation used
   double gain = 1;                 //!< compression gain of what was sent
   double compute_s = 0;            //!< measured compute (slowest rank)
@@ -98,8 +110,10 @@ struct epoch_record {
   double train_acc = 0;            //!< training accuracy over the epoch
   double test_loss = 0;            //!< test loss after the epoch
   double test_acc = 0;             //!< test accuracy after the epoch
-  double bytes_per_rank = 0;       //!< bytes a rank sent during the epoch
+  double bytes_per_rank = 0;       //!< packet bytes a rank handed over during the epoch
   double dense_bytes_per_rank = 0; //!< what dense fp32 Allreduce would have sent
+  double wire_bytes_sent_per_rank = 0;      //!< wire bytes a rank sent during the epoch (mean over ranks)
+  double wire_bytes_received_per_rank = 0;  //!< wire bytes a rank received during the epoch (mean over ranks)
   double kept_fraction = 1;        //!< mean chosen kept fraction over the epoch's steps
   double compute_s = 0;            //!< measured compute during the epoch
   double codec_s = 0;              //!< measured compression time during the epoch
@@ -121,8 +135,12 @@ struct run_result {
   double compute_per_step_s = 0;   //!< the modeled compute per step
   std::vector<step_record> steps;  //!< one per step
   std::vector<epoch_record> epochs;  //!< one per epoch
-  //! Total bytes a rank sent.
+  //! Total packet bytes a rank handed over (step_record::bytes_sent summed).
   [[nodiscard]] double total_bytes_per_rank() const;
+  //! Total wire bytes a rank sent (mean over ranks; 0 without a simulated network).
+  [[nodiscard]] double total_wire_bytes_sent_per_rank() const;
+  //! Total wire bytes a rank received (mean over ranks; 0 without a simulated network).
+  [[nodiscard]] double total_wire_bytes_received_per_rank() const;
   //! Modeled time at which test accuracy first reached \p target (negative if never);
   //! \p shadow selects a shadow network's clock (-1: the primary network).
   [[nodiscard]] double modeled_time_to(double target, int shadow = -1) const;
@@ -130,7 +148,8 @@ struct run_result {
 
 //! Rank-0 callbacks while training (progress bar, per-epoch lines); may be empty.
 struct train_observer {
-  std::function<void(const step_record&, std::size_t step_in_epoch, std::size_t steps_per_epoch)> on_step;  //!< after each step
+  //! After each step.
+  std::function<void(const step_record&, std::size_t step_in_epoch, std::size_t steps_per_epoch)> on_step;
   std::function<void(const epoch_record&, const run_result&)> on_epoch;  //!< after each epoch's evaluation
 };
 

@@ -47,7 +47,9 @@ std::string shell_quoted(const std::string& s) {
 }  // namespace
 
 std::string epoch_header() {
-  return "epoch   test acc   loss     MB/rank  CF chosen  wire CF  compute s  codec s  model comm s  model time s  policy";
+  // pkt MB: the rank's own packets; wire MB: what it received on the simulated wire.
+  return "epoch   test acc   loss      pkt MB   wire MB  CF chosen   pkt CF  compute s  codec s  model comm s  "
+         "model time s  policy";
 }
 
 train_observer console_observer(bool progress, std::FILE* out) {
@@ -73,8 +75,9 @@ train_observer console_observer(bool progress, std::FILE* out) {
       std::fprintf(out, "%s\n", epoch_header().c_str());
       *header_done = true;
     }
-    std::fprintf(out, "%5zu   %6.2f%%   %.4f  %8s  %9.1f  %7.1f  %9.2f  %7.2f  %12.3f  %12.3f  %s\n", e.epoch + 1,
-                 100 * e.test_acc, e.train_loss, megabytes(e.bytes_per_rank).c_str(), cf_of(e.kept_fraction),
+    std::fprintf(out, "%5zu   %6.2f%%   %.4f  %8s  %8s  %9.1f  %7.1f  %9.2f  %7.2f  %12.3f  %12.3f  %s\n",
+                 e.epoch + 1, 100 * e.test_acc, e.train_loss, megabytes(e.bytes_per_rank).c_str(),
+                 megabytes(e.wire_bytes_received_per_rank).c_str(), cf_of(e.kept_fraction),
                  e.bytes_per_rank > 0 ? e.dense_bytes_per_rank / e.bytes_per_rank : 0.0, e.compute_s, e.codec_s,
                  e.modeled_comm_s, e.modeled_time_s, e.policy_state.c_str());
     std::fflush(out);
@@ -95,34 +98,42 @@ void print_summary(const run_result& r, std::FILE* out) {
   const double sent = r.total_bytes_per_rank();
   std::fprintf(out, "\nsummary: %s on %s (%zu parameters), %d ranks, network %s\n", r.method.c_str(), r.model.c_str(),
                r.params, r.ranks, r.network.c_str());
-  std::fprintf(out, "  final test accuracy  %.2f%% after %zu epochs (%zu steps)\n", 100 * last.test_acc, r.epochs.size(),
-               r.steps.size());
-  std::fprintf(out, "  bytes sent per rank  %s MB (a dense fp32 Allreduce: %s MB, %.1fx less)\n",
+  std::fprintf(out, "  final test accuracy    %.2f%% after %zu epochs (%zu steps)\n", 100 * last.test_acc,
+               r.epochs.size(), r.steps.size());
+  std::fprintf(out, "  packet bytes per rank  %s MB (a dense fp32 Allreduce's buffer: %s MB, %.1fx less)\n",
                megabytes(sent).c_str(), megabytes(dense).c_str(), sent > 0 ? dense / sent : 0.0);
-  std::fprintf(out, "  measured compute     %.2f s (+ %.2f s compression); modeled compute %.2f ms per step\n", compute,
-               codec, 1e3 * r.compute_per_step_s);
-  std::fprintf(out, "  modeled time         %.2f s (of which communication %.2f s)\n", last.modeled_time_s, comm);
+  // The wire bytes exist only under a simulated network (they are the algorithm it charges).
+  if (r.total_wire_bytes_received_per_rank() > 0)
+    std::fprintf(out, "  wire bytes per rank    %s MB received, %s MB sent\n",
+                 megabytes(r.total_wire_bytes_received_per_rank()).c_str(),
+                 megabytes(r.total_wire_bytes_sent_per_rank()).c_str());
+  std::fprintf(out, "  measured compute       %.2f s (+ %.2f s compression); modeled compute %.2f ms per step\n",
+               compute, codec, 1e3 * r.compute_per_step_s);
+  std::fprintf(out, "  modeled time           %.2f s (of which communication %.2f s)\n", last.modeled_time_s, comm);
 }
 
 void write_csv(const run_result& r, const std::string& dir) {
   std::filesystem::create_directories(dir);
   {
     auto f = open_for_writing(dir + "/steps.csv");
-    f << "step,epoch,lr,loss,train_acc,kept_fraction,cf,bytes_sent,dense_bytes,collective,gain,compute_s,codec_s,"
-         "modeled_comm_s,modeled_time_s,bandwidth_gbps,latency_ms\n";
+    f << "step,epoch,lr,loss,train_acc,kept_fraction,cf,bytes_sent,dense_bytes,wire_bytes_sent,wire_bytes_received,"
+         "collective,gain,compute_s,codec_s,modeled_comm_s,modeled_time_s,bandwidth_gbps,latency_ms\n";
     for (const auto& s : r.steps)
       f << s.step << ',' << s.epoch << ',' << s.lr << ',' << s.loss << ',' << s.train_acc << ',' << s.kept_fraction
-        << ',' << cf_of(s.kept_fraction) << ',' << s.bytes_sent << ',' << s.dense_bytes << ',' << s.collective << ','
-        << s.gain << ',' << s.compute_s << ',' << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_time_s << ','
+        << ',' << cf_of(s.kept_fraction) << ',' << s.bytes_sent << ',' << s.dense_bytes << ',' << s.wire_bytes_sent
+        << ',' << s.wire_bytes_received << ',' << s.collective << ',' << s.gain << ',' << s.compute_s << ','
+        << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_time_s << ','
         << s.bandwidth_gbps << ',' << s.latency_ms << '\n';
     if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/steps.csv failed");
   }
   auto f = open_for_writing(dir + "/epochs.csv");
-  f << "epoch,lr,train_loss,train_acc,test_loss,test_acc,bytes_per_rank,dense_bytes_per_rank,kept_fraction,cf,"
+  f << "epoch,lr,train_loss,train_acc,test_loss,test_acc,bytes_per_rank,dense_bytes_per_rank,"
+       "wire_bytes_sent_per_rank,wire_bytes_received_per_rank,kept_fraction,cf,"
        "compute_s,codec_s,modeled_comm_s,modeled_time_s,wall_s,policy_state\n";
   for (const auto& e : r.epochs)
     f << e.epoch + 1 << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.test_loss << ','
-      << e.test_acc << ',' << e.bytes_per_rank << ',' << e.dense_bytes_per_rank << ',' << e.kept_fraction << ','
+      << e.test_acc << ',' << e.bytes_per_rank << ',' << e.dense_bytes_per_rank << ',' << e.wire_bytes_sent_per_rank
+      << ',' << e.wire_bytes_received_per_rank << ',' << e.kept_fraction << ','
       << cf_of(e.kept_fraction) << ',' << e.compute_s << ',' << e.codec_s << ',' << e.modeled_comm_s << ','
       << e.modeled_time_s << ',' << e.wall_s << ",\"" << e.policy_state << "\"\n";
   if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/epochs.csv failed");
@@ -151,7 +162,7 @@ bool make_plots(const std::vector<plot_series>& series, const std::string& dir, 
          "test accuracy (%)", "");
     plot("ratio_vs_step.png", "steps.csv", "'step':'cf'", "step", "compression factor chosen (1 / kept fraction)",
          "set logscale y\nset key top left\n");
-    plot("bytes_vs_step.png", "steps.csv", "'step':'bytes_sent'", "step", "bytes sent per rank per step",
+    plot("bytes_vs_step.png", "steps.csv", "'step':'bytes_sent'", "step", "packet bytes per rank per step",
          "set logscale y\nset key top right\n");
   }
   const std::string cmd = "gnuplot " + shell_quoted(script) + " 2>&1";

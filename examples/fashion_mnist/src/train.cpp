@@ -107,6 +107,18 @@ double run_result::total_bytes_per_rank() const {
   return s;
 }
 
+double run_result::total_wire_bytes_sent_per_rank() const {
+  double s = 0;
+  for (const auto& e : epochs) s += e.wire_bytes_sent_per_rank;
+  return s;
+}
+
+double run_result::total_wire_bytes_received_per_rank() const {
+  double s = 0;
+  for (const auto& e : epochs) s += e.wire_bytes_received_per_rank;
+  return s;
+}
+
 double run_result::modeled_time_to(double target, int shadow) const {
   for (const auto& e : epochs)
     if (e.test_acc >= target)
@@ -190,8 +202,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
 
   // Fill in what the method's options need from the run: batch size, clocks, profile.
   method_config m = cfg.method;
-  m.gravac.samples_per_step = m.gravac.samples_per_step > 0 ? m.gravac.samples_per_step : static_cast<double>(cfg.batch);
-  if (m.gravac.time.source == gravac::time_source::simulated && m.gravac.time.compute_s == 0) m.gravac.time.compute_s = compute_s;
+  if (!(m.gravac.samples_per_step > 0)) m.gravac.samples_per_step = static_cast<double>(cfg.batch);
+  if (m.gravac.time.source == gravac::time_source::simulated && m.gravac.time.compute_s == 0)
+    m.gravac.time.compute_s = compute_s;
   if (m.accordion.initial_learning_rate == 0) m.accordion.initial_learning_rate = cfg.lr.at(0);
   if (!m.flexible.profile) m.flexible.profile = profile;
   if (!m.moo.profile) m.moo.profile = profile;
@@ -232,6 +245,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   }
 
   double modeled_clock = 0;
+  // The primary network's wire counters at the previous record: each step's record takes
+  // the difference, so traffic between steps (none today) would land in the next step.
+  double wire_sent_before = 0, wire_received_before = 0;
   std::uint64_t step = 0;
   bool stop = false;
   for (std::size_t epoch = 0; epoch < cfg.epochs && !stop; ++epoch) {
@@ -263,12 +279,18 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       opt.step(params, grads, lr);
       const double c3 = thread_cpu_seconds();
 
-      // Rank-averaged loss and bytes, slowest-rank times (on the engine: not charged).
-      double sums[4] = {br.loss_sum, static_cast<double>(br.correct), static_cast<double>(br.samples),
-                        static_cast<double>(rep.bytes_sent)};
+      // Rank-averaged loss and bytes, slowest-rank times (on the engine: not charged). The
+      // wire bytes differ between ranks (a broadcast's root receives nothing), hence the mean.
+      const double wire_sent = sim ? sim->wire_bytes_sent() : 0.0;
+      const double wire_received = sim ? sim->wire_bytes_received() : 0.0;
+      double sums[6] = {br.loss_sum, static_cast<double>(br.correct), static_cast<double>(br.samples),
+                        static_cast<double>(rep.bytes_sent), wire_sent - wire_sent_before,
+                        wire_received - wire_received_before};
+      wire_sent_before = wire_sent;
+      wire_received_before = wire_received;
       const double codec = cfg.codec_cpu_time ? c2 - c1 : rep.compress_s + rep.decompress_s;
       double maxes[2] = {(c1 - c0) + (c3 - c2), codec};
-      comm.allreduce_sum(std::span<double>(sums, 4));
+      comm.allreduce_sum(std::span<double>(sums, 6));
       comm.allreduce_max(std::span<double>(maxes, 2));
 
       step_record r;
@@ -279,6 +301,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.train_acc = sums[1] / sums[2];
       r.kept_fraction = chosen_fraction(st->last_params(), lay);
       r.bytes_sent = sums[3] / ranks;
+      r.wire_bytes_sent = sums[4] / ranks;
+      r.wire_bytes_received = sums[5] / ranks;
       r.dense_bytes = static_cast<double>(rep.dense_bytes);
       r.collective = std::string(gravac::to_string(rep.collective));
       r.gain = rep.gain;
@@ -300,6 +324,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       frac_sum += r.kept_fraction;
       er.bytes_per_rank += r.bytes_sent;
       er.dense_bytes_per_rank += r.dense_bytes;
+      er.wire_bytes_sent_per_rank += r.wire_bytes_sent;
+      er.wire_bytes_received_per_rank += r.wire_bytes_received;
       er.compute_s += r.compute_s;
       er.codec_s += r.codec_s;
       er.modeled_comm_s += comm_s;
