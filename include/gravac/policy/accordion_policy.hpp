@@ -1,19 +1,46 @@
 #pragma once
 //! \file accordion_policy.hpp
 //! \brief Accordion (Agarwal et al., MLSys 2021): per layer, low compression in critical
-//! regimes (the gradient norm changes fast) and high compression otherwise.
+//! regimes (the gradient changes fast) and high compression otherwise.
 //!
-//! The rules (algorithms.md, "Accordion"):
-//! - Per layer, ||g_l|| (averaged over ranks by the trainer) is summed over an interval:
-//!   an epoch (each end_interval call) or every `interval_steps` steps.
-//! - At each interval end, r = |n_prev - n_cur| / n_prev; r >= eta gives the layer the
-//!   low-compression level for the next interval, else the high-compression level
-//!   (n_prev = 0: r is 0 when n_cur is 0 too, infinite otherwise).
-//! - The first interval is low, and so is the one after it: a decision needs two
-//!   intervals to compare, and without evidence the layer is treated as critical.
-//! - When the learning rate decays (interval_info::learning_rate below the previous
-//!   one), every layer goes low at once and for the whole next interval.
-//! - 1-D tensors (biases, norms) are sent dense.
+//! The rules, as implemented:
+//! - Per compressed layer l the policy keeps an accumulator A_l of this rank's local
+//!   gradient over the current interval (an epoch, i.e. each on_interval call, or every
+//!   `interval_steps` steps): A_l += g_l at every step (trainer hook accumulate(), before
+//!   aggregation; skipped steps add nothing).
+//! - At the end of an interval the layer's statistic is the norm of the sum, n_l = ||A_l||,
+//!   not the sum of the per-step norms: over an epoch the per-step noise dominates that sum,
+//!   which then almost never moves by eta, while the noise largely cancels in the sum of
+//!   the gradients. A_l is reset at every interval end.
+//! - Decisions are taken every `compare_every` (C) intervals: at the ends of intervals
+//!   1, 1 + C, 1 + 2C, ... (the authors' 0-based `epoch % C == 0`). Only then is n_l
+//!   averaged over the ranks; it rides in the next step's own gradient collective
+//!   (agreement_request / agreed), so it costs no collective of its own.
+//! - r = |n_then - n_now| / n_then, with n_then the statistic of the previous decision
+//!   (C intervals before). r >= eta (0.5) gives the layer the low-compression level,
+//!   else the high-compression level; the level holds until the next decision. n_then = 0
+//!   gives r = 0 when n_now is 0 too, infinity otherwise; a NaN r counts as critical.
+//! - The first decision (no earlier statistic) is low, and so are the layers before it.
+//! - When the learning rate decays (interval_info::learning_rate below the previous one),
+//!   every compressed layer goes low at once and stays low until the next decision. A
+//!   decision whose statistics were gathered before the decay and are still in flight
+//!   records them (the next comparison uses them) but leaves the layers low.
+//! - Only tensors with more than one dimension are compressed (`one_dim_dense`, default);
+//!   1-D tensors (biases, norms) are sent dense.
+//! - A level means something to every compressor: the kept fraction (top-k, threshold,
+//!   random-k: step_params::kept_fraction) and the rank (PowerSGD:
+//!   step_params::approximation_rank), both filled by plan().
+//!
+//! Timing: the statistics of an interval that ends between steps s and s + 1 are summed
+//! over the ranks by step s + 1's collective, so the decision applies from step s + 2: the
+//! first step of the new interval still runs at the old levels.
+//!
+//! The accumulators need the local gradient in host memory: on a device-memory trainer
+//! (which does not call accumulate()) the first interval end throws gravac::error.
+//!
+//! State: save() / load() hold the decision state, the same on every rank; save_local() /
+//! load_local() this rank's accumulators and the local norms of a decision in flight
+//! (checkpoints store them per rank, beside the residual).
 
 #include <algorithm>
 #include <cmath>
@@ -32,14 +59,20 @@
 
 namespace gravac {
 
-//! Options of accordion_policy; defaults are those of algorithms.md.
+//! Options of accordion_policy. Kept fractions are this library's defaults (the authors'
+//! top-k levels keep 99% and 10%); ranks are the authors' PowerSGD levels (2 / 1).
 struct accordion_policy_options {
   double low_compression = 0.1;     //!< kept fraction in a critical regime, in (0, 1]
   double high_compression = 0.01;   //!< kept fraction otherwise, in (0, low_compression]
+  std::uint32_t low_rank = 2;       //!< PowerSGD rank in a critical regime, >= 1
+  std::uint32_t high_rank = 1;      //!< PowerSGD rank otherwise, in [1, low_rank]
   double eta = 0.5;                 //!< eta > 0: relative norm change that marks a critical regime
   std::uint64_t interval_steps = 0; //!< F: steps per interval; 0 = an interval is an epoch (end_interval)
+  //! C >= 1: intervals between decisions (the authors: 10 epochs for CIFAR, 5 for the language model)
+  std::uint64_t compare_every = 10;
   bool one_dim_dense = true;        //!< send 1-D tensors uncompressed (Accordion compresses only matrices)
-  double initial_learning_rate = 0; //!< learning rate of the first interval (0: unknown, the first end_interval sets it)
+  //! learning rate of the first interval (0: unknown, the first end_interval sets it)
+  double initial_learning_rate = 0;
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
 };
 
@@ -61,17 +94,19 @@ constexpr std::string_view to_string(accordion_level l) noexcept {
 }
 
 //! Accordion's per-layer switch between two compression levels. Models Policy. Decisions
-//! use the trainer's rank-averaged norms, so all ranks decide identically.
+//! use the norms of the interval-summed local gradients averaged over the ranks (they ride
+//! in a step's own collective), so all ranks decide identically.
 class accordion_policy {
  public:
   //! Opt-in tag for the Policy concept.
   using policy_tag = void;
   //! Options (see accordion_policy_options).
   using options = accordion_policy_options;
-  //! Decisions use per-layer norms averaged over the ranks.
-  static constexpr bool needs_statistics = true;
-  //! Version of the bytes save() writes.
-  static constexpr std::uint32_t state_version = 1;
+  //! No per-step statistics: the policy keeps its own accumulators and agrees on their
+  //! norms only at a decision.
+  static constexpr bool needs_statistics = false;
+  //! Version of the bytes save() and save_local() write (2: summed gradients, decisions every C intervals).
+  static constexpr std::uint32_t state_version = 2;
 
   //! A policy for \p lay; throws gravac::error on an option out of its domain.
   accordion_policy(const layout& lay, const options& opt = {}) : opt_(opt) {
@@ -80,35 +115,50 @@ class accordion_policy {
             "accordion_policy: low_compression must be in (0, 1], got " + num(opt.low_compression));
     require(opt.high_compression > 0 && opt.high_compression <= opt.low_compression,
             "accordion_policy: high_compression must be in (0, low_compression], got " + num(opt.high_compression));
+    require(opt.low_rank >= 1, "accordion_policy: low_rank must be at least 1");
+    require(opt.high_rank >= 1 && opt.high_rank <= opt.low_rank,
+            "accordion_policy: high_rank must be in [1, low_rank], got " + std::to_string(opt.high_rank));
     require(std::isfinite(opt.eta) && opt.eta > 0, "accordion_policy: eta must be finite and > 0, got " + num(opt.eta));
+    require(opt.compare_every >= 1, "accordion_policy: compare_every must be at least 1");
     require(std::isfinite(opt.initial_learning_rate) && opt.initial_learning_rate >= 0,
             "accordion_policy: initial_learning_rate must be finite and >= 0, got " + num(opt.initial_learning_rate));
     const std::size_t n = lay.size();
     numel_.resize(n);
     levels_.resize(n);
+    std::size_t acc = 0;
     for (std::size_t i = 0; i < n; ++i) {
       numel_[i] = static_cast<double>(lay[i].numel);
+      numel_total_ += lay[i].numel;
       levels_[i] = opt.one_dim_dense && lay[i].rank() <= 1 ? accordion_level::dense : accordion_level::low;
+      if (levels_[i] == accordion_level::dense || lay[i].numel == 0) continue;
+      segments_.push_back({i, lay[i].offset, lay[i].numel, acc});
+      acc += lay[i].numel;
     }
-    norm_cur_.assign(n, 0.0);
+    acc_.assign(acc, 0.0f);  // only compressed layers are watched: no memory for the dense ones
     norm_prev_.assign(n, 0.0);
     ratio_.assign(n, std::numeric_limits<double>::quiet_NaN());
+    request_.reserve(n);
     learning_rate_ = opt.initial_learning_rate;
     fingerprint_ = detail::fingerprint(lay)
                        .add(opt.low_compression).add(opt.high_compression).add(opt.eta).add(opt.interval_steps)
                        .add(std::uint64_t{opt.one_dim_dense}).add(opt.initial_learning_rate)
-                       .add(std::uint64_t(opt.collective))
+                       .add(std::uint64_t(opt.collective)).add(opt.compare_every)
+                       .add(std::uint64_t{opt.low_rank}).add(std::uint64_t{opt.high_rank})
                        .value();
   }
 
-  //! Kept fraction per layer from its level; the whole-buffer fraction is the
-  //! numel-weighted mean over the compressed layers (the same total budget).
-  void plan(step_params& p) const {
+  //! Kept fraction and PowerSGD rank per layer from its level; the whole-buffer fraction is
+  //! the numel-weighted mean over the compressed layers (the same total budget). Records
+  //! the number of ranks (agreed() divides the sums by it).
+  void plan(step_params& p) {
+    ranks_ = p.ranks > 0 ? p.ranks : 1;
     p.kept_fraction.resize(levels_.size());
+    p.approximation_rank.resize(levels_.size());
     double kept = 0, total = 0;
     for (std::size_t i = 0; i < levels_.size(); ++i) {
       const double f = fraction(levels_[i]);
       p.kept_fraction[i] = f;
+      p.approximation_rank[i] = rank(levels_[i]);
       if (levels_[i] != accordion_level::dense) {
         kept += f * numel_[i];
         total += numel_[i];
@@ -119,77 +169,161 @@ class accordion_policy {
     p.gain_candidates = {};
   }
 
-  //! Adds the step's rank-averaged per-layer norms to the interval's sums.
+  //! Trainer hook, every step before aggregation: adds this rank's flat local gradient
+  //! (layout order) to the accumulators of the compressed layers.
+  void accumulate(std::span<const float> local_grad) {
+    if (local_grad.size() != numel_total_)
+      throw error(status::invalid_argument, "accordion_policy::accumulate: the gradient has " +
+                                                std::to_string(local_grad.size()) + " elements, the layout " +
+                                                std::to_string(numel_total_));
+    for (const auto& s : segments_) {
+      float* a = acc_.data() + s.acc_at;
+      const float* g = local_grad.data() + s.offset;
+      for (std::size_t j = 0; j < s.numel; ++j) a[j] += g[j];
+    }
+    ++accumulated_;
+  }
+
+  //! Trainer hook, before each step's collective: the per-layer ||A_l|| of a decision
+  //! waiting to be summed over the ranks (0 for dense layers); empty when none is.
+  [[nodiscard]] std::span<const double> agreement_request() const noexcept { return request_; }
+
+  //! Trainer hook, after the collective that carried the request: \p sums are its sums over
+  //! the ranks. Takes the decision (it applies from the next plan()).
+  void agreed(std::span<const double> sums) {
+    if (request_.empty()) return;
+    if (sums.size() != request_.size())
+      throw error(status::invalid_argument, "accordion_policy::agreed: " + std::to_string(sums.size()) +
+                                                " sums for a request of " + std::to_string(request_.size()));
+    const double inv = 1.0 / ranks_;
+    for (std::size_t i = 0; i < request_.size(); ++i) request_[i] = sums[i] * inv;
+    decide(request_);
+    request_.clear();
+  }
+
+  //! Counts the step; closes the interval after `interval_steps` steps (when set).
   void observe(const step_report& r) {
     if (r.skipped) return;
-    const std::size_t n = std::min(norm_cur_.size(), r.layer_grad_norm.size());
-    for (std::size_t i = 0; i < n; ++i) norm_cur_[i] += r.layer_grad_norm[i];
     ++steps_;
     if (opt_.interval_steps > 0 && steps_ == opt_.interval_steps) end_of_interval();
   }
 
-  //! Sees the learning rate (a decay sends every layer low) and, when intervals are
-  //! epochs, closes the interval.
+  //! Closes the interval when intervals are epochs, and sees the learning rate (a decay
+  //! sends every compressed layer low until the next decision).
   void on_interval(const interval_info& info) {
+    if (opt_.interval_steps == 0) end_of_interval();
     if (learning_rate_ > 0 && info.learning_rate < learning_rate_) {
       for (auto& l : levels_)
         if (l != accordion_level::dense) l = accordion_level::low;
-      // ...and for the whole next interval: the one that starts at the next boundary, unless
-      // this is a boundary already (epoch intervals, or F steps just completed).
-      low_pending_ = opt_.interval_steps == 0 || steps_ > 0;
+      // A decision in flight was measured before the decay: it must not lift the layers.
+      if (!request_.empty()) hold_low_ = true;
     }
     learning_rate_ = info.learning_rate;
-    if (opt_.interval_steps == 0) end_of_interval();
   }
 
-  //! Appends the full state (versioned) to \p out.
+  //! Appends the decision state (versioned) to \p out: levels, the previous decision's
+  //! statistics, counters and flags. It is the same on every rank (checkpoints compare it);
+  //! the rank-local part (accumulators, the pending request's local norms) is save_local()'s.
   void save(std::vector<std::byte>& out) const {
     detail::state_writer w(out);
     w.header(state_tag, state_version, fingerprint_);
     std::vector<std::uint8_t> levels(levels_.size());
     for (std::size_t i = 0; i < levels.size(); ++i) levels[i] = static_cast<std::uint8_t>(levels_[i]);
     w.put_vector(levels);
-    w.put_vector(norm_cur_);
     w.put_vector(norm_prev_);
     w.put_vector(ratio_);
     w.put<std::uint64_t>(steps_);
+    w.put<std::uint64_t>(accumulated_);
     w.put<std::uint64_t>(intervals_);
+    w.put<std::uint64_t>(decisions_);
     w.put(learning_rate_);
+    w.put<std::uint8_t>(!request_.empty());
     w.put<std::uint8_t>(has_prev_);
-    w.put<std::uint8_t>(low_pending_);
+    w.put<std::uint8_t>(hold_low_);
   }
   //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
-  //! another policy, version, options or layout, or on truncated or corrupt bytes.
+  //! another policy, version, options or layout, or on truncated or inconsistent bytes.
+  //! The accumulators restart from zero, and a decision in flight from zero norms (every
+  //! layer critical), until load_local() restores this rank's part.
   void load(std::span<const std::byte> in) {
     detail::state_reader r(in, "accordion_policy");
     r.header(state_tag, state_version, fingerprint_);
     const std::size_t n = levels_.size();
     std::vector<std::uint8_t> levels;
-    std::vector<double> cur, prev, ratio;
+    std::vector<double> prev, ratio;
     r.get_vector(levels, n);
-    r.get_vector(cur, n);
     r.get_vector(prev, n);
     r.get_vector(ratio, n);
     const auto steps = r.get<std::uint64_t>();
+    const auto accumulated = r.get<std::uint64_t>();
     const auto intervals = r.get<std::uint64_t>();
+    const auto decisions = r.get<std::uint64_t>();
     const auto lr = r.get<double>();
+    const auto pending = r.get<std::uint8_t>();
     const auto has_prev = r.get<std::uint8_t>();
-    const auto low_pending = r.get<std::uint8_t>();
+    const auto hold_low = r.get<std::uint8_t>();
     r.finish();
+    if (pending > 1 || has_prev > 1 || hold_low > 1) r.fail("corrupt flag");
+    bool any_high = false, all_low = true;
     for (std::size_t i = 0; i < n; ++i) {
       if (levels[i] > static_cast<std::uint8_t>(accordion_level::dense)) r.fail("unknown level");
-      if ((levels[i] == static_cast<std::uint8_t>(accordion_level::dense)) != (levels_[i] == accordion_level::dense))
-        r.fail("a layer's dense flag differs from the layout");
+      const bool dense = levels[i] == static_cast<std::uint8_t>(accordion_level::dense);
+      if (dense != (levels_[i] == accordion_level::dense)) r.fail("a layer's dense flag differs from the layout");
+      any_high |= levels[i] == static_cast<std::uint8_t>(accordion_level::high);
+      all_low &= dense || levels[i] == static_cast<std::uint8_t>(accordion_level::low);
     }
+    if (negative(prev) || negative(ratio)) r.fail("a negative norm or ratio");
+    if (opt_.interval_steps > 0 && steps >= opt_.interval_steps) r.fail("more steps than an interval holds");
+    if (!std::isfinite(lr) || lr < 0) r.fail("invalid learning rate");
+    if (!has_prev && (any_high || decisions != 0)) r.fail("a decision without statistics");
+    if (hold_low && (!pending || !all_low)) r.fail("a hold after a decay without its decision in flight");
+    if (decisions > intervals) r.fail("more decisions than intervals");
     for (std::size_t i = 0; i < n; ++i) levels_[i] = static_cast<accordion_level>(levels[i]);
-    norm_cur_ = std::move(cur);
     norm_prev_ = std::move(prev);
     ratio_ = std::move(ratio);
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    // Every rank has the request or none (its length shapes the step's collective).
+    if (pending)
+      request_.assign(n, 0.0);
+    else
+      request_.clear();
     steps_ = steps;
+    accumulated_ = accumulated;
     intervals_ = intervals;
+    decisions_ = decisions;
     learning_rate_ = lr;
     has_prev_ = has_prev != 0;
-    low_pending_ = low_pending != 0;
+    hold_low_ = hold_low != 0;
+  }
+
+  //! Appends this rank's own state (versioned) to \p out: the accumulators of its gradient
+  //! and, while a decision is in flight, its local norms. Checkpoints keep it per rank,
+  //! beside the residual.
+  void save_local(std::vector<std::byte>& out) const {
+    detail::state_writer w(out);
+    w.header(local_tag, state_version, fingerprint_);
+    w.put<std::uint8_t>(!request_.empty());
+    w.put_vector(acc_);
+    if (!request_.empty()) w.put_vector(request_);
+  }
+  //! Restores what save_local() wrote, after load() (it must belong to the same decision
+  //! state: a decision in flight on both sides or on neither); throws gravac::error and
+  //! changes nothing otherwise, or on truncated or corrupt bytes.
+  void load_local(std::span<const std::byte> in) {
+    detail::state_reader r(in, "accordion_policy");
+    r.header(local_tag, state_version, fingerprint_);
+    const auto pending = r.get<std::uint8_t>();
+    if (pending > 1) r.fail("corrupt flag");
+    if ((pending != 0) != decision_pending())
+      r.fail("the rank-local state does not match the decision state (a decision in flight on one side only)");
+    std::vector<float> acc;
+    std::vector<double> request;
+    r.get_vector(acc, acc_.size());
+    if (pending) r.get_vector(request, levels_.size());
+    r.finish();
+    if (negative(request)) r.fail("a negative norm");
+    acc_ = std::move(acc);
+    std::copy(request.begin(), request.end(), request_.begin());
   }
 
   //! The level of layer \p i for the next step.
@@ -202,59 +336,109 @@ class accordion_policy {
            : l == accordion_level::high ? opt_.high_compression
                                         : dense_fraction;
   }
-  //! r of each layer at the last interval end (NaN before the first comparison).
+  //! The PowerSGD rank of a level (0 for dense: the layer is sent raw).
+  [[nodiscard]] std::uint32_t rank(accordion_level l) const noexcept {
+    return l == accordion_level::low ? opt_.low_rank : l == accordion_level::high ? opt_.high_rank : 0;
+  }
+  //! r of each layer at the last decision (NaN before the first comparison).
   [[nodiscard]] std::span<const double> change_ratios() const noexcept { return ratio_; }
-  //! Per-layer norm sums of the interval in progress.
-  [[nodiscard]] std::span<const double> interval_norms() const noexcept { return norm_cur_; }
+  //! Per layer, the rank-averaged ||A_l|| of the last decision: what the next one compares with.
+  [[nodiscard]] std::span<const double> decision_norms() const noexcept { return norm_prev_; }
+  //! Per layer ||A_l|| of this rank's interval in progress (0 for dense layers).
+  [[nodiscard]] std::vector<double> local_interval_norms() const {
+    std::vector<double> out(levels_.size(), 0.0);
+    for (const auto& s : segments_) out[s.layer] = norm_of(s);
+    return out;
+  }
+  //! True while a decision waits for the sums of its statistics over the ranks.
+  [[nodiscard]] bool decision_pending() const noexcept { return !request_.empty(); }
   //! Intervals completed.
   [[nodiscard]] std::uint64_t intervals() const noexcept { return intervals_; }
+  //! Decisions taken.
+  [[nodiscard]] std::uint64_t decisions() const noexcept { return decisions_; }
   //! The options.
   [[nodiscard]] const options& get_options() const noexcept { return opt_; }
 
  private:
   static constexpr std::uint32_t state_tag = 0x44434341;  // "ACCD"
+  static constexpr std::uint32_t local_tag = 0x4c434341;  // "ACCL"
 
+  // Norms and ratios are >= 0 (NaN or infinity only from gradients that were not finite).
+  static bool negative(const std::vector<double>& v) {
+    return std::any_of(v.begin(), v.end(), [](double x) { return x < 0; });
+  }
+
+  // A compressed layer's place in the gradient and in the accumulators.
+  struct segment {
+    std::size_t layer, offset, numel, acc_at;
+  };
+
+  // ||A_l|| in double: float squares overflow above about 1.8e19.
+  [[nodiscard]] double norm_of(const segment& s) const noexcept {
+    double sq = 0;
+    for (std::size_t j = 0; j < s.numel; ++j) sq += static_cast<double>(acc_[s.acc_at + j]) * acc_[s.acc_at + j];
+    return std::sqrt(sq);
+  }
+
+  // An interval without steps (two end_interval calls in a row) is no interval.
   void end_of_interval() {
-    if (steps_ > 0) {
-      for (std::size_t i = 0; i < levels_.size(); ++i) {
-        if (levels_[i] == accordion_level::dense) continue;
-        if (!has_prev_) {
-          levels_[i] = accordion_level::low;
-          continue;
-        }
-        const double prev = norm_prev_[i], cur = norm_cur_[i];
-        const double r = prev > 0 ? std::fabs(prev - cur) / prev
-                         : cur > 0 ? std::numeric_limits<double>::infinity()
-                                   : 0.0;
-        ratio_[i] = r;
-        levels_[i] = r >= opt_.eta ? accordion_level::low : accordion_level::high;
+    if (steps_ == 0) return;
+    if (accumulated_ == 0 && !segments_.empty())
+      throw error(status::invalid_argument,
+                  "accordion_policy: an interval ended without any accumulated gradient (the trainer calls "
+                  "accumulate() only for host-memory gradients; Accordion needs them)");
+    ++intervals_;
+    if ((intervals_ - 1) % opt_.compare_every == 0) {
+      // A request still unanswered here (no step carried it) is superseded by the newer one.
+      request_.assign(levels_.size(), 0.0);
+      for (const auto& s : segments_) request_[s.layer] = norm_of(s);
+    }
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    steps_ = 0;
+    accumulated_ = 0;
+  }
+
+  // The rule on the rank-averaged statistics \p avg of the interval that just ended.
+  void decide(std::span<const double> avg) {
+    for (std::size_t i = 0; i < levels_.size(); ++i) {
+      if (levels_[i] == accordion_level::dense) continue;  // empty layers too: their norm is 0
+      if (!has_prev_) {
+        levels_[i] = accordion_level::low;
+        continue;
       }
-      norm_prev_ = norm_cur_;
-      std::fill(norm_cur_.begin(), norm_cur_.end(), 0.0);
-      has_prev_ = true;
-      steps_ = 0;
-      ++intervals_;
+      const double prev = norm_prev_[i], cur = avg[i];
+      const double r = prev > 0 ? std::fabs(prev - cur) / prev
+                       : cur > 0 ? std::numeric_limits<double>::infinity()
+                                 : prev == 0 && cur == 0 ? 0.0
+                                                         : std::numeric_limits<double>::quiet_NaN();
+      ratio_[i] = r;
+      levels_[i] = hold_low_ || !(r < opt_.eta) ? accordion_level::low : accordion_level::high;
     }
-    if (low_pending_) {
-      for (auto& l : levels_)
-        if (l != accordion_level::dense) l = accordion_level::low;
-      low_pending_ = false;
-    }
+    std::copy(avg.begin(), avg.end(), norm_prev_.begin());
+    has_prev_ = true;
+    hold_low_ = false;
+    ++decisions_;
   }
 
   options opt_;
   std::vector<double> numel_;
+  std::size_t numel_total_ = 0;
+  std::vector<segment> segments_;
   std::uint64_t fingerprint_ = 0;
-  // Decision state (saved and restored).
+  int ranks_ = 1;  // from the last plan(); not state: every step plans before it agrees
+  // Decision state: save() / load(), but the values of acc_ and request_: save_local() / load_local().
   std::vector<accordion_level> levels_;
-  std::vector<double> norm_cur_;
-  std::vector<double> norm_prev_;
-  std::vector<double> ratio_;
-  std::uint64_t steps_ = 0;
+  std::vector<float> acc_;          // A_l of the compressed layers, back to back
+  std::vector<double> norm_prev_;   // rank-averaged n_l of the last decision
+  std::vector<double> ratio_;       // r of the last decision
+  std::vector<double> request_;     // ||A_l|| waiting to be summed over the ranks; empty: none
+  std::uint64_t steps_ = 0;         // steps observed in the interval in progress
+  std::uint64_t accumulated_ = 0;   // accumulate() calls in the interval in progress
   std::uint64_t intervals_ = 0;
+  std::uint64_t decisions_ = 0;
   double learning_rate_ = 0;
   bool has_prev_ = false;
-  bool low_pending_ = false;
+  bool hold_low_ = false;
 };
 static_assert(Policy<accordion_policy>);
 
