@@ -1,11 +1,14 @@
 // PowerSGD: error feedback, exact recovery of low-rank matrices, the two-allreduce
-// protocol on 4 thread ranks against a plain reference, warm start, validation.
+// protocol on 4 thread ranks against a plain reference, warm start, validation, and a
+// per-layer rank from the policy (Accordion's levels).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "gravac/collective/low_rank_allreduce.hpp"
 #include "gravac/compress/powersgd.hpp"
+#include "gravac/policy/accordion_policy.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;
@@ -273,4 +276,103 @@ TEST_CASE("powersgd validation rejects malformed packets", "[compress][powersgd]
   bad = packet;
   bad[seg + 5] = std::byte{2};  // unknown encoding
   CHECK_FALSE(c.validate(bad));
+}
+
+TEST_CASE("powersgd: a per-layer rank from step_params, capped by options.rank", "[compress][powersgd][rank]") {
+  layout lay = matrix_layout();
+  lay.add("small", {3, 3}, layer_kind::dense);  // raw at rank 2 (2 * 6 >= 9), compressed at rank 1
+  powersgd c(lay, {.rank = 2});
+  CHECK(c.layer_rank(4) == 0);
+  auto e = test::make_data(lay.numel(), 5);
+  std::vector<std::byte> packet(c.max_packet_bytes());
+  compress_stats st;
+  auto run = [&](std::vector<std::uint32_t> ranks, int step) {
+    auto p = test::params_for(lay, 0.1, static_cast<std::uint64_t>(step));
+    p.approximation_rank = std::move(ranks);
+    auto g = test::make_data(lay.numel(), 40 + static_cast<std::uint64_t>(step));
+    const auto e_old = e;
+    const auto bytes = c.compress(host_view(g), host_view(e), p, packet, st);
+    const std::span<const std::byte> pk(packet.data(), bytes);
+    REQUIRE(c.validate(pk));
+    std::vector<float> dec(lay.numel(), 0.0f);
+    c.decompress_add(pk, host_view(dec), 1.0f);
+    for (std::size_t i = 0; i < lay.numel(); ++i) {  // error feedback holds at every rank
+      const float u = g[i] + e_old[i];
+      const float m = std::max(std::fabs(u), std::fabs(dec[i]));
+      REQUIRE(std::fabs(dec[i] + e[i] - u) <= (m == 0 ? 0.0f : std::ldexp(1.0f, std::ilogb(m) - 23)));
+    }
+    return bytes;
+  };
+  // conv at 1, fc at the compressor's own (0), small at 1; 5 asks more than the workspace.
+  const auto b1 = run({1, 0, 0, 0, 1}, 0);
+  CHECK(c.last_rank(0) == 1);
+  CHECK(c.last_rank(2) == 2);
+  CHECK(c.last_rank(4) == 1);
+  CHECK(st.layers[0].kept == 6 + 27);
+  CHECK(st.layers[4].kept == 3 + 3);
+  const auto b2 = run({5, 5, 5, 5, 5}, 1);
+  CHECK(c.last_rank(0) == 2);
+  CHECK(c.last_rank(4) == 0);  // rank 2 saves nothing on a 3 x 3 layer: raw
+  CHECK(st.layers[4].kept == 9);
+  CHECK(b2 > b1);
+  // Down to rank 1: the warm start keeps its first column, the second is zeroed (and drawn
+  // afresh if the rank rises again).
+  run({1, 1, 1, 1, 1}, 2);
+  const auto w = c.warm_start(2);
+  REQUIRE(w.size() == 25 * 2);
+  CHECK(std::all_of(w.begin() + 25, w.end(), [](float x) { return x == 0.0f; }));
+  CHECK(std::any_of(w.begin(), w.begin() + 25, [](float x) { return x != 0.0f; }));
+  run({2, 2, 2, 2, 2}, 3);
+  CHECK(c.last_rank(2) == 2);
+  const auto w2 = c.warm_start(2);
+  CHECK(std::any_of(w2.begin() + 25, w2.end(), [](float x) { return x != 0.0f; }));
+  auto bad = test::params_for(lay, 0.1);
+  bad.approximation_rank = {1, 1};
+  auto g = test::make_data(lay.numel(), 1);
+  CHECK_THROWS_WITH(c.compress(host_view(g), host_view(e), bad, packet, st), Catch::Contains("approximation_rank"));
+}
+
+TEST_CASE("powersgd x accordion_policy: the rank follows the level, identical on every rank",
+          "[compress][powersgd][accordion][threads]") {
+  constexpr int ranks = 4;
+  const auto lay = matrix_layout();  // conv 6 x 27, bias (dense), fc 40 x 25, tiny (raw)
+  constexpr int steps = 12;
+  // Intervals of 2 steps, a decision at each. The gradient keeps its direction; its size is
+  // 1 for steps 0-5 and 3 from step 6: decisions (applied 2 steps after their interval)
+  // low (first), high (step 5), high, low (step 9, r = 2), high (step 11).
+  const std::vector<std::uint32_t> expect_rank{2, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2, 1};
+  auto grad = [&](int s, int r) {
+    auto g = test::make_data(lay.numel(), 900 + static_cast<std::uint64_t>(r));
+    for (auto& x : g) x *= s >= 6 ? 3.0f : 1.0f;
+    return g;
+  };
+  std::vector<std::vector<std::vector<float>>> out(ranks);
+  std::vector<std::vector<std::size_t>> bytes(ranks), fc_rank(ranks);
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    using T = trainer<powersgd, low_rank_allreduce, accordion_policy>;
+    T::options opt;
+    opt.compressor.rank = 4;  // the workspace: Accordion asks 2 or 1
+    opt.policy = {.interval_steps = 2, .compare_every = 1};
+    opt.seed = 5;
+    T t(comm, lay, opt);
+    for (int s = 0; s < steps; ++s) {
+      auto g = grad(s, comm.rank());
+      bytes[comm.rank()].push_back(t.step(g).bytes_sent);
+      fc_rank[comm.rank()].push_back(t.compressor().last_rank(2));
+      out[comm.rank()].push_back(g);
+    }
+  });
+  for (int r = 1; r < ranks; ++r) {
+    CHECK(out[r] == out[0]);  // identical bits on every rank
+    CHECK(bytes[r] == bytes[0]);
+  }
+  // Floats of both allreduces: r (rows + cols) per low-rank layer, plus the raw bias and tiny.
+  auto floats_at = [](std::size_t r) { return r * (6 + 27) + r * (40 + 25) + 6 + 4; };
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    CHECK(fc_rank[0][s] == expect_rank[s]);
+    CHECK(bytes[0][s] == floats_at(expect_rank[s]) * sizeof(float));
+  }
+  // A rank-1 step sends about half the floats of a rank-2 step (the raw layers aside).
+  CHECK(static_cast<double>(bytes[0][5]) / static_cast<double>(bytes[0][0]) == Approx(0.5).margin(0.03));
 }

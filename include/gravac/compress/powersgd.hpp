@@ -28,7 +28,9 @@ namespace gravac {
 
 //! Options of PowerSGD.
 struct powersgd_options {
-  std::uint32_t rank = 2;   //!< r, the rank of the approximation (at least 1; capped by min(rows, cols))
+  //! r, the rank of the approximation (at least 1; capped by min(rows, cols)). Also the
+  //! workspace: a policy may ask for less per layer and step (step_params::approximation_rank).
+  std::uint32_t rank = 2;
   bool warm_start = true;   //!< reuse last step's Q (the paper's default); false draws Q afresh every step
 };
 
@@ -53,8 +55,12 @@ inline constexpr std::uint8_t low_rank_encoding = 1;
 //! packet. dense_allreduce uses them (each rank's own rank-r approximation, summed densely),
 //! which is correct but keeps the warm start per rank.
 //!
-//! Layers sent raw: 1-D layers, layers whose kept fraction is >= 1, and layers where
-//! r (rows + cols) >= rows * cols (no saving). The kept fraction's value does not set r.
+//! The rank of layer i in a step is min(step_params::approximation_rank[i], options.rank)
+//! when a policy sets it (> 0), else options.rank; always capped by min(rows, cols). The
+//! kept fraction's value does not set r. Layers sent raw: 1-D layers, layers whose kept
+//! fraction is >= 1, and layers where r (rows + cols) >= rows * cols (no saving at the
+//! step's r). When a layer's rank changes, its warm start keeps its first columns; the
+//! columns dropped are zeroed, so that a later rise draws them afresh (as for a fresh Q).
 //! Error feedback invariant: P^ Q_local^T + e_new == u up to one rounding of the
 //! subtraction and of the addition (the decoder computes P^ Q_local^T in exactly the order
 //! the residual update does).
@@ -85,12 +91,14 @@ class powersgd {
       const auto& l = lay[i];
       s.rows = l.rows();
       s.cols = l.cols();
-      s.r = std::min<std::size_t>({opt.rank, s.rows, s.cols});
-      s.matrix = l.rank() >= 2 && s.rows >= 2 && s.cols >= 2 && s.r * (s.rows + s.cols) < l.numel;
+      s.r_max = std::min<std::size_t>({opt.rank, s.rows, s.cols});
+      s.r = s.r_max;
+      // Compressible at some rank (at least at rank 1); the workspace holds r_max columns.
+      s.matrix = l.rank() >= 2 && s.rows >= 2 && s.cols >= 2 && s.rows + s.cols < l.numel;
       if (!s.matrix) continue;
       s.warm_at = q_total;
-      q_total += s.cols * s.r;
-      p_total += s.rows * s.r;
+      q_total += s.cols * s.r_max;
+      p_total += s.rows * s.r_max;
       max_cols = std::max(max_cols, s.cols);
     }
     warm_q_.assign(q_total, 0.0f);
@@ -106,7 +114,7 @@ class powersgd {
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& s = layers_[i];
       const std::size_t raw = raw_segment_bytes(layout_[i].numel);
-      n += s.matrix ? std::max(raw, factor_segment_bytes(s.rows, s.cols, s.r)) : raw;
+      n += s.matrix ? std::max(raw, factor_segment_bytes(s.rows, s.cols, s.r_max)) : raw;
     }
     return n;
   }
@@ -115,17 +123,21 @@ class powersgd {
 
   //! Phase 1: e += g (e then holds u), P = M Q for the low-rank layers, u of the raw
   //! layers copied out (their e becomes 0). Returns [P factors | raw values], to be summed
-  //! over the ranks in place. Fills grad and input norms.
+  //! over the ranks in place. Fills grad and input norms. Sets each layer's rank for the
+  //! step (step_params::approximation_rank).
   std::span<float> project(host_view g, host_view e, const step_params& p, compress_stats& st) {
     require(g.size() == layout_.numel() && e.size() == layout_.numel(), "powersgd: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(), "powersgd: one kept fraction per layer is required");
+    require(p.approximation_rank.empty() || p.approximation_rank.size() == layout_.size(),
+            "powersgd: approximation_rank must be empty or hold one rank per layer");
     st.reset(layout_.size(), p.gain_candidates.size());
     auto gs = g.span(), es = e.span();
     std::size_t at = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i) {  // P factors first
       auto& s = layers_[i];
       const auto& l = layout_[i];
-      s.low_rank = s.matrix && p.kept_fraction[i] < dense_fraction;
+      s.r = step_rank(i, p);
+      s.low_rank = s.matrix && p.kept_fraction[i] < dense_fraction && s.r * (s.rows + s.cols) < l.numel;
       s.u_max = accumulate(gs.subspan(l.offset, l.numel), es.subspan(l.offset, l.numel), st.layers[i]);
       if (!p.gain_candidates.empty() && l.numel > 0)
         detail::add_reference_gain_curve(es.subspan(l.offset, l.numel), p.gain_candidates, st.candidate_kept_sq,
@@ -201,7 +213,7 @@ class powersgd {
       }
       auto q = q_factor(i);
       q *= scale;
-      warm(i) = q;
+      store_warm(i, q);
       std::fill(o.begin(), o.end(), 0.0f);
       add_product(p_buf_.data() + s.p_at, q_buf_.data() + s.q_at, s.rows, s.cols, s.r, o, 1.0f);
     }
@@ -232,7 +244,7 @@ class powersgd {
           bw.put_array(std::span<const float>(p_buf_.data() + s.p_at, s.rows * s.r));
           bw.put_array(std::span<const float>(q_buf_.data() + s.q_at, s.cols * s.r));
         });
-        warm(i) = q_factor(i);
+        store_warm(i, q_factor(i));
       } else {
         sh.encoding = raw_encoding;
         sh.count = l.numel;
@@ -281,14 +293,23 @@ class powersgd {
                               });
   }
 
-  //! The warm-start Q of layer \p index (cols x r, column-major); empty for layers never compressed.
+  //! The warm-start Q of layer \p index (cols x options.rank capped by the shape,
+  //! column-major; columns beyond the last step's rank are zero); empty for layers never compressed.
   [[nodiscard]] std::span<const float> warm_start(std::size_t index) const noexcept {
     const auto& s = layers_[index];
     if (!s.matrix) return {};
-    return {warm_q_.data() + s.warm_at, s.cols * s.r};
+    return {warm_q_.data() + s.warm_at, s.cols * s.r_max};
   }
-  //! The rank used for layer \p index (0 when the layer is always sent raw).
-  [[nodiscard]] std::size_t layer_rank(std::size_t index) const noexcept { return layers_[index].matrix ? layers_[index].r : 0; }
+  //! The rank layer \p index is sent at when no per-layer rank is asked for (options.rank
+  //! capped by the shape; 0 when that rank saves nothing, or the layer is always sent raw).
+  [[nodiscard]] std::size_t layer_rank(std::size_t index) const noexcept {
+    const auto& s = layers_[index];
+    return s.matrix && s.r_max * (s.rows + s.cols) < layout_[index].numel ? s.r_max : 0;
+  }
+  //! The rank layer \p index was sent at in the last step (0: sent raw, or no step yet).
+  [[nodiscard]] std::size_t last_rank(std::size_t index) const noexcept {
+    return layers_[index].low_rank ? layers_[index].r : 0;
+  }
 
   //! Bytes of a low-rank segment of a rows x cols layer at rank r.
   static constexpr std::size_t factor_segment_bytes(std::size_t rows, std::size_t cols, std::size_t r) noexcept {
@@ -300,7 +321,9 @@ class powersgd {
   using col_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
 
   struct layer_state {
-    std::size_t rows = 0, cols = 0, r = 0;
+    std::size_t rows = 0, cols = 0;
+    std::size_t r_max = 0;  // workspace columns: options.rank capped by the shape
+    std::size_t r = 0;      // this step's rank (<= r_max)
     bool matrix = false;    // compressible at all (shape and size)
     bool low_rank = false;  // compressed this step
     float u_max = 0;        // max |u| of the layer this step
@@ -364,6 +387,23 @@ class powersgd {
     if (!(m > 0x1p40f || (m > 0 && m < 0x1p-40f)) || !std::isfinite(m)) return;
     const double f = std::ldexp(1.0, -std::ilogb(m));
     c = (c.template cast<double>() * f).template cast<float>();
+  }
+
+  // This step's rank of layer \p i: the policy's (capped by the workspace) or options.rank.
+  std::size_t step_rank(std::size_t i, const step_params& p) const noexcept {
+    const auto& s = layers_[i];
+    const std::size_t asked = p.approximation_rank.empty() ? 0 : p.approximation_rank[i];
+    return asked > 0 ? std::min(asked, s.r_max) : s.r_max;
+  }
+
+  // The next warm start: \p q in the first r columns, zero in the rest of the workspace
+  // (columns a lower rank dropped are drawn afresh if the rank rises again).
+  template <class Q>
+  void store_warm(std::size_t i, const Q& q) {
+    const auto& s = layers_[i];
+    warm(i) = q;
+    std::fill(warm_q_.begin() + static_cast<std::ptrdiff_t>(s.warm_at + s.cols * s.r),
+              warm_q_.begin() + static_cast<std::ptrdiff_t>(s.warm_at + s.cols * s.r_max), 0.0f);
   }
 
   // Draws the warm-start columns that are exactly zero (or all of them without warm start).
