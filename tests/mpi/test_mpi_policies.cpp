@@ -115,8 +115,9 @@ TEST_CASE("MPI: gravac_policy decides identically on every rank", "[mpi][policy]
 
 TEST_CASE("MPI: accordion_policy decides identically on every rank", "[mpi][policy][accordion]") {
   using T = trainer<topk, allgather, accordion_policy>;
-  check_agreement<topk, allgather, accordion_policy>(T::options{});
-  check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3}});
+  // A decision every interval: the schedule has 8 epochs, fewer than the default compare_every (10).
+  check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.compare_every = 1}});
+  check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
 }
 
 TEST_CASE("MPI: adacomp_policy with top-k and with the AdaComp compressor", "[mpi][policy][adacomp]") {

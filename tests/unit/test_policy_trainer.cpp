@@ -151,10 +151,12 @@ TEST_CASE("threads: the search settles on every rank alike", "[policy][gravac][t
 TEST_CASE("threads: accordion_policy decides identically on every rank and matches the reference",
           "[policy][accordion][threads]") {
   using T = trainer<topk, allgather, accordion_policy>;
-  const auto log = check_agreement<topk, allgather, accordion_policy>(T::options{});
+  // A decision every epoch: the schedule has 8 epochs, fewer than the default compare_every (10).
+  const auto log = check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.compare_every = 1}});
   CHECK(fractions_of_layer(log, 0) == std::set<double>{0.01, 0.1});  // both levels were used
   CHECK(fractions_of_layer(log, 1) == std::set<double>{1.0});          // the bias stays dense
-  const auto by_interval = check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3}});
+  const auto by_interval =
+      check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
   CHECK(fractions_of_layer(by_interval, 2).size() == 2);
 }
 
