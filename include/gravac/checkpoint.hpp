@@ -17,7 +17,10 @@
 //! and the payload holds the layout hash, step counter, seed, rank and rank count, one
 //! record per layer (stable id, numel, shape), the residual of every layer, and the
 //! state blobs of the policy, the compressor and the collective (the last two only when
-//! they have `save`/`load` members). Every field is 8-byte aligned and bounds-checked on
+//! they have `save`/`load` members), and the policy's rank-local state (only when it has
+//! `save_local`/`load_local`: e.g. an accumulator of this rank's gradients). The policy
+//! blob is the decision state every rank shares (compared across ranks on save and
+//! restore); the local blob is this rank's own, like its residual. Every field is 8-byte aligned and bounds-checked on
 //! reading: a truncated, corrupted or foreign file is rejected with a clear error before
 //! anything in the trainer changes.
 //!
@@ -53,7 +56,7 @@ namespace gravac {
 //! Magic bytes at the start of a checkpoint file.
 inline constexpr char checkpoint_magic[8] = {'G', 'R', 'V', 'C', 'K', 'P', 'T', '\0'};
 //! Current checkpoint format version.
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;
 
 //! Options of save_checkpoint / restore_checkpoint.
 struct checkpoint_options {
@@ -99,6 +102,7 @@ struct checkpoint_state {
   std::vector<std::byte> policy;          //!< Policy::save output
   std::vector<std::byte> compressor;      //!< Compressor::save output (empty when it has none)
   std::vector<std::byte> collective;      //!< Collective::save output (empty when it has none)
+  std::vector<std::byte> policy_local;    //!< Policy::save_local output: rank-local state (empty when it has none)
 };
 
 namespace detail {
@@ -178,7 +182,7 @@ inline std::vector<std::byte> encode_checkpoint(const checkpoint_state& s) {
   for (const auto& l : s.layers) payload += 8 * 3 + 8 * l.shape.size();
   payload += pad8(s.residual.size() * sizeof(float));
   payload += detail::blob_bytes(s.policy.size()) + detail::blob_bytes(s.compressor.size()) +
-             detail::blob_bytes(s.collective.size());
+             detail::blob_bytes(s.collective.size()) + detail::blob_bytes(s.policy_local.size());
   std::vector<std::byte> out(sizeof(detail::checkpoint_header) + payload);
   byte_writer w(std::span<std::byte>(out).subspan(sizeof(detail::checkpoint_header)));
   w.put(s.layout_hash);
@@ -197,6 +201,7 @@ inline std::vector<std::byte> encode_checkpoint(const checkpoint_state& s) {
   detail::put_blob(w, s.policy);
   detail::put_blob(w, s.compressor);
   detail::put_blob(w, s.collective);
+  detail::put_blob(w, s.policy_local);
   detail::checkpoint_header h;
   std::memcpy(h.magic, checkpoint_magic, sizeof h.magic);
   h.version = checkpoint_version;
@@ -267,7 +272,8 @@ inline checkpoint_state decode_checkpoint(std::span<const std::byte> bytes, cons
   if (!r.take(static_cast<std::size_t>(total * sizeof(float)), res)) throw fail("residuals truncated");
   s.residual.resize(static_cast<std::size_t>(total));
   if (total) std::memcpy(s.residual.data(), res.data(), res.size());
-  if (!detail::get_blob(r, s.policy) || !detail::get_blob(r, s.compressor) || !detail::get_blob(r, s.collective))
+  if (!detail::get_blob(r, s.policy) || !detail::get_blob(r, s.compressor) || !detail::get_blob(r, s.collective) ||
+      !detail::get_blob(r, s.policy_local))
     throw fail("state blobs truncated");
   if (r.remaining() != 0) throw fail("trailing bytes inside the payload");
   for (float x : s.residual)
@@ -291,6 +297,12 @@ template <class T>
 concept has_state = requires(T& t, const T& ct, std::vector<std::byte>& out, std::span<const std::byte> in) {
   ct.save(out);
   t.load(in);
+};
+
+template <class T>
+concept has_local_state = requires(T& t, const T& ct, std::vector<std::byte>& out, std::span<const std::byte> in) {
+  ct.save_local(out);
+  t.load_local(in);
 };
 
 // Every rank posts (status, steps, state hash, message); every rank then sees the same
@@ -370,6 +382,8 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
     std::as_const(t.policy()).save(s.policy);
     if constexpr (detail::has_state<typename Trainer::compressor_type>) std::as_const(t.compressor()).save(s.compressor);
     if constexpr (detail::has_state<typename Trainer::collective_type>) std::as_const(t.collective()).save(s.collective);
+    if constexpr (detail::has_local_state<typename Trainer::policy_type>)
+      std::as_const(t.policy()).save_local(s.policy_local);
     state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
     write_checkpoint(path, s);
   } catch (const error& e) {
@@ -431,6 +445,7 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
     t.policy().load(s.policy);
     if constexpr (detail::has_state<typename Trainer::compressor_type>) t.compressor().load(s.compressor);
     if constexpr (detail::has_state<typename Trainer::collective_type>) t.collective().load(s.collective);
+    if constexpr (detail::has_local_state<typename Trainer::policy_type>) t.policy().load_local(s.policy_local);
     rep.policy_restored = true;
   }
   auto res = t.residual();  // the non-const accessor: the trainer knows the residual changed

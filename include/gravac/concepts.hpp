@@ -72,9 +72,21 @@ concept Collective = requires { typename K::collective_tag; typename K::options;
 //! - `plan(params)` fills the kept fractions, collective hint and gain candidates for
 //!   step `params.step`; it must depend only on what all ranks share.
 //! - `observe(report)` sees the step's report; when `needs_statistics` is true the
-//!   trainer averages norms, gains and times over the ranks first.
+//!   trainer averages norms, gains and kept fractions over the ranks first, and hands the
+//!   ranks' average of the previous step's times (step_report::previous_times). All of it
+//!   rides in the step's own gradient collective: a policy never costs a collective.
 //! - `on_interval(info)` marks the end of an epoch or of every F steps.
-//! - `save(bytes)` / `load(bytes)` carry the policy's state through a checkpoint.
+//! - `save(bytes)` / `load(bytes)` carry the policy's state through a checkpoint; it must
+//!   be the same on every rank (checkpoints compare it).
+//!
+//! Optional members, found by the trainer with `requires`:
+//! - `accumulate(std::span<const float> local_grad)`: this rank's gradient, every step,
+//!   before aggregation (host memory), e.g. Accordion's summed gradient.
+//! - `agreement_request()` -> `std::span<const double>` and `agreed(std::span<const double>
+//!   sums)`: values this rank contributes, summed over the ranks in the step's own
+//!   collective and handed back after it (before observe), e.g. norms at a decision.
+//! - `save_local(bytes)` / `load_local(bytes)`: rank-local state (not compared across
+//!   ranks), stored in each rank's checkpoint beside its residual.
 template <class P>
 concept Policy =
     requires { typename P::policy_tag; typename P::options; } &&

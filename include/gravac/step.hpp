@@ -32,6 +32,23 @@ constexpr std::string_view to_string(collective_kind k) noexcept {
   return "unknown";
 }
 
+//! Why a policy sent a step less compressed than its current choice.
+enum class fallback_reason : std::uint8_t {
+  none = 0,                  //!< sent at the policy's choice
+  candidate_gain_below_eps,  //!< GraVAC: the candidate's smoothed gain was below eps, sent at CF_min
+  minimum_gain_below_eps,    //!< GraVAC: the gains of the candidate and of CF_min were below eps, sent dense
+};
+
+//! Short name of a fallback reason.
+constexpr std::string_view to_string(fallback_reason f) noexcept {
+  switch (f) {
+    case fallback_reason::none: return "none";
+    case fallback_reason::candidate_gain_below_eps: return "candidate_gain_below_eps";
+    case fallback_reason::minimum_gain_below_eps: return "minimum_gain_below_eps";
+  }
+  return "unknown";
+}
+
 //! A kept fraction of 1 (or more) means "send this layer uncompressed".
 inline constexpr double dense_fraction = 1.0;
 
@@ -56,6 +73,9 @@ struct step_params {
   bool collect_norms = true;            //!< fill per-layer norms even on the dense fast path
   std::vector<std::uint32_t> bin_length;  //!< AdaComp's L_T per layer (0: the compressor's default for the kind)
   int ranks = 1;                        //!< number of ranks (cast16 divides by it before the sum)
+  //! Per layer: the rank of a low-rank approximation (PowerSGD); 0 or empty: the compressor's own.
+  std::vector<std::uint32_t> approximation_rank;
+  fallback_reason fallback = fallback_reason::none;  //!< why the policy sent this step less compressed
 
   //! Sets every layer (and the whole-buffer fraction) to \p f.
   void set_all(double f) {
@@ -108,25 +128,39 @@ constexpr double gain_from_sq(double kept_sq, double input_sq) noexcept {
   return input_sq > 0 ? std::sqrt(kept_sq / input_sq) : 1.0;
 }
 
+//! The measured times of one step.
+struct step_times {
+  double compress_s = 0;     //!< seconds compressing
+  double communicate_s = 0;  //!< seconds in the collective
+  double decompress_s = 0;   //!< seconds decompressing and averaging
+  double iteration_s = 0;    //!< the caller's compute before the step
+};
+
 //! What one trainer step did: the parameters used, bytes, gains and times.
 //! Reused from step to step (no allocation after the first).
 struct step_report {
   std::uint64_t step = 0;                   //!< the step this reports
   std::vector<double> kept_fraction;        //!< per layer: values sent / numel (achieved; averaged over ranks when the policy asks)
   std::vector<double> layer_grad_norm;      //!< per layer ||g_l|| (averaged over ranks when the policy asks)
-  std::vector<double> gain_candidates;      //!< the candidate kept fractions of gain_curve
-  std::vector<double> gain_curve;           //!< gain at each candidate (averaged over ranks when the policy asks)
+  std::vector<double> gain_candidates;      //!< the candidate kept fractions of gain_curve (step_params order)
+  std::vector<double> gain_curve;           //!< gain_curve[i]: gain at gain_candidates[i] (averaged over ranks when the policy asks)
   double gain = 1;                          //!< ||C(u)|| / ||u|| of what was sent
   std::size_t bytes_sent = 0;               //!< bytes this rank put on the wire
   std::size_t dense_bytes = 0;              //!< bytes a dense fp32 Allreduce would have sent
   collective_kind collective = collective_kind::dense_allreduce;  //!< the aggregation used
-  double compress_s = 0;                    //!< seconds spent compressing
+  fallback_reason fallback = fallback_reason::none;  //!< why the policy sent this step less compressed
+  double compress_s = 0;                    //!< seconds spent compressing (this rank's; times are not agreed per step)
   double communicate_s = 0;                 //!< seconds in the collective (measured)
   double decompress_s = 0;                  //!< seconds decompressing and averaging
   double modeled_communicate_s = 0;         //!< seconds charged by a network model (0 without one)
   double iteration_s = 0;                   //!< wall time from the previous step's return to this step's call: the caller's compute (0 at first)
   bool skipped = false;                     //!< the step was skipped (non-finite gradient, skip mode)
-  bool statistics_synchronized = false;     //!< norms, gains and times were averaged over ranks
+  bool statistics_synchronized = false;     //!< norms, gains and kept fractions were averaged over ranks
+  //! The previous step's measured times averaged over the ranks: they ride in this step's
+  //! collective (a step's times are known only after its collective), for statistics
+  //! policies. Valid when previous_times_agreed is set.
+  step_times previous_times{};
+  bool previous_times_agreed = false;       //!< previous_times holds the ranks' average of the previous step
 };
 
 }  // namespace gravac

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/collective/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/consistency.hpp"
@@ -100,6 +101,13 @@ class trainer {
   }
 
   //! Runs one step on the flat gradient buffer \p grads.
+  //!
+  //! On host memory the step makes no collective besides the gradient's own: the
+  //! non-finite flag, the statistics a policy needs and the values it asked to agree on
+  //! ride in that collective (step_control.hpp). Exceptions: `on_non_finite = skip_step`
+  //! agrees on the flag by one small allreduce before anything is sent (a skipped step
+  //! must leave every residual untouched, so the ranks must know before compressing), and
+  //! the `check_consistency` debug option adds its own check.
   const step_report& step(grad_view<memory_space> grads) {
     // The message is built only on failure: the hot path allocates nothing.
     if (grads.size() != layout_.numel())
@@ -117,21 +125,35 @@ class trainer {
                               ? std::chrono::duration<double>(now - last_return_).count()
                               : 0.0;
     report_.skipped = false;
+    report_.previous_times_agreed = false;
     report_.modeled_communicate_s = 0;
 
-    if (handle_non_finite(grads)) {
+    const long bad_layer = scan_non_finite(grads);
+    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::zero_values) zero_non_finite(grads);
+    if (options_.on_non_finite == non_finite_action::skip_step && skip_agreed(grads, bad_layer)) {
       ++step_;
       last_return_ = std::chrono::steady_clock::now();
       return report_;
     }
+    // throw_error: this rank's gradient is left out (zeroed) and the flag rides in the
+    // collective; every rank throws after it, with its residual holding what it did not send.
+    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::throw_error) zero_all(grads);
+    if constexpr (requires(P& p, std::span<const float> g) { p.accumulate(g); }) {
+      if constexpr (memory_space::host_accessible) policy_.accumulate(std::span<const float>(grads.span()));
+    }
+    prepare_control(bad_layer);
 
-    step_buffers<memory_space> buf{grads, grad_view<memory_space>(residual_.data(), residual_.size()), residual_zero_};
+    step_buffers<memory_space> buf{grads, grad_view<memory_space>(residual_.data(), residual_.size()), residual_zero_,
+                                   control_.empty() ? nullptr : &control_};
     const double modeled_before = comm_.modeled_seconds();
     collective_.aggregate(compressor_, comm_, buf, params_, stats_, report_);
     report_.modeled_communicate_s = comm_.modeled_seconds() - modeled_before;
+    if (flag_slot_ != no_slot) throw_if_flagged(buf, bad_layer);
     residual_zero_ = params_.all_dense();
     fill_report();
-    if constexpr (P::needs_statistics) synchronize_statistics();
+    report_.fallback = params_.fallback;
+    if constexpr (P::needs_statistics) read_statistics();
+    deliver_agreement();
     policy_.observe(report_);
     ++step_;
     last_return_ = std::chrono::steady_clock::now();
@@ -227,47 +249,123 @@ class trainer {
                   comm_.rank());
   }
 
-  // Returns true when the step must be skipped. Which layer and rank failed is agreed on
-  // by a tiny allreduce so that every rank throws or skips together (never a hang).
-  bool handle_non_finite(grad_view<memory_space> grads) {
-    if (options_.on_non_finite == non_finite_action::ignore) return false;
+  static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
+
+  // The first layer of this rank's gradient holding NaN or infinity, or -1 (also when the
+  // check is off, or on device memory, where the compressors check on the device).
+  long scan_non_finite(grad_view<memory_space> grads) const {
+    if (options_.on_non_finite == non_finite_action::ignore) return -1;
     if constexpr (!memory_space::host_accessible) {
-      return false;  // device compressors check on the device
+      return -1;
     } else {
       auto g = grads.span();
-      double bad_layer = -1;  // first offending layer on this rank
-      for (std::size_t i = 0; i < layout_.size() && bad_layer < 0; ++i) {
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
         const auto& l = layout_[i];
         for (std::size_t j = 0; j < l.numel; ++j)
-          if (!std::isfinite(g[l.offset + j])) {
-            bad_layer = static_cast<double>(i);
-            break;
-          }
+          if (!std::isfinite(g[l.offset + j])) return static_cast<long>(i);
       }
-      if (options_.on_non_finite == non_finite_action::zero_values) {
-        if (bad_layer >= 0)
-          for (auto& x : g)
-            if (!std::isfinite(x)) x = 0.0f;
-        return false;
-      }
-      // rank + 1 of a failing rank; the max over ranks names the highest failing rank.
+      return -1;
+    }
+  }
+  void zero_non_finite(grad_view<memory_space> grads) const {
+    if constexpr (memory_space::host_accessible)
+      for (auto& x : grads.span())
+        if (!std::isfinite(x)) x = 0.0f;
+  }
+  void zero_all(grad_view<memory_space> grads) const {
+    if constexpr (memory_space::host_accessible) std::fill(grads.span().begin(), grads.span().end(), 0.0f);
+  }
+
+  // skip_step: one allreduce of a flag, so that every rank skips together before anything
+  // touches a residual. Returns true when the step is skipped.
+  bool skip_agreed(grad_view<memory_space> grads, long bad_layer) {
+    if constexpr (!memory_space::host_accessible) {
+      return false;
+    } else {
       double flag = bad_layer >= 0 ? comm_.rank() + 1.0 : 0.0;
       comm_.allreduce_max(std::span<double>(&flag, 1));
       if (flag == 0) return false;
-      const int who = static_cast<int>(flag) - 1;
-      if (options_.on_non_finite == non_finite_action::throw_error) {
-        // A failing rank names its own layer (even when a higher rank failed too); the others name a failing rank.
-        const std::string where = bad_layer >= 0
-                                      ? "layer '" + layout_[static_cast<std::size_t>(bad_layer)].name + "'"
-                                      : "rank " + std::to_string(who) + "'s gradient";
-        throw error(status::non_finite, "non-finite gradient in " + where, comm_.rank());
-      }
-      // skip_step: leave the residual as it is and contribute nothing.
-      std::fill(g.begin(), g.end(), 0.0f);
+      zero_all(grads);
       report_.skipped = true;
       report_.bytes_sent = 0;
       return true;
     }
+  }
+
+  // Slots of this step's control plane (host memory only): the non-finite flag (count of
+  // failing ranks, sum of their rank + 1), the statistics a policy needs, and the values
+  // the policy asked to agree on. The collective may add slots of its own.
+  void prepare_control(long bad_layer) {
+    control_.clear();
+    flag_slot_ = stats_slot_ = agree_slot_ = times_slot_ = no_slot;
+    agree_count_ = 0;
+    if constexpr (memory_space::host_accessible) {
+      if (options_.on_non_finite == non_finite_action::throw_error) {
+        flag_slot_ = control_.reserve(2);
+        if (bad_layer >= 0) {
+          control_.local(flag_slot_) = 1.0f;
+          control_.local(flag_slot_ + 1) = static_cast<float>(comm_.rank() + 1);
+        }
+      }
+      if constexpr (P::needs_statistics) {
+        stats_slot_ = control_.reserve(1 + params_.gain_candidates.size() + 2 * layout_.size());
+        control_.on_seal(&trainer::seal_statistics, this);
+        if (has_pending_times_) {  // the previous step's times, known only now
+          times_slot_ = control_.reserve(4);
+          control_.local(times_slot_) = static_cast<float>(pending_times_.compress_s);
+          control_.local(times_slot_ + 1) = static_cast<float>(pending_times_.communicate_s);
+          control_.local(times_slot_ + 2) = static_cast<float>(pending_times_.decompress_s);
+          control_.local(times_slot_ + 3) = static_cast<float>(pending_times_.iteration_s);
+        }
+      }
+      if constexpr (requires(const P& p) { p.agreement_request(); }) {
+        const std::span<const double> req = policy_.agreement_request();
+        if (!req.empty()) {
+          agree_slot_ = control_.reserve(req.size());
+          agree_count_ = req.size();
+          for (std::size_t i = 0; i < req.size(); ++i) control_.local(agree_slot_ + i) = static_cast<float>(req[i]);
+        }
+      }
+    }
+  }
+
+  // Runs when the collective has compressed: this rank's gain, gain curve, layer norms and
+  // kept fractions go into the statistics slots.
+  static void seal_statistics(void* self, const void* stats) {
+    auto& t = *static_cast<trainer*>(self);
+    const auto& st = *static_cast<const compress_stats*>(stats);
+    std::size_t at = t.stats_slot_;
+    const double in = st.input_sq();
+    t.control_.local(at++) = static_cast<float>(gain_from_sq(st.kept_sq(), in));
+    for (std::size_t c = 0; c < t.params_.gain_candidates.size(); ++c)
+      t.control_.local(at++) =
+          static_cast<float>(c < st.candidate_kept_sq.size() ? gain_from_sq(st.candidate_kept_sq[c], in) : 1.0);
+    for (std::size_t i = 0; i < t.layout_.size(); ++i) t.control_.local(at++) = static_cast<float>(std::sqrt(st.layers[i].grad_sq));
+    for (std::size_t i = 0; i < t.layout_.size(); ++i) {
+      const auto n = t.layout_[i].numel;
+      t.control_.local(at++) = n ? static_cast<float>(static_cast<double>(st.layers[i].kept) / static_cast<double>(n)) : 0.0f;
+    }
+  }
+
+  // After the collective: when any rank flagged a non-finite gradient, every rank gives
+  // back what it sent to its residual (so nothing is lost: the finite ranks' residuals hold
+  // u = g + e, the failing rank's its old residual) and throws, naming its own layer or a
+  // failing rank. The step counter does not advance.
+  void throw_if_flagged(step_buffers<memory_space>& buf, long bad_layer) {
+    if (!control_.has_sums()) return;
+    const float failing = control_.sum(flag_slot_);
+    if (failing == 0.0f) return;
+    if constexpr (requires { collective_.return_sent(compressor_, buf); }) collective_.return_sent(compressor_, buf);
+    residual_zero_ = false;
+    std::string where;
+    if (bad_layer >= 0) {
+      where = "layer '" + layout_[static_cast<std::size_t>(bad_layer)].name + "'";
+    } else if (failing == 1.0f) {
+      where = "rank " + std::to_string(static_cast<int>(control_.sum(flag_slot_ + 1)) - 1) + "'s gradient";
+    } else {
+      where = "the gradients of " + std::to_string(static_cast<int>(failing)) + " ranks";
+    }
+    throw error(status::non_finite, "non-finite gradient in " + where, comm_.rank());
   }
 
   void fill_report() {
@@ -287,12 +385,58 @@ class trainer {
     report_.statistics_synchronized = false;
   }
 
-  // Averages norms and gains over the ranks and takes the slowest rank's times, so that
-  // every rank's policy sees identical inputs and takes identical decisions.
+  // The rank averages of the statistics slots replace the local values in the report. On
+  // device memory (no control plane yet) one allreduce of the statistics does it instead.
+  void read_statistics() {
+    if (stats_slot_ == no_slot || !control_.has_sums()) {
+      if constexpr (!memory_space::host_accessible) synchronize_statistics();
+    } else {
+      const double inv = 1.0 / comm_.size();
+      std::size_t at = stats_slot_;
+      report_.gain = control_.sum(at++) * inv;
+      for (auto& g : report_.gain_curve) g = control_.sum(at++) * inv;
+      for (auto& n : report_.layer_grad_norm) n = control_.sum(at++) * inv;
+      for (auto& k : report_.kept_fraction) k = control_.sum(at++) * inv;
+      report_.statistics_synchronized = true;
+      report_.previous_times_agreed = times_slot_ != no_slot;
+      if (report_.previous_times_agreed)
+        report_.previous_times = {control_.sum(times_slot_) * inv, control_.sum(times_slot_ + 1) * inv,
+                                  control_.sum(times_slot_ + 2) * inv, control_.sum(times_slot_ + 3) * inv};
+    }
+    pending_times_ = {report_.compress_s, report_.communicate_s, report_.decompress_s, report_.iteration_s};
+    has_pending_times_ = true;
+  }
+
+  // Hands the policy the sums of the values it asked to agree on (they rode in this step's
+  // collective; on device memory they take one allreduce of their own).
+  void deliver_agreement() {
+    if constexpr (requires(P& p, std::span<const double> s) { p.agreed(s); }) {
+      if constexpr (memory_space::host_accessible) {
+        if (agree_slot_ == no_slot || !control_.has_sums()) return;
+        agreed_.resize(agree_count_);
+        for (std::size_t i = 0; i < agree_count_; ++i) agreed_[i] = control_.sum(agree_slot_ + i);
+      } else {
+        const std::span<const double> req = policy_.agreement_request();
+        if (req.empty()) return;
+        agreed_.assign(req.begin(), req.end());
+        comm_.allreduce_sum(std::span<double>(agreed_));
+      }
+      policy_.agreed(std::span<const double>(agreed_));
+    }
+  }
+
+  // Device memory: the statistics in one allreduce of their own (the control plane rides
+  // only in host collectives so far).
   void synchronize_statistics() {
     // Layout of sync_: L norms, L kept fractions, the gain, G gain-curve points.
-    const std::size_t L = layout_.size(), G = report_.gain_curve.size();
-    sync_.resize(2 * L + 1 + G);
+    const std::size_t L = layout_.size(), G = report_.gain_curve.size(), T = has_pending_times_ ? 4 : 0;
+    sync_.resize(2 * L + 1 + G + T);
+    if (T) {
+      sync_[2 * L + 1 + G] = pending_times_.compress_s;
+      sync_[2 * L + 2 + G] = pending_times_.communicate_s;
+      sync_[2 * L + 3 + G] = pending_times_.decompress_s;
+      sync_[2 * L + 4 + G] = pending_times_.iteration_s;
+    }
     std::copy(report_.layer_grad_norm.begin(), report_.layer_grad_norm.end(), sync_.begin());
     std::copy(report_.kept_fraction.begin(), report_.kept_fraction.end(), sync_.begin() + static_cast<std::ptrdiff_t>(L));
     sync_[2 * L] = report_.gain;
@@ -304,16 +448,11 @@ class trainer {
     for (std::size_t i = 0; i < L; ++i) report_.kept_fraction[i] = sync_[L + i] * inv;
     report_.gain = sync_[2 * L] * inv;
     for (std::size_t c = 0; c < G; ++c) report_.gain_curve[c] = sync_[2 * L + 1 + c] * inv;
-    // Every time a policy's clock may read (time_source.hpp) is the slowest rank's.
-    double times[5] = {report_.compress_s, report_.communicate_s, report_.decompress_s, report_.iteration_s,
-                       report_.modeled_communicate_s};
-    comm_.allreduce_max(std::span<double>(times, 5));
-    report_.compress_s = times[0];
-    report_.communicate_s = times[1];
-    report_.decompress_s = times[2];
-    report_.iteration_s = times[3];
-    report_.modeled_communicate_s = times[4];
     report_.statistics_synchronized = true;
+    report_.previous_times_agreed = T != 0;
+    if (T)
+      report_.previous_times = {sync_[2 * L + 1 + G] * inv, sync_[2 * L + 2 + G] * inv, sync_[2 * L + 3 + G] * inv,
+                                sync_[2 * L + 4 + G] * inv};
   }
 
   communicator_ref<memory_space> comm_;
@@ -328,6 +467,12 @@ class trainer {
   compress_stats stats_;
   step_report report_;
   std::vector<double> sync_;
+  std::vector<double> agreed_;
+  step_control control_;
+  std::size_t flag_slot_ = no_slot, stats_slot_ = no_slot, agree_slot_ = no_slot, agree_count_ = 0;
+  std::size_t times_slot_ = no_slot;
+  step_times pending_times_{};      // this rank's times of the last step, sent with the next
+  bool has_pending_times_ = false;
   detail::consistency_checker consistency_;
   std::uint64_t step_ = 0;
   std::chrono::steady_clock::time_point last_return_{};

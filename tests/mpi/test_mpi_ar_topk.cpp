@@ -88,14 +88,17 @@ TEST_CASE("MPI: AR-Topk VAR picks the rank with the largest smoothed norm", "[mp
   trainer<topk, allreduce_compatible, fixed_policy>::options opt;
   opt.policy.kept_fraction = 0.1;
   opt.collective.rule = index_rank_rule::var;
-  opt.collective.norm_smoothing = 1.0;  // no memory: the loudest rank of this step
+  opt.collective.norm_smoothing = 1.0;  // no memory: the loudest rank of the previous step
   trainer<topk, allreduce_compatible, fixed_policy> t(comm, lay, opt);
+  // The norms ride in the step's value Allreduce: step s uses those of step s - 1 (rank 0 first).
+  int previous_loud = 0;
   for (int s = 0; s < n + 1; ++s) {
     const int loud = (s * 3 + 1) % n;
     auto g = test::make_data(lay.numel(), 9);
     for (auto& x : g) x *= comm.rank() == loud ? 4.0f : 1.0f;
     t.step(g);
-    CHECK(t.collective().last_root() == loud);
+    CHECK(t.collective().last_root() == previous_loud);
+    previous_loud = loud;
   }
   // Equal norms: the lowest rank.
   auto g = test::make_data(lay.numel(), 9);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/collective/step_control.hpp"
 #include "gravac/compress/gain_curve.hpp"
 #include "gravac/compress/magnitude_histogram.hpp"
 #include "gravac/compress/index_selection.hpp"
@@ -114,21 +115,25 @@ class allreduce_compatible {
     }
     r.compress_s = detail::seconds_since(t0);
 
-    // 2. The index rank.
+    // 2. The index rank. VAR's norms ride in the step's value Allreduce, so the rank chosen
+    //    for this step is the loudest after the previous step (rank 0 at the first step).
     const auto t1 = std::chrono::steady_clock::now();
     double comm_s = 0;  // seconds inside collectives
+    step_control& ctl = buf.control ? *buf.control : own_control_;
+    if (!buf.control) own_control_.clear();
+    std::size_t norm_slot = 0;
     root_ = 0;
     if constexpr (!hook::shared_indices) {
       if (options_.rule == index_rank_rule::star) {
         root_ = static_cast<int>(p.step % static_cast<std::uint64_t>(n));
       } else {
+        if (norm_sums_.size() == static_cast<std::size_t>(n))
+          root_ = static_cast<int>(std::max_element(norm_sums_.begin(), norm_sums_.end()) - norm_sums_.begin());
         const double norm = std::sqrt(local_sq);
         ewma_ = has_ewma_ ? (1 - options_.norm_smoothing) * ewma_ + options_.norm_smoothing * norm : norm;
         has_ewma_ = true;
-        norms_.assign(static_cast<std::size_t>(n), 0.0);
-        norms_[static_cast<std::size_t>(me)] = ewma_;
-        comm.allreduce_sum(std::span<double>(norms_));  // an allgather: one non-zero per slot
-        root_ = static_cast<int>(std::max_element(norms_.begin(), norms_.end()) - norms_.begin());
+        norm_slot = ctl.reserve(static_cast<std::size_t>(n));  // one slot per rank: the sum gathers them
+        ctl.local(norm_slot + static_cast<std::size_t>(me)) = static_cast<float>(ewma_);
       }
     }
     comm_s += detail::seconds_since(t1);
@@ -192,6 +197,8 @@ class allreduce_compatible {
     // 4. Gather u at the indices (dense layers whole); e = u - sent (zero where sent).
     const auto t3 = std::chrono::steady_clock::now();
     values_.resize(total);
+    last_dense_.resize(layout_.size());
+    for (std::size_t i = 0; i < layout_.size(); ++i) last_dense_[i] = p.kept_fraction[i] >= dense_fraction;
     std::size_t v = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
@@ -217,10 +224,21 @@ class allreduce_compatible {
     }
     r.compress_s += detail::seconds_since(t3);
 
-    // 5. Sum, average, scatter.
+    // 5. Sum (the control values ride at the end of the values), average, scatter.
+    ctl.seal(st);
+    own_values_.assign(values_.begin(), values_.begin() + static_cast<std::ptrdiff_t>(total));  // for return_sent
+    values_.resize(total + ctl.size());
+    ctl.write_local(std::span<float>(values_.data() + total, ctl.size()));
     const auto t4 = std::chrono::steady_clock::now();
-    if (n > 1 && total > 0) comm.allreduce_sum(std::span<float>(values_.data(), total));
+    if (n > 1 && values_.size() > 0) comm.allreduce_sum(std::span<float>(values_.data(), values_.size()));
     comm_s += detail::seconds_since(t4);
+    ctl.set_summed(std::span<const float>(values_.data() + total, ctl.size()));
+    if constexpr (!hook::shared_indices) {
+      if (options_.rule == index_rank_rule::var) {
+        norm_sums_.resize(static_cast<std::size_t>(n));
+        for (std::size_t i = 0; i < norm_sums_.size(); ++i) norm_sums_[i] = ctl.sum(norm_slot + i);
+      }
+    }
     const auto t5 = std::chrono::steady_clock::now();
     const float inv = 1.0f / static_cast<float>(n);
     std::fill(g.begin(), g.end(), 0.0f);
@@ -239,6 +257,23 @@ class allreduce_compatible {
     r.collective = collective_kind::allreduce_compatible;
     last_indices_ = hook::shared_indices ? 0 : n_idx;
     last_values_ = total;
+  }
+
+  //! Puts the values this rank sent in the last step back into its residual (they were
+  //! taken out of it), so the residual holds all of u again; the trainer calls it when the
+  //! step is abandoned after the collective (a non-finite gradient on some rank).
+  template <Compressor C>
+  void return_sent(C&, step_buffers<typename C::memory_space>& buf) {
+    auto e = buf.residual.span();
+    std::size_t v = 0;
+    for (std::size_t i = 0; i < layout_.size() && v < own_values_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (last_dense_[i]) {
+        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) e[j] = own_values_[v++];
+      } else {
+        for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) e[l.offset + index_at(s)] = own_values_[v++];
+      }
+    }
   }
 
   //! The rank whose indices the last step used (0 when indices come from a shared seed).
@@ -296,7 +331,6 @@ class allreduce_compatible {
   bool has_ewma_ = false;
   std::size_t last_indices_ = 0;
   std::size_t last_values_ = 0;
-  std::vector<double> norms_;
   magnitude_histogram hist_;
   std::vector<std::uint64_t> selected_;
   std::vector<std::uint64_t> order_;
@@ -304,6 +338,10 @@ class allreduce_compatible {
   std::vector<std::uint32_t> idx32_;
   std::vector<std::uint64_t> idx64_;
   std::vector<float> values_;
+  std::vector<float> own_values_;
+  std::vector<double> norm_sums_;  // VAR: every rank's smoothed norm after the last step
+  std::vector<bool> last_dense_;
+  step_control own_control_;  // used when the caller passes no step_control
 };
 static_assert(Collective<allreduce_compatible>);
 

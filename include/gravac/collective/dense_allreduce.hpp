@@ -47,6 +47,15 @@ class dense_allreduce {
     }
   }
 
+  //! Gives this rank's last packet back to its residual (e += decompress(packet)) when the
+  //! step went through the compressor; the trainer calls it when the step is abandoned after
+  //! the collective (a non-finite gradient on some rank). Host memory.
+  template <Compressor C>
+  void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
+    if constexpr (C::memory_space::host_accessible)
+      if (used_packet_) c.decompress_add(std::span<const std::byte>(packet_.data(), last_bytes_), buf.residual, 1.0f);
+  }
+
   //! Runs one step: leaves the rank average of decompress(C(g + e)) in buf.grad.
   template <Compressor C, Communicator M>
   void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
@@ -64,29 +73,47 @@ class dense_allreduce {
                       compress_stats& st, step_report& r) {
     const auto t0 = std::chrono::steady_clock::now();
     auto g = buf.grad.span();
-    if (p.all_dense()) {
-      // The baseline path: fold any leftover residual in, then one Allreduce.
-      st.reset(layout_.size(), p.gain_candidates.size());
-      if (!buf.residual_zero || !p.gain_candidates.empty()) {
-        // Materialize u = g + e; the compressor's skeleton fills the statistics.
-        const std::size_t bytes = c.compress(buf.grad, buf.residual, p, packet_, st);
-        std::fill(g.begin(), g.end(), 0.0f);
-        c.decompress_add(std::span<const std::byte>(packet_.data(), bytes), buf.grad, 1.0f);
-      } else if (p.collect_norms) {
-        fill_dense_stats(g, st);
-      }
+    // With control values the Allreduce runs on a workspace of d + S floats (the values
+    // ride at its end); the gradient is then written back while it is averaged, so the
+    // workspace costs one write of d floats on the fast dense path and nothing elsewhere.
+    step_control* ctl = buf.control;
+    const std::size_t d = g.size();
+    if (ctl) sum_.resize(d + ctl->size());
+    const std::span<float> target = ctl ? std::span<float>(sum_.data(), d) : g;
+    used_packet_ = true;
+    if (p.all_dense() && buf.residual_zero && p.gain_candidates.empty()) {
+      // The baseline path: one Allreduce of the gradient.
+      st.reset(layout_.size(), 0);
+      if (p.collect_norms) fill_dense_stats(g, st);
+      if (ctl) std::copy(g.begin(), g.end(), target.begin());
+      used_packet_ = false;
     } else {
-      const std::size_t bytes = c.compress(buf.grad, buf.residual, p, packet_, st);
-      std::fill(g.begin(), g.end(), 0.0f);
-      c.decompress_add(std::span<const std::byte>(packet_.data(), bytes), buf.grad, 1.0f);
+      // Materialize u = g + e through the compressor (which fills the statistics; dense
+      // layers become raw segments), then decode the own packet.
+      if (p.all_dense()) st.reset(layout_.size(), p.gain_candidates.size());
+      last_bytes_ = c.compress(buf.grad, buf.residual, p, packet_, st);
+      std::fill(target.begin(), target.end(), 0.0f);
+      c.decompress_add(std::span<const std::byte>(packet_.data(), last_bytes_),
+                       grad_view<typename C::memory_space>(target.data(), target.size()), 1.0f);
+    }
+    std::span<float> reduced = target;
+    if (ctl) {
+      ctl->seal(st);
+      ctl->write_local(std::span<float>(sum_.data() + d, ctl->size()));
+      reduced = std::span<float>(sum_.data(), d + ctl->size());
     }
     r.compress_s = detail::seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
-    comm.allreduce_sum(g);
+    comm.allreduce_sum(reduced);
     r.communicate_s = detail::seconds_since(t1);
     const auto t2 = std::chrono::steady_clock::now();
     const float inv = 1.0f / static_cast<float>(comm.size());
-    for (auto& x : g) x *= inv;
+    if (ctl) {
+      ctl->set_summed(std::span<const float>(sum_.data() + d, ctl->size()));
+      for (std::size_t i = 0; i < d; ++i) g[i] = sum_[i] * inv;
+    } else {
+      for (auto& x : g) x *= inv;
+    }
     r.decompress_s = detail::seconds_since(t2);
     r.bytes_sent = g.size() * sizeof(float);
     r.collective = collective_kind::dense_allreduce;
@@ -129,6 +156,9 @@ class dense_allreduce {
 
   layout layout_;
   std::vector<std::byte> packet_;
+  std::vector<float> sum_;  // the Allreduce buffer when control values ride along
+  std::size_t last_bytes_ = 0;
+  bool used_packet_ = false;
   std::shared_ptr<void> other_space_;  // default_byte_buffer<Space>::type of a device compressor
 };
 static_assert(Collective<dense_allreduce>);

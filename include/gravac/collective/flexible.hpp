@@ -7,8 +7,10 @@
 //!
 //! The choice is identical on every rank: the network comes from a fixed value, from a
 //! profile (indexed by the step or by the shared virtual clock), or from a fit of
-//! timings that are either modeled (deterministic) or measured and max-reduced over the
-//! ranks every `sync_interval` steps before they enter the fit.
+//! timings that are either modeled (deterministic) or measured: measured timings are
+//! batched `sync_interval` at a time and the batch rides in the next step's own collective
+//! (step_control.hpp), which averages it over the ranks before it enters the fit, so the
+//! network estimate costs no collective of its own.
 
 #include <algorithm>
 #include <array>
@@ -36,7 +38,7 @@ struct flexible_options {
   network_params network{};      //!< the fixed network, and the prior of the fitted estimate
   std::shared_ptr<const network_profile> profile{};  //!< required by network_source::profile
   allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how AR-Topk's value Allreduce is priced
-  std::size_t sync_interval = 8;  //!< measured source: steps between max-reductions of the timings
+  std::size_t sync_interval = 8;  //!< measured source: timings per batch averaged over the ranks (in a step's collective)
   std::size_t window = 64;        //!< samples in the fitted estimate
   allreduce_compatible_options ar_topk{};  //!< options of the AR-Topk path
   bool dense_sends_everything = true;  //!< a dense step sends u = g + e whole (it costs the same)
@@ -69,8 +71,8 @@ class flexible {
             "flexible: network_source::profile needs options.profile");
     require(opt.sync_interval >= 1, "flexible: sync_interval must be >= 1");
     require(opt.window >= 2, "flexible: window must be >= 2");
-    pending_terms_.reserve(opt.sync_interval);
-    pending_seconds_.reserve(opt.sync_interval);
+    pending_terms_.reserve(4 * opt.sync_interval);
+    pending_seconds_.reserve(4 * opt.sync_interval);
   }
 
   //! Sizes the workspaces of the three paths once.
@@ -97,11 +99,22 @@ class flexible {
                                                             std::min_element(costs_.begin(), costs_.end()) - costs_.begin())];
     }
     const double modeled0 = modeled(comm);
+    // A full batch of measured timings rides in this step's collective.
+    step_control& ctl = buf.control ? *buf.control : own_control_;
+    if (!buf.control) own_control_.clear();
+    step_buffers<typename C::memory_space> b = buf;
+    b.control = &ctl;
+    std::size_t batch_slot = static_cast<std::size_t>(-1);
+    const std::size_t batch = pending_seconds_.size();
+    if (options_.source == network_source::measured && batch >= options_.sync_interval) {
+      batch_slot = ctl.reserve(batch);
+      for (std::size_t i = 0; i < batch; ++i) ctl.local(batch_slot + i) = static_cast<float>(pending_seconds_[i]);
+    }
     cost_terms terms{};
     switch (kind) {
       case collective_kind::allreduce_compatible:
         if constexpr (IndexSelector<C>) {
-          ar_.aggregate(c, comm, buf, p, st, r);
+          ar_.aggregate(c, comm, b, p, st, r);
           terms = ar_terms(n, d, f);
         } else {
           throw error(status::invalid_argument,
@@ -109,22 +122,40 @@ class flexible {
         }
         break;
       case collective_kind::allgather:
-        allgather_.aggregate(c, comm, buf, p, st, r);
+        allgather_.aggregate(c, comm, b, p, st, r);
         terms = cost_model::allgather_topk(n, d, f);
         break;
       case collective_kind::dense_allreduce:
       case collective_kind::automatic:
         if (options_.dense_sends_everything && !p.all_dense()) {
           copy_scalars(p);
-          dense_.aggregate(c, comm, buf, dense_params_, st, r);
+          dense_.aggregate(c, comm, b, dense_params_, st, r);
         } else {
-          dense_.aggregate(c, comm, buf, p, st, r);
+          dense_.aggregate(c, comm, b, p, st, r);
         }
         terms = cost_model::dense_allreduce(n, d);
         break;
     }
     last_ = r.collective;
-    record(comm, terms, options_.source == network_source::modeled ? modeled(comm) - modeled0 : r.communicate_s);
+    if (batch_slot != static_cast<std::size_t>(-1) && ctl.has_sums()) {
+      for (std::size_t i = 0; i < batch; ++i)
+        estimate_.add(pending_terms_[i], static_cast<double>(ctl.sum(batch_slot + i)) / n);
+      pending_terms_.clear();
+      pending_seconds_.clear();
+    }
+    record(terms, options_.source == network_source::modeled ? modeled(comm) - modeled0 : r.communicate_s);
+  }
+
+  //! Gives what the last step sent back to the residual (see allgather::return_sent).
+  template <Compressor C>
+  void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
+    switch (last_) {
+      case collective_kind::allreduce_compatible:
+        if constexpr (IndexSelector<C>) ar_.return_sent(c, buf);
+        break;
+      case collective_kind::allgather: allgather_.return_sent(c, buf); break;
+      default: dense_.return_sent(c, buf); break;
+    }
   }
 
   //! Modeled seconds of dense Allreduce, AR-Topk and Allgather top-k (in that order) for N
@@ -188,20 +219,13 @@ class flexible {
     dense_params_.ranks = p.ranks;
   }
   // Feeds the estimate. Modeled times are identical on every rank and enter at once;
-  // measured ones are buffered and max-reduced so that every rank fits the same numbers.
-  template <class M>
-  void record(M& comm, const cost_terms& terms, double seconds) {
+  // measured ones wait in a batch that a later step's collective averages over the ranks.
+  void record(const cost_terms& terms, double seconds) {
     if (options_.source == network_source::modeled) {
       estimate_.add(terms, seconds);
-    } else if (options_.source == network_source::measured) {
+    } else if (options_.source == network_source::measured && pending_seconds_.size() < 4 * options_.sync_interval) {
       pending_terms_.push_back(terms);  // capacity reserved: no allocation
       pending_seconds_.push_back(seconds);
-      if (pending_seconds_.size() >= options_.sync_interval) {
-        comm.allreduce_max(std::span<double>(pending_seconds_));
-        for (std::size_t i = 0; i < pending_seconds_.size(); ++i) estimate_.add(pending_terms_[i], pending_seconds_[i]);
-        pending_terms_.clear();
-        pending_seconds_.clear();
-      }
     }
   }
 
@@ -214,6 +238,7 @@ class flexible {
   step_params dense_params_;
   std::vector<cost_terms> pending_terms_;
   std::vector<double> pending_seconds_;
+  step_control own_control_;  // used when the caller passes no step_control
   std::array<double, 3> costs_{};
   network_params net_{};
   collective_kind last_ = collective_kind::dense_allreduce;

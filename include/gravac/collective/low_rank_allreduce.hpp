@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/collective/step_control.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -55,8 +57,22 @@ class low_rank_allreduce {
     t = std::chrono::steady_clock::now();
     const std::span<float> second = c.factor(buf.residual, p, st);
     r.compress_s += detail::seconds_since(t);
+    // The control values ride at the end of the second Allreduce (the statistics are
+    // complete only after factor()); the factors are copied into a workspace for that.
+    // A step without low-rank layers has no second Allreduce: the values then go alone.
+    step_control* ctl = buf.control;
     t = std::chrono::steady_clock::now();
-    if (!second.empty()) comm.allreduce_sum(second);
+    if (ctl) {
+      ctl->seal(st);
+      sum_.resize(second.size() + ctl->size());
+      std::copy(second.begin(), second.end(), sum_.begin());
+      ctl->write_local(std::span<float>(sum_.data() + second.size(), ctl->size()));
+      comm.allreduce_sum(std::span<float>(sum_));
+      std::copy(sum_.begin(), sum_.begin() + static_cast<std::ptrdiff_t>(second.size()), second.begin());
+      ctl->set_summed(std::span<const float>(sum_.data() + second.size(), ctl->size()));
+    } else if (!second.empty()) {
+      comm.allreduce_sum(second);
+    }
     r.communicate_s += detail::seconds_since(t);
     t = std::chrono::steady_clock::now();
     c.reconstruct(buf.grad, 1.0f / static_cast<float>(comm.size()));
@@ -64,6 +80,9 @@ class low_rank_allreduce {
     r.bytes_sent = (first.size() + second.size()) * sizeof(float);
     r.collective = collective_kind::dense_allreduce;
   }
+
+ private:
+  std::vector<float> sum_;  // the second Allreduce's buffer when control values ride along
 };
 static_assert(Collective<low_rank_allreduce>);
 

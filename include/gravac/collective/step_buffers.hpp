@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "gravac/collective/step_control.hpp"
 #include "gravac/memory.hpp"
 
 namespace gravac {
@@ -14,6 +15,9 @@ struct step_buffers {
   grad_view<Space> grad;      //!< local gradient in, averaged gradient out
   grad_view<Space> residual;  //!< error-feedback residual, updated in place
   bool residual_zero = false; //!< the residual is known to be all zero (lets dense steps skip a pass)
+  //! Control values that ride in the step's collective (step_control.hpp); null: none. A
+  //! collective carries them and leaves their sums over the ranks in it.
+  step_control* control = nullptr;
 };
 
 namespace detail {

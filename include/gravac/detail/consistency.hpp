@@ -37,6 +37,8 @@ inline std::uint64_t hash_step_params(const step_params& p) noexcept {
   h = fnv1a_u64(p.bin_length.size(), h);
   for (auto b : p.bin_length) h = fnv1a_u64(b, h);
   h = fnv1a_u64(static_cast<std::uint64_t>(p.ranks), h);
+  h = fnv1a_u64(p.approximation_rank.size(), h);
+  for (auto r : p.approximation_rank) h = fnv1a_u64(r, h);
   return h;
 }
 

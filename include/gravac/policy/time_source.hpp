@@ -21,9 +21,10 @@ enum class time_source : std::uint8_t {
   //! Measured compute, compress and decompress, with the measured communication replaced
   //! by the time the network model charged (step_report::modeled_communicate_s).
   modeled,
-  //! Nothing measured: a fixed compute time per step (time_options::compute_s) plus the
-  //! modeled communication. Deterministic when the network model is, which makes
-  //! simulated experiments (and tests) reproducible run to run.
+  //! A fixed compute time per step (time_options::compute_s), this rank's measured
+  //! compression and decompression time, and the modeled communication: how a simulated
+  //! experiment charges a step. With time_options::include_codec false nothing is
+  //! measured, and the clock is deterministic when the network model is (tests).
   simulated,
 };
 
@@ -41,6 +42,7 @@ constexpr std::string_view to_string(time_source s) noexcept {
 struct time_options {
   time_source source = time_source::measured;  //!< which clock
   double compute_s = 0;  //!< seconds of compute charged per step (time_source::simulated only), >= 0
+  bool include_codec = true;  //!< simulated: charge the measured compress and decompress times too
 
   //! Throws gravac::error when an option is out of its domain; \p who names the owner.
   void validate(std::string_view who) const {
@@ -51,13 +53,15 @@ struct time_options {
   }
 };
 
-//! Seconds that step \p r took according to clock \p t. The trainer takes the slowest
-//! rank's times before a statistics-driven policy sees them, so every rank gets the same value.
+//! Seconds that step \p r took on this rank according to clock \p t. Measured parts differ
+//! between ranks: a policy that decides on them agrees on their sums first (the trainer's
+//! agreement_request / agreed hooks), once per decision.
 inline double step_seconds(const step_report& r, const time_options& t) noexcept {
   switch (t.source) {
     case time_source::measured: return r.iteration_s + r.compress_s + r.communicate_s + r.decompress_s;
     case time_source::modeled: return r.iteration_s + r.compress_s + r.modeled_communicate_s + r.decompress_s;
-    case time_source::simulated: return t.compute_s + r.modeled_communicate_s;
+    case time_source::simulated:
+      return t.compute_s + r.modeled_communicate_s + (t.include_codec ? r.compress_s + r.decompress_s : 0.0);
   }
   return 0.0;
 }

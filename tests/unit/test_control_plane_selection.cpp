@@ -1,0 +1,95 @@
+// The control plane of a step, with the selection compressors: no collective besides the
+// gradient's own for every collective and policy (counted by a test decorator around the
+// thread communicator), and at 32 ms of modeled latency an adaptive policy's step costs
+// what the same kept fraction costs under fixed_policy.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "control_plane_checks.hpp"
+#include "gravac/compress/randomk.hpp"
+#include "gravac/compress/threshold.hpp"
+#include "gravac/compress/topk.hpp"
+#include "gravac/network/simulated_network.hpp"
+
+using namespace gravac;
+
+TEST_CASE("control plane: top-k makes only the gradient's collectives", "[control_plane]") {
+  test::check_control_plane_all<topk>();
+}
+TEST_CASE("control plane: threshold makes only the gradient's collectives", "[control_plane]") {
+  test::check_control_plane_all<threshold>();
+}
+TEST_CASE("control plane: random-k makes only the gradient's collectives", "[control_plane]") {
+  test::check_control_plane_all<randomk>();
+}
+
+namespace {
+// Modeled seconds and collective calls of each step of trainer<topk, K, P> at 32 ms of
+// latency and 1 Gbit/s, with the kept fraction each step used.
+struct step_cost {
+  double seconds = 0;
+  std::uint64_t calls = 0;
+  double fraction = 1;
+};
+
+template <class K, class P>
+std::vector<step_cost> costs_at_32ms(const typename P::options& popt, int steps) {
+  const auto lay = test::mixed_layout();
+  std::vector<step_cost> out(static_cast<std::size_t>(steps));
+  run_ranks(4, [&](thread_communicator& comm) {
+    simulated_communicator<thread_communicator> net(comm, network_profile::constant(network_params::from_gbps(32e-3, 1)));
+    typename trainer<topk, K, P>::options o;
+    o.policy = popt;
+    trainer<topk, K, P> t(net, lay, o);
+    for (int s = 0; s < steps; ++s) {
+      auto g = test::rank_gradient(lay, s, comm.rank(), test::amplitude_at(s));
+      const double before = net.modeled_seconds();
+      const auto calls = net.calls();
+      t.step(g);
+      if (comm.rank() == 0)
+        out[static_cast<std::size_t>(s)] = {net.modeled_seconds() - before, net.calls() - calls,
+                                            t.last_params().global_fraction};
+      if ((s + 1) % test::steps_per_epoch == 0)
+        t.end_interval({static_cast<std::uint64_t>(s + 1), static_cast<std::uint64_t>((s + 1) / test::steps_per_epoch),
+                        0.1, 160.0});
+    }
+  });
+  return out;
+}
+
+// The same comparison for one adaptive policy P: each step against a fixed_policy step at
+// its kept fraction. The only difference allowed is the control values' bytes (a few
+// hundred bytes against a 64 ms latency: below 0.1% of the step).
+template <class K, class P>
+void check_no_dearer_than_fixed(const typename P::options& popt) {
+  const auto adaptive = costs_at_32ms<K, P>(popt, 30);
+  std::map<double, step_cost> fixed;
+  for (const auto& c : adaptive)
+    if (!fixed.count(c.fraction)) fixed[c.fraction] = costs_at_32ms<K, fixed_policy>({.kept_fraction = c.fraction}, 1)[0];
+  CHECK(fixed.size() >= 2);  // the policy did change the fraction
+  for (std::size_t s = 0; s < adaptive.size(); ++s) {
+    const auto& f = fixed[adaptive[s].fraction];
+    INFO("step " << s << " fraction " << adaptive[s].fraction);
+    CHECK(adaptive[s].calls == f.calls);
+    CHECK(adaptive[s].seconds <= f.seconds * 1.001);
+    CHECK(adaptive[s].seconds >= f.seconds);
+  }
+}
+}  // namespace
+
+TEST_CASE("control plane: at 32 ms an adaptive step costs what the same kept fraction costs under fixed_policy",
+          "[control_plane][latency]") {
+  SECTION("gravac_policy, allgather") {
+    check_no_dearer_than_fixed<allgather, gravac_policy>(test::quick_policy_options<gravac_policy>());
+  }
+  SECTION("gravac_policy, allreduce_compatible") {
+    check_no_dearer_than_fixed<allreduce_compatible, gravac_policy>(test::quick_policy_options<gravac_policy>());
+  }
+  SECTION("moo_policy, allgather") {
+    check_no_dearer_than_fixed<allgather, moo_policy>(test::quick_policy_options<moo_policy>());
+  }
+  SECTION("accordion_policy, allgather (epochs of 5 steps)") {
+    check_no_dearer_than_fixed<allgather, accordion_policy>({.compare_every = 1});
+  }
+}
