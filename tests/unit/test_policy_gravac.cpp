@@ -13,14 +13,26 @@ using namespace gravac;
 
 namespace {
 
+// The rules are scripted on a clock every rank shares (simulated, without measured codec
+// time), which the policy reads at once; a clock with measured parts is read one step late
+// (see "a measured clock is read one step late" below).
+gravac_policy_options on_shared_clock(gravac_policy_options o) {
+  if (o.time.source == time_source::measured) o.time = {time_source::simulated, 0.0, false};
+  return o;
+}
+
 // Drives the policy the way the trainer does: plan, then observe a report whose gain
-// curve answers the candidates the plan asked for.
+// curve answers the candidates the plan asked for, index by index.
 struct driver {
   gravac_policy pol;
   step_params p;
   std::uint64_t step = 0;
+  double last_seconds = -1;  // the previous step's time, which the trainer carries in the next step
 
-  driver(const layout& lay, const gravac_policy_options& o) : pol(lay, o) { p.kept_fraction.assign(lay.size(), 1.0); }
+  driver(const layout& lay, const gravac_policy_options& o, bool shared_clock = true)
+      : pol(lay, shared_clock ? on_shared_clock(o) : o) {
+    p.kept_fraction.assign(lay.size(), 1.0);
+  }
 
   // The CF the next step sends (1 = dense).
   double plan() {
@@ -44,7 +56,11 @@ struct driver {
       auto it = gains.find(std::lround(1.0 / f));
       r.gain_curve.push_back(it == gains.end() ? 0.0 : it->second);
     }
-    r.iteration_s = seconds;  // time_source::measured adds the (zero) codec times
+    r.iteration_s = seconds;            // time_source::measured adds the (zero) codec times
+    r.modeled_communicate_s = seconds;  // the shared (simulated) clock
+    r.previous_times_agreed = last_seconds >= 0;
+    r.previous_times.iteration_s = last_seconds;
+    last_seconds = seconds;
     pol.observe(r);
     return cf;
   }
@@ -78,7 +94,7 @@ TEST_CASE("gravac: the warm-up sends at CF_min whatever the gain, then the eps r
     INFO("warm-up step " << s);
     CHECK(d.pol.phase() == gravac_phase::warmup);
     CHECK(d.run({{10, 0.1}}, 1.0) == 10);  // gain far below eps = 0.7: still CF_min
-    CHECK(d.asked() == std::vector<double>{10});
+    CHECK(d.asked() == std::vector<double>{10, 20});  // CF_min, and the next candidate
   }
   CHECK(d.pol.phase() == gravac_phase::searching);
   // Smoothed gain(CF_min) = 0.1 < eps and the candidate is CF_min: dense.
@@ -106,26 +122,27 @@ TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for b
   driver d(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 2});
   CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // warm-up
   CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // candidate 10: gain 0.9 >= 0.7
-  CHECK(d.asked() == std::vector<double>{10});
+  CHECK(d.asked() == std::vector<double>{10, 20});  // the candidate (CF_min) and the next one
   CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // end of period: CT(10) = 2 / 2 s * 0.9 = 0.9
   CHECK(d.pol.throughput_table()[0] == Approx(0.9));
   CHECK(d.pol.candidate_cf() == 20);  // advanced
   // First step at 20: gain(20) not measured yet, counts as below eps -> CF_min (0.9 >= eps).
   CHECK(d.run({{20, 0.8}, {10, 0.9}}, 0.5) == 10);
-  CHECK(d.asked() == std::vector<double>{20, 10});  // both gains from the same u
+  CHECK(d.asked() == std::vector<double>{20, 10, 40});  // all gains from the same u
   CHECK(d.run({{20, 0.6}, {10, 0.65}}, 0.5) == 20);  // gain(20) = 0.8 >= eps
-  // CT(20) = 2 / 1 s * mean(0.8, 0.6) = 1.4; the best two (1.4, 0.9) differ by 36% > omega,
-  // CT rose, 20 < CF_max: advance to 40.
-  CHECK(d.pol.throughput_table()[1] == Approx(1.4));
+  // Only the step sent at 20 counts: CT(20) = 1 / 0.5 s * 0.6 = 1.2; the best two (1.2, 0.9)
+  // differ by 25% > omega, CT rose, 20 < CF_max: advance to 40.
+  CHECK(d.pol.throughput_table()[1] == Approx(1.2));
   CHECK(d.pol.candidate_cf() == 40);
   CHECK(d.pol.searching());
-  // gain(40) unknown and gain(10) = 0.65 < eps: dense.
+  // gain(40), measured alongside as 0 (absent from the script), and gain(10) = 0.65 < eps: dense.
   CHECK(d.run({{40, 0.75}, {10, 0.9}}, 0.5) == 1);
   // gain(40) = 0.75 >= eps: send at 40.
   CHECK(d.plan() == 40);
   CHECK(d.p.kept_fraction[0] == 1.0 / 40);
   CHECK(d.p.kept_fraction[1] == 1.0 / 40);  // 1-D tensors compressed unless one_dim_dense
-  // CT(40) = 2 / 0.6 s * mean(0.75, 0.5) = 2.08 (rising) and 40 is CF_max: the search ends.
+  // CT(40) = 1 / 0.1 s * 0.5 = 5 (the dense step does not count; rising) and 40 is CF_max:
+  // the search ends.
   // gain(40) = 0.5 is below eps but gain(10) is fine: CF_min.
   d.run({{40, 0.5}, {10, 0.9}}, 0.1);
   CHECK(d.pol.phase() == gravac_phase::monitoring);
@@ -134,11 +151,12 @@ TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for b
 }
 
 TEST_CASE("gravac: stop when the two best CTs are within omega, keeping the more aggressive", "[policy][gravac]") {
-  // One-step periods, window 1; one sample per step so CT = gain / seconds.
+  // One-step periods, window 1; one sample per step so CT = gain / seconds. Each step also
+  // measures the next candidate's gain, so a new candidate is sent from its first step.
   driver d(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .period_steps = 1});
-  d.run({{10, 0.9}}, 1.0);                   // warm-up
-  d.run({{10, 0.9}}, 1.0);                   // CT(10) = 0.9
-  d.run({{20, 0.8}, {10, 0.9}}, 0.5);        // CT(20) = 1.6: 44% above 0.9 -> advance
+  d.run({{10, 0.9}, {20, 0.8}}, 1.0);             // warm-up
+  d.run({{10, 0.9}, {20, 0.8}}, 1.0);             // CT(10) = 0.9
+  d.run({{20, 0.8}, {10, 0.9}, {40, 0.8}}, 0.5);  // CT(20) = 1.6: 44% above 0.9 -> advance
   CHECK(d.pol.candidate_cf() == 40);
   d.run({{40, 0.8}, {10, 0.9}}, 0.49);       // CT(40) = 1.6327: within 2% of 1.6 -> stop
   CHECK(d.pol.phase() == gravac_phase::monitoring);
@@ -149,17 +167,17 @@ TEST_CASE("gravac: stop when the two best CTs are within omega, keeping the more
   // The omega rule comes first: CT fell slightly for 40 (1.58 < 1.6), but the two best are
   // within omega, so the more aggressive (40) is kept rather than the best (20).
   driver e(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .period_steps = 1});
-  e.run({{10, 0.9}}, 1.0);
-  e.run({{10, 0.9}}, 1.0);
-  e.run({{20, 0.8}, {10, 0.9}}, 0.5);
+  e.run({{10, 0.9}, {20, 0.8}}, 1.0);
+  e.run({{10, 0.9}, {20, 0.8}}, 1.0);
+  e.run({{20, 0.8}, {10, 0.9}, {40, 0.79}}, 0.5);
   e.run({{40, 0.79}, {10, 0.9}}, 0.5);  // CT(40) = 1.58
   CHECK(e.pol.phase() == gravac_phase::monitoring);
   CHECK(e.pol.candidate_cf() == 40);
 
   // A larger omega stops already at the first comparison when CTs are close.
   driver f(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .omega = 0.5, .period_steps = 1});
-  f.run({{10, 0.9}}, 1.0);
-  f.run({{10, 0.9}}, 1.0);             // CT(10) = 0.9
+  f.run({{10, 0.9}, {20, 0.8}}, 1.0);
+  f.run({{10, 0.9}, {20, 0.8}}, 1.0);  // CT(10) = 0.9
   f.run({{20, 0.8}, {10, 0.9}}, 0.5);  // CT(20) = 1.6: (1.6 - 0.9) / 1.6 = 44% < 50%
   CHECK(f.pol.phase() == gravac_phase::monitoring);
   CHECK(f.pol.candidate_cf() == 20);
@@ -167,10 +185,10 @@ TEST_CASE("gravac: stop when the two best CTs are within omega, keeping the more
 
 TEST_CASE("gravac: stop when CT falls for the new candidate, keeping the best so far", "[policy][gravac]") {
   driver d(two_layers(), {.cf_max = 80, .window = 1, .warmup_steps = 1, .period_steps = 1});
-  d.run({{10, 0.9}}, 1.0);
-  d.run({{10, 0.9}}, 1.0);             // CT(10) = 0.9
-  d.run({{20, 0.8}, {10, 0.9}}, 0.5);  // CT(20) = 1.6
-  d.run({{40, 0.8}, {10, 0.9}}, 0.8);  // CT(40) = 1.0: best two 1.6 / 1.0 (38% apart), CT fell
+  d.run({{10, 0.9}, {20, 0.8}}, 1.0);
+  d.run({{10, 0.9}, {20, 0.8}}, 1.0);             // CT(10) = 0.9
+  d.run({{20, 0.8}, {10, 0.9}, {40, 0.8}}, 0.5);  // CT(20) = 1.6
+  d.run({{40, 0.8}, {10, 0.9}}, 0.8);             // CT(40) = 1.0: best two 1.6 / 1.0 (38% apart), CT fell
   CHECK(d.pol.phase() == gravac_phase::monitoring);
   CHECK(d.pol.candidate_cf() == 20);
   CHECK(d.pol.candidate_index() == 1);
@@ -189,9 +207,9 @@ TEST_CASE("gravac: stop when CT falls for the new candidate, keeping the best so
 
 TEST_CASE("gravac: the search stops at CF_max", "[policy][gravac]") {
   driver d(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 1});
-  d.run({{10, 0.9}}, 1.0);
-  d.run({{10, 0.9}}, 1.0);             // 0.9
-  d.run({{20, 0.8}, {10, 0.9}}, 0.5);  // 1.6
+  d.run({{10, 0.9}, {20, 0.8}}, 1.0);
+  d.run({{10, 0.9}, {20, 0.8}}, 1.0);             // 0.9
+  d.run({{20, 0.8}, {10, 0.9}, {40, 0.8}}, 0.5);  // 1.6
   CHECK(d.pol.searching());
   d.run({{40, 0.8}, {10, 0.9}}, 0.25);  // 3.2: rising, not close, but 40 is CF_max
   CHECK(d.pol.phase() == gravac_phase::monitoring);
@@ -222,11 +240,11 @@ TEST_CASE("gravac: an epoch is the default period and its samples give CT", "[po
   // samples_per_step overrides the interval's count; periods in steps need no interval.
   driver e(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 2, .samples_per_step = 64});
   e.run({{10, 0.9}}, 1.0);
-  e.run({{10, 0.5}}, 0.25);
-  e.run({{10, 0.7}}, 0.25);  // CT = 128 / 0.5 * 0.6 = 153.6
-  CHECK(e.pol.throughput_table()[0] == Approx(153.6));
+  e.run({{10, 0.8}}, 0.25);
+  e.run({{10, 0.7}}, 0.25);  // both sent at 10 (smoothed gains 0.9, 0.8 >= eps): CT = 128 / 0.5 * 0.75 = 192
+  CHECK(e.pol.throughput_table()[0] == Approx(192));
   e.pol.on_interval({.step = 3, .epoch = 1, .learning_rate = 0.1, .samples = 1e6});  // no effect on CT
-  CHECK(e.pol.throughput_table()[0] == Approx(153.6));
+  CHECK(e.pol.throughput_table()[0] == Approx(192));
   CHECK(e.pol.candidate_cf() == 20);
 }
 
@@ -239,22 +257,59 @@ TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
   r.modeled_communicate_s = 2.0;
   CHECK(step_seconds(r, {time_source::measured}) == Approx(1.65));
   CHECK(step_seconds(r, {time_source::modeled}) == Approx(3.15));
-  CHECK(step_seconds(r, {time_source::simulated, 0.25}) == Approx(2.25));
+  CHECK(step_seconds(r, {time_source::simulated, 0.25}) == Approx(2.4));  // with the measured codec time
+  CHECK(step_seconds(r, {time_source::simulated, 0.25, false}) == Approx(2.25));
   CHECK_THROWS_WITH(time_options({time_source::simulated, -1}).validate("x"), Catch::Contains("compute_s"));
 
-  // The modeled clock drives CT: the measured communication is ignored.
-  gravac_policy pol(two_layers(), {.cf_max = 20, .window = 1, .warmup_steps = 0, .period_steps = 1,
+  // The modeled clock drives CT: the measured communication is ignored. It has measured
+  // parts (the caller's compute, the codec), so a step's time is read one step late, from
+  // the ranks' average the trainer carries in the next step.
+  gravac_policy pol(two_layers(), {.cf_max = 20, .window = 1, .warmup_steps = 1, .period_steps = 1,
                                    .time = {time_source::modeled}});
   step_params p;
   p.kept_fraction.assign(2, 1.0);
-  pol.plan(p);
   step_report s;
-  s.gain_candidates = {0.1};
-  s.gain_curve = {0.8};
   s.communicate_s = 100;        // ignored
   s.modeled_communicate_s = 2;  // used
+  s.gain_curve = {0.8, 0.8};    // CF 10, and the next candidate
+  pol.plan(p);                  // warm-up step
   pol.observe(s);
-  CHECK(pol.throughput_table()[0] == Approx(0.4));
+  pol.plan(p);                  // the first step of the search, sent at CF 10
+  s.previous_times_agreed = true;
+  s.previous_times = {0.0, 100.0, 0.0, 0.0};
+  pol.observe(s);
+  CHECK(std::isnan(pol.throughput_table()[0]));  // its time is not known yet
+  pol.plan(p);
+  pol.observe(s);
+  CHECK(pol.throughput_table()[0] == Approx(0.4));  // 1 sample / 2 s * 0.8
+}
+
+TEST_CASE("gravac: a measured clock is read one step late and judges the same periods", "[policy][gravac][time]") {
+  // The same script on the shared clock and on the measured one: the measured clock's
+  // periods close one step later, with the same CT values.
+  const gravac_policy_options o{.cf_min = 10, .cf_max = 40, .window = 1, .warmup_steps = 0, .epsilon = 0.5,
+                                .period_steps = 2, .samples_per_step = 64};
+  driver shared(two_layers(), o), late(two_layers(), o, false);
+  const std::map<long, double> gains{{10, 0.9}, {20, 0.8}, {40, 0.6}};
+  for (int s = 0; s < 2; ++s) {
+    shared.run(gains, 0.5);
+    late.run(gains, 0.5);
+  }
+  CHECK(shared.pol.throughput_table()[0] == Approx(64 / 0.5 * 0.9));
+  CHECK(std::isnan(late.pol.throughput_table()[0]));  // the second step's time comes with the third
+  shared.run(gains, 0.25);
+  late.run(gains, 0.25);  // sent at CF 10 still: planned before the period was judged
+  CHECK(late.pol.throughput_table()[0] == Approx(64 / 0.5 * 0.9));
+  // The late policy's third step was sent at CF 10, not at the new candidate: it does not count
+  // for CF 20, so its period needs two more steps sent at 20.
+  for (int s = 0; s < 2; ++s) {
+    shared.run(gains, 0.25);
+    late.run(gains, 0.25);
+  }
+  CHECK(shared.pol.throughput_table()[1] == Approx(64 / 0.25 * 0.8));
+  CHECK(std::isnan(late.pol.throughput_table()[1]));
+  late.run(gains, 0.25);
+  CHECK(late.pol.throughput_table()[1] == Approx(64 / 0.25 * 0.8));
 }
 
 TEST_CASE("gravac: 1-D tensors dense on request, the collective hint passes through", "[policy][gravac]") {
@@ -342,7 +397,7 @@ TEST_CASE("gravac: load rejects foreign, mismatched or truncated state", "[polic
   d.run({{10, 0.9}}, 1.0);
   std::vector<std::byte> good;
   d.pol.save(good);
-  gravac_policy other(lay, {.window = 1, .warmup_steps = 1, .period_steps = 1});
+  gravac_policy other(lay, on_shared_clock({.window = 1, .warmup_steps = 1, .period_steps = 1}));
   const double before = other.current_cf();
   SECTION("truncated") {
     good.pop_back();

@@ -10,9 +10,20 @@
 //! - Warm-up: the first `warmup_steps` steps send at CF_min.
 //! - Candidates: CF_min, CF_min / s, CF_min / s^2, ... while below CF_max, then CF_max.
 //! - Every step at candidate c: c if smoothed gain(c) >= eps, else CF_min if smoothed
-//!   gain(CF_min) >= eps, else dense. A candidate that has no measured gain yet (its
-//!   first step) counts as below eps, so an unseen ratio is never sent blind.
-//! - CT(c) = samples per second over c's evaluation period * mean gain(c) over it.
+//!   gain(CF_min) >= eps, else dense. While searching, every step also measures the gain
+//!   of the next candidate (the gain curve prices any ratio from the same pass), so a new
+//!   candidate starts with a smoothed gain instead of one blind fallback step. A gain that
+//!   was never measured counts as below eps: a ratio is never sent blind. The step's
+//!   step_params::fallback (and step_report::fallback) says which gain was below eps.
+//!   A dense step is an Allreduce of the dense gradient under every collective.
+//! - CT(c) = samples per second * mean gain(c), both over the steps of c's evaluation
+//!   period that were actually sent at c (a step that fell back says nothing about c's
+//!   throughput; a period without one gives CT 0). A step's seconds come from the clock
+//!   of time_options. A clock every rank shares (simulated without the codec time) is
+//!   read at once; one with measured parts (measured, modeled, simulated with the codec
+//!   time) is read one step late, from the previous step's times the trainer averages
+//!   over the ranks in the next step's own collective (step_report::previous_times), so
+//!   a period is then judged one step after it closes. No collective of its own, ever.
 //! - After each period, in this order: stop if the two best CTs differ by less than
 //!   omega (relative to the better: (CT1 - CT2) / CT1 < omega) and keep the more
 //!   aggressive of the two; else stop if CT fell for the new candidate and keep the best
@@ -22,6 +33,7 @@
 //! Works with any compressor; one that reports no gain curve leaves every gain at 1, so
 //! the search then weighs throughput alone.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -87,7 +99,7 @@ class gravac_policy {
   //! Most candidates a configuration may produce (guards against s close to 1).
   static constexpr std::size_t max_candidates = 4096;
   //! Version of the bytes save() writes.
-  static constexpr std::uint32_t state_version = 1;
+  static constexpr std::uint32_t state_version = 2;
 
   //! A policy for \p lay; throws gravac::error on an option out of its domain.
   gravac_policy(const layout& lay, const options& opt = {}) : opt_(opt) {
@@ -118,12 +130,14 @@ class gravac_policy {
                        .add(opt.cf_min).add(opt.cf_max).add(opt.scale).add(std::uint64_t{opt.window})
                        .add(std::uint64_t{opt.warmup_steps}).add(opt.epsilon).add(opt.omega).add(opt.period_steps)
                        .add(opt.samples_per_step).add(std::uint64_t(opt.time.source)).add(opt.time.compute_s)
+                       .add(std::uint64_t{opt.time.include_codec})
                        .add(std::uint64_t{opt.one_dim_dense}).add(std::uint64_t(opt.collective))
                        .value();
   }
 
-  //! Fills the next step's kept fractions (1 / CF, or dense) and asks for the gains of
-  //! the current candidate and of CF_min. Changes no decision state.
+  //! Fills the next step's kept fractions (1 / CF, or dense), says why when it falls back,
+  //! and asks for the gains of the current candidate (gain_curve[0]) and of CF_min
+  //! (gain_curve[1], unless the candidate is CF_min). Changes no decision state.
   void plan(step_params& p) {
     const double cf = current_cf();
     const double f = cf <= 1 ? dense_fraction : 1.0 / cf;
@@ -131,58 +145,75 @@ class gravac_policy {
     for (std::size_t i = 0; i < one_dim_.size(); ++i) p.kept_fraction[i] = one_dim_[i] ? dense_fraction : f;
     p.global_fraction = f;
     p.collective = opt_.collective;
-    request_[0] = 1.0 / candidates_[candidate_];
-    request_[1] = 1.0 / opt_.cf_min;
-    p.gain_candidates = std::span<const double>(request_.data(), candidate_ == 0 ? 1 : 2);
+    p.fallback = phase_ == gravac_phase::warmup || cf == candidates_[candidate_] ? fallback_reason::none
+                 : cf > 1 ? fallback_reason::candidate_gain_below_eps
+                          : fallback_reason::minimum_gain_below_eps;
+    // gain_curve[0]: the candidate; [1]: CF_min (unless that is the candidate); then the
+    // next candidate while searching.
+    std::size_t n = 0;
+    request_[n++] = 1.0 / candidates_[candidate_];
+    if (candidate_ != 0) request_[n++] = 1.0 / opt_.cf_min;
+    planned_next_ = phase_ != gravac_phase::monitoring && candidate_ + 1 < candidates_.size();
+    if (planned_next_) request_[n++] = 1.0 / candidates_[candidate_ + 1];
+    p.gain_candidates = std::span<const double>(request_.data(), n);
+    planned_candidate_ = candidate_;
+    planned_cf_ = cf;
   }
 
-  //! Takes in one step's (rank-synchronized) gains and times.
+  //! Takes in one step's rank-averaged gains and the times of this step (a shared clock)
+  //! or of the previous one (averaged over the ranks).
   void observe(const step_report& r) {
     if (r.skipped) return;
     ++observed_;
     ++interval_steps_;
-    double g_min = 0, g_c = 0;
-    const bool has_min = find_gain(r, 1.0 / opt_.cf_min, g_min);
-    const bool has_c = candidate_ == 0 ? has_min : find_gain(r, 1.0 / candidates_[candidate_], g_c);
-    if (candidate_ == 0) g_c = g_min;
+    // The gains are index-aligned with the request plan() made for this step.
+    const bool has_c = !r.gain_curve.empty();
+    const bool has_min = planned_candidate_ == 0 ? has_c : r.gain_curve.size() >= 2;
+    const double g_c = has_c ? r.gain_curve[0] : 0.0;
+    const double g_min = planned_candidate_ == 0 ? g_c : (has_min ? r.gain_curve[1] : 0.0);
     if (has_min) gain_min_.update(g_min, alpha_);
     if (candidate_ == 0)
       gain_c_ = gain_min_;
-    else if (has_c)
+    else if (has_c && planned_candidate_ == candidate_)
       gain_c_.update(g_c, alpha_);
+    const std::size_t next_at = planned_candidate_ == 0 ? 1 : 2;
+    if (planned_next_ && planned_candidate_ == candidate_ && r.gain_curve.size() > next_at)
+      gain_next_.update(r.gain_curve[next_at], alpha_);
 
-    switch (phase_) {
-      case gravac_phase::warmup:
-        if (observed_ >= opt_.warmup_steps) {
-          phase_ = gravac_phase::searching;
-          period_ = {};
-        }
-        break;
-      case gravac_phase::searching:
-        ++period_.steps;
-        period_.seconds += step_seconds(r, opt_.time);
-        if (has_c) {
-          period_.gain_sum += g_c;
-          ++period_.gain_count;
-        }
-        if (opt_.period_steps > 0 && period_.steps == opt_.period_steps)
-          end_period(static_cast<double>(period_.steps) * (opt_.samples_per_step > 0 ? opt_.samples_per_step : 1.0));
-        break;
-      case gravac_phase::monitoring: break;
+    const step_record now{planned_candidate_, planned_cf_, g_c, has_c, phase_ == gravac_phase::searching, true};
+    if (shared_clock()) {
+      account(now, step_seconds(r, opt_.time));
+    } else {
+      if (previous_.valid && r.previous_times_agreed) account(previous_, seconds_of_previous(r));
+      previous_ = now;
+      previous_modeled_s_ = r.modeled_communicate_s;
+    }
+    if (close_pending_) close_period(close_samples_per_step_);
+    if (phase_ == gravac_phase::warmup && observed_ >= opt_.warmup_steps) {
+      phase_ = gravac_phase::searching;
+      period_ = {};
     }
   }
 
-  //! The end of an interval: closes the evaluation period when periods are intervals.
+  //! The end of an interval: closes the evaluation period when periods are intervals (with a
+  //! clock read one step late, once the interval's last step has its time).
   void on_interval(const interval_info& info) {
     const std::uint64_t steps = interval_steps_;
     interval_steps_ = 0;
-    if (phase_ != gravac_phase::searching || opt_.period_steps > 0 || period_.steps == 0) return;
+    const bool last_step_pending = !shared_clock() && previous_.valid && previous_.searching;
+    if (phase_ != gravac_phase::searching || opt_.period_steps > 0 || (period_.steps == 0 && !last_step_pending))
+      return;
     double per_step = 1.0;
     if (opt_.samples_per_step > 0)
       per_step = opt_.samples_per_step;
     else if (info.samples > 0 && steps > 0)
       per_step = info.samples / static_cast<double>(steps);  // the period may be the tail of the interval
-    end_period(per_step * static_cast<double>(period_.steps));
+    if (last_step_pending) {
+      close_pending_ = true;
+      close_samples_per_step_ = per_step;
+    } else {
+      close_period(per_step);
+    }
   }
 
   //! Appends the full state (versioned) to \p out.
@@ -193,7 +224,7 @@ class gravac_policy {
     w.put<std::uint64_t>(observed_);
     w.put<std::uint64_t>(interval_steps_);
     w.put<std::uint64_t>(candidate_);
-    for (const ewma* e : {&gain_c_, &gain_min_}) {
+    for (const ewma* e : {&gain_c_, &gain_min_, &gain_next_}) {
       w.put(e->value);
       w.put<std::uint8_t>(e->ready);
     }
@@ -201,7 +232,18 @@ class gravac_policy {
     w.put(period_.seconds);
     w.put(period_.gain_sum);
     w.put<std::uint64_t>(period_.gain_count);
+    w.put<std::uint64_t>(period_.sent_at_c);
     w.put_vector(ct_);
+    w.put<std::uint64_t>(planned_candidate_);
+    w.put(planned_cf_);
+    w.put<std::uint8_t>(planned_next_);
+    w.put<std::uint64_t>(previous_.candidate);
+    w.put(previous_.cf);
+    w.put(previous_.gain);
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(previous_.has_gain | previous_.searching << 1 | previous_.valid << 2 |
+                                                  close_pending_ << 3));
+    w.put(previous_modeled_s_);
+    w.put(close_samples_per_step_);
   }
   //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
   //! another policy, version, options or layout, or on truncated or corrupt bytes.
@@ -212,8 +254,8 @@ class gravac_policy {
     const auto observed = r.get<std::uint64_t>();
     const auto interval_steps = r.get<std::uint64_t>();
     const auto candidate = r.get<std::uint64_t>();
-    ewma gain_c, gain_min;
-    for (ewma* e : {&gain_c, &gain_min}) {
+    ewma gain_c, gain_min, gain_next;
+    for (ewma* e : {&gain_c, &gain_min, &gain_next}) {
       e->value = r.get<double>();
       e->ready = r.get<std::uint8_t>() != 0;
     }
@@ -222,9 +264,26 @@ class gravac_policy {
     period.seconds = r.get<double>();
     period.gain_sum = r.get<double>();
     period.gain_count = r.get<std::uint64_t>();
+    period.sent_at_c = r.get<std::uint64_t>();
     std::vector<double> ct;
     r.get_vector(ct, candidates_.size());
+    const auto planned_candidate = r.get<std::uint64_t>();
+    const auto planned_cf = r.get<double>();
+    const auto planned_next = r.get<std::uint8_t>();
+    step_record previous;
+    previous.candidate = static_cast<std::size_t>(r.get<std::uint64_t>());
+    previous.cf = r.get<double>();
+    previous.gain = r.get<double>();
+    const auto flags = r.get<std::uint8_t>();
+    const auto previous_modeled = r.get<double>();
+    const auto close_samples = r.get<double>();
     r.finish();
+    if (planned_candidate >= candidates_.size() || previous.candidate >= candidates_.size())
+      r.fail("planned candidate index out of range");
+    if (flags > 15) r.fail("unknown flags");
+    previous.has_gain = flags & 1;
+    previous.searching = (flags >> 1) & 1;
+    previous.valid = (flags >> 2) & 1;
     if (phase > static_cast<std::uint8_t>(gravac_phase::monitoring)) r.fail("unknown phase");
     if (candidate >= candidates_.size()) r.fail("candidate index out of range");
     phase_ = static_cast<gravac_phase>(phase);
@@ -233,8 +292,16 @@ class gravac_policy {
     candidate_ = static_cast<std::size_t>(candidate);
     gain_c_ = gain_c;
     gain_min_ = gain_min;
+    gain_next_ = gain_next;
     period_ = period;
     ct_ = std::move(ct);
+    planned_candidate_ = static_cast<std::size_t>(planned_candidate);
+    planned_cf_ = planned_cf;
+    planned_next_ = planned_next != 0;
+    previous_ = previous;
+    close_pending_ = (flags >> 3) & 1;
+    previous_modeled_s_ = previous_modeled;
+    close_samples_per_step_ = close_samples;
   }
 
   //! The compression factor the next step will use (1 = dense).
@@ -283,27 +350,64 @@ class gravac_policy {
   };
   // What the evaluation period in progress has accumulated.
   struct period_sums {
-    std::uint64_t steps = 0;
-    double seconds = 0;
-    double gain_sum = 0;
+    std::uint64_t steps = 0;      // steps of the period
+    double seconds = 0;           // this rank's seconds of the steps sent at the candidate
+    double gain_sum = 0;          // their gains
     std::uint64_t gain_count = 0;
+    std::uint64_t sent_at_c = 0;  // steps sent at the candidate
   };
 
-  // The gain the report gives for kept fraction f (the trainer copies the requested
-  // fractions, so exact comparison finds them).
-  static bool find_gain(const step_report& r, double f, double& g) noexcept {
-    for (std::size_t j = 0; j < r.gain_candidates.size() && j < r.gain_curve.size(); ++j)
-      if (r.gain_candidates[j] == f) {
-        g = r.gain_curve[j];
-        return true;
+  // What the policy remembers of a step until its time is known.
+  struct step_record {
+    std::size_t candidate = 0;  // the candidate when it was planned
+    double cf = 0;              // the CF it was sent at (1: dense)
+    double gain = 0;            // the candidate's gain (rank average)
+    bool has_gain = false;
+    bool searching = false;     // planned during the search
+    bool valid = false;
+  };
+
+  // True when every rank reads the same clock (no measured part): its time is used at once.
+  [[nodiscard]] bool shared_clock() const noexcept {
+    return opt_.time.source == time_source::simulated && !opt_.time.include_codec;
+  }
+  // The previous step's seconds on the clock of time_options, from the ranks' average times.
+  [[nodiscard]] double seconds_of_previous(const step_report& r) const {
+    step_report prev;
+    prev.compress_s = r.previous_times.compress_s;
+    prev.communicate_s = r.previous_times.communicate_s;
+    prev.decompress_s = r.previous_times.decompress_s;
+    prev.iteration_s = r.previous_times.iteration_s;
+    prev.modeled_communicate_s = previous_modeled_s_;
+    return step_seconds(prev, opt_.time);
+  }
+  // Adds a step whose time is known to the evaluation period; closes the period after P steps.
+  void account(const step_record& s, double seconds) {
+    // A period holds the steps planned while its candidate was under evaluation.
+    if (!s.searching || phase_ != gravac_phase::searching || s.candidate != candidate_) return;
+    ++period_.steps;
+    if (s.candidate == candidate_ && s.cf == candidates_[candidate_]) {
+      ++period_.sent_at_c;
+      period_.seconds += seconds;
+      if (s.has_gain) {
+        period_.gain_sum += s.gain;
+        ++period_.gain_count;
       }
-    return false;
+    }
+    if (opt_.period_steps > 0 && period_.steps == opt_.period_steps)
+      close_period(opt_.samples_per_step > 0 ? opt_.samples_per_step : 1.0);
+  }
+  void close_period(double samples_per_step) {
+    close_pending_ = false;
+    if (phase_ != gravac_phase::searching) return;
+    end_period(samples_per_step * static_cast<double>(period_.sent_at_c), period_.seconds);
   }
 
-  // CT of the candidate under evaluation, then the stop / advance rules of algorithms.md.
-  void end_period(double samples) {
+  // CT of the candidate under evaluation (from the steps sent at it), then the stop /
+  // advance rules of the algorithm.
+  void end_period(double samples, double seconds) {
     const double mean_gain = period_.gain_count ? period_.gain_sum / static_cast<double>(period_.gain_count) : 0.0;
-    ct_[candidate_] = period_.seconds > 0 ? samples / period_.seconds * mean_gain : 0.0;
+    ct_[candidate_] = seconds > 0 && period_.sent_at_c > 0 ? samples / seconds * mean_gain : 0.0;
     period_ = {};
     const std::size_t i = candidate_;
     std::size_t best = 0, second = 0;
@@ -324,7 +428,8 @@ class gravac_policy {
     }
     if (i + 1 == candidates_.size()) return stop(best);
     ++candidate_;
-    gain_c_ = {};
+    gain_c_ = gain_next_;  // measured while the previous candidate was evaluated
+    gain_next_ = {};
   }
 
   void stop(std::size_t keep) {
@@ -341,7 +446,7 @@ class gravac_policy {
   std::vector<bool> one_dim_;
   double alpha_ = 0;
   std::uint64_t fingerprint_ = 0;
-  std::array<double, 2> request_{};
+  std::array<double, 3> request_{};
   // Decision state (saved and restored).
   gravac_phase phase_ = gravac_phase::warmup;
   std::uint64_t observed_ = 0;
@@ -349,7 +454,15 @@ class gravac_policy {
   std::size_t candidate_ = 0;
   ewma gain_c_;
   ewma gain_min_;
+  ewma gain_next_;  // the next candidate's, measured during the search
   period_sums period_;
+  std::size_t planned_candidate_ = 0;  // the candidate when the step in flight was planned
+  double planned_cf_ = 0;              // the CF it was sent at (1: dense)
+  bool planned_next_ = false;          // it asked for the next candidate's gain
+  step_record previous_;               // a clock read one step late: the step whose time comes next
+  double previous_modeled_s_ = 0;      // its modeled communication (the same on every rank)
+  bool close_pending_ = false;         // an interval ended: close the period once its last step has its time
+  double close_samples_per_step_ = 0;
 };
 static_assert(Policy<gravac_policy>);
 

@@ -14,8 +14,12 @@
 //! - Re-decided when the smoothed relative change of gain reaches gain_change (0.1) or
 //!   when alpha or beta move by network_change relative to the last decision.
 //!
-//! needs_statistics is true: the trainer averages the gain curve over ranks and takes the
-//! slowest rank's times, so every rank decides the same.
+//! needs_statistics is true: the trainer averages the gain curve over ranks (in the step's
+//! own collective), so every rank decides the same. With the measured network source a
+//! step's communication time enters the fit one step late, as the ranks' average the
+//! trainer carries in the next step's collective (step_report::previous_times): no
+//! collective of its own. The modeled source reads the network model's clock, which is the
+//! same on every rank, at once.
 
 #include <algorithm>
 #include <cmath>
@@ -231,7 +235,6 @@ class moo_policy {
   // collective that ran at the planned fraction: identical inputs on every rank.
   void learn_network(const step_report& r) {
     if (options_.source != network_source::measured && options_.source != network_source::modeled) return;
-    const double s = options_.source == network_source::modeled ? r.modeled_communicate_s : r.communicate_s;
     const double d = d_comp_ + d_dense_;
     const double fe = d > 0 ? (d_dense_ + last_planned_ * d_comp_) / d : 1.0;
     cost_terms t{};
@@ -240,7 +243,13 @@ class moo_policy {
       case collective_kind::allgather: t = cost_model::allgather_topk(ranks_, d, fe); break;
       default: t = cost_model::dense_allreduce(ranks_, d); break;
     }
-    estimate_.add(t, s);
+    if (options_.source == network_source::modeled) {
+      estimate_.add(t, r.modeled_communicate_s);
+    } else {  // the previous step's time, averaged over the ranks
+      if (has_pending_ && r.previous_times_agreed) estimate_.add(pending_terms_, r.previous_times.communicate_s);
+      pending_terms_ = t;
+      has_pending_ = true;
+    }
   }
   [[nodiscard]] bool gain_moved() const noexcept {
     for (std::size_t c = 0; c < smoothed_.size(); ++c)
@@ -296,6 +305,8 @@ class moo_policy {
   std::uint64_t intervals_ = 0;
   std::uint64_t interval_start_step_ = 0;
   std::uint64_t decisions_ = 0;
+  cost_terms pending_terms_{};   // measured source: the last step's cost terms, until its time arrives
+  bool has_pending_ = false;
 };
 static_assert(Policy<moo_policy>);
 
