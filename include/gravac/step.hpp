@@ -69,7 +69,9 @@ struct step_params {
   std::vector<double> kept_fraction;    //!< per layer; >= 1 sends the layer dense
   double global_fraction = dense_fraction;  //!< kept fraction when a compressor selects over the whole buffer
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
-  std::span<const double> gain_candidates;  //!< kept fractions whose gain the compressor must report
+  //! Kept fractions whose gain the compressor must report, in the order of
+  //! step_report::gain_curve (owned: a policy copies its request; no allocation once sized).
+  std::vector<double> gain_candidates;
   bool collect_norms = true;            //!< fill per-layer norms even on the dense fast path
   std::vector<std::uint32_t> bin_length;  //!< AdaComp's L_T per layer (0: the compressor's default for the kind)
   int ranks = 1;                        //!< number of ranks (cast16 divides by it before the sum)

@@ -23,8 +23,14 @@ namespace gravac {
 
 //! What the trainer does when a gradient holds NaN or infinity.
 enum class non_finite_action : std::uint8_t {
-  throw_error,  //!< throw gravac::error naming the layer and the rank (on every rank)
-  skip_step,    //!< skip the step on every rank: gradient zeroed, residuals untouched
+  //! throw gravac::error on every rank, naming the layer (the failing rank) or the failing
+  //! rank (the others). The flag rides in the step's collective, so the others learn of it
+  //! after sending: each gives what it sent back to its residual (it then holds u = g + e);
+  //! the failing rank's residual is unchanged. The step counter does not advance.
+  throw_error,
+  //! skip the step on every rank: gradient zeroed, residuals untouched. The ranks must know
+  //! before anything is sent, which costs one small Allreduce per step.
+  skip_step,
   zero_values,  //!< replace the offending values by zero and go on
   ignore,       //!< do not check (fastest; the caller guarantees finite gradients)
 };
@@ -148,6 +154,12 @@ class trainer {
     const double modeled_before = comm_.modeled_seconds();
     collective_.aggregate(compressor_, comm_, buf, params_, stats_, report_);
     report_.modeled_communicate_s = comm_.modeled_seconds() - modeled_before;
+    // A collective that dropped the control values would leave the ranks deciding on
+    // local numbers (and a failing rank alone): refuse rather than diverge.
+    if (buf.control && !control_.has_sums())
+      throw error(status::invalid_argument,
+                  "trainer::step: the collective did not carry the step's control values (see step_control.hpp)",
+                  comm_.rank());
     if (flag_slot_ != no_slot) throw_if_flagged(buf, bad_layer);
     residual_zero_ = params_.all_dense();
     fill_report();
@@ -206,44 +218,9 @@ class trainer {
   [[nodiscard]] communicator_ref<memory_space>& communicator() noexcept { return comm_; }
 
  private:
-  // Every rank posts its layout hash; a mismatch fails on all ranks, naming the odd ones.
+  // Every rank compares its layout hash; a mismatch fails on all ranks, naming the odd ones.
   void verify_layout_across_ranks() {
-    if constexpr (!memory_space::host_accessible) {  // device engines gather into device memory
-      verify_layout_by_reduction();
-      return;
-    }
-    const std::uint64_t h = layout_.hash();
-    std::vector<std::size_t> sizes;
-    typename communicator_ref<memory_space>::byte_buffer all;
-    comm_.allgatherv(std::as_bytes(std::span<const std::uint64_t>(&h, 1)), all, sizes);
-    std::string odd;
-    std::uint64_t h0 = 0;
-    for (std::size_t r = 0; r < sizes.size(); ++r) {
-      std::uint64_t hr = 0;
-      if (sizes[r] == sizeof hr) std::memcpy(&hr, all.data() + r * sizeof hr, sizeof hr);
-      if (r == 0) h0 = hr;
-      if (hr != h0 || sizes[r] != sizeof hr) odd += (odd.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (!odd.empty())
-      throw error(status::layout_mismatch, "the layout differs between ranks (ranks " + odd + " differ from rank 0)",
-                  comm_.rank());
-  }
-
-  // The same check through host-memory reductions only: rank 0's hash (in four exact 16-bit
-  // parts) reaches every rank by a sum, then each rank flags itself when it differs.
-  void verify_layout_by_reduction() {
-    const std::uint64_t h = layout_.hash();
-    const auto n = static_cast<std::size_t>(comm_.size());
-    std::vector<double> v(4 + n, 0.0);
-    for (int i = 0; i < 4; ++i) v[static_cast<std::size_t>(i)] = comm_.rank() == 0 ? double((h >> (16 * i)) & 0xffff) : 0.0;
-    comm_.allreduce_sum(std::span<double>(v.data(), 4));
-    std::uint64_t h0 = 0;
-    for (int i = 0; i < 4; ++i) h0 |= static_cast<std::uint64_t>(v[static_cast<std::size_t>(i)]) << (16 * i);
-    v[4 + static_cast<std::size_t>(comm_.rank())] = h0 != h ? 1.0 : 0.0;
-    comm_.allreduce_sum(std::span<double>(v.data() + 4, n));
-    std::string odd;
-    for (std::size_t r = 0; r < n; ++r)
-      if (v[4 + r] != 0.0) odd += (odd.empty() ? "" : ", ") + std::to_string(r);
+    const std::string odd = detail::ranks_differing_from_rank0(comm_, layout_.hash());
     if (!odd.empty())
       throw error(status::layout_mismatch, "the layout differs between ranks (ranks " + odd + " differ from rank 0)",
                   comm_.rank());

@@ -165,7 +165,7 @@ TEST_CASE("adacomp_cuda: dense layers go raw, gain curve") {
   p.kept_fraction[1] = 1.0;
   p.kept_fraction[6] = 1.0;
   const double candidates[] = {0.5, 0.1, 0.01, 0.001};
-  p.gain_candidates = candidates;
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
   for (std::uint64_t s = 0; s < 3; ++s) r.step(gravac::test::make_data(r.lay.numel(), 41 + s), p);
   p.gain_candidates = {};
   r.step(gravac::test::make_data(r.lay.numel(), 44), p);
@@ -344,7 +344,7 @@ TEST_CASE("topk_cuda whole_buffer: gain curve and validation of its packets") {
   auto p = gravac::test::params_for(r.lay, 0.02);
   p.kept_fraction[2] = 1.0;
   const double candidates[] = {0.1, 0.01};
-  p.gain_candidates = candidates;
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
   for (std::uint64_t s = 0; s < 2; ++s) r.step(gravac::test::make_data(lay.numel(), 91 + s), p);
   REQUIRE(r.dev.validate(r.packet_dev.span().first(r.bytes)));
 }

@@ -87,7 +87,7 @@ TEST_CASE("topk_cuda: mixed layout, dense layers, gain curve") {
   auto p = gravac::test::params_for(r.lay, 0.05);
   p.kept_fraction[1] = 1.0;  // a layer sent dense
   const double candidates[] = {0.5, 0.1, 0.01, 0.001};
-  p.gain_candidates = candidates;
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
   for (std::uint64_t s = 0; s < 3; ++s) r.step(gravac::test::make_data(r.lay.numel(), 31 + s), p);
 }
 
@@ -250,7 +250,7 @@ TEST_CASE("threshold_cuda at 2^26 values matches threshold at 1%, on a mixed lay
   auto p = gravac::test::params_for(r.lay, 0.02);
   p.kept_fraction[0] = 1.0;
   const double candidates[] = {0.1, 0.01};
-  p.gain_candidates = candidates;
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
   auto g = gravac::test::make_data(lay.numel(), 82);
   g[lay[1].offset] = std::numeric_limits<float>::infinity();
   g[lay.numel() - 1] = std::numeric_limits<float>::quiet_NaN();

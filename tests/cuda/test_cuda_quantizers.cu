@@ -250,7 +250,7 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
       auto p = gravac::test::params_for(r.lay, 0.1, s, 17);
       p.kept_fraction[1] = 1.0;           // a layer sent dense
       if (s == 1) p.kept_fraction[6] = 1.0;  // the big one dense on one step
-      if (s == 2) p.gain_candidates = candidates;
+      if (s == 2) p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
       auto g = gravac::test::make_data(r.lay.numel(), 71 + s);
       for (std::size_t j = 0; j < r.lay[5].numel; ++j) g[r.lay[5].offset + j] = 0.0f;
       r.step(g, p);

@@ -122,6 +122,7 @@ TEST_CASE("MPI: the flexible collective over a simulated schedule chooses the sa
   opt.policy.kept_fraction = 0.1;
   opt.collective.source = network_source::profile;
   opt.collective.profile = sched;
+  opt.collective.charge_codec = false;  // the network model alone decides here
   trainer<topk, flexible, fixed_policy> t(sim, lay, opt);
   int switches = 0;
   collective_kind prev = collective_kind::automatic;

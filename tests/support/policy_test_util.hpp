@@ -25,7 +25,7 @@ inline std::uint64_t params_hash(const step_params& p) {
   return h;
 }
 
-// The parameters of one step, owned (step_params::gain_candidates points into the policy).
+// The parameters of one step, owned (they outlive the trainer).
 struct recorded_params {
   std::uint64_t step = 0, seed = 0, hash = 0;
   std::vector<double> kept_fraction;

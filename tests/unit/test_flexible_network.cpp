@@ -202,6 +202,7 @@ TEST_CASE("flexible: under a simulated step schedule it switches where the cost 
       opt.policy.kept_fraction = f;
       opt.collective.source = network_source::profile;
       opt.collective.profile = sched;
+      opt.collective.charge_codec = false;  // the network model alone decides here
       flex_trainer t(sim, lay, opt);
       after_ctor[static_cast<std::size_t>(tc.rank())] = sim.modeled_seconds();
       for (int s = 0; s < steps; ++s) {
@@ -221,7 +222,8 @@ TEST_CASE("flexible: under a simulated step schedule it switches where the cost 
     flexible probe(lay, fixed_net);
     const double fe = probe.kept_fraction_of(p), d = static_cast<double>(lay.numel());
     std::set<collective_kind> seen;
-    double expect_clock = cost_model::allgather(n, 8.0 * n).seconds(sched->at(0, 0));  // the layout check
+    // The layout check: one Allreduce of 8 doubles.
+    double expect_clock = cost_model::ring_allreduce(n, 64.0).seconds(sched->at(0, 0));
     for (int s = 0; s < steps; ++s) {
       const auto& net = sched->at(static_cast<std::uint64_t>(s), 0);
       const auto c = flexible::costs(n, d, fe, net);
@@ -298,4 +300,58 @@ TEST_CASE("flexible: measured timings give the same choices on every rank; a pol
   bad = {};
   bad.sync_interval = 0;
   CHECK_THROWS_AS(flexible(lay, bad), error);
+}
+
+TEST_CASE("flexible: with charge_codec each step takes the cheapest of network cost plus measured codec time",
+          "[flexible][codec]") {
+  // A network where Allgather top-k at 1% is modeled 20 us cheaper than a dense Allreduce
+  // of 2^18 floats: whether compression pays then depends on the codec times, which are
+  // measured (so the test checks the rule, not which path wins on this machine).
+  constexpr int n = 4, steps = 8;
+  layout lay;
+  lay.add("w", {512, 512}, layer_kind::dense);
+  const double d = static_cast<double>(lay.numel());
+  const auto dense = cost_model::dense_allreduce(n, d), gather = cost_model::allgather_topk(n, d, 0.01);
+  const network_params net{1e-6, (20e-6 - (dense.latency - gather.latency) * 1e-6) / (dense.bytes - gather.bytes)};
+  REQUIRE(net.beta > 0);
+  std::vector<std::vector<collective_kind>> with(n), without(n);
+  std::vector<std::vector<std::array<double, 3>>> codec(n), costs(n);
+  for (bool charge : {true, false}) {
+    run_ranks(n, [&](thread_communicator& tc) {
+      const auto r = static_cast<std::size_t>(tc.rank());
+      flex_trainer::options opt;
+      opt.policy.kept_fraction = 0.01;
+      opt.collective.source = network_source::fixed;
+      opt.collective.network = net;
+      opt.collective.charge_codec = charge;
+      flex_trainer t(tc, lay, opt);
+      for (int s = 0; s < steps; ++s) {
+        auto g = test::make_data(lay.numel(), 5 * s + tc.rank());
+        (charge ? with : without)[r].push_back(t.step(g).collective);
+        if (charge) {
+          codec[r].push_back(t.collective().codec_seconds());
+          costs[r].push_back(t.collective().last_costs());
+        }
+      }
+    });
+  }
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(with[static_cast<std::size_t>(r)] == with[0]);    // the same choices everywhere...
+    CHECK(codec[static_cast<std::size_t>(r)] == codec[0]);  // ...from the same (rank-averaged) codec times
+    CHECK(without[static_cast<std::size_t>(r)] == std::vector<collective_kind>(steps, collective_kind::allgather));
+  }
+  CHECK(with[0][0] == collective_kind::allgather);  // no codec time known yet: the network decides
+  CHECK(codec[0][1][2] > 0);                       // the Allgather step's codec time arrived with the next step
+  std::set<collective_kind> used(with[0].begin(), with[0].end());
+  for (int s = 1; s < steps; ++s) {
+    // Step s decides on the codec times known after step s - 1.
+    std::array<double, 3> total{};
+    for (std::size_t k = 0; k < 3; ++k) total[k] = costs[0][static_cast<std::size_t>(s)][k] + codec[0][static_cast<std::size_t>(s - 1)][k];
+    const auto cheapest = flexible::candidates[static_cast<std::size_t>(std::min_element(total.begin(), total.end()) - total.begin())];
+    INFO("step " << s);
+    CHECK(with[0][static_cast<std::size_t>(s)] == cheapest);
+  }
+  // Top-k over 2^18 values costs more than 20 us, so the untried dense path was tried.
+  CHECK(used.count(collective_kind::dense_allreduce) == 1);
 }

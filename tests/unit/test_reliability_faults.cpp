@@ -290,7 +290,7 @@ TEST_CASE("faults: hash_step_params sees every field that changes what is sent",
   CHECK(detail::hash_step_params(p) != h0);
   p = base;
   const double cands[] = {0.1, 0.01};
-  p.gain_candidates = cands;
+  p.gain_candidates.assign(std::begin(cands), std::end(cands));
   CHECK(detail::hash_step_params(p) != h0);
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 //! \file flexible.hpp
 //! \brief The flexible collective: each step runs the cheapest of dense Allreduce, AR-Topk
-//! and Allgather top-k for that step's kept fraction under the current network estimate
+//! and Allgather top-k for that step's kept fraction under the current network estimate,
+//! with each path's measured compression time added (charge_codec)
 //! (algorithms.md, "Flexible communication"). A policy can force one through
 //! step_params::collective; the choice made is reported in step_report::collective.
 //!
@@ -42,6 +43,11 @@ struct flexible_options {
   std::size_t window = 64;        //!< samples in the fitted estimate
   allreduce_compatible_options ar_topk{};  //!< options of the AR-Topk path
   bool dense_sends_everything = true;  //!< a dense step sends u = g + e whole (it costs the same)
+  //! Add to each path's modeled communication its measured compression and decompression
+  //! time (the ranks' average, smoothed): on a fast network the codec, not the wire, decides
+  //! whether compression pays. A path not run yet counts as free, so it is tried once.
+  bool charge_codec = true;
+  double codec_smoothing = 0.2;  //!< weight of the newest codec time in its EWMA, in (0, 1]
 };
 
 //! Picks dense Allreduce, AR-Topk or Allgather per step by the cost model. Models Collective.
@@ -71,6 +77,7 @@ class flexible {
             "flexible: network_source::profile needs options.profile");
     require(opt.sync_interval >= 1, "flexible: sync_interval must be >= 1");
     require(opt.window >= 2, "flexible: window must be >= 2");
+    require(opt.codec_smoothing > 0 && opt.codec_smoothing <= 1, "flexible: codec_smoothing must be in (0, 1]");
     pending_terms_.reserve(4 * opt.sync_interval);
     pending_seconds_.reserve(4 * opt.sync_interval);
   }
@@ -93,17 +100,24 @@ class flexible {
     const double f = kept_fraction_of(p);
     net_ = network_now(comm, p.step);
     costs_ = costs(n, d, f, net_, IndexSelector<C> ? options_.allreduce : allreduce_algorithm::ring, IndexSelector<C>);
+    for (std::size_t k = 0; k < costs_.size(); ++k) totals_[k] = costs_[k] + (options_.charge_codec ? codec_[k] : 0.0);
     collective_kind kind = p.collective;
     if (kind == collective_kind::automatic) {
       kind = f >= 1 ? collective_kind::dense_allreduce : candidates[static_cast<std::size_t>(
-                                                            std::min_element(costs_.begin(), costs_.end()) - costs_.begin())];
+                                                            std::min_element(totals_.begin(), totals_.end()) - totals_.begin())];
     }
     const double modeled0 = modeled(comm);
-    // A full batch of measured timings rides in this step's collective.
     step_control& ctl = buf.control ? *buf.control : own_control_;
     if (!buf.control) own_control_.clear();
     step_buffers<typename C::memory_space> b = buf;
     b.control = &ctl;
+    // The previous step's codec time (this rank's) rides in this step's collective.
+    std::size_t codec_slot = static_cast<std::size_t>(-1);
+    if (options_.charge_codec && has_last_codec_) {
+      codec_slot = ctl.reserve(1);
+      ctl.local(codec_slot) = static_cast<float>(last_codec_s_);
+    }
+    // A full batch of measured timings rides in this step's collective.
     std::size_t batch_slot = static_cast<std::size_t>(-1);
     const std::size_t batch = pending_seconds_.size();
     if (options_.source == network_source::measured && batch >= options_.sync_interval) {
@@ -136,7 +150,15 @@ class flexible {
         terms = cost_model::dense_allreduce(n, d);
         break;
     }
+    if (codec_slot != static_cast<std::size_t>(-1) && ctl.has_sums()) {
+      const double mean = static_cast<double>(ctl.sum(codec_slot)) / n;
+      double& e = codec_[index_of(last_)];
+      e = codec_known_[index_of(last_)] ? e + options_.codec_smoothing * (mean - e) : mean;
+      codec_known_[index_of(last_)] = true;
+    }
     last_ = r.collective;
+    last_codec_s_ = r.compress_s + r.decompress_s;
+    has_last_codec_ = true;
     if (batch_slot != static_cast<std::size_t>(-1) && ctl.has_sums()) {
       for (std::size_t i = 0; i < batch; ++i)
         estimate_.add(pending_terms_[i], static_cast<double>(ctl.sum(batch_slot + i)) / n);
@@ -179,8 +201,11 @@ class flexible {
 
   //! The collective used by the last step.
   [[nodiscard]] collective_kind last_choice() const noexcept { return last_; }
-  //! The modeled costs the last step compared (dense, AR-Topk, Allgather).
+  //! The modeled communication costs the last step compared (dense, AR-Topk, Allgather).
   [[nodiscard]] const std::array<double, 3>& last_costs() const noexcept { return costs_; }
+  //! The smoothed codec seconds of each path (dense, AR-Topk, Allgather; 0 until it ran),
+  //! the ranks' average, added to last_costs() when charge_codec is set.
+  [[nodiscard]] const std::array<double, 3>& codec_seconds() const noexcept { return codec_; }
   //! The network the last step was priced with.
   [[nodiscard]] const network_params& last_network() const noexcept { return net_; }
   //! The fitted estimate (measured and modeled sources).
@@ -189,6 +214,9 @@ class flexible {
   [[nodiscard]] const allreduce_compatible& ar_topk() const noexcept { return ar_; }
 
  private:
+  static std::size_t index_of(collective_kind k) noexcept {
+    return k == collective_kind::allreduce_compatible ? 1 : k == collective_kind::allgather ? 2 : 0;
+  }
   template <class M>
   static double modeled(M& comm) {
     if constexpr (requires { comm.modeled_seconds(); })
@@ -240,6 +268,11 @@ class flexible {
   std::vector<double> pending_seconds_;
   step_control own_control_;  // used when the caller passes no step_control
   std::array<double, 3> costs_{};
+  std::array<double, 3> totals_{};             // costs_ plus the codec times
+  std::array<double, 3> codec_{};              // smoothed codec seconds per path (ranks' average)
+  std::array<bool, 3> codec_known_{};
+  double last_codec_s_ = 0;                    // this rank's codec seconds of the last step
+  bool has_last_codec_ = false;
   network_params net_{};
   collective_kind last_ = collective_kind::dense_allreduce;
 };

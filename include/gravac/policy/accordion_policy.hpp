@@ -166,7 +166,7 @@ class accordion_policy {
     }
     p.global_fraction = total > 0 ? kept / total : dense_fraction;
     p.collective = opt_.collective;
-    p.gain_candidates = {};
+    p.gain_candidates.clear();
   }
 
   //! Trainer hook, every step before aggregation: adds this rank's flat local gradient

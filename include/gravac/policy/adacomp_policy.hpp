@@ -93,7 +93,7 @@ class adacomp_policy {
       }
     p.global_fraction = total > 0 ? kept / total : dense_fraction;
     p.collective = opt_.collective;
-    p.gain_candidates = {};
+    p.gain_candidates.clear();
   }
 
   //! Records the kept fraction each layer achieved.

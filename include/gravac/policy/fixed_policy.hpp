@@ -50,7 +50,7 @@ class fixed_policy {
     std::copy(fractions_.begin(), fractions_.end(), p.kept_fraction.begin());
     p.global_fraction = options_.kept_fraction;
     p.collective = options_.collective;
-    p.gain_candidates = {};
+    p.gain_candidates.clear();
   }
   //! Nothing to learn.
   void observe(const step_report&) noexcept {}

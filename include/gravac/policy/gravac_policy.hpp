@@ -155,7 +155,7 @@ class gravac_policy {
     if (candidate_ != 0) request_[n++] = 1.0 / opt_.cf_min;
     planned_next_ = phase_ != gravac_phase::monitoring && candidate_ + 1 < candidates_.size();
     if (planned_next_) request_[n++] = 1.0 / candidates_[candidate_ + 1];
-    p.gain_candidates = std::span<const double>(request_.data(), n);
+    p.gain_candidates.assign(request_.begin(), request_.begin() + static_cast<std::ptrdiff_t>(n));
     planned_candidate_ = candidate_;
     planned_cf_ = cf;
   }
