@@ -145,7 +145,8 @@ struct step_report {
   std::vector<double> kept_fraction;        //!< per layer: values sent / numel (achieved; averaged over ranks when the policy asks)
   std::vector<double> layer_grad_norm;      //!< per layer ||g_l|| (averaged over ranks when the policy asks)
   std::vector<double> gain_candidates;      //!< the candidate kept fractions of gain_curve (step_params order)
-  std::vector<double> gain_curve;           //!< gain_curve[i]: gain at gain_candidates[i] (averaged over ranks when the policy asks)
+  //! gain_curve[i]: the gain at gain_candidates[i] (averaged over ranks when the policy asks).
+  std::vector<double> gain_curve;
   double gain = 1;                          //!< ||C(u)|| / ||u|| of what was sent
   std::size_t bytes_sent = 0;               //!< bytes this rank put on the wire
   std::size_t dense_bytes = 0;              //!< bytes a dense fp32 Allreduce would have sent

@@ -317,10 +317,11 @@ class trainer {
     for (std::size_t c = 0; c < t.params_.gain_candidates.size(); ++c)
       t.control_.local(at++) =
           static_cast<float>(c < st.candidate_kept_sq.size() ? gain_from_sq(st.candidate_kept_sq[c], in) : 1.0);
-    for (std::size_t i = 0; i < t.layout_.size(); ++i) t.control_.local(at++) = static_cast<float>(std::sqrt(st.layers[i].grad_sq));
+    for (std::size_t i = 0; i < t.layout_.size(); ++i)
+      t.control_.local(at++) = static_cast<float>(std::sqrt(st.layers[i].grad_sq));
     for (std::size_t i = 0; i < t.layout_.size(); ++i) {
-      const auto n = t.layout_[i].numel;
-      t.control_.local(at++) = n ? static_cast<float>(static_cast<double>(st.layers[i].kept) / static_cast<double>(n)) : 0.0f;
+      const auto n = static_cast<double>(t.layout_[i].numel);
+      t.control_.local(at++) = n > 0 ? static_cast<float>(static_cast<double>(st.layers[i].kept) / n) : 0.0f;
     }
   }
 

@@ -119,7 +119,8 @@ TEST_CASE("MPI: accordion_policy decides identically on every rank", "[mpi][poli
   using T = trainer<topk, allgather, accordion_policy>;
   // A decision every interval: the schedule has 8 epochs, fewer than the default compare_every (10).
   check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.compare_every = 1}});
-  check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
+  check_agreement<topk, allgather, accordion_policy>(
+      T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
 }
 
 TEST_CASE("MPI: adacomp_policy with top-k and with the AdaComp compressor", "[mpi][policy][adacomp]") {

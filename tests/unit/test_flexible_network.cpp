@@ -347,8 +347,10 @@ TEST_CASE("flexible: with charge_codec each step takes the cheapest of network c
   for (int s = 1; s < steps; ++s) {
     // Step s decides on the codec times known after step s - 1.
     std::array<double, 3> total{};
-    for (std::size_t k = 0; k < 3; ++k) total[k] = costs[0][static_cast<std::size_t>(s)][k] + codec[0][static_cast<std::size_t>(s - 1)][k];
-    const auto cheapest = flexible::candidates[static_cast<std::size_t>(std::min_element(total.begin(), total.end()) - total.begin())];
+    const auto at = static_cast<std::size_t>(s);
+    for (std::size_t k = 0; k < 3; ++k) total[k] = costs[0][at][k] + codec[0][at - 1][k];
+    const auto least = std::min_element(total.begin(), total.end()) - total.begin();
+    const auto cheapest = flexible::candidates[static_cast<std::size_t>(least)];
     INFO("step " << s);
     CHECK(with[0][static_cast<std::size_t>(s)] == cheapest);
   }

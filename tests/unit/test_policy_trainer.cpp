@@ -157,8 +157,8 @@ TEST_CASE("threads: accordion_policy decides identically on every rank and match
   const auto log = check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.compare_every = 1}});
   CHECK(fractions_of_layer(log, 0) == std::set<double>{0.01, 0.1});  // both levels were used
   CHECK(fractions_of_layer(log, 1) == std::set<double>{1.0});          // the bias stays dense
-  const auto by_interval =
-      check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
+  const T::options every_3_steps{.policy = {.interval_steps = 3, .compare_every = 1}};
+  const auto by_interval = check_agreement<topk, allgather, accordion_policy>(every_3_steps);
   CHECK(fractions_of_layer(by_interval, 2).size() == 2);
 }
 
@@ -188,7 +188,8 @@ TEST_CASE("threads: simulated time drives a reproducible search", "[policy][grav
     std::vector<double> table;
     run_ranks(ranks, [&](thread_communicator& comm) {
       test::mock_network_comm net(comm, 1e-4, 1e-6);
-      trainer<topk, allgather, gravac_policy> t(net, lay, {.policy = small_gravac({time_source::simulated, 0.002, false})});
+      trainer<topk, allgather, gravac_policy> t(net, lay,
+                                                {.policy = small_gravac({time_source::simulated, 0.002, false})});
       test::rank_log log;
       test::run_schedule(t, comm.rank(), 0, total_steps, log);
       if (comm.rank() == 0) table.assign(t.policy().throughput_table().begin(), t.policy().throughput_table().end());

@@ -39,7 +39,8 @@ struct flexible_options {
   network_params network{};      //!< the fixed network, and the prior of the fitted estimate
   std::shared_ptr<const network_profile> profile{};  //!< required by network_source::profile
   allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how AR-Topk's value Allreduce is priced
-  std::size_t sync_interval = 8;  //!< measured source: timings per batch averaged over the ranks (in a step's collective)
+  //! Measured source: timings per batch, averaged over the ranks inside a later step's collective.
+  std::size_t sync_interval = 8;
   std::size_t window = 64;        //!< samples in the fitted estimate
   allreduce_compatible_options ar_topk{};  //!< options of the AR-Topk path
   bool dense_sends_everything = true;  //!< a dense step sends u = g + e whole (it costs the same)
@@ -103,8 +104,8 @@ class flexible {
     for (std::size_t k = 0; k < costs_.size(); ++k) totals_[k] = costs_[k] + (options_.charge_codec ? codec_[k] : 0.0);
     collective_kind kind = p.collective;
     if (kind == collective_kind::automatic) {
-      kind = f >= 1 ? collective_kind::dense_allreduce : candidates[static_cast<std::size_t>(
-                                                            std::min_element(totals_.begin(), totals_.end()) - totals_.begin())];
+      const auto cheapest = std::min_element(totals_.begin(), totals_.end()) - totals_.begin();
+      kind = f >= 1 ? collective_kind::dense_allreduce : candidates[static_cast<std::size_t>(cheapest)];
     }
     const double modeled0 = modeled(comm);
     step_control& ctl = buf.control ? *buf.control : own_control_;
