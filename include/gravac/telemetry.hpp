@@ -74,11 +74,11 @@ inline void check_stream(const std::ostream& os, std::string_view who) {
 
 //! The fixed columns of csv_sink, in order. Per-layer columns follow when the sink
 //! was given a layout: `kept_fraction:<layer>` for every layer, then `grad_norm:<layer>`.
-inline constexpr std::array<std::string_view, 13> csv_columns = {
+inline constexpr std::array<std::string_view, 14> csv_columns = {
     "step",          "skipped",       "collective",   "gain",
     "bytes_sent",    "dense_bytes",   "compress_s",   "communicate_s",
     "decompress_s",  "modeled_communicate_s",         "iteration_s",
-    "statistics_synchronized",        "mean_kept_fraction"};
+    "statistics_synchronized",        "mean_kept_fraction", "fallback"};
 
 //! Writes one CSV row per step, after a header line written at construction.
 //!
@@ -115,6 +115,7 @@ class csv_sink final : public telemetry_sink {
     for (double v : {r.compress_s, r.communicate_s, r.decompress_s, r.modeled_communicate_s, r.iteration_s}) field(v);
     os << (r.statistics_synchronized ? ",1," : ",0,");
     number(mean_kept(r));
+    os << ',' << to_string(r.fallback);
     if (layers_ > 0) {
       for (double v : r.kept_fraction) field(v);
       for (double v : r.layer_grad_norm) field(v);
@@ -166,7 +167,7 @@ class csv_sink final : public telemetry_sink {
 
 //! Writes one JSON object per line and step. Keys: step, skipped, collective, gain,
 //! bytes_sent, dense_bytes, compress_s, communicate_s, decompress_s,
-//! modeled_communicate_s, iteration_s, statistics_synchronized, then the arrays
+//! modeled_communicate_s, iteration_s, statistics_synchronized, fallback, then the arrays
 //! kept_fraction, layer_grad_norm (layout order), gain_candidates and gain_curve.
 //! Non-finite numbers are written as null (JSON has no NaN).
 class jsonl_sink final : public telemetry_sink {
@@ -192,6 +193,7 @@ class jsonl_sink final : public telemetry_sink {
     key_number("modeled_communicate_s", r.modeled_communicate_s);
     key_number("iteration_s", r.iteration_s);
     os << ",\"statistics_synchronized\":" << (r.statistics_synchronized ? "true" : "false");
+    os << ",\"fallback\":\"" << to_string(r.fallback) << '"';
     array("kept_fraction", r.kept_fraction);
     array("layer_grad_norm", r.layer_grad_norm);
     array("gain_candidates", r.gain_candidates);

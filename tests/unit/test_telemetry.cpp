@@ -243,7 +243,8 @@ TEST_CASE("jsonl_sink: one valid JSON object per line with exact values", "[tele
     const auto& r = reports[s];
     json_line j{ls[s]};
     j.parse();
-    CHECK(j.members.size() == 16);
+    CHECK(j.members.size() == 17);
+    CHECK(j.members["fallback"] == "\"" + std::string(to_string(r.fallback)) + "\"");
     CHECK(j.members["step"] == std::to_string(r.step));
     CHECK(j.members["skipped"] == "false");
     CHECK(j.members["collective"] == "\"" + std::string(to_string(r.collective)) + "\"");
