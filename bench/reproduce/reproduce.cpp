@@ -674,7 +674,17 @@ int main(int argc, char** argv) {
     std::ostringstream md;
     md << "# Fashion-MNIST reproduction\n\nMachine: " << machine_line() << ". Wall time of the whole experiment: "
        << fmt("%.0f", total_s) << " s. Command:";
-    for (int i = 0; i < argc; ++i) md << ' ' << (i ? std::string(argv[i]) : std::string("reproduce"));
+    // The arguments that shape the result; where the output went (--out) is left out.
+    md << " reproduce";
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--out" && i + 1 < argc) {
+        ++i;
+        continue;
+      }
+      if (a.rfind("--out=", 0) == 0) continue;
+      md << ' ' << a;
+    }
     md << "\n\nEvery step's modeled time = the modeled compute per step + the measured compression time (thread CPU "
           "time) + the communication the simulated network charged. Methods whose decisions do not depend on the "
           "network train once per seed and are charged on the three networks at once; the others train once per "
