@@ -235,7 +235,7 @@ class cnn final : public model {
     row_map dw(g.data() + wl.offset, static_cast<Eigen::Index>(wl.rows()), static_cast<Eigen::Index>(wl.cols()));
     vec_map db(g.data() + bl.offset, static_cast<Eigen::Index>(bl.numel));
     dw.noalias() = delta.transpose() * in;
-    db = delta.colwise().sum().transpose();
+    detail::column_sums(delta, db);  // not colwise().sum(): its bits depend on db's address
   }
 
   // dW = dY * cols^T, db = row sums of dY (CNHW convolution).

@@ -52,7 +52,7 @@ class mlp final : public model {
         const_row_map xin(x, static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(sizes_[0]));
         dw.noalias() = delta_.transpose() * xin;
       }
-      db = delta_.colwise().sum().transpose();
+      detail::column_sums(delta_, db);  // not colwise().sum(): its bits depend on db's address
       if (i == 0) break;
       const_row_map w(params.data() + wl.offset, static_cast<Eigen::Index>(wl.rows()),
                       static_cast<Eigen::Index>(wl.cols()));

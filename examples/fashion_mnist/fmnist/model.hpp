@@ -80,6 +80,22 @@ class model {
 
 namespace detail {
 
+//! Writes the column sums of \p m (0 + row 0 + row 1 + ..., in row order) into \p out: the
+//! bias gradient of a batch-major layer. Not `out = m.colwise().sum().transpose()`: \p out
+//! maps the flat gradient buffer, which is only float-aligned, and Eigen evaluates the
+//! unaligned head of such a destination coefficient by coefficient (a sequential sum down
+//! the column) and the rest in packets (rows added four at a time, pairwise): two summation
+//! orders, and which elements take which depends on the buffer's address modulo the vector
+//! width (64 bytes with AVX-512), i.e. on what the allocator handed back. A run that
+//! followed other runs in the process (whose freed blocks, from whichever thread arena a
+//! rank got, shifted that address) then computed different last bits than the same run
+//! alone. Adding whole rows is elementwise, so every element is summed in the same order in
+//! packets and in scalars alike, wherever the buffer lies.
+inline void column_sums(const row_matrix& m, vec_map out) {
+  out.setZero();
+  for (Eigen::Index i = 0; i < m.rows(); ++i) out += m.row(i).transpose();
+}
+
 //! Softmax cross-entropy over the rows of \p logits (n x classes) with labels \p y:
 //! adds the loss and hits to \p r and, when \p dlogits is given, writes
 //! d(mean loss)/d(logits) = (softmax - onehot) / n into it.
