@@ -506,7 +506,7 @@ TEST_CASE("threads: a restore with the rank-local state continues bit for bit", 
     std::vector<log> part(ranks);
     std::vector<std::vector<std::byte>> shared(ranks), local(ranks);
     std::vector<std::vector<float>> residual(ranks);
-    std::vector<bool> pending(ranks);
+    std::vector<char> pending(ranks);  // not vector<bool>: ranks write neighbouring elements
     run_ranks(ranks, [&](thread_communicator& comm) {
       T t(comm, lay, opt);
       run(t, comm.rank(), 0, cut, part[comm.rank()]);

@@ -207,7 +207,7 @@ TEST_CASE("threads: times are each rank's own; a statistics policy gets the rank
   const auto lay = test::mixed_layout();
   std::vector<double> own(ranks), seen(ranks);
   std::vector<step_times> times1(ranks), previous2(ranks);
-  std::vector<bool> agreed1(ranks), agreed2(ranks);
+  std::vector<char> agreed1(ranks), agreed2(ranks);  // not vector<bool>: ranks write neighbouring elements
   run_ranks(ranks, [&](thread_communicator& comm) {
     const int r = comm.rank();
     // MOCK network whose latency differs by rank, so the ranks' modeled times differ.
