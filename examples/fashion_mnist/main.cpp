@@ -17,10 +17,11 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <gravac/comm/mpi_communicator.hpp>
 #include <gravac/comm/mpi_guard.hpp>
@@ -31,11 +32,23 @@
 
 namespace {
 
+// The command-line names of an enum's table, in the table's order. The enum options are
+// parsed as these names (CLI::IsMember) and mapped to their values after parsing, so that
+// --help and the error of a wrong value list the names only (a CLI::CheckedTransformer
+// over the enum's map printed the raw std::uint8_t values as control characters).
 template <class E, std::size_t N>
-std::map<std::string, E> choices(const fmnist::named<E> (&table)[N]) {
-  std::map<std::string, E> m;
-  for (const auto& n : table) m.emplace(std::string(n.name), n.value);
-  return m;
+std::vector<std::string> names(const fmnist::named<E> (&table)[N]) {
+  std::vector<std::string> v;
+  for (const auto& n : table) v.emplace_back(n.name);
+  return v;
+}
+
+// The value whose name is \p name (a name that IsMember accepted).
+template <class E, std::size_t N>
+E value_of(const fmnist::named<E> (&table)[N], const std::string& name) {
+  for (const auto& n : table)
+    if (n.name == name) return n.value;
+  throw std::invalid_argument("unknown choice '" + name + "'");
 }
 
 bool launched_by_mpi() {
@@ -87,12 +100,14 @@ int main(int argc, char** argv) {
   // epoch), so that a run of a few epochs shows the search.
   m.gravac.period_steps = 100;
   auto* me = app.add_option_group("method");
-  me->add_option("--compressor", m.compressor, "compressor")
-      ->transform(CLI::CheckedTransformer(choices(fmnist::compressor_names)))->default_str("topk");
-  me->add_option("--collective", m.collective, "collective")
-      ->transform(CLI::CheckedTransformer(choices(fmnist::collective_names)))->default_str("allgather");
-  me->add_option("--policy", m.policy, "policy")
-      ->transform(CLI::CheckedTransformer(choices(fmnist::policy_names)))->default_str("gravac");
+  std::string compressor(fmnist::name_of(fmnist::compressor_names, m.compressor));
+  std::string collective(fmnist::name_of(fmnist::collective_names, m.collective));
+  std::string policy(fmnist::name_of(fmnist::policy_names, m.policy));
+  me->add_option("--compressor", compressor, "compressor")
+      ->check(CLI::IsMember(names(fmnist::compressor_names)))->capture_default_str();
+  me->add_option("--collective", collective, "collective")
+      ->check(CLI::IsMember(names(fmnist::collective_names)))->capture_default_str();
+  me->add_option("--policy", policy, "policy")->check(CLI::IsMember(names(fmnist::policy_names)))->capture_default_str();
   me->add_option("--kept-fraction", kept_fraction, "fixed policy: kept fraction (1 / CF)")->capture_default_str();
   me->add_flag("--topk-whole-buffer", m.topk.whole_buffer, "topk: select over the whole buffer instead of per layer");
   me->add_option("--qsgd-levels", m.qsgd.levels, "qsgd: levels s")->capture_default_str();
@@ -132,6 +147,9 @@ int main(int argc, char** argv) {
   ne->add_option("--compute-s", cfg.compute_s, "modeled compute seconds per step (negative: calibrate at the start)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  m.compressor = value_of(fmnist::compressor_names, compressor);
+  m.collective = value_of(fmnist::collective_names, collective);
+  m.policy = value_of(fmnist::policy_names, policy);
 
   bool use_mpi = backend == "mpi" || (backend == "auto" && launched_by_mpi());
   if (use_mpi) MPI_Init(&argc, &argv);
