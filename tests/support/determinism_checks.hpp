@@ -53,6 +53,7 @@ typename trainer<C, K, P>::options determinism_options(std::uint64_t seed = 3) {
 //! parameters (the decisions); at the end, the residual's bytes.
 struct run_hashes {
   std::vector<std::uint64_t> step;
+  std::vector<collective_kind> kind;  //!< the collective each step took
   std::uint64_t residual = 0;
   bool operator==(const run_hashes&) const = default;
 };
@@ -65,7 +66,7 @@ run_hashes hashed_run(M& comm, const layout& lay, int steps) {
   run_hashes h;
   for (int s = 0; s < steps; ++s) {
     auto g = rank_gradient(lay, s, comm.rank(), amplitude_at(s));
-    t.step(std::span<float>(g));
+    h.kind.push_back(t.step(std::span<float>(g)).collective);
     h.step.push_back(fnv1a_floats(g, params_hash(t.last_params())));
     if ((s + 1) % steps_per_epoch == 0) {
       const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
@@ -126,6 +127,7 @@ void check_determinism(const char* policy_name) {
       INFO("step " << s);
       CHECK(a.step[s] == b.step[s]);
     }
+    CHECK(a.kind == b.kind);
     CHECK(a.residual == b.residual);
   }
 }
