@@ -64,7 +64,7 @@ inline const dataset& data(std::size_t n, int dist, std::uint64_t seed) {
 //! untimed before every call of either side (to restore a residual, and to leave the
 //! caches alike for both). The memory bandwidth of a shared
 //! machine drifts over seconds: a kernel timed for half a second and its baseline for the
-//! next differ by that drift (up to 30% on the development VM), while a ratio of neighbouring
+//! next differ by that drift (up to 30% on a shared 2-core VM), while a ratio of neighbouring
 //! calls does not. This is the figure the ratio counters report.
 inline double paired_ratio(const std::function<void()>& prepare, const std::function<void()>& kernel,
                            const std::function<void()>& baseline, std::size_t calls, int pairs = 9) {
