@@ -226,7 +226,7 @@ class trainer {
                   comm_.rank());
   }
 
-  static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
+  static constexpr std::size_t no_slot = step_control::no_slot;
 
   // The first layer of this rank's gradient holding NaN or infinity, or -1 (also when the
   // check is off, or on device memory, where the compressors check on the device).
@@ -308,9 +308,8 @@ class trainer {
 
   // Runs when the collective has compressed: this rank's gain, gain curve, layer norms and
   // kept fractions go into the statistics slots.
-  static void seal_statistics(void* self, const void* stats) {
+  static void seal_statistics(void* self, const compress_stats& st) {
     auto& t = *static_cast<trainer*>(self);
-    const auto& st = *static_cast<const compress_stats*>(stats);
     std::size_t at = t.stats_slot_;
     const double in = st.input_sq();
     t.control_.local(at++) = static_cast<float>(gain_from_sq(st.kept_sq(), in));

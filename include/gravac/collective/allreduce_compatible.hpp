@@ -119,8 +119,7 @@ class allreduce_compatible {
     //    for this step is the loudest after the previous step (rank 0 at the first step).
     const auto t1 = std::chrono::steady_clock::now();
     double comm_s = 0;  // seconds inside collectives
-    step_control& ctl = buf.control ? *buf.control : own_control_;
-    if (!buf.control) own_control_.clear();
+    step_control& ctl = control_or_own(buf.control, own_control_);
     std::size_t norm_slot = 0;
     root_ = 0;
     if constexpr (!hook::shared_indices) {

@@ -75,7 +75,8 @@ class dense_allreduce {
     auto g = buf.grad.span();
     // With control values the Allreduce runs on a workspace of d + S floats (the values
     // ride at its end); the gradient is then written back while it is averaged, so the
-    // workspace costs one write of d floats on the fast dense path and nothing elsewhere.
+    // workspace costs one write of d floats on the fast dense path (fused with the norms'
+    // pass when a policy wants them) and nothing elsewhere.
     step_control* ctl = buf.control;
     const std::size_t d = g.size();
     if (ctl) sum_.resize(d + ctl->size());
@@ -84,8 +85,10 @@ class dense_allreduce {
     if (p.all_dense() && buf.residual_zero && p.gain_candidates.empty()) {
       // The baseline path: one Allreduce of the gradient.
       st.reset(layout_.size(), 0);
-      if (p.collect_norms) fill_dense_stats(g, st);
-      if (ctl) std::copy(g.begin(), g.end(), target.begin());
+      if (p.collect_norms)
+        fill_dense_stats(g, st, ctl ? target.data() : nullptr);  // copies into the workspace in the same pass
+      else if (ctl)
+        std::copy(g.begin(), g.end(), target.begin());
       used_packet_ = false;
     } else {
       // Materialize u = g + e through the compressor (which fills the statistics; dense
@@ -145,11 +148,15 @@ class dense_allreduce {
     r.collective = collective_kind::dense_allreduce;
   }
 
-  void fill_dense_stats(std::span<const float> g, compress_stats& st) const {
+  // Per-layer squared norms of g; with \p copy_to, g is copied there in the same pass.
+  void fill_dense_stats(std::span<const float> g, compress_stats& st, float* copy_to = nullptr) const {
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       double s = 0;
-      for (std::size_t j = 0; j < l.numel; ++j) s += static_cast<double>(g[l.offset + j]) * g[l.offset + j];
+      for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
+        s += static_cast<double>(g[j]) * g[j];
+        if (copy_to) copy_to[j] = g[j];
+      }
       st.layers[i] = {l.numel, s, s, s};
     }
   }

@@ -108,18 +108,17 @@ class flexible {
       kind = f >= 1 ? collective_kind::dense_allreduce : candidates[static_cast<std::size_t>(cheapest)];
     }
     const double modeled0 = modeled(comm);
-    step_control& ctl = buf.control ? *buf.control : own_control_;
-    if (!buf.control) own_control_.clear();
+    step_control& ctl = control_or_own(buf.control, own_control_);
     step_buffers<typename C::memory_space> b = buf;
     b.control = &ctl;
     // The previous step's codec time (this rank's) rides in this step's collective.
-    std::size_t codec_slot = static_cast<std::size_t>(-1);
+    std::size_t codec_slot = step_control::no_slot;
     if (options_.charge_codec && has_last_codec_) {
       codec_slot = ctl.reserve(1);
       ctl.local(codec_slot) = static_cast<float>(last_codec_s_);
     }
     // A full batch of measured timings rides in this step's collective.
-    std::size_t batch_slot = static_cast<std::size_t>(-1);
+    std::size_t batch_slot = step_control::no_slot;
     const std::size_t batch = pending_seconds_.size();
     if (options_.source == network_source::measured && batch >= options_.sync_interval) {
       batch_slot = ctl.reserve(batch);
@@ -151,7 +150,7 @@ class flexible {
         terms = cost_model::dense_allreduce(n, d);
         break;
     }
-    if (codec_slot != static_cast<std::size_t>(-1) && ctl.has_sums()) {
+    if (codec_slot != step_control::no_slot && ctl.has_sums()) {
       const double mean = static_cast<double>(ctl.sum(codec_slot)) / n;
       double& e = codec_[index_of(last_)];
       e = codec_known_[index_of(last_)] ? e + options_.codec_smoothing * (mean - e) : mean;
@@ -160,7 +159,7 @@ class flexible {
     last_ = r.collective;
     last_codec_s_ = r.compress_s + r.decompress_s;
     has_last_codec_ = true;
-    if (batch_slot != static_cast<std::size_t>(-1) && ctl.has_sums()) {
+    if (batch_slot != step_control::no_slot && ctl.has_sums()) {
       for (std::size_t i = 0; i < batch; ++i)
         estimate_.add(pending_terms_[i], static_cast<double>(ctl.sum(batch_slot + i)) / n);
       pending_terms_.clear();

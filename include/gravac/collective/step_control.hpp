@@ -21,12 +21,18 @@
 #include <vector>
 
 #include "gravac/error.hpp"
+#include "gravac/step.hpp"
 
 namespace gravac {
 
 //! Slots of float values summed over the ranks by a step's own collective.
 class step_control {
  public:
+  //! An index that names no slot (a slot not reserved this step).
+  static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
+  //! The hook seal() runs: it writes the statistics of the compressed step into its slots.
+  using seal_hook = void (*)(void* context, const compress_stats& stats);
+
   //! Forgets every slot (start of a step); keeps the memory.
   void clear() noexcept {
     local_.clear();
@@ -55,13 +61,12 @@ class step_control {
 
   //! Called by a collective after compression, before it communicates: runs the hook
   //! the trainer installed (it writes the statistics of the compressed step into its slots).
-  template <class Stats>
-  void seal(const Stats& st) {
-    if (seal_ && !sealed_) seal_(seal_ctx_, &st);
+  void seal(const compress_stats& st) {
+    if (seal_ && !sealed_) seal_(seal_ctx_, st);
     sealed_ = true;
   }
-  //! Installs the hook seal() runs: \p fn(\p ctx, pointer to the compress_stats).
-  void on_seal(void (*fn)(void*, const void*), void* ctx) noexcept {
+  //! Installs the hook seal() runs: \p fn(\p ctx, the step's compress_stats).
+  void on_seal(seal_hook fn, void* ctx) noexcept {
     seal_ = fn;
     seal_ctx_ = ctx;
   }
@@ -97,9 +102,18 @@ class step_control {
  private:
   std::vector<float> local_;
   std::vector<float> summed_;
-  void (*seal_)(void*, const void*) = nullptr;
+  seal_hook seal_ = nullptr;
   void* seal_ctx_ = nullptr;
   bool sealed_ = false;
 };
+
+//! The step_control a collective carries: the caller's \p given one, or (when it passed none)
+//! the collective's \p own, cleared for this step, so the collective's own slots (AR-Topk's
+//! norms, flexible's timings) ride along either way.
+inline step_control& control_or_own(step_control* given, step_control& own) {
+  if (given) return *given;
+  own.clear();
+  return own;
+}
 
 }  // namespace gravac
