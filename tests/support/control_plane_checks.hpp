@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "combinations.hpp"
 #include "counting_communicator.hpp"
 #include "gravac/collective/allgather.hpp"
 #include "gravac/collective/allreduce_compatible.hpp"
@@ -111,21 +112,14 @@ void check_control_plane() {
 //! check_control_plane for every policy and every collective that accepts C.
 template <class C>
 void check_control_plane_all() {
-  const auto for_collective = [&]<class K>() {
-    if constexpr (K::template accepts<C>) {
-      INFO("collective " << typeid(K).name());
-      check_control_plane<C, K, fixed_policy>();
-      check_control_plane<C, K, gravac_policy>();
-      check_control_plane<C, K, accordion_policy>();
-      check_control_plane<C, K, adacomp_policy>();
-      check_control_plane<C, K, moo_policy>();
-    }
-  };
-  for_collective.template operator()<dense_allreduce>();
-  for_collective.template operator()<allgather>();
-  for_collective.template operator()<allreduce_compatible>();
-  for_collective.template operator()<flexible>();
-  for_collective.template operator()<low_rank_allreduce>();
+  for_each_collective_accepting<C>([&]<class K>() {
+    INFO("collective " << typeid(K).name());
+    check_control_plane<C, K, fixed_policy>();
+    check_control_plane<C, K, gravac_policy>();
+    check_control_plane<C, K, accordion_policy>();
+    check_control_plane<C, K, adacomp_policy>();
+    check_control_plane<C, K, moo_policy>();
+  });
 }
 
 }  // namespace gravac::test

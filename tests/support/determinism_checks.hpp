@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "combinations.hpp"
 #include "control_plane_checks.hpp"
 #include "gravac/compress/topk.hpp"
 
@@ -135,20 +136,13 @@ void check_determinism(const char* policy_name) {
 //! check_determinism for every policy and every collective that accepts C.
 template <class C>
 void check_determinism_all() {
-  const auto for_collective = [&]<class K>() {
-    if constexpr (K::template accepts<C>) {
-      check_determinism<C, K, fixed_policy>("fixed");
-      check_determinism<C, K, gravac_policy>("gravac (simulated clock, no codec)");
-      check_determinism<C, K, accordion_policy>("accordion");
-      check_determinism<C, K, adacomp_policy>("adacomp");
-      check_determinism<C, K, moo_policy>("moo (fixed network)");
-    }
-  };
-  for_collective.template operator()<dense_allreduce>();
-  for_collective.template operator()<allgather>();
-  for_collective.template operator()<allreduce_compatible>();
-  for_collective.template operator()<flexible>();
-  for_collective.template operator()<low_rank_allreduce>();
+  for_each_collective_accepting<C>([&]<class K>() {
+    check_determinism<C, K, fixed_policy>("fixed");
+    check_determinism<C, K, gravac_policy>("gravac (simulated clock, no codec)");
+    check_determinism<C, K, accordion_policy>("accordion");
+    check_determinism<C, K, adacomp_policy>("adacomp");
+    check_determinism<C, K, moo_policy>("moo (fixed network)");
+  });
 }
 
 }  // namespace gravac::test
