@@ -49,7 +49,7 @@
 
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac {
 

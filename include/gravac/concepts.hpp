@@ -14,7 +14,7 @@
 
 #include "gravac/layout.hpp"
 #include "gravac/memory.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/format.hpp"
 #include "gravac/step.hpp"
 
 namespace gravac {

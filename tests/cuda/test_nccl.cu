@@ -7,7 +7,7 @@
 #include <numeric>
 #include <vector>
 
-#include "gravac/cuda/nccl_communicator.hpp"
+#include "gravac/comm/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "cuda_test_util.hpp"

@@ -16,7 +16,7 @@
 
 namespace gravac::test {
 
-// Byte offsets inside a packet (packet.hpp): the first segment header follows the
+// Byte offsets inside a packet (gravac/packet/format.hpp): the first segment header follows the
 // 32-byte packet header; its payload follows its own 32-byte header.
 inline constexpr std::size_t seg0 = sizeof(packet_header);
 inline constexpr std::size_t payload0 = sizeof(packet_header) + sizeof(segment_header);

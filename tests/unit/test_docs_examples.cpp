@@ -9,7 +9,7 @@
 #include "gravac_test_util.hpp"
 
 //! [custom_compressor]
-#include <gravac/compress/raw_segment.hpp>
+#include <gravac/packet/raw_segment.hpp>
 #include <gravac/concepts.hpp>
 
 // Sends half of the layers each step, alternating (even layers at even steps, odd

@@ -21,8 +21,8 @@
 
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/collective/step_control.hpp"
-#include "gravac/compress/gain_curve.hpp"
-#include "gravac/compress/magnitude_histogram.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gravac/compress/detail/layered.hpp"
-#include "gravac/compress/gain_curve.hpp"
+#include "gravac/stats/gain_curve.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 

@@ -1,64 +1,6 @@
 #pragma once
-//! \file raw_segment.hpp
-//! \brief Layers sent uncompressed inside any packet kind: a segment with encoding
-//! `raw_encoding` carries the layer's numel floats. Shared by every compressor, so a
-//! policy can send some layers dense (Accordion's 1-D tensors, GraVAC's dense fallback).
+//! \file
+//! \brief Deprecated path, kept for one release (0.1.x): the header now lives at
+//! `gravac/packet/raw_segment.hpp`. Include that path instead; this forwarding header goes away in 0.2.
 
-#include <cmath>
-#include <cstddef>
-#include <span>
-
-#include "gravac/layout.hpp"
-#include "gravac/packet.hpp"
-#include "gravac/step.hpp"
-
-namespace gravac {
-
-//! Segment encoding that marks a layer sent as raw floats.
-inline constexpr std::uint8_t raw_encoding = 0xff;
-
-//! Bytes a raw segment of \p numel floats occupies.
-constexpr std::size_t raw_segment_bytes(std::size_t numel) noexcept {
-  return sizeof(segment_header) + pad8(numel * sizeof(float));
-}
-
-//! Writes layer \p index as a raw segment: u = g + e is sent whole and e becomes 0.
-//! Fills the layer's statistics.
-inline void write_raw_segment(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e,
-                              layer_stats& st) {
-  segment_header sh;
-  sh.layer = index;
-  sh.encoding = raw_encoding;
-  sh.numel = g.size();
-  sh.count = g.size();
-  write_segment(w, sh, [&](byte_writer& bw) {
-    std::byte* dst = bw.reserve(g.size() * sizeof(float));
-    double gsq = 0, usq = 0;
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      const float u = g[i] + e[i];
-      gsq += static_cast<double>(g[i]) * g[i];
-      usq += static_cast<double>(u) * u;
-      std::memcpy(dst + i * sizeof(float), &u, sizeof(float));
-      e[i] = 0.0f;
-    }
-    st.grad_sq = gsq;
-    st.input_sq = usq;
-    st.kept_sq = usq;
-    st.kept = g.size();
-  });
-}
-
-//! Checks a raw segment's payload: count == numel and exactly numel floats.
-inline validation validate_raw_segment(const segment_header& sh, std::span<const std::byte> payload) {
-  if (sh.index_width != 0) return validation::fail("raw segment with indices");
-  if (sh.count != sh.numel) return validation::fail("raw segment count differs from numel");
-  if (payload.size() != pad8(sh.numel * sizeof(float))) return validation::fail("raw segment payload size wrong");
-  return {};
-}
-
-//! Adds scale * the raw values of a validated segment to \p out (the layer's slice).
-inline void add_raw_segment(std::span<const std::byte> payload, std::span<float> out, float scale) {
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] += scale * load_at<float>(payload, i);
-}
-
-}  // namespace gravac
+#include "gravac/packet/raw_segment.hpp"

@@ -11,7 +11,7 @@
 
 #include "gravac/compress/detail/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/packet/quantized_packet.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {

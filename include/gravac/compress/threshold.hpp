@@ -15,9 +15,9 @@
 
 #include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/layered.hpp"
-#include "gravac/compress/gain_curve.hpp"
-#include "gravac/compress/magnitude_histogram.hpp"
-#include "gravac/compress/sparse_packet.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
+#include "gravac/packet/sparse_packet.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/error.hpp"

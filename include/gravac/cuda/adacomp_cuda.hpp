@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gravac/compress/adacomp.hpp"
-#include "gravac/compress/raw_segment.hpp"
+#include "gravac/packet/raw_segment.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"

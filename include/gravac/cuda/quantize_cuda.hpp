@@ -16,8 +16,8 @@
 
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
-#include "gravac/compress/quantized_packet.hpp"
-#include "gravac/compress/raw_segment.hpp"
+#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
 #include "gravac/compress/sign.hpp"
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/concepts.hpp"

@@ -21,8 +21,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "gravac/compress/raw_segment.hpp"
-#include "gravac/compress/sparse_packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/packet/sparse_packet.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"

@@ -36,10 +36,10 @@
 #include <immintrin.h>
 #endif
 
-#include "gravac/compress/gain_curve.hpp"
-#include "gravac/compress/magnitude_histogram.hpp"
-#include "gravac/compress/sparse_packet.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
+#include "gravac/packet/sparse_packet.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac::detail {
 

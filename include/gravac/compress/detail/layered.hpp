@@ -8,11 +8,11 @@
 #include <span>
 #include <vector>
 
-#include "gravac/compress/gain_curve.hpp"
-#include "gravac/compress/magnitude_histogram.hpp"
-#include "gravac/compress/raw_segment.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
+#include "gravac/packet/raw_segment.hpp"
 #include "gravac/layout.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/format.hpp"
 #include "gravac/step.hpp"
 
 namespace gravac::detail {

@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/compress/quantized_packet.hpp"
+#include "gravac/packet/quantized_packet.hpp"
 #include "gravac/step.hpp"
 
 namespace gravac::detail {

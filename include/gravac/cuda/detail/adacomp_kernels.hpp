@@ -24,11 +24,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/compress/raw_segment.hpp"
+#include "gravac/packet/raw_segment.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac::cuda_detail {
 

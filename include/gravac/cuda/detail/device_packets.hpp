@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "gravac/compress/raw_segment.hpp"
-#include "gravac/compress/sparse_packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/packet/sparse_packet.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/layout.hpp"

@@ -2,13 +2,13 @@
 //! \file packet_kernels.hpp
 //! \brief Packets in device memory: writing headers and padding, validating an untrusted
 //! packet (header walk and index checks on the device, one small copy of the verdict to
-//! the host) and the scatter-add decompression. Same wire format as packet.hpp.
+//! the host) and the scatter-add decompression. Same wire format as gravac/packet/format.hpp.
 
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/compress/raw_segment.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac::cuda_detail {
 

@@ -29,8 +29,8 @@
 #include <cstdint>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/compress/quantized_packet.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac::cuda_detail {
 

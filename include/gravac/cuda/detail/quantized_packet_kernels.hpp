@@ -8,11 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/compress/quantized_packet.hpp"
-#include "gravac/compress/raw_segment.hpp"
+#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac::cuda_detail {
 

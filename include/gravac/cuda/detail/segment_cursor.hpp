@@ -10,8 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/compress/raw_segment.hpp"
-#include "gravac/packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/packet/format.hpp"
 
 namespace gravac::cuda_detail {
 

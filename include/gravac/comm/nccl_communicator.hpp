@@ -1,0 +1,286 @@
+#pragma once
+//! \file
+//! \brief The NCCL engine (target gravac::nccl): float buffers in device memory, one rank
+//! per GPU. Every NCCL and CUDA call is wrapped (GRAVAC_TRY_NCCL / GRAVAC_TRY_CUDA); the
+//! communicator is non-blocking, every operation is waited for by polling the stream and
+//! ncclCommGetAsyncError with a timeout, and a failed or hung communicator is aborted with
+//! ncclCommAbort, so a failure becomes a gravac::error instead of a hang.
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gravac/comm/mpi_communicator.hpp"  // the unique-id exchange, and mpi_world_rank for errors
+#include "gravac/concepts.hpp"
+#include "gravac/cuda/device_buffer.hpp"
+#include "gravac/cuda/stream.hpp"
+
+namespace gravac::detail {
+//! Throws gravac::error for a failed NCCL call.
+[[noreturn]] inline void throw_nccl(ncclResult_t code, const char* call, int rank) {
+  throw error(status::backend_failure, std::string(call) + ": " + ncclGetErrorString(code), rank, backend::nccl,
+              static_cast<int>(code));
+}
+}  // namespace gravac::detail
+
+//! Calls an NCCL function and throws gravac::error(backend_failure, backend::nccl) unless it
+//! returns ncclSuccess or (non-blocking communicators) ncclInProgress. The error names this
+//! process's MPI rank (NCCL runs one process per GPU beside MPI).
+#define GRAVAC_TRY_NCCL(call)                                                                       \
+  do {                                                                                              \
+    const ncclResult_t gravac_nccl_status_ = (call);                                                \
+    if (gravac_nccl_status_ != ncclSuccess && gravac_nccl_status_ != ncclInProgress)                \
+      ::gravac::detail::throw_nccl(gravac_nccl_status_, #call, ::gravac::detail::mpi_world_rank());                 \
+  } while (0)
+
+//! Calls an NCCL function where throwing is not allowed (destructors).
+#define GRAVAC_TRY_NCCL_NO_THROW(call) \
+  do {                                 \
+    (void)(call);                      \
+  } while (0)
+
+namespace gravac {
+
+//! Options of nccl_communicator.
+struct nccl_options {
+  stream_ref stream{};     //!< the stream NCCL operations are ordered on
+  double timeout_s = 300;  //!< an operation not complete after this long aborts the communicator
+};
+
+//! Creates an NCCL unique id on rank \p root of \p mpi and broadcasts it to every rank.
+inline ncclUniqueId nccl_unique_id(mpi_communicator& mpi, int root = 0) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (mpi.rank() == root) GRAVAC_TRY_NCCL(ncclGetUniqueId(&id));
+  mpi.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), root);
+  return id;
+}
+
+//! The NCCL engine. Models Communicator over device memory: float spans passed to
+//! allreduce_sum, broadcast and allgatherv are device memory (allgatherv also accepts a
+//! host input and stages it); double spans (statistics) are host memory, as the concept says.
+//! Every operation returns when it has completed. Uses the device current at construction.
+class nccl_communicator {
+ public:
+  //! Opt-in tag for the Communicator concept.
+  using communicator_tag = void;
+  //! Buffers live in device memory.
+  using memory_space = cuda_space;
+  //! allgatherv's output buffer (device memory).
+  using byte_buffer = device_byte_buffer;
+
+  //! Joins the communicator of \p size ranks identified by \p id as rank \p rank.
+  nccl_communicator(const ncclUniqueId& id, int rank, int size, const nccl_options& opt = {})
+      : rank_(rank), size_(size), options_(opt) {
+    require(size >= 1 && rank >= 0 && rank < size, "nccl_communicator: rank out of range");
+    require(opt.timeout_s > 0, "nccl_communicator: timeout_s must be positive");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every call returns at once; wait() polls with a timeout
+    GRAVAC_TRY_NCCL(ncclCommInitRankConfig(&comm_, size, id, rank, &config));
+    wait_comm("ncclCommInitRankConfig");
+    scratch_.set_stream(opt.stream);
+    staging_.set_stream(opt.stream);
+    sizes_dev_.set_stream(opt.stream);
+    sizes_dev_.resize(static_cast<std::size_t>(size));
+    host_sizes_.resize(static_cast<std::size_t>(size));
+  }
+  //! Creates the unique id on rank 0 of \p mpi, exchanges it over MPI, and joins with
+  //! mpi's rank and size.
+  explicit nccl_communicator(mpi_communicator& mpi, const nccl_options& opt = {})
+      : nccl_communicator(nccl_unique_id(mpi), mpi.rank(), mpi.size(), opt) {}
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+  //! Destroys the communicator (aborts it when it failed); never throws.
+  ~nccl_communicator() {
+    if (!comm_) return;
+    if (failed_) {
+      GRAVAC_TRY_NCCL_NO_THROW(ncclCommAbort(comm_));
+    } else {
+      GRAVAC_TRY_NCCL_NO_THROW(ncclCommFinalize(comm_));
+      // Non-blocking finalize: wait a bounded time, then destroy (or abort on trouble).
+      const auto t0 = std::chrono::steady_clock::now();
+      ncclResult_t st = ncclInProgress;
+      while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress &&
+             std::chrono::steady_clock::now() - t0 < std::chrono::duration<double>(options_.timeout_s))
+        std::this_thread::yield();
+      if (st == ncclSuccess)
+        GRAVAC_TRY_NCCL_NO_THROW(ncclCommDestroy(comm_));
+      else
+        GRAVAC_TRY_NCCL_NO_THROW(ncclCommAbort(comm_));
+    }
+  }
+
+  //! This rank.
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  //! Number of ranks.
+  [[nodiscard]] int size() const noexcept { return size_; }
+  //! The native communicator.
+  [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
+  //! The stream operations are ordered on.
+  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
+
+  //! Sums device floats over all ranks, in place.
+  void allreduce_sum(std::span<float> data) {
+    if (data.empty()) return;
+    GRAVAC_TRY_NCCL(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm_, s()));
+    wait("ncclAllReduce(float, sum)");
+  }
+  //! Sums host doubles (statistics) over all ranks, in place.
+  void allreduce_sum(std::span<double> data) { host_reduce(data, ncclSum, "ncclAllReduce(double, sum)"); }
+  //! Elementwise maximum of host doubles over all ranks, in place.
+  void allreduce_max(std::span<double> data) { host_reduce(data, ncclMax, "ncclAllReduce(double, max)"); }
+
+  //! Gathers every rank's bytes back to back in rank order into device memory, without
+  //! padding to the largest: the sizes are gathered first, then one group of broadcasts
+  //! (one per non-empty rank) writes each rank's bytes at its exact offset.
+  void allgatherv(std::span<const std::byte> mine, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    const auto n = static_cast<std::size_t>(size_);
+    host_sizes_[static_cast<std::size_t>(rank_)] = mine.size();
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(sizes_dev_.data() + rank_, host_sizes_.data() + rank_, sizeof(std::uint64_t),
+                                    cudaMemcpyHostToDevice, s()));
+    GRAVAC_TRY_NCCL(ncclAllGather(sizes_dev_.data() + rank_, sizes_dev_.data(), 1, ncclUint64, comm_, s()));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_sizes_.data(), sizes_dev_.data(), n * sizeof(std::uint64_t),
+                                    cudaMemcpyDeviceToHost, s()));
+    wait("ncclAllGather(sizes)");
+    sizes.resize(n);
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      sizes[r] = static_cast<std::size_t>(host_sizes_[r]);
+      total += sizes[r];
+    }
+    out.resize(total);
+    const std::byte* src = mine.data();
+    if (!mine.empty() && !is_device_pointer(src)) {  // a host input (e.g. the trainer's layout check)
+      staging_.resize(mine.size());
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(staging_.data(), src, mine.size(), cudaMemcpyHostToDevice, s()));
+      src = staging_.data();
+    }
+    GRAVAC_TRY_NCCL(ncclGroupStart());
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (sizes[r] > 0)
+        GRAVAC_TRY_NCCL(ncclBroadcast(static_cast<int>(r) == rank_ ? static_cast<const void*>(src) : nullptr,
+                                      out.data() + at, sizes[r], ncclChar, static_cast<int>(r), comm_, s()));
+      at += sizes[r];
+    }
+    GRAVAC_TRY_NCCL(ncclGroupEnd());
+    wait("ncclBroadcast group (allgatherv)");
+  }
+
+  //! Copies \p root's device bytes into every rank's \p data.
+  void broadcast(std::span<std::byte> data, int root) {
+    require(root >= 0 && root < size_, "broadcast: root out of range");
+    if (data.empty()) return;
+    GRAVAC_TRY_NCCL(ncclBroadcast(data.data(), data.data(), data.size(), ncclChar, root, comm_, s()));
+    wait("ncclBroadcast");
+  }
+  //! Copies \p root's device values into every rank's \p data.
+  template <class T>
+  void broadcast_values(std::span<T> data, int root) {
+    broadcast(std::as_writable_bytes(data), root);
+  }
+
+  //! Waits for every rank (an allreduce of one value).
+  void barrier() {
+    scratch_.resize(1);
+    GRAVAC_TRY_NCCL(ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclDouble, ncclSum, comm_, s()));
+    wait("ncclAllReduce(barrier)");
+  }
+
+  //! Aborts the communicator: pending and future operations fail (never hang). Used when
+  //! another rank has failed; never throws.
+  void abort() noexcept {
+    if (comm_ && !failed_) {
+      failed_ = true;
+      GRAVAC_TRY_NCCL_NO_THROW(ncclCommAbort(comm_));
+      comm_ = nullptr;
+    }
+  }
+
+ private:
+  [[nodiscard]] cudaStream_t s() const noexcept { return options_.stream.get(); }
+
+  static bool is_device_pointer(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+
+  void host_reduce(std::span<double> data, ncclRedOp_t op, const char* what) {
+    if (data.empty()) return;
+    scratch_.resize(data.size());  // grows once; no allocation in steady state
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(scratch_.data(), data.data(), data.size_bytes(), cudaMemcpyHostToDevice, s()));
+    GRAVAC_TRY_NCCL(ncclAllReduce(scratch_.data(), scratch_.data(), data.size(), ncclDouble, op, comm_, s()));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(data.data(), scratch_.data(), data.size_bytes(), cudaMemcpyDeviceToHost, s()));
+    wait(what);
+  }
+
+  // Fails (and aborts) when the communicator reports an error or the deadline passes.
+  void check_async(const char* what, std::chrono::steady_clock::time_point t0, bool& in_progress) {
+    if (!comm_) throw error(status::aborted, std::string(what) + ": the communicator was aborted", rank_, backend::nccl);
+    ncclResult_t st = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm_, &st);
+    if (q != ncclSuccess) st = q;
+    in_progress = st == ncclInProgress;
+    if (st != ncclSuccess && st != ncclInProgress) {
+      abort();
+      detail::throw_nccl(st, what, rank_);
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(options_.timeout_s)) {
+      abort();
+      throw error(status::timeout, std::string(what) + ": not complete after " + std::to_string(options_.timeout_s) +
+                                       " s; the communicator was aborted", rank_, backend::nccl);
+    }
+  }
+  // Waits until the communicator's pending calls are issued (non-blocking mode).
+  void wait_comm(const char* what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    bool busy = true;
+    for (;;) {
+      check_async(what, t0, busy);
+      if (!busy) return;
+      std::this_thread::yield();
+    }
+  }
+  // Waits for the stream (and so the operation) to complete, polling for NCCL errors.
+  void wait(const char* what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    bool busy = true;
+    for (;;) {
+      check_async(what, t0, busy);
+      if (!busy) {
+        const cudaError_t q = cudaStreamQuery(s());
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) {
+          abort();
+          detail::throw_cuda(q, what, rank_);
+        }
+        (void)cudaGetLastError();
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  nccl_options options_;
+  ncclComm_t comm_ = nullptr;
+  bool failed_ = false;
+  device_buffer<double> scratch_;
+  device_byte_buffer staging_;
+  device_buffer<std::uint64_t> sizes_dev_;
+  pinned_buffer<std::uint64_t> host_sizes_;
+};
+static_assert(Communicator<nccl_communicator>);
+
+}  // namespace gravac

@@ -1,0 +1,94 @@
+#pragma once
+//! \file
+//! \brief The quantized segment (packet_kind::quantized) shared by QSGD, TernGrad, EF-sign
+//! and cast16: one encoding byte per segment says which quantizer wrote it.
+//!
+//! Every quantized segment has `index_width == 0`, `count == numel` and a payload that
+//! starts with an 8-byte prefix (two 32-bit words whose meaning depends on the encoding),
+//! followed by encoding-specific scales and the element codes, each part padded to 8 bytes.
+//!
+//! | encoding | prefix (word 0, word 1) | then | codes |
+//! |---|---|---|---|
+//! | qsgd | levels s, bucket B | ceil(numel/B) float bucket norms | numel codes of W bits: sign bit W-1, level in the low bits |
+//! | terngrad | 1, bucket B | ceil(numel/B) float bucket scales (max \|u\|) | numel 2-bit codes: 00 zero, 01 +1, 11 -1 |
+//! | sign | float scale (mean \|u\|), 0 | - | numel sign bits, 1 = negative |
+//! | fp16 / bf16 | float multiplier (the rank count N), 0 | - | numel 16-bit values of u / N |
+//!
+//! W = code_width(s) is the smallest of 2, 4, 8, 16 that holds a sign bit and the level s.
+//! Codes are packed little-endian (see detail/bit_codes.hpp); padding bits are zero.
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "gravac/compress/detail/bit_codes.hpp"
+#include "gravac/packet/format.hpp"
+
+namespace gravac {
+
+//! Which quantizer wrote a quantized segment (segment_header::encoding).
+enum class quant_encoding : std::uint8_t {
+  qsgd = 1,      //!< QSGD: stochastic levels of |u| / ||u_bucket||
+  terngrad = 2,  //!< TernGrad: scale * {-1, 0, 1}, stochastic
+  sign = 3,      //!< EF-sign: sign bits and one scale
+  fp16 = 4,      //!< IEEE half precision of u / N
+  bf16 = 5,      //!< bfloat16 of u / N
+};
+
+//! Bytes of the prefix every quantized payload starts with.
+inline constexpr std::size_t quant_prefix_bytes = 8;
+
+//! Largest level count QSGD accepts (codes are at most 16 bits, one of them the sign).
+inline constexpr std::uint32_t qsgd_max_levels = 32767;
+
+//! Code width in bits for \p levels stochastic levels: the smallest of 2, 4, 8, 16 that
+//! holds a sign bit and the values 0..levels. Power-of-two widths keep codes inside 64-bit
+//! words, so packing needs no carries across words.
+constexpr unsigned code_width(std::uint32_t levels) noexcept {
+  const unsigned bits = 1u + static_cast<unsigned>(std::bit_width(levels));
+  return bits <= 2 ? 2u : bits <= 4 ? 4u : bits <= 8 ? 8u : 16u;
+}
+
+//! Number of buckets of \p bucket elements (0 = the whole layer) covering \p numel.
+constexpr std::size_t bucket_count(std::size_t numel, std::size_t bucket) noexcept {
+  if (numel == 0) return 0;
+  return bucket == 0 ? 1 : (numel + bucket - 1) / bucket;
+}
+
+//! Payload bytes of a QSGD or TernGrad segment.
+constexpr std::size_t leveled_payload_bytes(std::size_t numel, std::uint32_t levels, std::size_t bucket) noexcept {
+  return quant_prefix_bytes + pad8(bucket_count(numel, bucket) * sizeof(float)) +
+         pad8(detail::code_bytes(numel, code_width(levels)));
+}
+
+//! Payload bytes of an EF-sign segment.
+constexpr std::size_t sign_payload_bytes(std::size_t numel) noexcept {
+  return quant_prefix_bytes + pad8(detail::code_bytes(numel, 1));
+}
+
+//! Payload bytes of a cast16 segment.
+constexpr std::size_t half_payload_bytes(std::size_t numel) noexcept {
+  return quant_prefix_bytes + pad8(numel * 2);
+}
+
+namespace detail {
+
+//! Checks what every quantized segment shares: its encoding, no indices, count == numel and
+//! the payload size \p expected_payload. Run before any payload byte is interpreted.
+inline validation check_quantized_segment(const segment_header& sh, std::span<const std::byte> payload,
+                                          quant_encoding enc, std::size_t expected_payload) {
+  if (sh.encoding != static_cast<std::uint8_t>(enc))
+    return validation::fail("quantized segment: unexpected encoding " + std::to_string(sh.encoding));
+  if (sh.index_width != 0) return validation::fail("quantized segment with indices");
+  if (sh.count != sh.numel) return validation::fail("quantized segment: count differs from numel");
+  if (payload.size() != expected_payload) return validation::fail("quantized segment: payload size wrong");
+  return {};
+}
+
+//! A finite, non-negative float scale.
+inline bool valid_scale(float s) noexcept { return std::isfinite(s) && s >= 0.0f; }
+
+}  // namespace detail
+}  // namespace gravac

@@ -1,0 +1,173 @@
+#pragma once
+//! \file
+//! \brief A histogram of |u| by the top bits of its IEEE-754 pattern (count and sum of
+//! squares per bin). For non-negative floats the bit pattern orders like the value, so
+//! the bins are ordered magnitude ranges of 1/16 octave each: exact counts and energies
+//! above any bin edge, which is what exact top-k, threshold estimation and the gain curve
+//! need. Shared by the CPU compressors.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace gravac {
+
+//! The 31-bit magnitude key of \p x: its bit pattern without the sign. Keys order like |x|
+//! for every finite x; NaN and infinity have keys >= non_finite_key.
+[[nodiscard]] inline std::uint32_t magnitude_key(float x) noexcept {
+  return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+}
+//! The magnitude whose key is \p key.
+[[nodiscard]] inline float key_magnitude(std::uint32_t key) noexcept { return std::bit_cast<float>(key); }
+//! Keys at or above this are infinity or NaN.
+inline constexpr std::uint32_t non_finite_key = 0x7f800000u;
+
+//! Histogram of |u| over 4096 bins: the exponent and the top 4 mantissa bits of |u|.
+//! Allocated once at construction; clear() resets only the bins used, so small layers
+//! cost little.
+class magnitude_histogram {
+ public:
+  //! Bits of the key dropped to form the bin.
+  static constexpr unsigned shift = 19;
+  //! Number of bins.
+  static constexpr std::size_t bins = std::size_t{1} << (31 - shift);
+  //! The first bin of infinity and NaN (every bin below it holds finite values only).
+  static constexpr std::uint32_t first_non_finite_bin = non_finite_key >> shift;
+
+  //! An empty histogram.
+  magnitude_histogram() : count_(bins, 0), sumsq_(bins, 0.0) {}
+
+  //! Bin of \p key.
+  [[nodiscard]] static constexpr std::uint32_t bin_of(std::uint32_t key) noexcept { return key >> shift; }
+  //! Smallest key of bin \p b (its lower edge).
+  [[nodiscard]] static constexpr std::uint32_t lower_key(std::uint32_t b) noexcept { return b << shift; }
+
+  //! Adds one value of key \p key (its magnitude squared goes to the bin's energy).
+  void add(std::uint32_t key) noexcept {
+    const std::uint32_t b = bin_of(key);
+    const double m = key_magnitude(key);
+    ++count_[b];
+    sumsq_[b] += m * m;
+    lo_ = std::min(lo_, b);
+    hi_ = std::max(hi_, b);
+  }
+  //! Adds one value by bin, with the used range widened by the caller (see note_range).
+  void add_unchecked(std::uint32_t key) noexcept {
+    const std::uint32_t b = bin_of(key);
+    const double m = key_magnitude(key);
+    ++count_[b];
+    sumsq_[b] += m * m;
+  }
+  //! Adds \p weight values of key \p key (a sample standing for that many), range widened
+  //! by the caller.
+  void add_weighted_unchecked(std::uint32_t key, std::uint32_t weight) noexcept {
+    const std::uint32_t b = bin_of(key);
+    const double m = key_magnitude(key);
+    count_[b] += weight;
+    sumsq_[b] += weight * (m * m);
+  }
+  //! Counts one value by bin without its energy (selection only needs counts).
+  void count_unchecked(std::uint32_t key) noexcept { ++count_[bin_of(key)]; }
+  //! Declares that keys in [min_key, max_key] were added with the *_unchecked functions.
+  void note_range(std::uint32_t min_key, std::uint32_t max_key) noexcept {
+    if (min_key > max_key) return;
+    lo_ = std::min(lo_, bin_of(min_key));
+    hi_ = std::max(hi_, bin_of(max_key));
+  }
+  //! Adds every bin of \p o.
+  void merge(const magnitude_histogram& o) noexcept {
+    if (o.empty()) return;
+    for (std::uint32_t b = o.lo_; b <= o.hi_; ++b) {
+      count_[b] += o.count_[b];
+      sumsq_[b] += o.sumsq_[b];
+    }
+    lo_ = std::min(lo_, o.lo_);
+    hi_ = std::max(hi_, o.hi_);
+  }
+  //! Empties the histogram (touches only the bins used).
+  void clear() noexcept {
+    if (!empty()) {
+      std::fill(count_.begin() + lo_, count_.begin() + hi_ + 1, 0);
+      std::fill(sumsq_.begin() + lo_, sumsq_.begin() + hi_ + 1, 0.0);
+    }
+    lo_ = bins;
+    hi_ = 0;
+  }
+
+  //! True when nothing was added.
+  [[nodiscard]] bool empty() const noexcept { return lo_ > hi_; }
+  //! Lowest bin used (bins when empty).
+  [[nodiscard]] std::uint32_t low_bin() const noexcept { return lo_; }
+  //! Highest bin used.
+  [[nodiscard]] std::uint32_t high_bin() const noexcept { return hi_; }
+  //! Values in bin \p b.
+  [[nodiscard]] std::uint64_t count(std::uint32_t b) const noexcept { return count_[b]; }
+  //! Sum of squared magnitudes in bin \p b (zero when only counts were taken).
+  [[nodiscard]] double sumsq(std::uint32_t b) const noexcept { return sumsq_[b]; }
+  //! Number of finite values.
+  [[nodiscard]] std::uint64_t finite_count() const noexcept {
+    std::uint64_t n = 0;
+    if (empty()) return 0;
+    for (std::uint32_t b = lo_; b <= std::min(hi_, first_non_finite_bin - 1); ++b) n += count_[b];
+    return n;
+  }
+  //! Number of infinities and NaNs.
+  [[nodiscard]] std::uint64_t non_finite_count() const noexcept {
+    std::uint64_t n = 0;
+    if (empty()) return 0;
+    for (std::uint32_t b = std::max(lo_, first_non_finite_bin); b <= hi_; ++b) n += count_[b];
+    return n;
+  }
+
+ private:
+  std::vector<std::uint64_t> count_;
+  std::vector<double> sumsq_;
+  std::uint32_t lo_ = bins;
+  std::uint32_t hi_ = 0;
+};
+
+//! Where the k-th largest finite magnitude lies: its bin, and how many values (and how
+//! much energy) lie in the bins above it.
+struct histogram_boundary {
+  std::uint32_t bin = 0;        //!< the bin holding the k-th largest finite magnitude
+  std::uint64_t above = 0;      //!< finite values in bins above `bin`
+  double above_sq = 0;          //!< their energy
+  std::uint64_t need = 0;       //!< values still to take from `bin` (1 .. count(bin)); 0 when k == 0
+};
+
+//! Locates the k-th largest finite value of \p h; \p k must not exceed h.finite_count().
+[[nodiscard]] inline histogram_boundary find_boundary(const magnitude_histogram& h, std::uint64_t k) noexcept {
+  histogram_boundary r;
+  if (k == 0 || h.empty()) return r;
+  const std::uint32_t top = std::min<std::uint32_t>(h.high_bin(), magnitude_histogram::first_non_finite_bin - 1);
+  for (std::uint32_t b = top + 1; b-- > h.low_bin();) {
+    const std::uint64_t c = h.count(b);
+    if (r.above + c >= k) {
+      r.bin = b;
+      r.need = k - r.above;
+      return r;
+    }
+    r.above += c;
+    r.above_sq += h.sumsq(b);
+  }
+  r.bin = h.low_bin();  // k exceeds the finite count: everything is above
+  r.need = 0;
+  return r;
+}
+
+//! Adds |g[i] + e[i]| for every i to \p h (u = g + e is formed on the fly, not stored).
+inline void add_sum_to_histogram(std::span<const float> g, std::span<const float> e, magnitude_histogram& h) noexcept {
+  std::uint32_t kmin = 0xffffffffu, kmax = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const std::uint32_t key = magnitude_key(g[i] + e[i]);
+    kmin = std::min(kmin, key);
+    kmax = std::max(kmax, key);
+    h.add_unchecked(key);
+  }
+  h.note_range(kmin, kmax);
+}
+
+}  // namespace gravac
