@@ -18,7 +18,7 @@
 #include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -164,7 +164,7 @@ class adacomp {
   //! not used: AdaComp decides how many to send); layers at 1 or more go raw.
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+    return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
                                    [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
                                        std::span<float> el, double, layer_stats& ls) {
                                      write_layer(w, index, gl, el, bin_length(index, p), ls, st.non_finite);
@@ -174,14 +174,14 @@ class adacomp {
   //! Validates an untrusted packet: index width, count, sizes, a finite scale, indices in
   //! range and strictly increasing (no repeats), zero padding.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+    return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
       return validate_segment(sh, pl);
     });
   }
 
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
                                 const float v = load_at<float>(pl, 0);
                                 const auto idx = pl.subspan(8);
@@ -334,7 +334,7 @@ class adacomp {
 
   layout layout_;
   options options_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
   std::vector<std::uint32_t> indices32_;  // sent indices of layers with 32-bit indices (+ 8 scratch)
   std::vector<std::uint64_t> indices64_;  // sent indices of larger layers (usually empty; + 8 scratch)
   std::vector<std::uint8_t> negative_;    // sign of each sent element, one per byte (+ 8 padding)

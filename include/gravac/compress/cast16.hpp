@@ -11,7 +11,7 @@
 #include <span>
 
 #include "gravac/compress/detail/half.hpp"
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/concepts.hpp"
@@ -92,7 +92,7 @@ class cast16 {
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
     const float ranks = static_cast<float>(std::max(1, p.ranks));
-    return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+    return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
                                    [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
                                        std::span<float> el, double, layer_stats& ls) {
                                      if (options_.format == cast16_format::fp16)
@@ -104,7 +104,7 @@ class cast16 {
 
   //! Validates an untrusted packet: size, a finite positive multiplier, no infinite or NaN code.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+    return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
       const auto enc = sh.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? quant_encoding::bf16
                                                                                       : quant_encoding::fp16;
       if (validation v = detail::check_quantized_segment(sh, pl, enc, half_payload_bytes(sh.numel)); !v) return v;
@@ -123,7 +123,7 @@ class cast16 {
 
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
                                 const float mult = load_at<float>(pl, 0);
                                 const auto codes = pl.subspan(quant_prefix_bytes);
@@ -237,7 +237,7 @@ class cast16 {
 
   layout layout_;
   options options_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
 };
 static_assert(Compressor<cast16>);
 

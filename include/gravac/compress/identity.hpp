@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <span>
 
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -34,7 +34,7 @@ class identity {
   }
 
   //! Upper bound of the packet size.
-  [[nodiscard]] std::size_t max_packet_bytes() const noexcept { return detail::raw_packet_bytes(layout_); }
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept { return raw_packet_bytes(layout_); }
 
   //! Writes u = g + e for every layer and zeroes e; the kept fractions are ignored.
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
@@ -43,24 +43,24 @@ class identity {
     dense_params_.step = p.step;
     dense_params_.seed = p.seed;
     dense_params_.gain_candidates = p.gain_candidates;
-    return detail::compress_layers(layout_, kind, g.span(), e.span(), dense_params_, out, st, scratch_,
+    return compress_layers(layout_, kind, g.span(), e.span(), dense_params_, out, st, scratch_,
                                    [](auto&&...) {});
   }
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, [](const segment_header&, std::span<const std::byte>) {
+    return validate_layers(packet, layout_, kind, [](const segment_header&, std::span<const std::byte>) {
       return validation::fail("dense packet with a non-raw segment");
     });
   }
   //! Adds scale * the packet's values to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale, [](auto&&...) {});
+    decompress_layers(packet, layout_, out.span(), scale, [](auto&&...) {});
   }
 
  private:
   layout layout_;
   step_params dense_params_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
 };
 static_assert(Compressor<identity>);
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
@@ -259,7 +259,7 @@ class powersgd {
   //! Validates an untrusted packet: per low-rank segment the rank (1..min(rows, cols)),
   //! sizes, and finite factors.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, [&](const segment_header& sh, std::span<const std::byte> pl) {
+    return validate_layers(packet, layout_, kind, [&](const segment_header& sh, std::span<const std::byte> pl) {
       if (sh.encoding != low_rank_encoding) return validation::fail("low-rank segment: unknown encoding");
       if (sh.index_width != 0) return validation::fail("low-rank segment with indices");
       const auto& l = layout_[sh.layer];
@@ -280,7 +280,7 @@ class powersgd {
 
   //! Adds scale * P^ Q^T (or the raw values) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [&](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
                                 const auto& l = layout_[sh.layer];
                                 const std::size_t rows = l.rows(), cols = l.cols(), r = sh.count;

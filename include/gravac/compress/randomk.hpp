@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 
@@ -68,7 +68,7 @@ class randomk {
   //! Keeps kept_fraction of each layer at indices drawn from (seed, step, layer id).
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    return detail::compress_layers(
+    return compress_layers(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
             layer_stats& ls) {
@@ -104,7 +104,7 @@ class randomk {
 
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+    return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
       if (sh.encoding != 0) return validation::fail("random-k segment: unknown encoding");
       if (sh.index_width != 0) return validation::fail("random-k segment with indices");
       if (sh.count > sh.numel) return validation::fail("random-k segment: count exceeds numel");
@@ -115,7 +115,7 @@ class randomk {
   }
   //! Adds scale * the packet's values at the redrawn indices to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [&](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
                                 const auto seed = load_at<std::uint64_t>(pl, 0);
                                 const auto step = load_at<std::uint64_t>(pl, 1);
@@ -141,7 +141,7 @@ class randomk {
 
   layout layout_;
   options options_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
   std::vector<std::uint64_t> indices_;
   std::vector<float> values_;
   mutable std::vector<std::uint64_t> decode_indices_;

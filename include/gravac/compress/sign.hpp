@@ -9,7 +9,7 @@
 #include <cstring>
 #include <span>
 
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/concepts.hpp"
@@ -51,14 +51,14 @@ class sign {
   //! at 1 or more go raw.
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    return detail::compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+    return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
                                    [](byte_writer& w, std::uint32_t index, std::span<const float> gl,
                                       std::span<float> el, double, layer_stats& ls) { write_layer(w, index, gl, el, ls); });
   }
 
   //! Validates an untrusted packet: size, a finite non-negative scale, zero padding.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
+    return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
       if (validation v = detail::check_quantized_segment(sh, pl, quant_encoding::sign, sign_payload_bytes(sh.numel)); !v)
         return v;
       if (!detail::valid_scale(load_at<float>(pl, 0)) || load_at<std::uint32_t>(pl, 1) != 0)
@@ -71,7 +71,7 @@ class sign {
 
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
                                 decode_add(pl, sh.numel, o.data(), s);
                               });
@@ -141,7 +141,7 @@ class sign {
   }
 
   layout layout_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
 };
 static_assert(Compressor<sign>);
 

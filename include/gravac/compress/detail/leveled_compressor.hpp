@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/leveled_codec.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
