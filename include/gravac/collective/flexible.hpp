@@ -182,12 +182,10 @@ class flexible {
 
   //! Modeled seconds of dense Allreduce, AR-Topk and Allgather top-k (in that order) for N
   //! ranks, d parameters, kept fraction f under \p net; AR-Topk is +infinity when the
-  //! compressor has no index hook (\p ar_possible false).
+  //! compressor has no index hook (\p ar_possible false). Same as cost_model::candidate_costs.
   static std::array<double, 3> costs(int n, double d, double f, const network_params& net,
                                      allreduce_algorithm a = allreduce_algorithm::ring, bool ar_possible = true) {
-    return {cost_model::dense_allreduce(n, d).seconds(net),
-            ar_possible ? cost_model::ar_topk(n, d, f, a).seconds(net) : INFINITY,
-            cost_model::allgather_topk(n, d, f).seconds(net)};
+    return cost_model::candidate_costs(n, d, f, net, a, ar_possible);
   }
 
   //! The kept fraction of the whole buffer that \p p sends: sum of kept counts over d.

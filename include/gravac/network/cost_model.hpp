@@ -9,6 +9,7 @@
 //! (alpha, beta) from timed calls (network_estimate), and charging a virtual clock
 //! (simulated_communicator).
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 
@@ -108,6 +109,18 @@ inline cost_terms ar_topk_shared_indices(int n, double d, double f,
 }
 //! Allgather of top-k values and indices: `L alpha + 2(N-1) 4 d f beta`.
 inline cost_terms allgather_topk(int n, double d, double f) noexcept { return allgather(n, n * 8.0 * d * f); }
+
+//! Modeled seconds of the flexible collective's three candidates for N ranks, d parameters
+//! and kept fraction f under \p net, in the order dense Allreduce, AR-Topk (by algorithm
+//! \p a), Allgather top-k. AR-Topk is +infinity when the compressor has no index-selection
+//! hook (\p ar_possible false). The flexible collective and the multi-objective policy
+//! both price with this one function, so they cannot disagree on a cost.
+inline std::array<double, 3> candidate_costs(int n, double d, double f, const network_params& net,
+                                             allreduce_algorithm a = allreduce_algorithm::ring,
+                                             bool ar_possible = true) noexcept {
+  return {dense_allreduce(n, d).seconds(net), ar_possible ? ar_topk(n, d, f, a).seconds(net) : INFINITY,
+          allgather_topk(n, d, f).seconds(net)};
+}
 
 }  // namespace cost_model
 

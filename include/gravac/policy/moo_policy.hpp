@@ -31,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "gravac/collective/flexible.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/network/cost_model.hpp"
@@ -199,7 +198,7 @@ class moo_policy {
   [[nodiscard]] double modeled_time(double f, const network_params& net, int ranks) const {
     const double d = d_comp_ + d_dense_;
     const double fe = d > 0 ? (d_dense_ + f * d_comp_) / d : 1.0;
-    const auto c = flexible::costs(ranks, d, fe, net, allreduce_algorithm::ring, options_.ar_topk_possible);
+    const auto c = cost_model::candidate_costs(ranks, d, fe, net, allreduce_algorithm::ring, options_.ar_topk_possible);
     switch (options_.collective) {
       case collective_kind::dense_allreduce: return c[0];
       case collective_kind::allreduce_compatible: return c[1];
