@@ -47,6 +47,16 @@ struct simulated_network_options {
   allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how Allreduce is charged
 };
 
+//! The running totals of a simulated_communicator: what a training checkpoint saves so that
+//! a resumed run continues the modeled clock and the wire-byte counts bit for bit (they are
+//! sums in call order, which a fresh communicator cannot rebuild).
+struct simulated_counters {
+  double clock = 0;          //!< modeled_seconds()
+  double sent = 0;           //!< wire_bytes_sent()
+  double received = 0;       //!< wire_bytes_received()
+  std::uint64_t calls = 0;   //!< calls()
+};
+
 //! Decorates Communicator \p Inner with a modeled clock. Models Communicator.
 template <Communicator Inner>
 class simulated_communicator {
@@ -130,6 +140,16 @@ class simulated_communicator {
   //! call is charged as: for an Allgather the other ranks' blocks, for a broadcast the
   //! payload on every rank but the root.
   [[nodiscard]] double wire_bytes_received() const noexcept { return received_; }
+  //! The running totals (clock, wire bytes, calls), for a checkpoint.
+  [[nodiscard]] simulated_counters counters() const noexcept { return {clock_, sent_, received_, calls_}; }
+  //! Puts back totals saved by counters(): a resumed run, or a step's worth of calls that
+  //! must not count (a checkpoint's own agreement between ranks).
+  void set_counters(const simulated_counters& c) noexcept {
+    clock_ = c.clock;
+    sent_ = c.sent;
+    received_ = c.received;
+    calls_ = c.calls;
+  }
   //! The wrapped engine.
   [[nodiscard]] Inner& inner() noexcept { return *inner_; }
   //! Forwards abort to the inner engine when it has one.
