@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
@@ -96,7 +97,7 @@ constexpr std::size_t adacomp_segment_bytes(std::size_t numel, std::size_t count
 //! AdaComp with its own residue. Models Compressor.
 //!
 //! Per layer, with residue R (the trainer's residual) and gradient g, exactly as
-//! algorithms.md: (1) R += g, H = R + g; (2) bins of L_T consecutive elements, gmax_b =
+//! docs/algorithms.md, "Compressors": (1) R += g, H = R + g; (2) bins of L_T consecutive elements, gmax_b =
 //! max |R_i| in bin b; (3) send every i with |H_i| >= gmax_{bin(i)}: its index and the sign
 //! of R_i; (4) scale = mean over bins of gmax_b (the sum is detail::exponent_sum, exact per
 //! exponent and combined in a fixed order, so adacomp_cuda computes the same scale bit for
@@ -155,9 +156,7 @@ class adacomp {
 
   //! Upper bound of the packet size (every element sent).
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers()) n += std::max(adacomp_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
-    return n;
+    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return adacomp_segment_bytes(l.numel, l.numel); });
   }
 
   //! Runs AdaComp on every layer whose kept fraction is below 1 (the fraction's value is

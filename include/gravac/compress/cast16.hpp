@@ -10,6 +10,7 @@
 #include <cstring>
 #include <span>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/detail/half.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
@@ -82,10 +83,8 @@ class cast16 {
 
   //! Upper bound of the packet size.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers())
-      n += sizeof(segment_header) + std::max(half_payload_bytes(l.numel), pad8(l.numel * sizeof(float)));
-    return n;
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return sizeof(segment_header) + half_payload_bytes(l.numel); });
   }
 
   //! Casts every layer whose kept fraction is below 1; layers at 1 or more go raw.

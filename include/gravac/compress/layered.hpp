@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/packet/raw_segment.hpp"
@@ -93,9 +94,7 @@ void decompress_layers(std::span<const std::byte> bytes, const layout& lay, std:
 
 //! Packet bytes when every layer is sent raw: the header plus one raw segment per layer.
 inline std::size_t raw_packet_bytes(const layout& lay) noexcept {
-  std::size_t n = sizeof(packet_header);
-  for (const auto& l : lay.layers()) n += raw_segment_bytes(l.numel);
-  return n;
+  return packet_bytes_bound(lay, [](std::size_t, const layer&) { return std::size_t{0}; });
 }
 
 }  // namespace gravac

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/concepts.hpp"
@@ -110,13 +111,10 @@ class powersgd {
 
   //! Upper bound of the packet size of compress().
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
+    return packet_bytes_bound(layout_, [&](std::size_t i, const layer&) {
       const auto& s = layers_[i];
-      const std::size_t raw = raw_segment_bytes(layout_[i].numel);
-      n += s.matrix ? std::max(raw, factor_segment_bytes(s.rows, s.cols, s.r_max)) : raw;
-    }
-    return n;
+      return s.matrix ? factor_segment_bytes(s.rows, s.cols, s.r_max) : std::size_t{0};
+    });
   }
 
   // ----- the low-rank protocol (driven by low_rank_allreduce) -----

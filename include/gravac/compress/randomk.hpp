@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
@@ -60,9 +61,8 @@ class randomk {
 
   //! Upper bound of the packet size.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers()) n += raw_segment_bytes(l.numel) + 16;
-    return n;
+    // A value segment holds at most every value, plus its 16 bytes of draw parameters.
+    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return raw_segment_bytes(l.numel) + 16; });
   }
 
   //! Keeps kept_fraction of each layer at indices drawn from (seed, step, layer id).

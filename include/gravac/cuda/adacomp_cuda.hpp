@@ -1,6 +1,6 @@
 #pragma once
 //! \file adacomp_cuda.hpp
-//! \brief adacomp_cuda: AdaComp (algorithms.md) on the device, with its residue in device
+//! \brief adacomp_cuda: AdaComp (docs/algorithms.md, "Compressors") on the device, with its residue in device
 //! memory. The same packets as gravac::adacomp on the same input, bit for bit (the same
 //! elements sent, the same scale, the same residue), decoded on the device. Part of target
 //! gravac::cuda.
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/concepts.hpp"
@@ -75,24 +76,24 @@ class adacomp_cuda {
     GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
     GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
-    states_ = device_buffer<cuda_detail::select_state>(L, s);
-    sums_ = device_buffer<cuda_detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
-    slots_ = device_buffer<cuda_detail::segment_slot>(L, s);
-    cursor_ = device_buffer<cuda_detail::packet_cursor>(1, s);
+    states_ = device_buffer<detail::select_state>(L, s);
+    sums_ = device_buffer<detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
+    slots_ = device_buffer<detail::segment_slot>(L, s);
+    cursor_ = device_buffer<detail::packet_cursor>(1, s);
     scales_ = device_buffer<float>(L, s);
-    exponent_acc_ = device_buffer<unsigned long long>(cuda_detail::exponent_slots, s);
+    exponent_acc_ = device_buffer<unsigned long long>(detail::exponent_slots, s);
     gmax_ = device_buffer<std::uint32_t>(most_bins, s);
     no_threshold_ = device_buffer<std::uint32_t>(1, s);  // the gain pass collects no candidates
-    hist_ = device_buffer<std::uint32_t>(cuda_detail::max_bins, s);
-    hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
-    gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
+    hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
+    hist_sq_ = device_buffer<double>(detail::max_bins, s);
+    gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
     GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
         nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-        thrust::make_tabulate_output_iterator(cuda_detail::adacomp_index_writer{nullptr, nullptr}),
+        thrust::make_tabulate_output_iterator(detail::adacomp_index_writer{nullptr, nullptr}),
         static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
-        cuda_detail::adacomp_sent{nullptr, nullptr, nullptr, 1}, s.get()));
+        detail::adacomp_sent{nullptr, nullptr, nullptr, 1}, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     // The layout as the validation and decoding kernels see it.
     pinned_buffer<std::uint64_t> info(2 * L);
@@ -103,12 +104,12 @@ class adacomp_cuda {
     layer_info_ = device_buffer<std::uint64_t>(2 * L, s);
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(layer_info_.data(), info.data(), 2 * L * sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s.get()));
-    table_ = device_buffer<cuda_detail::segment_entry>(L, s);
-    walk_ = device_buffer<cuda_detail::walk_result>(1, s);
+    table_ = device_buffer<detail::segment_entry>(L, s);
+    walk_ = device_buffer<detail::walk_result>(1, s);
     host_states_.resize(L);
     host_sums_.resize(L + 1);
     host_scales_.resize(L);
-    host_gain_.resize(cuda_detail::max_gain_candidates);
+    host_gain_.resize(detail::max_gain_candidates);
     host_cursor_.resize(1);
     host_walk_.resize(1);
     s.synchronize();  // the pinned staging above is freed when this returns
@@ -123,10 +124,7 @@ class adacomp_cuda {
 
   //! Upper bound of the packet size (every element sent), as gravac::adacomp.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers())
-      n += std::max(adacomp_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
-    return n;
+    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return adacomp_segment_bytes(l.numel, l.numel); });
   }
 
   //! AdaComp on every layer whose kept fraction is below 1; layers at 1 or more go raw.
@@ -134,7 +132,7 @@ class adacomp_cuda {
   //! touched. Returns the packet size once the packet, the residue and the statistics are ready.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
                        std::span<std::byte> out, compress_stats& st) {
-    namespace cd = cuda_detail;
+    namespace cd = detail;
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             "adacomp_cuda::compress: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(), "adacomp_cuda::compress: one kept fraction per layer is required");
@@ -259,7 +257,7 @@ class adacomp_cuda {
   //! Validates an untrusted packet in device memory: the header walk, every index and the
   //! sign padding checked on the device; only the verdict is copied back.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    namespace cd = cuda_detail;
+    namespace cd = detail;
     if (packet.size() < sizeof(packet_header)) return validation::fail(cd::validation_reason(cd::v_truncated_header));
     if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       return validation::fail(cd::validation_reason(cd::v_misaligned));
@@ -284,7 +282,7 @@ class adacomp_cuda {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "adacomp_cuda::decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    cuda_detail::scatter_add_adacomp<<<dim3(scatter_blocks, grid_y()), cuda_detail::packet_threads, 0,
+    detail::scatter_add_adacomp<<<dim3(scatter_blocks, grid_y()), detail::packet_threads, 0,
                                        options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
                                                                 out.data(), scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
@@ -318,12 +316,12 @@ class adacomp_cuda {
   [[nodiscard]] unsigned grid_y() const noexcept {
     return static_cast<unsigned>(std::clamp<std::size_t>(layout_.size(), 1, 65535));
   }
-  [[nodiscard]] cuda_detail::layout_desc desc() const noexcept {
+  [[nodiscard]] detail::layout_desc desc() const noexcept {
     const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
     return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
   }
   void launch_walk(std::span<const std::byte> packet) const {
-    cuda_detail::walk_adacomp_packet<<<1, 1, 0, options_.stream.get()>>>(
+    detail::walk_adacomp_packet<<<1, 1, 0, options_.stream.get()>>>(
         packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
@@ -331,10 +329,10 @@ class adacomp_cuda {
   layout layout_;
   options options_;
   int sms_ = 1;
-  device_buffer<cuda_detail::select_state> states_;
-  device_buffer<cuda_detail::layer_sums> sums_;
-  device_buffer<cuda_detail::segment_slot> slots_;
-  device_buffer<cuda_detail::packet_cursor> cursor_;
+  device_buffer<detail::select_state> states_;
+  device_buffer<detail::layer_sums> sums_;
+  device_buffer<detail::segment_slot> slots_;
+  device_buffer<detail::packet_cursor> cursor_;
   device_buffer<float> scales_;
   device_buffer<unsigned long long> exponent_acc_;
   device_buffer<std::uint32_t> gmax_;
@@ -344,14 +342,14 @@ class adacomp_cuda {
   device_buffer<double> gain_out_;
   device_buffer<std::byte> select_temp_;
   device_buffer<std::uint64_t> layer_info_;
-  mutable device_buffer<cuda_detail::segment_entry> table_;
-  mutable device_buffer<cuda_detail::walk_result> walk_;
-  pinned_buffer<cuda_detail::select_state> host_states_;
-  pinned_buffer<cuda_detail::layer_sums> host_sums_;
+  mutable device_buffer<detail::segment_entry> table_;
+  mutable device_buffer<detail::walk_result> walk_;
+  pinned_buffer<detail::select_state> host_states_;
+  pinned_buffer<detail::layer_sums> host_sums_;
   pinned_buffer<float> host_scales_;
   pinned_buffer<double> host_gain_;
-  pinned_buffer<cuda_detail::packet_cursor> host_cursor_;
-  mutable pinned_buffer<cuda_detail::walk_result> host_walk_;
+  pinned_buffer<detail::packet_cursor> host_cursor_;
+  mutable pinned_buffer<detail::walk_result> host_walk_;
 };
 static_assert(Compressor<adacomp_cuda>);
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/packet/quantized_packet.hpp"
@@ -52,16 +53,16 @@ struct cast16_cuda_options {
 };
 
 //! Which quantizer a basic_quantize_cuda runs.
-using quantizer_cuda = cuda_detail::quant_family;
+using quantizer_cuda = detail::quant_family;
 
-namespace cuda_detail {
+namespace detail {
 //! The options struct of the device quantizer of family \p Q.
 template <quant_family Q>
 using quantize_options_t = std::conditional_t<
     Q == quant_family::qsgd, qsgd_cuda_options,
     std::conditional_t<Q == quant_family::terngrad, terngrad_cuda_options,
                        std::conditional_t<Q == quant_family::sign, sign_cuda_options, cast16_cuda_options>>>;
-}  // namespace cuda_detail
+}  // namespace detail
 
 //! A quantizing compressor with error feedback over device memory. Models Compressor.
 //!
@@ -84,7 +85,7 @@ class basic_quantize_cuda {
   //! Works on device memory.
   using memory_space = cuda_space;
   //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options or cast16_cuda_options).
-  using options = cuda_detail::quantize_options_t<Q>;
+  using options = detail::quantize_options_t<Q>;
   //! Each rank has its own scales, so codes cannot be summed elementwise.
   static constexpr bool summable_by_index = false;
   //! Packet kind written (that of the host quantizers).
@@ -127,28 +128,28 @@ class basic_quantize_cuda {
     layer_info_ = device_buffer<std::uint64_t>(2 * L, s);
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(layer_info_.data(), info.data(), 2 * L * sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s.get()));
-    jobs_ = device_buffer<cuda_detail::quant_job>(L, s);
-    sums_ = device_buffer<cuda_detail::quant_sums>(L, s);
-    chunks_ = device_buffer<cuda_detail::chunk_sums>(std::max<std::size_t>(chunks, 1), s);
-    scales_ = device_buffer<cuda_detail::bucket_scale>(std::max<std::size_t>(buckets, 1), s);
-    plan_ = device_buffer<cuda_detail::segment_desc>(L, s);
+    jobs_ = device_buffer<detail::quant_job>(L, s);
+    sums_ = device_buffer<detail::quant_sums>(L, s);
+    chunks_ = device_buffer<detail::chunk_sums>(std::max<std::size_t>(chunks, 1), s);
+    scales_ = device_buffer<detail::bucket_scale>(std::max<std::size_t>(buckets, 1), s);
+    plan_ = device_buffer<detail::segment_desc>(L, s);
     head_ = device_buffer<packet_header>(1, s);
     // The gain pass (topk_cuda's fused pass with k = 0) and its workspace.
-    states_ = device_buffer<cuda_detail::select_state>(L, s);
+    states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(1, s);
-    hist_ = device_buffer<std::uint32_t>(cuda_detail::max_bins, s);
-    hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
-    gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
-    gain_sums_ = device_buffer<cuda_detail::layer_sums>(1, s);
+    hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
+    hist_sq_ = device_buffer<double>(detail::max_bins, s);
+    gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
+    gain_sums_ = device_buffer<detail::layer_sums>(1, s);
     cand_ = device_buffer<std::uint32_t>(1, s);
     // Validation and decoding.
-    table_ = device_buffer<cuda_detail::quant_segment>(L, s);
-    walk_ = device_buffer<cuda_detail::walk_result>(1, s);
+    table_ = device_buffer<detail::quant_segment>(L, s);
+    walk_ = device_buffer<detail::walk_result>(1, s);
     jobs_host_.resize(L);
     plan_host_.resize(L);
     head_host_.resize(1);
     sums_host_.resize(L);
-    gain_host_.resize(cuda_detail::max_gain_candidates);
+    gain_host_.resize(detail::max_gain_candidates);
     walk_host_.resize(1);
     job_layer_.resize(L);
     s.synchronize();  // the pinned staging above is freed when this returns
@@ -156,10 +157,8 @@ class basic_quantize_cuda {
 
   //! Upper bound of the packet size, as the host quantizer's.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers())
-      n += sizeof(segment_header) + std::max(payload_bytes(l.numel), pad8(l.numel * sizeof(float)));
-    return n;
+    return packet_bytes_bound(layout_,
+                              [this](std::size_t, const layer& l) { return sizeof(segment_header) + payload_bytes(l.numel); });
   }
 
   //! Quantizes every layer whose kept fraction is below 1 (the others go raw); e = u -
@@ -167,7 +166,7 @@ class basic_quantize_cuda {
   //! once the packet, the residual and the statistics are ready.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
                        std::span<std::byte> out, compress_stats& st) {
-    namespace cd = cuda_detail;
+    namespace cd = detail;
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             std::string(name()) + "::compress: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(),
@@ -335,21 +334,21 @@ class basic_quantize_cuda {
   //! code and padding bit, on the device; only the verdict is copied back.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
     if (packet.size() < sizeof(packet_header))
-      return validation::fail(cuda_detail::validation_reason(cuda_detail::v_truncated_header));
+      return validation::fail(detail::validation_reason(detail::v_truncated_header));
     if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
-      return validation::fail(cuda_detail::validation_reason(cuda_detail::v_misaligned));
+      return validation::fail(detail::validation_reason(detail::v_misaligned));
     const cudaStream_t s = options_.stream.get();
     launch_walk(packet);
-    cuda_detail::check_quantized_payloads<<<dim3(payload_blocks, grid_y()), cuda_detail::packet_threads, 0, s>>>(
+    detail::check_quantized_payloads<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0, s>>>(
         packet.data(), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(cuda_detail::walk_result),
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result),
                                     cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
     const std::uint32_t v = walk_host_[0].verdict;
-    if (v == cuda_detail::v_ok) return {};
-    if (v == cuda_detail::v_layout) return {status::layout_mismatch, cuda_detail::quant_validation_reason(v)};
-    return validation::fail(cuda_detail::quant_validation_reason(v));
+    if (v == detail::v_ok) return {};
+    if (v == detail::v_layout) return {status::layout_mismatch, detail::quant_validation_reason(v)};
+    return validation::fail(detail::quant_validation_reason(v));
   }
 
   //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
@@ -359,7 +358,7 @@ class basic_quantize_cuda {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    cuda_detail::decode_quantized<<<dim3(payload_blocks, grid_y()), cuda_detail::packet_threads, 0,
+    detail::decode_quantized<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0,
                                     options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
                                                              out.data(), scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
@@ -386,7 +385,7 @@ class basic_quantize_cuda {
   [[nodiscard]] layer_shape shape_of(std::size_t n) const noexcept {
     layer_shape sh;
     if (n == 0 || Q == quantizer_cuda::cast16) return sh;
-    constexpr unsigned long long C = cuda_detail::quant_chunk_elems;
+    constexpr unsigned long long C = detail::quant_chunk_elems;
     sh.bucket = leveled && bucket_ ? bucket_ : n;  // EF-sign: one bucket, the layer
     sh.buckets = (n + sh.bucket - 1) / sh.bucket;
     sh.chunks_per_bucket = (sh.bucket + C - 1) / C;
@@ -433,7 +432,7 @@ class basic_quantize_cuda {
 
   // The code pass of QSGD / TernGrad for the compressor's code width.
   void launch_codes(unsigned grid, float* e, std::byte* packet, std::uint32_t count) {
-    namespace cd = cuda_detail;
+    namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
     const auto lv = static_cast<std::int32_t>(levels_);
     const cd::quant_job* jd = jobs_.data();
@@ -447,11 +446,11 @@ class basic_quantize_cuda {
   }
 
   void launch_walk(std::span<const std::byte> packet) const {
-    cuda_detail::walk_quantized_packet<<<1, 1, 0, options_.stream.get()>>>(packet.data(), packet.size(), desc(), Q,
+    detail::walk_quantized_packet<<<1, 1, 0, options_.stream.get()>>>(packet.data(), packet.size(), desc(), Q,
                                                                             table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
-  [[nodiscard]] cuda_detail::layout_desc desc() const noexcept {
+  [[nodiscard]] detail::layout_desc desc() const noexcept {
     const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
     return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
   }
@@ -469,27 +468,27 @@ class basic_quantize_cuda {
   std::uint32_t bucket_ = 0;
   int sms_ = 1;
   device_buffer<std::uint64_t> layer_info_;
-  device_buffer<cuda_detail::quant_job> jobs_;
-  device_buffer<cuda_detail::quant_sums> sums_;
-  device_buffer<cuda_detail::chunk_sums> chunks_;
-  device_buffer<cuda_detail::bucket_scale> scales_;
-  device_buffer<cuda_detail::segment_desc> plan_;
+  device_buffer<detail::quant_job> jobs_;
+  device_buffer<detail::quant_sums> sums_;
+  device_buffer<detail::chunk_sums> chunks_;
+  device_buffer<detail::bucket_scale> scales_;
+  device_buffer<detail::segment_desc> plan_;
   device_buffer<packet_header> head_;
-  device_buffer<cuda_detail::select_state> states_;
+  device_buffer<detail::select_state> states_;
   device_buffer<std::uint32_t> prev_threshold_;
   device_buffer<std::uint32_t> hist_;
   device_buffer<double> hist_sq_;
   device_buffer<double> gain_out_;
-  device_buffer<cuda_detail::layer_sums> gain_sums_;
+  device_buffer<detail::layer_sums> gain_sums_;
   device_buffer<std::uint32_t> cand_;
-  mutable device_buffer<cuda_detail::quant_segment> table_;
-  mutable device_buffer<cuda_detail::walk_result> walk_;
-  pinned_buffer<cuda_detail::quant_job> jobs_host_;
-  pinned_buffer<cuda_detail::segment_desc> plan_host_;
+  mutable device_buffer<detail::quant_segment> table_;
+  mutable device_buffer<detail::walk_result> walk_;
+  pinned_buffer<detail::quant_job> jobs_host_;
+  pinned_buffer<detail::segment_desc> plan_host_;
   pinned_buffer<packet_header> head_host_;
-  pinned_buffer<cuda_detail::quant_sums> sums_host_;
+  pinned_buffer<detail::quant_sums> sums_host_;
   pinned_buffer<double> gain_host_;
-  mutable pinned_buffer<cuda_detail::walk_result> walk_host_;
+  mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
 };
 

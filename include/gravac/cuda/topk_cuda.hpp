@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/sparse_packet.hpp"
 #include "gravac/concepts.hpp"
@@ -94,7 +95,7 @@ class basic_select_cuda {
       require(opt.run_length >= 1, "threshold_cuda: run_length must be at least 1");
       require(opt.full_histogram_above > 0.0 && opt.full_histogram_above <= 1.0,
               "threshold_cuda: full_histogram_above must be in (0, 1]");
-      est_hist_ = device_buffer<std::uint32_t>(cuda_detail::estimate_bins, opt.stream);
+      est_hist_ = device_buffer<std::uint32_t>(detail::estimate_bins, opt.stream);
     }
     std::size_t largest = 0;
     for (const auto& l : lay.layers()) {
@@ -111,50 +112,47 @@ class basic_select_cuda {
     GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
     GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
-    states_ = device_buffer<cuda_detail::select_state>(L, s);
+    states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(L, s);
     // + 2: scratch for raw layers' gain pass and for the whole-buffer selection's pass
-    sums_ = device_buffer<cuda_detail::layer_sums>(L + 2, s);
-    hist_ = device_buffer<std::uint32_t>(cuda_detail::max_bins, s);
-    hist_sq_ = device_buffer<double>(cuda_detail::max_bins, s);
-    gain_out_ = device_buffer<double>(cuda_detail::max_gain_candidates, s);
+    sums_ = device_buffer<detail::layer_sums>(L + 2, s);
+    hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
+    hist_sq_ = device_buffer<double>(detail::max_bins, s);
+    gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     failure_ = device_buffer<std::uint32_t>(1, s);
-    slots_ = device_buffer<cuda_detail::segment_slot>(L, s);
-    cursor_ = device_buffer<cuda_detail::packet_cursor>(1, s);
+    slots_ = device_buffer<detail::segment_slot>(L, s);
+    cursor_ = device_buffer<detail::packet_cursor>(1, s);
     cap_ = static_cast<std::uint32_t>(
         std::min<std::size_t>(largest, std::max<std::size_t>(65536, static_cast<std::size_t>(
                                                                         opt.candidate_capacity * static_cast<double>(largest)))));
     cand_ = device_buffer<std::uint32_t>(std::max<std::size_t>(cap_, 1), s);
-    constexpr std::size_t chunk = static_cast<std::size_t>(cuda_detail::select_threads) * cuda_detail::tie_items;
+    constexpr std::size_t chunk = static_cast<std::size_t>(detail::select_threads) * detail::tie_items;
     chunk_counts_ = device_buffer<std::uint32_t>(std::max<std::size_t>((largest + chunk - 1) / chunk, 1), s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
     GRAVAC_TRY_CUDA(cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-                                          thrust::make_tabulate_output_iterator(cuda_detail::bounded_index_writer{nullptr, nullptr}),
+                                          thrust::make_tabulate_output_iterator(detail::bounded_index_writer{nullptr, nullptr}),
                                           static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
-                                          cuda_detail::selected_by_threshold{nullptr, nullptr}, s.get()));
+                                          detail::selected_by_threshold{nullptr, nullptr}, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     if (whole_) {
       concat_ = device_buffer<float>(std::max<std::size_t>(lay.numel(), 1), s);
       list_ = device_buffer<std::uint32_t>(std::max<std::size_t>(lay.numel(), 1), s);
-      whole_state_ = device_buffer<cuda_detail::select_state>(1, s);
+      whole_state_ = device_buffer<detail::select_state>(1, s);
       whole_threshold_ = device_buffer<std::uint32_t>(1, s);
       no_threshold_ = device_buffer<std::uint32_t>(1, s);
       first_ = device_buffer<std::uint32_t>(L, s);
     }
     host_states_.resize(L);
     host_sums_.resize(L + 2);
-    host_gain_.resize(cuda_detail::max_gain_candidates);
+    host_gain_.resize(detail::max_gain_candidates);
     host_failure_.resize(1);
     host_cursor_.resize(1);
   }
 
   //! Upper bound of the packet size (every value kept, with indices), as gravac::topk.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers())
-      n += std::max(sparse_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
-    return n;
+    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Keeps the top kept_fraction of each layer; e = u - sent. \p g, \p e and \p out are
@@ -164,7 +162,7 @@ class basic_select_cuda {
   //! residual is restored to u = g + e_old before the error is thrown: nothing is lost.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
                        std::span<std::byte> out, compress_stats& st) {
-    namespace cd = cuda_detail;
+    namespace cd = detail;
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             "topk_cuda::compress: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(), "topk_cuda::compress: one kept fraction per layer is required");
@@ -321,8 +319,8 @@ class basic_select_cuda {
   // A layer sent dense: its gain curve (as the host skeleton, the curve covers dense layers
   // too), its segment placed, u written raw and e = 0.
   void queue_raw(std::size_t i, grad_view<cuda_space> g, grad_view<cuda_space> e, std::byte* packet,
-                 const cuda_detail::gain_request& gains) {
-    namespace cd = cuda_detail;
+                 const detail::gain_request& gains) {
+    namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
     const auto& l = layout_[i];
     float* gl = g.data() + l.offset;
@@ -348,8 +346,8 @@ class basic_select_cuda {
   // radix select of k over concat_; the ordered compaction lists the selected positions;
   // then every layer in layout order: raw, or its part of the list gathered into its segment.
   void queue_whole(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet,
-                   cuda_detail::gain_request gains, std::size_t k) {
-    namespace cd = cuda_detail;
+                   detail::gain_request gains, std::size_t k) {
+    namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
     const std::size_t layers = layout_.size();
     auto compressed = [&](std::size_t i) { return layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction; };
@@ -423,8 +421,8 @@ class basic_select_cuda {
 
   // The estimate's parameters of a layer, computed as threshold::estimate does (they do
   // not depend on the data; the histogram and the boundary are the device's part).
-  [[nodiscard]] cuda_detail::estimate_request estimate_for(std::size_t n, double fraction, std::uint64_t seed) const {
-    cuda_detail::estimate_request rq;
+  [[nodiscard]] detail::estimate_request estimate_for(std::size_t n, double fraction, std::uint64_t seed) const {
+    detail::estimate_request rq;
     rq.n = n;
     rq.k = kept_count(n, fraction);
     if (rq.k == 0) return rq;
@@ -456,7 +454,7 @@ class basic_select_cuda {
     const auto layers = static_cast<std::uint32_t>(layout_.size());
     if (layers == 0) return;
     const dim3 grid(static_cast<unsigned>(sms_) * 2, std::min<std::uint32_t>(layers, 65535));
-    cuda_detail::restore_pass<<<grid, cuda_detail::select_threads, 0, options_.stream.get()>>>(
+    detail::restore_pass<<<grid, detail::select_threads, 0, options_.stream.get()>>>(
         packet, slots_.data(), states_.data(), packets_.desc().offset, layers, e.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
     options_.stream.synchronize();
@@ -469,18 +467,18 @@ class basic_select_cuda {
 
   layout layout_;
   options options_;
-  mutable cuda_detail::device_packets packets_;
+  mutable detail::device_packets packets_;
   int sms_ = 1;
   std::uint32_t cap_ = 0;
-  device_buffer<cuda_detail::select_state> states_;
+  device_buffer<detail::select_state> states_;
   device_buffer<std::uint32_t> prev_threshold_;
-  device_buffer<cuda_detail::layer_sums> sums_;
+  device_buffer<detail::layer_sums> sums_;
   device_buffer<std::uint32_t> hist_;
   device_buffer<double> hist_sq_;
   device_buffer<double> gain_out_;
   device_buffer<std::uint32_t> failure_;
-  device_buffer<cuda_detail::segment_slot> slots_;
-  device_buffer<cuda_detail::packet_cursor> cursor_;
+  device_buffer<detail::segment_slot> slots_;
+  device_buffer<detail::packet_cursor> cursor_;
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
@@ -488,15 +486,15 @@ class basic_select_cuda {
   bool whole_ = false;                       // topk: one selection over the whole buffer
   device_buffer<float> concat_;              // whole: u of the compressed layers, concatenated
   device_buffer<std::uint32_t> list_;        // whole: the selected positions in concat_, ascending
-  device_buffer<cuda_detail::select_state> whole_state_;  // whole: the selection's state
+  device_buffer<detail::select_state> whole_state_;  // whole: the selection's state
   device_buffer<std::uint32_t> whole_threshold_;  // whole: the previous step's threshold (0: none)
   device_buffer<std::uint32_t> no_threshold_;     // whole: 0, so the layers' own passes collect nothing
   device_buffer<std::uint32_t> first_;            // whole: each layer's first entry in list_
-  pinned_buffer<cuda_detail::select_state> host_states_;
-  pinned_buffer<cuda_detail::layer_sums> host_sums_;
+  pinned_buffer<detail::select_state> host_states_;
+  pinned_buffer<detail::layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;
   pinned_buffer<std::uint32_t> host_failure_;
-  pinned_buffer<cuda_detail::packet_cursor> host_cursor_;
+  pinned_buffer<detail::packet_cursor> host_cursor_;
 };
 
 //! Exact top-k with error feedback on the device: the packets of gravac::topk.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/leveled_codec.hpp"
 #include "gravac/concepts.hpp"
@@ -32,9 +33,7 @@ class leveled_compressor {
 
   //! Upper bound of the packet size.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers()) n += std::max(codec_.segment_bytes(l.numel), raw_segment_bytes(l.numel));
-    return n;
+    return packet_bytes_bound(layout_, [&](std::size_t, const layer& l) { return codec_.segment_bytes(l.numel); });
   }
 
   //! Quantizes u = g + e layer by layer; e = u - decompress(packet).

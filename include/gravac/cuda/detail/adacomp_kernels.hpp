@@ -1,6 +1,6 @@
 #pragma once
 //! \file adacomp_kernels.hpp
-//! \brief The kernels of adacomp_cuda: AdaComp's six steps (algorithms.md) on the device,
+//! \brief The kernels of adacomp_cuda: AdaComp's six steps (docs/algorithms.md, "Compressors") on the device,
 //! the same packets as gravac::adacomp bit for bit.
 //!
 //! For one layer of n elements and bin length L (bins = ceil(n / L)):
@@ -30,7 +30,7 @@
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/packet/format.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Threads per block of the AdaComp kernels.
 inline constexpr int adacomp_threads = 256;
@@ -77,7 +77,7 @@ adacomp_bins(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n
         gsq += static_cast<double>(gv[j]) * gv[j];
         rsq += static_cast<double>(u) * u;
       }
-      std::uint32_t key = in ? magnitude_key(u) : 0u;
+      std::uint32_t key = in ? device_magnitude_key(u) : 0u;
       bad |= key >= non_finite_key;
       if (key >= non_finite_key) key = 0;  // infinity and NaN do not count in the maximum
       // The tile-relative bin; out-of-range lanes get a bin no lane has.
@@ -159,7 +159,7 @@ struct adacomp_sent {
   std::uint32_t bin;          //!< L
   __device__ __forceinline__ bool operator()(std::uint32_t i) const {
     const float x = r[i];
-    const std::uint32_t key = magnitude_key(x);
+    const std::uint32_t key = device_magnitude_key(x);
     if (key == 0 || key >= non_finite_key) return false;  // zero has no sign; never infinity or NaN
     const float h = fabsf(__fadd_rn(x, g[i]));
     return h >= __uint_as_float(gmax[i / bin]);
@@ -353,4 +353,4 @@ static __global__ void scatter_add_adacomp(const std::byte* __restrict__ packet,
   }
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

@@ -17,7 +17,7 @@
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/layout.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Packets in device memory for one layout (see packet_kernels.hpp).
 class device_packets {
@@ -165,4 +165,4 @@ class device_packets {
   pinned_buffer<walk_result> walk_host_;
 };
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

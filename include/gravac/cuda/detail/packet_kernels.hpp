@@ -10,7 +10,7 @@
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/format.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Threads per block of the packet kernels.
 inline constexpr int packet_threads = 256;
@@ -264,4 +264,4 @@ static __global__ void scatter_add_sparse(const std::byte* __restrict__ packet, 
   }
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

@@ -32,7 +32,7 @@
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/packet/format.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Threads per block of the quantizer kernels.
 inline constexpr int quant_threads = 256;
@@ -459,4 +459,4 @@ raw_jobs(const float* __restrict__ g, float* __restrict__ e, const quant_job* __
   add_block_sums(sums + jb.index, gsq, usq, usq, bad, true, true, true);
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

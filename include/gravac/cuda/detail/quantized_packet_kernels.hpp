@@ -14,7 +14,7 @@
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/packet/format.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Which quantized encodings a packet may hold (besides raw segments).
 enum class quant_family : std::uint8_t {
@@ -274,4 +274,4 @@ static __global__ void decode_quantized(const std::byte* __restrict__ packet, la
   }
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

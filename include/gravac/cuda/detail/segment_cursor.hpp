@@ -13,7 +13,7 @@
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/format.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Where the next segment goes (device memory; zeroed at the start of every compress).
 struct packet_cursor {
@@ -96,4 +96,4 @@ static __global__ void finish_device_packet(std::byte* __restrict__ packet, cons
   memcpy(packet, &h, sizeof h);
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

@@ -30,7 +30,7 @@
 
 #include "gravac/cuda/detail/segment_cursor.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Threads per block of every selection kernel.
 inline constexpr int select_threads = 256;
@@ -88,7 +88,7 @@ struct gain_request {
 };
 
 //! The sortable key of a float magnitude: its bits with the sign cleared.
-__device__ __forceinline__ std::uint32_t magnitude_key(float u) {
+__device__ __forceinline__ std::uint32_t device_magnitude_key(float u) {
   return __float_as_uint(u) & 0x7fffffffu;
 }
 
@@ -133,7 +133,7 @@ struct boundary {
   std::uint32_t above;  //!< values in higher bins
   std::uint32_t count;  //!< values in the boundary bin
 };
-__device__ inline boundary find_boundary(const std::uint32_t* hist, int bins, std::uint32_t want) {
+__device__ inline boundary find_device_boundary(const std::uint32_t* hist, int bins, std::uint32_t want) {
   using scan_t = cub::BlockScan<std::uint32_t, select_threads>;
   __shared__ typename scan_t::TempStorage tmp;
   __shared__ boundary result;
@@ -218,7 +218,7 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
         if (copy) copy[i] = u;
         gsq += static_cast<double>(gv[j]) * gv[j];
         usq += static_cast<double>(u) * u;
-        key = magnitude_key(u);
+        key = device_magnitude_key(u);
         finite = key < non_finite_key;
         bad |= !finite;
         if (finite) {  // NaN and infinity are never selected: they stay in the residual
@@ -266,7 +266,7 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
   // boundary bin's energy in proportion to the values taken from it.
   for (int c = 0; c < gains.count; ++c) {
     const auto kc = static_cast<std::uint32_t>(gains.k[c] < finite_total ? gains.k[c] : finite_total);
-    const boundary bc = find_boundary(sh_hist, max_bins, kc);
+    const boundary bc = find_device_boundary(sh_hist, max_bins, kc);
     double part = 0;
     if (kc > 0)
       for (int b = static_cast<int>(bc.bin) + 1 + static_cast<int>(threadIdx.x); b < max_bins; b += select_threads)
@@ -324,7 +324,7 @@ fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, st
     }
     return;
   }
-  const boundary b = find_boundary(sh_hist, max_bins, k);
+  const boundary b = find_device_boundary(sh_hist, max_bins, k);
   if (threadIdx.x != 0) return;
   st->count = k;
   if (b.count == 0) {  // cannot happen (k < finite_total); nothing is selected, compress() fails
@@ -361,7 +361,7 @@ collect_pass(const float* __restrict__ e, std::size_t n, select_state* __restric
   const std::size_t n_round = (n + 31u) & ~std::size_t{31};
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; i < n_round; i += stride) {
     const bool in = i < n;
-    const std::uint32_t key = in ? magnitude_key(e[i]) : 0u;
+    const std::uint32_t key = in ? device_magnitude_key(e[i]) : 0u;
     warp_append(in && (key >> 20) == bin, key, cand, cap, &st->cand_count);
   }
   if (last_block(&st->blocks_done)) st->cand_valid = 1;
@@ -384,7 +384,7 @@ refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict
   const std::size_t m = from_cand ? (st->cand_count < cap ? st->cand_count : cap) : n;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; i < m; i += stride) {
-    const std::uint32_t key = from_cand ? cand[i] : magnitude_key(e[i]);
+    const std::uint32_t key = from_cand ? cand[i] : device_magnitude_key(e[i]);
     if ((key >> high) == prefix) atomicAdd(&sh_hist[(key >> shift) & (bins - 1u)], 1u);
   }
   __syncthreads();
@@ -396,7 +396,7 @@ refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict
     hist[i] = 0;
   }
   __syncthreads();
-  const boundary b = find_boundary(sh_hist, bins, st->remaining);
+  const boundary b = find_device_boundary(sh_hist, bins, st->remaining);
   if (threadIdx.x != 0) return;
   const std::uint32_t new_prefix = (prefix << refine_digit_bits) | b.bin;
   st->prefix = new_prefix;
@@ -436,7 +436,7 @@ tie_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ 
     std::uint32_t cnt = 0;
     const std::size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
     for (std::size_t i = c * chunk + threadIdx.x; i < end; i += select_threads)
-      cnt += magnitude_key(e[i]) == t;
+      cnt += device_magnitude_key(e[i]) == t;
     const std::uint32_t total = reduce_t(red).Sum(cnt);
     if (threadIdx.x == 0) chunk_counts[c] = total;
     __syncthreads();
@@ -465,13 +465,13 @@ tie_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ 
   // Scan the chunk in order: thread j owns tie_items consecutive values.
   const std::size_t start = static_cast<std::size_t>(target_chunk) * chunk + threadIdx.x * tie_items;
   std::uint32_t mine = 0;
-  for (int j = 0; j < tie_items; ++j) mine += (start + j < n) && magnitude_key(e[start + j]) == t;
+  for (int j = 0; j < tie_items; ++j) mine += (start + j < n) && device_magnitude_key(e[start + j]) == t;
   std::uint32_t before = 0;
   scan_t(scan).ExclusiveSum(mine, before);
   if (before < target_rank && before + mine >= target_rank) {
     std::uint32_t seen = before;
     for (int j = 0; j < tie_items; ++j) {
-      if (start + j < n && magnitude_key(e[start + j]) == t && ++seen == target_rank) {
+      if (start + j < n && device_magnitude_key(e[start + j]) == t && ++seen == target_rank) {
         st->tie_index = static_cast<std::uint32_t>(start + j);
         break;
       }
@@ -484,7 +484,7 @@ struct selected_by_threshold {
   const float* u;            //!< u (held in e after the fused pass)
   const select_state* st;    //!< the resolved threshold
   __device__ __forceinline__ bool operator()(std::uint32_t i) const {
-    const std::uint32_t key = magnitude_key(u[i]);
+    const std::uint32_t key = device_magnitude_key(u[i]);
     const std::uint32_t t = st->threshold;
     return st->done == 1 && key < non_finite_key &&
            (key > t || (key == t && (st->take_all_ties || i <= st->tie_index)));
@@ -602,4 +602,4 @@ restore_pass(const std::byte* __restrict__ packet, const segment_slot* __restric
   }
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

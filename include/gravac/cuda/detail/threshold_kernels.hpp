@@ -12,7 +12,7 @@
 
 #include "gravac/cuda/detail/select_kernels.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! Bits of the key dropped to form an estimate bin (magnitude_histogram::shift).
 inline constexpr int estimate_shift = 19;
@@ -63,7 +63,7 @@ estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, est
       at = s * rq.stratum + splitmix64_nth_device(rq.seed, s) % rq.room + (i - s * rq.run);
     }
     const float u = __fadd_rn(g[at], e[at]);
-    atomicAdd(&sh[magnitude_key(u) >> estimate_shift], 1u);
+    atomicAdd(&sh[device_magnitude_key(u) >> estimate_shift], 1u);
   }
   __syncthreads();
   for (int i = static_cast<int>(threadIdx.x); i < estimate_bins; i += select_threads)
@@ -92,7 +92,7 @@ estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, std::u
   const unsigned long long want_raw = rq.sampled ? rq.target_ceil : rq.k;
   const bool none = rq.k == 0 || fin == 0 || want_raw == 0;
   const auto want = static_cast<std::uint32_t>(want_raw < fin ? want_raw : fin);
-  const boundary b = find_boundary(sh, estimate_bins, none ? 0u : want);  // block-wide
+  const boundary b = find_device_boundary(sh, estimate_bins, none ? 0u : want);  // block-wide
   if (threadIdx.x != 0) return;
   if (none) {
     *guess = estimate_none;
@@ -111,8 +111,8 @@ estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, std::u
   double need = __dsub_rn(rq.target, static_cast<double>(b.above));
   need = need < 0.0 ? 0.0 : (need > c ? c : need);
   const double t = b.count == 0 ? lo : __dsub_rn(hi, __dmul_rn(__ddiv_rn(need, c), __dsub_rn(hi, lo)));
-  const std::uint32_t key = magnitude_key(__double2float_rn(t));
+  const std::uint32_t key = device_magnitude_key(__double2float_rn(t));
   *guess = key > lower ? key : lower;
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail

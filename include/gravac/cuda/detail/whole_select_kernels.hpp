@@ -19,7 +19,7 @@
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 
-namespace gravac::cuda_detail {
+namespace gravac::detail {
 
 //! The compaction's output of the whole-buffer selection: position j of the sorted list,
 //! never past the count (a defence, as bounded_index_writer).
@@ -102,4 +102,4 @@ gather_whole_pass(std::byte* __restrict__ packet, const segment_slot* __restrict
   }
 }
 
-}  // namespace gravac::cuda_detail
+}  // namespace gravac::detail
