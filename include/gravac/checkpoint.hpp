@@ -42,14 +42,12 @@
 #include <utility>
 #include <vector>
 
-#if __has_include(<unistd.h>)
-#include <unistd.h>
-#define GRAVAC_HAVE_FSYNC 1
-#endif
 
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/detail/checkpoint_agreement.hpp"
+#include "gravac/detail/checkpoint_file.hpp"
 
 namespace gravac {
 
@@ -104,77 +102,6 @@ struct checkpoint_state {
   std::vector<std::byte> collective;      //!< Collective::save output (empty when it has none)
   std::vector<std::byte> policy_local;    //!< Policy::save_local output: rank-local state (empty when it has none)
 };
-
-namespace detail {
-
-//! Fixed header of a checkpoint file (32 bytes).
-struct checkpoint_header {
-  char magic[8] = {};                //!< checkpoint_magic
-  std::uint32_t version = 0;         //!< checkpoint_version
-  std::uint32_t header_bytes = 0;    //!< sizeof(checkpoint_header)
-  std::uint64_t payload_bytes = 0;   //!< bytes after the header
-  std::uint64_t checksum = 0;        //!< FNV-1a 64 of the payload
-};
-static_assert(sizeof(checkpoint_header) == 32);
-
-//! Upper bound on the elements of one tensor dimension list, against absurd counts in a
-//! corrupted file (a real tensor has a handful of dimensions).
-inline constexpr std::uint64_t checkpoint_max_rank = 64;
-
-inline void put_blob(byte_writer& w, std::span<const std::byte> b) {
-  w.put<std::uint64_t>(b.size());
-  w.put_array(b);
-}
-
-inline bool get_blob(byte_reader& r, std::vector<std::byte>& out) {
-  std::uint64_t n = 0;
-  std::span<const std::byte> s;
-  if (!r.get(n) || n > r.remaining() || !r.take(static_cast<std::size_t>(n), s)) return false;
-  out.assign(s.begin(), s.end());
-  return true;
-}
-
-inline std::size_t blob_bytes(std::size_t n) { return 8 + pad8(n); }
-
-//! Writes \p bytes to \p path atomically: a temporary file in the same directory is
-//! written, flushed to disk and renamed over \p path, so a crash leaves either the old
-//! checkpoint or the new one, never a torn file.
-inline void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
-  const std::string tmp =
-      path + ".tmp-" + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) & 0xffffffu);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw error(status::io_failure, "cannot create '" + tmp + "'", -1, backend::io);
-  const bool wrote = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  bool flushed = std::fflush(f) == 0;
-#ifdef GRAVAC_HAVE_FSYNC
-  flushed = flushed && ::fsync(::fileno(f)) == 0;
-#endif
-  const bool closed = std::fclose(f) == 0;
-  if (!wrote || !flushed || !closed) {
-    std::remove(tmp.c_str());
-    throw error(status::io_failure, "cannot write '" + tmp + "' (disk full?)", -1, backend::io);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw error(status::io_failure, "cannot rename '" + tmp + "' to '" + path + "'", -1, backend::io);
-  }
-}
-
-//! Reads the whole file at \p path.
-inline std::vector<std::byte> read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw error(status::io_failure, "cannot open checkpoint '" + path + "'", -1, backend::io);
-  std::vector<std::byte> out;
-  std::byte buf[1 << 16];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) throw error(status::io_failure, "cannot read checkpoint '" + path + "'", -1, backend::io);
-  return out;
-}
-
-}  // namespace detail
 
 //! Serializes \p s into the checkpoint file format (header, payload, checksum).
 inline std::vector<std::byte> encode_checkpoint(const checkpoint_state& s) {
@@ -291,69 +218,6 @@ inline void write_checkpoint(const std::string& path, const checkpoint_state& s)
   detail::write_file_atomically(path, encode_checkpoint(s));
 }
 
-namespace detail {
-
-template <class T>
-concept has_state = requires(T& t, const T& ct, std::vector<std::byte>& out, std::span<const std::byte> in) {
-  ct.save(out);
-  t.load(in);
-};
-
-template <class T>
-concept has_local_state = requires(T& t, const T& ct, std::vector<std::byte>& out, std::span<const std::byte> in) {
-  ct.save_local(out);
-  t.load_local(in);
-};
-
-// Every rank posts (status, steps, state hash, message); every rank then sees the same
-// table and throws the same error (with the first failing rank's status) when any rank
-// failed or the ranks disagree. One allgatherv: cheap, and it can never leave some ranks
-// waiting for others.
-template <class Comm>
-void agree_on_checkpoint(Comm& comm, const std::string& action, status local_status, const std::string& local_failure,
-                         std::uint64_t steps, std::uint64_t state_hash) {
-  std::vector<std::byte> mine(24 + local_failure.size());
-  const std::uint64_t code = static_cast<std::uint64_t>(local_status);
-  std::memcpy(mine.data(), &code, 8);
-  std::memcpy(mine.data() + 8, &steps, 8);
-  std::memcpy(mine.data() + 16, &state_hash, 8);
-  if (!local_failure.empty()) std::memcpy(mine.data() + 24, local_failure.data(), local_failure.size());
-  typename Comm::byte_buffer all;
-  std::vector<std::size_t> sizes;
-  comm.allgatherv(std::span<const std::byte>(mine), all, sizes);
-  std::string failures, differ;
-  status first = status::ok;
-  std::size_t at = 0;
-  std::uint64_t steps0 = 0, hash0 = 0;
-  for (std::size_t r = 0; r < sizes.size(); ++r) {
-    std::uint64_t coder = static_cast<std::uint64_t>(status::io_failure), stepsr = 0, hashr = 0;
-    if (sizes[r] >= 24) {
-      std::memcpy(&coder, all.data() + at, 8);
-      std::memcpy(&stepsr, all.data() + at + 8, 8);
-      std::memcpy(&hashr, all.data() + at + 16, 8);
-    }
-    if (coder != static_cast<std::uint64_t>(status::ok)) {
-      if (first == status::ok) first = coder <= 0xff ? static_cast<status>(coder) : status::io_failure;
-      const auto* msg = reinterpret_cast<const char*>(all.data() + at + 24);
-      failures += "\n  rank " + std::to_string(r) + ": " + std::string(msg, sizes[r] >= 24 ? sizes[r] - 24 : 0);
-    } else if (r == 0) {
-      steps0 = stepsr;
-      hash0 = hashr;
-    } else if (stepsr != steps0 || hashr != hash0) {
-      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    }
-    at += sizes[r];
-  }
-  if (!failures.empty())
-    throw error(first, action + " failed on some ranks:" + failures, comm.rank());
-  if (!differ.empty())
-    throw error(status::diverged,
-                action + ": ranks " + differ + " hold a different step counter or policy state than rank 0",
-                comm.rank());
-}
-
-}  // namespace detail
-
 //! Saves trainer \p t's state (this rank's residual, the policy state, the step counter,
 //! the seed, the layout hash) to \p path, atomically. With opt.collective (the default)
 //! every rank of the trainer must call it, each with its own path; a failure on any rank
@@ -366,7 +230,7 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
   std::string failure;
   status failed = status::ok;
   std::uint64_t state_hash = 0;
-  try {
+  detail::record_failure(opt.collective, failed, failure, [&] {
     const layout& lay = t.get_layout();
     checkpoint_state s;
     s.layout_hash = lay.hash();
@@ -386,15 +250,7 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
       std::as_const(t.policy()).save_local(s.policy_local);
     state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
     write_checkpoint(path, s);
-  } catch (const error& e) {
-    if (!opt.collective) throw;
-    failed = e.code();
-    failure = e.what();
-  } catch (const std::exception& e) {
-    if (!opt.collective) throw;
-    failed = status::io_failure;
-    failure = e.what();
-  }
+  });
   if (opt.collective)
     detail::agree_on_checkpoint(t.communicator(), "save_checkpoint", failed, failure, t.steps(), state_hash);
 }
@@ -414,7 +270,7 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
   std::string failure;
   status failed = status::ok;
   checkpoint_state s;
-  try {
+  detail::record_failure(opt.collective, failed, failure, [&] {
     s = read_checkpoint(path);
     if (s.rank != rank || s.ranks != t.communicator().size())
       throw error(status::layout_mismatch,
@@ -424,15 +280,7 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
       throw error(status::layout_mismatch, "'" + path +
                                                "' was written for another layout (set checkpoint_options::"
                                                "remap_layers to restore residuals by layer id)");
-  } catch (const error& e) {
-    if (!opt.collective) throw;
-    failed = e.code();
-    failure = e.what();
-  } catch (const std::exception& e) {
-    if (!opt.collective) throw;
-    failed = status::io_failure;
-    failure = e.what();
-  }
+  });
   if (opt.collective)
     detail::agree_on_checkpoint(t.communicator(), "restore_checkpoint", failed, failure, s.steps,
                                 detail::fnv1a(s.policy.data(), s.policy.size(), s.seed));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gravac/error.hpp"
+#include "gravac/detail/fnv1a.hpp"
 
 namespace gravac {
 
@@ -43,26 +44,6 @@ struct layer {
   //! Columns when viewed as a matrix (product of the other dimensions); 1 for 1-D.
   [[nodiscard]] std::size_t cols() const noexcept { return rows() == 0 ? 0 : numel / rows(); }
 };
-
-namespace detail {
-//! FNV-1a, 64 bit: a stable, platform-independent hash (std::hash is neither).
-constexpr std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-//! Mixes one integer into an FNV-1a hash, byte by byte (little-endian order).
-constexpr std::uint64_t fnv1a_u64(std::uint64_t v, std::uint64_t h) noexcept {
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xffu;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-}  // namespace detail
 
 //! The table of the model's tensors inside one flat gradient buffer.
 //!

@@ -25,6 +25,7 @@
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/step.hpp"
+#include "gravac/detail/telemetry_format.hpp"
 
 namespace gravac {
 
@@ -38,39 +39,6 @@ class telemetry_sink {
   //! Pushes buffered output to its destination (default: nothing to do).
   virtual void flush() {}
 };
-
-namespace detail {
-
-//! Appends the shortest round-trip form of \p v; \p nan / \p pos_inf / \p neg_inf stand
-//! for non-finite values (CSV writes nan and inf, JSON writes null).
-inline void put_number(std::ostream& os, double v, std::string_view nan, std::string_view pos_inf,
-                       std::string_view neg_inf) {
-  if (std::isnan(v)) {
-    os << nan;
-    return;
-  }
-  if (std::isinf(v)) {
-    os << (v > 0 ? pos_inf : neg_inf);
-    return;
-  }
-  std::array<char, 32> buf;  // the longest shortest-form double has 24 characters
-  const auto res = std::to_chars(buf.data(), buf.data() + buf.size(), v);
-  os.write(buf.data(), res.ptr - buf.data());
-}
-
-//! Appends the decimal form of \p v.
-inline void put_integer(std::ostream& os, std::uint64_t v) {
-  std::array<char, 24> buf;
-  const auto res = std::to_chars(buf.data(), buf.data() + buf.size(), v);
-  os.write(buf.data(), res.ptr - buf.data());
-}
-
-//! Throws gravac::error when the stream failed, so that a full disk is not silent.
-inline void check_stream(const std::ostream& os, std::string_view who) {
-  if (os.fail()) throw error(status::io_failure, std::string(who) + ": writing the step report failed");
-}
-
-}  // namespace detail
 
 //! The fixed columns of csv_sink, in order. Per-layer columns follow when the sink
 //! was given a layout: `kept_fraction:<layer>` for every layer, then `grad_norm:<layer>`.

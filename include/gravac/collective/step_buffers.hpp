@@ -6,6 +6,7 @@
 
 #include "gravac/collective/step_control.hpp"
 #include "gravac/memory.hpp"
+#include "gravac/detail/seconds_since.hpp"
 
 namespace gravac {
 
@@ -19,12 +20,5 @@ struct step_buffers {
   //! collective carries them and leaves their sums over the ranks in it.
   step_control* control = nullptr;
 };
-
-namespace detail {
-//! Seconds elapsed since \p t0 on the steady clock.
-inline double seconds_since(std::chrono::steady_clock::time_point t0) noexcept {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace detail
 
 }  // namespace gravac

@@ -20,26 +20,8 @@
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/memory.hpp"
+#include "gravac/comm/detail/mpi_error.hpp"
 
-namespace gravac {
-
-namespace detail {
-//! Text of an MPI error code.
-inline std::string mpi_error_string(int code) {
-  char buf[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "unknown MPI error";
-  return std::string(buf, static_cast<std::size_t>(len));
-}
-//! This process's rank in MPI_COMM_WORLD, or -1 before MPI_Init.
-inline int mpi_world_rank() noexcept {
-  int init = 0, r = -1;
-  if (MPI_Initialized(&init) == MPI_SUCCESS && init) MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-}  // namespace detail
-
-}  // namespace gravac
 
 //! Calls an MPI function and throws gravac::error(backend_failure) with the call, the
 //! MPI error text and the rank when it does not return MPI_SUCCESS.

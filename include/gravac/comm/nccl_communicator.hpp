@@ -21,14 +21,7 @@
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"
-
-namespace gravac::detail {
-//! Throws gravac::error for a failed NCCL call.
-[[noreturn]] inline void throw_nccl(ncclResult_t code, const char* call, int rank) {
-  throw error(status::backend_failure, std::string(call) + ": " + ncclGetErrorString(code), rank, backend::nccl,
-              static_cast<int>(code));
-}
-}  // namespace gravac::detail
+#include "gravac/comm/detail/throw_nccl.hpp"
 
 //! Calls an NCCL function and throws gravac::error(backend_failure, backend::nccl) unless it
 //! returns ncclSuccess or (non-blocking communicators) ncclInProgress. The error names this

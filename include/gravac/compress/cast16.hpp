@@ -12,41 +12,20 @@
 
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/detail/half.hpp"
+#include "gravac/compress/cast16_format.hpp"
+#include "gravac/compress/detail/cast16_limits.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
 
-//! The 16-bit format of cast16.
-enum class cast16_format : std::uint8_t {
-  fp16,  //!< IEEE half: 11-bit precision, largest finite 65504
-  bf16,  //!< bfloat16: 8-bit precision, the range of float
-};
-
 //! Options of cast16.
 struct cast16_options {
   cast16_format format = cast16_format::fp16;  //!< the 16-bit format on the wire
 };
-
-namespace detail {
-
-//! Float bits of the largest magnitude cast16 sends of u / N on \p ranks = N ranks: the
-//! format's largest finite value, lowered one unit of the format's last place at a time
-//! while that value times N (what the decoder multiplies back) passes the float maximum,
-//! which happens for bf16 from N = 2 (fp16's maximum times N stays far below it). So the
-//! decoded value and the residual stay finite for every finite u. cast16_cuda clamps with
-//! the same bits.
-inline std::uint32_t cast16_limit_bits(cast16_format format, float ranks) noexcept {
-  const bool fp16 = format == cast16_format::fp16;
-  std::uint32_t bits = float_bits(fp16 ? fp16_max : bf16_max);
-  const std::uint32_t unit = fp16 ? 0x2000u : 0x10000u;  // 13 and 16 float mantissa bits dropped
-  while (!std::isfinite(bits_float(bits) * ranks)) bits -= unit;
-  return bits;
-}
-
-}  // namespace detail
 
 //! Casts u / N to 16 bits. Models Compressor.
 //!

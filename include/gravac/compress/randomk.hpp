@@ -12,25 +12,9 @@
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/compress/detail/sample_indices.hpp"
 
 namespace gravac {
-
-namespace detail {
-//! Draws exactly k distinct indices of [0, n) in ascending order by selection sampling
-//! (Knuth's algorithm S): each index is kept with probability (k - kept) / (n - seen),
-//! which makes every k-subset equally likely. Deterministic for a given seed.
-inline void sample_indices(std::size_t n, std::size_t k, std::uint64_t seed, std::vector<std::uint64_t>& out) {
-  out.clear();
-  splitmix64 rng(seed);
-  std::size_t need = k;
-  for (std::size_t i = 0; i < n && need > 0; ++i) {
-    if (static_cast<double>(n - i) * rng.uniform() < static_cast<double>(need)) {
-      out.push_back(i);
-      --need;
-    }
-  }
-}
-}  // namespace detail
 
 //! Options of random-k.
 struct randomk_options {

@@ -12,6 +12,7 @@
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/concepts.hpp"
 

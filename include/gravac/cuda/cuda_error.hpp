@@ -12,20 +12,7 @@
 
 #include <string>
 
-#include "gravac/error.hpp"
-
-namespace gravac::detail {
-
-//! Throws gravac::error for a failed CUDA call; the pending error is cleared first so the
-//! next call does not report it again (sticky errors stay, as CUDA defines).
-[[noreturn]] inline void throw_cuda(cudaError_t code, const char* call, int rank = -1) {
-  (void)cudaGetLastError();
-  throw error(status::backend_failure, std::string(call) + ": " + cudaGetErrorName(code) + " (" +
-                                           cudaGetErrorString(code) + ")",
-              rank, backend::cuda, static_cast<int>(code));
-}
-
-}  // namespace gravac::detail
+#include "gravac/cuda/detail/throw_cuda.hpp"
 
 //! Calls a CUDA runtime function and throws gravac::error(backend_failure, backend::cuda)
 //! with the call's text and the CUDA error when it does not return cudaSuccess.

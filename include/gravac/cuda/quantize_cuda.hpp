@@ -55,15 +55,6 @@ struct cast16_cuda_options {
 //! Which quantizer a basic_quantize_cuda runs.
 using quantizer_cuda = detail::quant_family;
 
-namespace detail {
-//! The options struct of the device quantizer of family \p Q.
-template <quant_family Q>
-using quantize_options_t = std::conditional_t<
-    Q == quant_family::qsgd, qsgd_cuda_options,
-    std::conditional_t<Q == quant_family::terngrad, terngrad_cuda_options,
-                       std::conditional_t<Q == quant_family::sign, sign_cuda_options, cast16_cuda_options>>>;
-}  // namespace detail
-
 //! A quantizing compressor with error feedback over device memory. Models Compressor.
 //!
 //! compress() plans the packet on the host (every segment's size follows from the layout,
@@ -85,7 +76,10 @@ class basic_quantize_cuda {
   //! Works on device memory.
   using memory_space = cuda_space;
   //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options or cast16_cuda_options).
-  using options = detail::quantize_options_t<Q>;
+  using options = std::conditional_t<
+      Q == quantizer_cuda::qsgd, qsgd_cuda_options,
+      std::conditional_t<Q == quantizer_cuda::terngrad, terngrad_cuda_options,
+                         std::conditional_t<Q == quantizer_cuda::sign, sign_cuda_options, cast16_cuda_options>>>;
   //! Each rank has its own scales, so codes cannot be summed elementwise.
   static constexpr bool summable_by_index = false;
   //! Packet kind written (that of the host quantizers).

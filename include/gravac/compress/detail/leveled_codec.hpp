@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/step.hpp"
 

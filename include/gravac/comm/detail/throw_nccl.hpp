@@ -1,0 +1,19 @@
+#pragma once
+//! \file
+//! \brief The function behind GRAVAC_TRY_NCCL: a failed NCCL call as gravac::error.
+
+#include <nccl.h>
+
+#include <string>
+
+#include "gravac/error.hpp"
+
+namespace gravac::detail {
+
+//! Throws gravac::error for a failed NCCL call.
+[[noreturn]] inline void throw_nccl(ncclResult_t code, const char* call, int rank) {
+  throw error(status::backend_failure, std::string(call) + ": " + ncclGetErrorString(code), rank, backend::nccl,
+              static_cast<int>(code));
+}
+
+}  // namespace gravac::detail

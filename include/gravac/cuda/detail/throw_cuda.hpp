@@ -1,0 +1,26 @@
+#pragma once
+//! \file
+//! \brief The function behind GRAVAC_TRY_CUDA: a failed CUDA call as gravac::error.
+
+#if !defined(__CUDACC__)
+#error "gravac/cuda headers need a CUDA compiler: compile this file as CUDA (link gravac::cuda)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "gravac/error.hpp"
+
+namespace gravac::detail {
+
+//! Throws gravac::error for a failed CUDA call; the pending error is cleared first so the
+//! next call does not report it again (sticky errors stay, as CUDA defines).
+[[noreturn]] inline void throw_cuda(cudaError_t code, const char* call, int rank = -1) {
+  (void)cudaGetLastError();
+  throw error(status::backend_failure, std::string(call) + ": " + cudaGetErrorName(code) + " (" +
+                                           cudaGetErrorString(code) + ")",
+              rank, backend::cuda, static_cast<int>(code));
+}
+
+}  // namespace gravac::detail
