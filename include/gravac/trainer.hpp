@@ -115,61 +115,14 @@ class trainer {
   //! must leave every residual untouched, so the ranks must know before compressing), and
   //! the `check_consistency` debug option adds its own check.
   const step_report& step(grad_view<memory_space> grads) {
-    // The message is built only on failure: the hot path allocates nothing.
-    if (grads.size() != layout_.numel())
-      throw error(status::invalid_argument, "trainer::step: gradient buffer has " + std::to_string(grads.size()) +
-                                                " elements, the layout " + std::to_string(layout_.numel()));
-    params_.step = step_;
-    policy_.plan(params_);
-    if (options_.check_consistency)
-      consistency_.check(comm_, detail::hash_step_params(params_), step_);
-    params_.collect_norms = P::needs_statistics;
-    report_.step = step_;
-    const auto now = std::chrono::steady_clock::now();
-    // No previous return yet (first step, or first after a checkpoint restore): 0, not "since boot".
-    report_.iteration_s = last_return_ != decltype(last_return_){}
-                              ? std::chrono::duration<double>(now - last_return_).count()
-                              : 0.0;
-    report_.skipped = false;
-    report_.previous_times_agreed = false;
-    report_.modeled_communicate_s = 0;
-
-    const long bad_layer = scan_non_finite(grads);
-    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::zero_values) zero_non_finite(grads);
-    if (options_.on_non_finite == non_finite_action::skip_step && skip_agreed(grads, bad_layer)) {
-      ++step_;
-      last_return_ = std::chrono::steady_clock::now();
-      return report_;
-    }
-    // throw_error: this rank's gradient is left out (zeroed) and the flag rides in the
-    // collective; every rank throws after it, with its residual holding what it did not send.
-    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::throw_error) zero_all(grads);
-    if constexpr (requires(P& p, std::span<const float> g) { p.accumulate(g); }) {
-      if constexpr (memory_space::host_accessible) policy_.accumulate(std::span<const float>(grads.span()));
-    }
-    prepare_control(bad_layer);
-
-    step_buffers<memory_space> buf{grads, grad_view<memory_space>(residual_.data(), residual_.size()), residual_zero_,
-                                   control_.empty() ? nullptr : &control_};
-    const double modeled_before = comm_.modeled_seconds();
-    collective_.aggregate(compressor_, comm_, buf, params_, stats_, report_);
-    report_.modeled_communicate_s = comm_.modeled_seconds() - modeled_before;
-    // A collective that dropped the control values would leave the ranks deciding on
-    // local numbers (and a failing rank alone): refuse rather than diverge.
-    if (buf.control && !control_.has_sums())
-      throw error(status::invalid_argument,
-                  "trainer::step: the collective did not carry the step's control values (see step_control.hpp)",
-                  comm_.rank());
-    if (flag_slot_ != no_slot) throw_if_flagged(buf, bad_layer);
-    residual_zero_ = params_.all_dense();
-    fill_report();
-    report_.fallback = params_.fallback;
-    if constexpr (P::needs_statistics) read_statistics();
-    deliver_agreement();
-    policy_.observe(report_);
-    ++step_;
-    last_return_ = std::chrono::steady_clock::now();
-    return report_;
+    begin_report(grads);                         // 1. validate; the policy fixes the step's parameters
+    const long bad_layer = screen_gradient(grads);  // 2. non-finite values, by on_non_finite
+    if (report_.skipped) return finish_step();
+    prepare_control(bad_layer);                   // 3. the control values that ride in the collective
+    aggregate(grads);                             // 4. compress, exchange, decompress
+    if (flag_slot_ != no_slot) throw_if_flagged(bad_layer);  // 5. a rank's non-finite gradient
+    observe_step();                               // 6. the report, rank-averaged statistics, the policy
+    return finish_step();
   }
 
   //! Marks the end of an interval (an epoch, or every F steps) for the policy.
@@ -227,6 +180,77 @@ class trainer {
   }
 
   static constexpr std::size_t no_slot = step_control::no_slot;
+
+  // Stage 1: checks the buffer, lets the policy plan the step (its decisions are fixed from
+  // here on) and starts the report.
+  void begin_report(grad_view<memory_space> grads) {
+    // The message is built only on failure: the hot path allocates nothing.
+    if (grads.size() != layout_.numel())
+      throw error(status::invalid_argument, "trainer::step: gradient buffer has " + std::to_string(grads.size()) +
+                                                " elements, the layout " + std::to_string(layout_.numel()));
+    params_.step = step_;
+    policy_.plan(params_);
+    if (options_.check_consistency) consistency_.check(comm_, detail::hash_step_params(params_), step_);
+    params_.collect_norms = P::needs_statistics;
+    report_.step = step_;
+    const auto now = std::chrono::steady_clock::now();
+    // No previous return yet (first step, or first after a checkpoint restore): 0, not "since boot".
+    report_.iteration_s =
+        last_return_ != decltype(last_return_){} ? std::chrono::duration<double>(now - last_return_).count() : 0.0;
+    report_.skipped = false;
+    report_.previous_times_agreed = false;
+    report_.modeled_communicate_s = 0;
+  }
+
+  // Stage 2: the first layer holding NaN or infinity (-1 if none), handled by on_non_finite;
+  // report_.skipped says when every rank skips the step. throw_error leaves this rank's
+  // gradient out (zeroed) and lets the flag ride in the collective; every rank throws after
+  // it, with its residual holding what it did not send. Policies that accumulate the
+  // gradient (Accordion) see it here, after the screening.
+  long screen_gradient(grad_view<memory_space> grads) {
+    const long bad_layer = scan_non_finite(grads);
+    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::zero_values) zero_non_finite(grads);
+    if (options_.on_non_finite == non_finite_action::skip_step && skip_agreed(grads, bad_layer)) return bad_layer;
+    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::throw_error) zero_all(grads);
+    if constexpr (requires(P& p, std::span<const float> g) { p.accumulate(g); }) {
+      if constexpr (memory_space::host_accessible) policy_.accumulate(std::span<const float>(grads.span()));
+    }
+    return bad_layer;
+  }
+
+  // Stage 4: the collective compresses, exchanges and decompresses, carrying the control
+  // values; the averaged gradient is left in \p grads.
+  void aggregate(grad_view<memory_space> grads) {
+    buffers_ = step_buffers<memory_space>{grads, grad_view<memory_space>(residual_.data(), residual_.size()),
+                                          residual_zero_, control_.empty() ? nullptr : &control_};
+    const double modeled_before = comm_.modeled_seconds();
+    collective_.aggregate(compressor_, comm_, buffers_, params_, stats_, report_);
+    report_.modeled_communicate_s = comm_.modeled_seconds() - modeled_before;
+    // A collective that dropped the control values would leave the ranks deciding on
+    // local numbers (and a failing rank alone): refuse rather than diverge.
+    if (buffers_.control && !control_.has_sums())
+      throw error(status::invalid_argument,
+                  "trainer::step: the collective did not carry the step's control values (see step_control.hpp)",
+                  comm_.rank());
+  }
+
+  // Stage 6: the report from the compressor's statistics, their rank averages where the
+  // policy needs them, the values the policy asked to agree on, then the policy observes.
+  void observe_step() {
+    residual_zero_ = params_.all_dense();
+    fill_report();
+    report_.fallback = params_.fallback;
+    if constexpr (P::needs_statistics) read_statistics();
+    deliver_agreement();
+    policy_.observe(report_);
+  }
+
+  // Ends a step that ran (or was skipped by every rank): the counter advances.
+  const step_report& finish_step() {
+    ++step_;
+    last_return_ = std::chrono::steady_clock::now();
+    return report_;
+  }
 
   // The first layer of this rank's gradient holding NaN or infinity, or -1 (also when the
   // check is off, or on device memory, where the compressors check on the device).
@@ -328,11 +352,12 @@ class trainer {
   // back what it sent to its residual (so nothing is lost: the finite ranks' residuals hold
   // u = g + e, the failing rank's its old residual) and throws, naming its own layer or a
   // failing rank. The step counter does not advance.
-  void throw_if_flagged(step_buffers<memory_space>& buf, long bad_layer) {
+  void throw_if_flagged(long bad_layer) {
     if (!control_.has_sums()) return;
     const float failing = control_.sum(flag_slot_);
     if (failing == 0.0f) return;
-    if constexpr (requires { collective_.return_sent(compressor_, buf); }) collective_.return_sent(compressor_, buf);
+    if constexpr (requires { collective_.return_sent(compressor_, buffers_); })
+      collective_.return_sent(compressor_, buffers_);
     residual_zero_ = false;
     std::string where;
     if (bad_layer >= 0) {
@@ -443,6 +468,7 @@ class trainer {
   step_params params_;
   compress_stats stats_;
   step_report report_;
+  step_buffers<memory_space> buffers_{};  // the buffers of the step in flight
   std::vector<double> sync_;
   std::vector<double> agreed_;
   step_control control_;
