@@ -1,4 +1,5 @@
-// AdaComp against a plain reference implementation of the six steps of algorithms.md,
+// AdaComp against a plain reference implementation of the six steps of docs/algorithms.md
+// ("Compressors"),
 // its error-feedback invariant, its wire size (about 33 bits per sent element) and the
 // validation of corrupt packets.
 #include <catch2/catch.hpp>
@@ -38,7 +39,7 @@ reference_result reference_adacomp(std::span<const float> g, std::span<float> r,
       out.sent.push_back(i);
       sign[i] = r[i] < 0 ? -1 : 1;
     }
-  // 4. The sum of the maxima as algorithms.md leaves open and adacomp fixes (so the device
+  // 4. The sum of the maxima as adacomp computes it (docs/algorithms.md, "Compressors"; so the device
   // can reproduce it): exact integer sums of the significands per binary exponent, then
   // combined in double from the smallest exponent up.
   std::vector<std::uint64_t> per_exponent(256, 0);

@@ -1,5 +1,5 @@
 // gravac_policy, rule by rule: scripted statistics (step_report values built by hand) and
-// the decisions algorithms.md prescribes for them, derived by hand in the comments.
+// the decisions docs/algorithms.md ("GraVAC") prescribes for them, derived by hand in the comments.
 #include <catch2/catch.hpp>
 
 #include <cmath>

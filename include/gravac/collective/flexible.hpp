@@ -3,7 +3,7 @@
 //! \brief The flexible collective: each step runs the cheapest of dense Allreduce, AR-Topk
 //! and Allgather top-k for that step's kept fraction under the current network estimate,
 //! with each path's measured compression time added (charge_codec)
-//! (algorithms.md, "Flexible communication"). A policy can force one through
+//! (docs/algorithms.md, "Flexible communication"). A policy can force one through
 //! step_params::collective; the choice made is reported in step_report::collective.
 //!
 //! The choice is identical on every rank: the network comes from a fixed value, from a

@@ -1,6 +1,6 @@
 #pragma once
 //! \file cost_model.hpp
-//! \brief The alpha-beta cost of each collective (algorithms.md, "Flexible communication"):
+//! \brief The alpha-beta cost of each collective (docs/algorithms.md, "The cost model"):
 //! time = latency_terms * alpha + byte_terms * beta, with alpha the latency in seconds
 //! and beta the inverse bandwidth in seconds per byte.
 //!
@@ -59,7 +59,7 @@ enum class allreduce_algorithm : unsigned char {
   tree,  //!< binomial tree reduce + broadcast: 2L messages, 2L times the bytes
 };
 
-//! The cost formulas of algorithms.md for N ranks. Values and indices are 4 bytes.
+//! The cost formulas of docs/algorithms.md ("The cost model") for N ranks. Values and indices are 4 bytes.
 namespace cost_model {
 
 //! L = ceil(log2 N): rounds of a binomial tree (log2 N when N is a power of two).

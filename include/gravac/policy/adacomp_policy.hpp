@@ -29,7 +29,7 @@
 
 namespace gravac {
 
-//! Options of adacomp_policy; defaults are those of algorithms.md.
+//! Options of adacomp_policy; defaults are those of docs/algorithms.md, "AdaComp's policy".
 struct adacomp_policy_options {
   std::uint32_t conv_bin = 50;          //!< L_T of convolution layers, >= 2
   std::uint32_t dense_bin = 500;        //!< L_T of dense (fully connected) layers, >= 2

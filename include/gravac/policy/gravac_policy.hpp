@@ -3,7 +3,7 @@
 //! \brief GraVAC (Tyagi & Swany 2023): adapt the compression factor during training by
 //! weighing compression throughput against the information compression loses.
 //!
-//! The rules, step by step (algorithms.md, "GraVAC"):
+//! The rules, step by step (docs/algorithms.md, "GraVAC"):
 //! - gain(c) = ||C_c(u)|| / ||u|| over the whole model, from the step's gain curve (one
 //!   residual: both gains come from the same u), averaged over ranks by the trainer and
 //!   smoothed by an EWMA with alpha = 2 / (w + 1) (the usual "span w" convention).
@@ -53,7 +53,7 @@
 
 namespace gravac {
 
-//! Options of gravac_policy; defaults are those of algorithms.md.
+//! Options of gravac_policy; defaults are those of docs/algorithms.md, "GraVAC".
 struct gravac_policy_options {
   double cf_min = 10;              //!< CF_min: warm-up and fallback compression factor, >= 1
   double cf_max = 1000;            //!< CF_max: the last candidate, >= cf_min
