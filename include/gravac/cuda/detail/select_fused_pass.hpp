@@ -1,0 +1,200 @@
+#pragma once
+//! \file
+//! \brief Pass 1 of the device radix select: the fused error-feedback pass (u = g + e, statistics, first-digit histogram, candidates, first boundary, gain curve).
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "gravac/cuda/detail/select_common.hpp"
+
+namespace gravac::detail {
+
+//! Pass 1 (fused): u = g + e, e = u, statistics, first-digit histogram, candidates at or
+//! above the previous threshold, and (last block) the first boundary and the gain curve.
+//!
+//! Threshold mode (threshold_cuda): \p prev_threshold holds the estimated low threshold t
+//! itself (non_finite_key or more: none). The candidates are every finite key >= t; when
+//! there are at most k of them they are the selection, else the k-th largest key T is
+//! resolved as for top-k and every key >= T is sent (ties included).
+//!
+//! Whole-buffer top-k: with \p copy, u is also written to copy[i] (each layer's u into the
+//! concatenation of the compressed layers); with \p g null, u is e as it stands (read only:
+//! the selection over that concatenation).
+static __global__ void __launch_bounds__(select_threads)
+fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
+           select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
+           std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
+           std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
+           bool threshold_mode = false, float* __restrict__ copy = nullptr) {
+  __shared__ std::uint32_t sh_hist[max_bins];
+  __shared__ float sh_sq[max_bins];
+  const bool want_sq = gains.count > 0;
+  for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
+    sh_hist[i] = 0;
+    if (want_sq) sh_sq[i] = 0.0f;
+  }
+  __syncthreads();
+  const std::uint32_t prev = *prev_threshold;  // top-k: 0 is no previous threshold
+  const bool use_prev = threshold_mode ? prev < non_finite_key : prev != 0u;
+  const std::uint32_t low = threshold_mode ? prev : (prev > candidate_margin ? prev - candidate_margin : 0u);
+  double gsq = 0, usq = 0;
+  bool bad = false;
+  // Each thread handles fused_items values per round (loads first, for memory-level
+  // parallelism); a warp's lanes stay converged for the warp-aggregated append.
+  const std::size_t tile = static_cast<std::size_t>(select_threads) * fused_items;
+  for (std::size_t base = blockIdx.x * tile + threadIdx.x; base - threadIdx.x < n; base += gridDim.x * tile) {
+    float gv[fused_items], ev[fused_items];
+#pragma unroll
+    for (int j = 0; j < fused_items; ++j) {
+      const std::size_t i = base + static_cast<std::size_t>(j) * select_threads;
+      gv[j] = g && i < n ? g[i] : 0.0f;
+      ev[j] = i < n ? e[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < fused_items; ++j) {
+      const std::size_t i = base + static_cast<std::size_t>(j) * select_threads;
+      const bool in = i < n;
+      const float u = g ? gv[j] + ev[j] : ev[j];
+      std::uint32_t key = 0;
+      bool finite = false;
+      if (in) {
+        if (g) e[i] = u;
+        if (copy) copy[i] = u;
+        gsq += static_cast<double>(gv[j]) * gv[j];
+        usq += static_cast<double>(u) * u;
+        key = device_magnitude_key(u);
+        finite = key < non_finite_key;
+        bad |= !finite;
+        if (finite) {  // NaN and infinity are never selected: they stay in the residual
+          atomicAdd(&sh_hist[key >> 20], 1u);
+          if (want_sq) atomicAdd(&sh_sq[key >> 20], u * u);
+        }
+      }
+      if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
+    }
+  }
+  using reduce_t = cub::BlockReduce<double, select_threads>;
+  __shared__ typename reduce_t::TempStorage red;
+  const double bg = reduce_t(red).Sum(gsq);
+  __syncthreads();
+  const double bu = reduce_t(red).Sum(usq);
+  if (threadIdx.x == 0) {
+    atomicAdd(&sums->grad_sq, bg);
+    atomicAdd(&sums->input_sq, bu);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
+  for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
+    if (sh_hist[i]) {
+      atomicAdd(&hist[i], sh_hist[i]);
+      if (want_sq) atomicAdd(&hist_sq[i], static_cast<double>(sh_sq[i]));
+    }
+  }
+  if (!last_block(&st->blocks_done)) return;
+
+  // The last block: the histogram is complete.
+  std::uint32_t mine = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
+    sh_hist[i] = hist[i];
+    mine += sh_hist[i];
+    hist[i] = 0;  // ready for the next pass
+  }
+  // The finite count (the histogram holds finite keys only): k and the gain candidates'
+  // k are at most that, as in gravac::topk and add_gain_curve.
+  using count_reduce_t = cub::BlockReduce<std::uint32_t, select_threads>;
+  __shared__ typename count_reduce_t::TempStorage count_red;
+  __shared__ std::uint32_t finite_total;
+  const std::uint32_t total = count_reduce_t(count_red).Sum(mine);
+  if (threadIdx.x == 0) finite_total = total;
+  __syncthreads();
+  // Gain curve: for each candidate k, the energy of the bins above its boundary plus the
+  // boundary bin's energy in proportion to the values taken from it.
+  for (int c = 0; c < gains.count; ++c) {
+    const auto kc = static_cast<std::uint32_t>(gains.k[c] < finite_total ? gains.k[c] : finite_total);
+    const boundary bc = find_device_boundary(sh_hist, max_bins, kc);
+    double part = 0;
+    if (kc > 0)
+      for (int b = static_cast<int>(bc.bin) + 1 + static_cast<int>(threadIdx.x); b < max_bins; b += select_threads)
+        part += hist_sq[b];
+    __syncthreads();
+    const double above = reduce_t(red).Sum(part);
+    if (threadIdx.x == 0 && kc > 0) {
+      double s = above;
+      if (bc.count) s += hist_sq[bc.bin] * (static_cast<double>(kc - bc.above) / bc.count);
+      gain_out[c] += s;
+    }
+    __syncthreads();
+  }
+  if (want_sq) {
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) hist_sq[i] = 0;
+  }
+  if (threshold_mode) {
+    const std::uint32_t hits = st->cand_count;  // finite keys >= t (counted beyond the buffer too)
+    if (k == 0 || !use_prev || hits == 0) {
+      if (threadIdx.x == 0) {
+        st->done = 2;  // nothing at or above the estimate
+        st->count = 0;
+      }
+      return;
+    }
+    if (hits <= k) {  // the estimate erred high or was right: send every key >= t
+      if (threadIdx.x == 0) {
+        st->done = 1;
+        st->threshold = prev;
+        st->take_all_ties = 1;
+        st->count = hits;
+      }
+      return;
+    }
+    if (threadIdx.x == 0) st->all_ties = 1;  // more than k: raise t to the k-th largest
+  }
+  if (k == 0 || finite_total == 0) {
+    if (threadIdx.x == 0) {
+      st->done = 2;  // nothing to select
+      st->count = 0;
+      st->too_few_finite = k > 0;
+    }
+    return;
+  }
+  if (finite_total <= k) {
+    // Every finite value is sent (k is the finite count, as gravac::topk): keys >= 0 that
+    // are finite, which the compaction's predicate takes with threshold 0 and all ties.
+    if (threadIdx.x == 0) {
+      st->done = 1;
+      st->threshold = 0;
+      st->take_all_ties = 1;
+      st->count = finite_total;
+      st->too_few_finite = finite_total < k;
+    }
+    return;
+  }
+  const boundary b = find_device_boundary(sh_hist, max_bins, k);
+  if (threadIdx.x != 0) return;
+  st->count = k;
+  if (b.count == 0) {  // cannot happen (k < finite_total); nothing is selected, compress() fails
+    st->done = 2;
+    return;
+  }
+  st->prefix = b.bin;
+  st->remaining = k - b.above;
+  st->boundary_count = b.count;
+  if (b.count == st->remaining) {  // early exit: the whole boundary bin is kept
+    st->done = 1;
+    st->threshold = b.bin << 20;
+    st->take_all_ties = 1;
+    return;
+  }
+  const bool hit = use_prev && low <= (b.bin << 20) && st->cand_count <= cap;
+  if (hit) {
+    st->cand_valid = 1;
+  } else if (b.count <= cap) {
+    st->collect = 1;
+    st->cand_count = 0;
+  } else {
+    st->cand_count = 0;  // refine over the whole input
+  }
+}
+
+}  // namespace gravac::detail

@@ -1,0 +1,137 @@
+#pragma once
+//! \file
+//! \brief The output of the device radix select: the ordered compaction's predicate and writer, the gather into the packet with the residual update, raw layers, and the undo of a failed step.
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "gravac/cuda/detail/select_common.hpp"
+
+namespace gravac::detail {
+
+//! The predicate of the ordered compaction: index i is selected.
+struct selected_by_threshold {
+  const float* u;            //!< u (held in e after the fused pass)
+  const select_state* st;    //!< the resolved threshold
+  __device__ __forceinline__ bool operator()(std::uint32_t i) const {
+    const std::uint32_t key = device_magnitude_key(u[i]);
+    const std::uint32_t t = st->threshold;
+    return st->done == 1 && key < non_finite_key &&
+           (key > t || (key == t && (st->take_all_ties || i <= st->tie_index)));
+  }
+};
+
+//! The compaction's output: writes the j-th selected index into the layer's placed
+//! segment, never past its count (a defence: the selection yields exactly the count, and
+//! gather_pass checks it).
+struct bounded_index_writer {
+  std::byte* packet;         //!< the packet
+  const segment_slot* slot;  //!< the layer's placed segment (payload offset and count)
+  __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t index) const {
+    if (j >= 0 && static_cast<unsigned long long>(j) < slot->count)
+      reinterpret_cast<std::uint32_t*>(packet + slot->payload_at)[j] = index;
+  }
+};
+
+//! Pass 6: values of the selected indices into the packet, e = 0 there (the residual
+//! update), the kept energy, and the threshold remembered for the next step. When the
+//! compaction did not select exactly the count (a defect), nothing is zeroed and
+//! \p failure is set: compress() then restores every layer and throws.
+static __global__ void __launch_bounds__(select_threads)
+gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
+            select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold, layer_sums* __restrict__ sums,
+            std::uint32_t* __restrict__ failure) {
+  double ksq = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+  const std::size_t k = st->count;
+  const bool ok = slot->placed && slot->count == k && st->selected == k;
+  const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot->payload_at);
+  auto* values = reinterpret_cast<float*>(packet + slot->payload_at + pad8(k * sizeof(std::uint32_t)));
+  if (ok) {
+    for (std::size_t j = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; j < k; j += stride) {
+      const std::uint32_t i = idx[j];
+      const float v = e[i];
+      values[j] = v;
+      e[i] = 0.0f;
+      ksq += static_cast<double>(v) * v;
+    }
+  }
+  using reduce_t = cub::BlockReduce<double, select_threads>;
+  __shared__ typename reduce_t::TempStorage red;
+  const double s = reduce_t(red).Sum(ksq);
+  if (threadIdx.x == 0) {
+    if (s != 0.0) atomicAdd(&sums->kept_sq, s);
+    if (blockIdx.x == 0) {
+      if (!ok) atomicExch(failure, 1u);
+      else st->gathered = 1;
+      // 0 means "none"; a layer that sent nothing keeps its previous threshold.
+      if (st->done == 1) *prev_threshold = st->threshold == 0 ? 1u : st->threshold;
+    }
+  }
+}
+
+//! u = g + e written raw into the layer's placed segment, e = 0, statistics (a layer sent
+//! dense).
+static __global__ void __launch_bounds__(select_threads)
+raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
+         const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
+         select_state* __restrict__ st, bool u_in_e) {
+  float* out = reinterpret_cast<float*>(packet + slot->payload_at);
+  double gsq = 0, usq = 0;
+  bool bad = false;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; i < n; i += stride) {
+    const float gi = g[i];
+    const float u = u_in_e ? e[i] : gi + e[i];  // u_in_e: the fused pass already wrote u
+    out[i] = u;
+    e[i] = 0.0f;
+    gsq += static_cast<double>(gi) * gi;
+    usq += static_cast<double>(u) * u;
+    bad |= !isfinite(u);
+  }
+  using reduce_t = cub::BlockReduce<double, select_threads>;
+  __shared__ typename reduce_t::TempStorage red;
+  const double bg = reduce_t(red).Sum(gsq);
+  __syncthreads();
+  const double bu = reduce_t(red).Sum(usq);
+  if (threadIdx.x == 0) {
+    atomicAdd(&sums->grad_sq, bg);
+    atomicAdd(&sums->input_sq, bu);
+    atomicAdd(&sums->kept_sq, bu);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    st->count = static_cast<std::uint32_t>(n);
+    st->gathered = 1;
+  }
+}
+
+//! Undoes the residual update of every layer that was gathered: e = the value sent, at
+//! each sent index (e there is 0, so this restores u exactly). Raw layers restore every
+//! element. Slot y of the grid takes layers y, y + gridDim.y, ... Used only when compress()
+//! fails after some layers were updated, so that e = u = g + e_old: nothing sent, nothing lost.
+static __global__ void __launch_bounds__(select_threads)
+restore_pass(const std::byte* __restrict__ packet, const segment_slot* __restrict__ slots,
+             const select_state* __restrict__ states, const std::uint64_t* __restrict__ offsets,
+             std::uint32_t layers, float* __restrict__ e) {
+  for (std::uint32_t l = blockIdx.y; l < layers; l += gridDim.y) {
+    if (!states[l].gathered || !slots[l].placed) continue;
+    const std::size_t k = slots[l].count;
+    float* el = e + offsets[l];
+    const std::byte* payload = packet + slots[l].payload_at;
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+    const std::size_t first = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x;
+    if (slots[l].raw) {
+      const auto* v = reinterpret_cast<const float*>(payload);
+      for (std::size_t j = first; j < k; j += stride) el[j] = v[j];
+    } else {
+      const auto* idx = reinterpret_cast<const std::uint32_t*>(payload);
+      const auto* v = reinterpret_cast<const float*>(payload + pad8(k * sizeof(std::uint32_t)));
+      for (std::size_t j = first; j < k; j += stride) el[idx[j]] = v[j];
+    }
+  }
+}
+
+}  // namespace gravac::detail
