@@ -52,8 +52,12 @@ inline void select_topk_reference(std::span<const float> u, std::size_t k, std::
 struct topk_options {
   bool whole_buffer = false;  //!< select over the whole buffer (global k) instead of per layer
   unsigned threads = 1;       //!< threads for the fused pass of large layers (1: none started)
-  //! The next step collects candidates down to this fraction of the last threshold; a
-  //! smaller margin makes a miss (a second read of e) rarer but the candidate list longer.
+  //! The fused pass counts the elements down to this fraction of the last threshold (its
+  //! floor) and collects those above a guess learnt from the last steps' candidates
+  //! (detail::adaptive_guess): when the guess was too high, one read of e collects from
+  //! the floor; only when the floor was too high as well does a histogram of the layer
+  //! come first. A smaller margin makes the histogram rarer; it does not lengthen the
+  //! candidate list.
   float guess_margin = 0.875f;
 };
 
@@ -83,7 +87,8 @@ class topk {
     require(opt.guess_margin > 0.0f && opt.guess_margin <= 1.0f, "topk: guess_margin must be in (0, 1]");
     for (const auto& l : lay.layers())
       require(l.numel <= 0xffffffffull, "topk: layers of 2^32 or more elements are not supported");
-    guess_.assign(lay.size(), detail::no_guess);
+    guess_.assign(lay.size(), detail::adaptive_guess(opt.guess_margin));
+    whole_guess_ = detail::adaptive_guess(opt.guess_margin);
     layer_sums_.resize(lay.size());
     count_.assign(lay.size(), 0);
     runs_.reserve(lay.size());
@@ -107,14 +112,16 @@ class topk {
           const std::size_t slot = 0;  // one layer at a time: the workspace is reused
           const bool want_gain = !p.gain_candidates.empty();
           const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
-          const auto r = work_.fuse(gl, el, slot, guess_[index], hs);
+          std::uint64_t k = kept_count(gl.size(), fraction);
+          const auto keys = guess_[index].next(k);
+          const auto r = work_.fuse(gl, el, slot, keys.guess, hs, detail::no_guess, keys.floor);
           // hist_ holds every element only when the gain histogram took every element.
           bool counted = want_gain && hs.stride == 1;
-          std::uint64_t k = kept_count(gl.size(), fraction);
           const bool miss = k > 0 && r.collected < k;
-          if ((r.non_finite || miss) && !counted) {
+          if ((r.non_finite || (miss && r.at_floor < k)) && !counted) {
             // A second read of u: the whole histogram (with energies when the gain curve is
-            // wanted, which then comes from it exactly rather than from a sample).
+            // wanted, which then comes from it exactly rather than from a sample). A miss
+            // whose floor holds k or more needs none: it collects from the floor.
             hist_.clear();
             detail::histogram_of_layer(el, hist_, want_gain);
             counted = true;
@@ -131,15 +138,19 @@ class topk {
             k = std::min(k, hist_.finite_count());
           }
           std::size_t collected = r.collected;
-          if (k > 0 && collected < k)  // miss: collect again from the histogram's boundary bin down
-            collected = work_.recollect(el, slot, magnitude_histogram::lower_key(find_boundary(hist_, k).bin));
+          std::uint32_t complete_from = keys.guess;  // every finite key at or above it is a candidate
+          if (k > 0 && collected < k) {  // miss: collect again, from the histogram's boundary bin or the floor
+            complete_from = counted ? magnitude_histogram::lower_key(find_boundary(hist_, k).bin) : keys.floor;
+            collected = work_.recollect(el, slot, complete_from);
+          }
           std::size_t count = 0;
           if (k > 0) {
             const detail::candidate_run run{slot, collected};
-            const auto t = work_.select(std::span<const detail::candidate_run>(&run, 1), k);
+            const std::span<const detail::candidate_run> runs(&run, 1);
+            const auto t = work_.select(runs, k);
+            guess_[index].learn(t.key, work_.candidate_bits(), runs, r.collected, complete_from);  // before keep_selected compacts
             std::uint64_t ties = t.ties;
             count = work_.keep_selected(run, t.key, ties);
-            guess_[index] = detail::widened_guess(t.key, options_.guess_margin);
           }
           const double ksq = work_.write_segment_from(w, index, el, slot, count);
           hist_.clear();
@@ -180,7 +191,11 @@ class topk {
     const bool want_gain = !p.gain_candidates.empty();
     whole_gain_.assign(p.gain_candidates.size(), 0.0);
     unit_hist_.clear();
-    std::size_t total = 0, collected = 0;
+    std::size_t total = 0, collected = 0, at_floor = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      if (layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction) total += layout_[i].numel;
+    std::uint64_t k = kept_count(total, p.global_fraction);
+    const auto keys = whole_guess_.next(k);
     bool non_finite = false, all_counted = true;
     runs_.clear();
     for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -188,11 +203,12 @@ class topk {
       count_[i] = 0;
       if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
       const auto hs = want_gain ? detail::gain_sampling(hist_, l.numel, p.step) : detail::histogram_sampling{};
-      const auto r = work_.fuse(g.subspan(l.offset, l.numel), e.subspan(l.offset, l.numel), l.offset, whole_guess_, hs);
+      const auto r = work_.fuse(g.subspan(l.offset, l.numel), e.subspan(l.offset, l.numel), l.offset, keys.guess, hs,
+                                detail::no_guess, keys.floor);
       layer_sums_[i] = {r.grad_sq, r.input_sq};
       count_[i] = r.collected;
-      total += l.numel;
       collected += r.collected;
+      at_floor += r.at_floor;
       non_finite = non_finite || r.non_finite;
       if (want_gain) {
         detail::add_fused_gain_curve(work_, hs, l.offset, r.collected, l.numel, p.gain_candidates, whole_gain_);
@@ -220,14 +236,17 @@ class topk {
       }
       counted = true;
     };
-    std::uint64_t k = kept_count(total, p.global_fraction);
+    const std::size_t collected_at_guess = collected;
+    std::uint32_t complete_from = keys.guess;
     if (non_finite) {
       count_all();
       k = std::min(k, unit_hist_.finite_count());
     }
-    if (k > 0 && collected < k) {  // miss
-      count_all();
-      const auto floor = magnitude_histogram::lower_key(find_boundary(unit_hist_, k).bin);
+    if (k > 0 && collected < k) {  // miss: collect again, from the floor when it holds k, else from the histogram
+      const bool from_floor = !counted && at_floor >= k;
+      if (!from_floor) count_all();
+      const auto floor = from_floor ? keys.floor : magnitude_histogram::lower_key(find_boundary(unit_hist_, k).bin);
+      complete_from = floor;
       for (std::size_t i = 0; i < layout_.size(); ++i)
         if (layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction)
           count_[i] = work_.recollect(e.subspan(layout_[i].offset, layout_[i].numel), layout_[i].offset, floor);
@@ -236,11 +255,11 @@ class topk {
       for (std::size_t i = 0; i < layout_.size(); ++i)
         if (count_[i] > 0) runs_.push_back({layout_[i].offset, count_[i]});
       const auto t = work_.select(runs_, k);
+      whole_guess_.learn(t.key, work_.candidate_bits(), runs_, collected_at_guess, complete_from);  // before keep_selected
       std::uint64_t ties = t.ties;
       // Layers in layout order, each in index order: the global index order.
       for (std::size_t i = 0; i < layout_.size(); ++i)
         if (count_[i] > 0) count_[i] = work_.keep_selected({layout_[i].offset, count_[i]}, t.key, ties);
-      whole_guess_ = detail::widened_guess(t.key, options_.guess_margin);
     } else {
       std::fill(count_.begin(), count_.end(), 0);
     }
@@ -262,8 +281,8 @@ class topk {
   detail::fused_topk_workspace work_;
   magnitude_histogram hist_;       // one layer's |u|
   magnitude_histogram unit_hist_;  // all compressed layers' |u| (whole-buffer mode)
-  std::vector<std::uint32_t> guess_;  // per layer: collect keys at or above this in the fused pass
-  std::uint32_t whole_guess_ = detail::no_guess;
+  std::vector<detail::adaptive_guess> guess_;  // per layer: where the fused pass collects from
+  detail::adaptive_guess whole_guess_;
   std::vector<sums> layer_sums_;
   std::vector<std::size_t> count_;
   std::vector<detail::candidate_run> runs_;

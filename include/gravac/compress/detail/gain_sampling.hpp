@@ -1,0 +1,50 @@
+#pragma once
+//! \file gain_sampling.hpp
+//! \brief Which elements of the fused selection pass go into the gain curve's magnitude
+//! histogram: all of them for layers up to 2^19 elements, a rotating sample of blocks above.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "gravac/stats/magnitude_histogram.hpp"
+
+namespace gravac::detail {
+
+//! Elements per block of the fused pass (the unit of sums and of histogram sampling).
+inline constexpr std::size_t fused_block = 256;
+
+//! Which elements of a fused pass also go into a magnitude histogram (count and energy).
+//! With a stride of 1, every element: the exact histogram. With a larger stride (large
+//! layers, where a scatter per element would cost more than the whole selection), the gain
+//! histogram is built in two parts: every candidate the pass collects (key >= the guess) is
+//! added exactly afterwards (fused_topk_workspace::add_candidates), and of the elements below
+//! the guess one block of fused_block in `stride` is added, each with weight `stride`. The
+//! largest values, which carry the energy of small kept fractions and of heavy tails, are
+//! thus exact, and the bulk below is a uniform sample. Blocks are chosen by their index in
+//! the layer: those equal to `phase` modulo `stride`.
+struct histogram_sampling {
+  magnitude_histogram* hist = nullptr;  //!< where the elements go; null: no histogram
+  std::uint32_t stride = 1;             //!< one block in this many (1: every element)
+  std::uint32_t phase = 0;              //!< which one (below stride)
+};
+
+//! The gain histogram's sampling stride for a layer of \p n elements: every element of
+//! layers up to 2^19 elements (the exact curve); above, a sample of about 2^18 elements
+//! below the guess (one block in at most 64), where a full histogram would cost more than
+//! the selection itself (a scatter per element against a memory-bound pass).
+[[nodiscard]] inline std::uint32_t gain_sample_stride(std::size_t n) noexcept {
+  constexpr std::size_t exact_up_to = std::size_t{1} << 19, sample = std::size_t{1} << 18;
+  if (n <= exact_up_to) return 1;
+  return static_cast<std::uint32_t>(std::min<std::size_t>(64, std::bit_floor(n / sample)));
+}
+
+//! The sampling of a layer's gain histogram at step \p step: the phase rotates with the
+//! step, so every block is seen over stride steps.
+[[nodiscard]] inline histogram_sampling gain_sampling(magnitude_histogram& h, std::size_t n, std::uint64_t step) noexcept {
+  const std::uint32_t stride = gain_sample_stride(n);
+  return {&h, stride, static_cast<std::uint32_t>(step % stride)};
+}
+
+}  // namespace gravac::detail
