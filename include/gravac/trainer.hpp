@@ -21,7 +21,9 @@
 
 namespace gravac {
 
-//! What the trainer does when a gradient holds NaN or infinity.
+//! What the trainer does when u = g + e (the gradient plus the error-feedback residual, as
+//! every compressor computes it) holds NaN or infinity: a non-finite gradient, or a finite
+//! one whose sum with the residual overflows the float range.
 enum class non_finite_action : std::uint8_t {
   //! throw gravac::error on every rank, naming the layer (the failing rank) or the failing
   //! rank (the others). The flag rides in the step's collective, so the others learn of it
@@ -31,7 +33,7 @@ enum class non_finite_action : std::uint8_t {
   //! skip the step on every rank: gradient zeroed, residuals untouched. The ranks must know
   //! before anything is sent, which costs one small Allreduce per step.
   skip_step,
-  zero_values,  //!< replace the offending values by zero and go on
+  zero_values,  //!< zero g wherever g + e is not finite (u is then the residual there) and go on
   ignore,       //!< do not check (fastest; the caller guarantees finite gradients)
 };
 
@@ -252,26 +254,46 @@ class trainer {
     return report_;
   }
 
-  // The first layer of this rank's gradient holding NaN or infinity, or -1 (also when the
-  // check is off, or on device memory, where the compressors check on the device).
-  long scan_non_finite(grad_view<memory_space> grads) const {
+  // The first layer where this rank's u = g + e holds NaN or infinity, or -1 (also when the
+  // check is off, or on device memory, where the compressors check on the device). u is
+  // what every compressor computes, in float and in the same order, so a gradient finite by
+  // itself whose sum with the residual leaves the float range is caught too;
+  // bad_is_overflow_ then says g itself was finite in that layer. A residual known to be
+  // zero is not read (u = g).
+  long scan_non_finite(grad_view<memory_space> grads) {
+    bad_is_overflow_ = false;
     if (options_.on_non_finite == non_finite_action::ignore) return -1;
     if constexpr (!memory_space::host_accessible) {
       return -1;
     } else {
-      auto g = grads.span();
+      const float* g = grads.span().data();
+      const float* e = residual_.data();
       for (std::size_t i = 0; i < layout_.size(); ++i) {
         const auto& l = layout_[i];
-        for (std::size_t j = 0; j < l.numel; ++j)
-          if (!std::isfinite(g[l.offset + j])) return static_cast<long>(i);
+        bool bad = false;
+        if (residual_zero_) {
+          for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) bad |= !std::isfinite(g[j]);
+        } else {
+          for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) bad |= !std::isfinite(g[j] + e[j]);
+        }
+        if (!bad) continue;
+        bad_is_overflow_ = true;
+        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j)
+          bad_is_overflow_ = bad_is_overflow_ && std::isfinite(g[j]) && std::isfinite(e[j]);
+        return static_cast<long>(i);
       }
       return -1;
     }
   }
+  // zero_values: g is zeroed wherever u = g + e is not finite (a non-finite g, or a sum that
+  // overflows), so u there is the residual alone and the step goes on.
   void zero_non_finite(grad_view<memory_space> grads) const {
-    if constexpr (memory_space::host_accessible)
-      for (auto& x : grads.span())
-        if (!std::isfinite(x)) x = 0.0f;
+    if constexpr (memory_space::host_accessible) {
+      auto g = grads.span();
+      const float* e = residual_.data();
+      for (std::size_t j = 0; j < g.size(); ++j)
+        if (!std::isfinite(residual_zero_ ? g[j] : g[j] + e[j])) g[j] = 0.0f;
+    }
   }
   void zero_all(grad_view<memory_space> grads) const {
     if constexpr (memory_space::host_accessible) std::fill(grads.span().begin(), grads.span().end(), 0.0f);
@@ -362,6 +384,11 @@ class trainer {
     std::string where;
     if (bad_layer >= 0) {
       where = "layer '" + layout_[static_cast<std::size_t>(bad_layer)].name + "'";
+      if (bad_is_overflow_)
+        throw error(status::non_finite,
+                    "gradient + residual overflows the float range in " + where +
+                        " (the gradient itself is finite; u = g + e is not)",
+                    comm_.rank());
     } else if (failing == 1.0f) {
       where = "rank " + std::to_string(static_cast<int>(control_.sum(flag_slot_ + 1)) - 1) + "'s gradient";
     } else {
@@ -465,6 +492,7 @@ class trainer {
   P policy_;
   typename storage_for<memory_space>::type residual_;
   bool residual_zero_ = true;
+  bool bad_is_overflow_ = false;  // the last screened bad layer had finite g and e, and g + e overflowed
   step_params params_;
   compress_stats stats_;
   step_report report_;
