@@ -26,11 +26,12 @@ if(GRAVAC_EXAMPLES_NATIVE AND GRAVAC_HAVE_MARCH_NATIVE)
   target_compile_options(gravac_fashion_mnist_headers INTERFACE -march=native)
 endif()
 
-# The training loop, console/CSV/plot output and the trainer instantiations (one
+# The training loop, its checkpoints, console/CSV/plot output and the trainer instantiations (one
 # translation unit per compressor family, so a rebuild touches only what changed).
 add_library(gravac_fashion_mnist_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/src/train.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/report.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/method_topk.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/method_selection.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/method_other.cpp)

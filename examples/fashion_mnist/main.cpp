@@ -95,6 +95,23 @@ int main(int argc, char** argv) {
   tr->add_option("--seed", cfg.seed, "seed of data order and initialisation")->capture_default_str();
   tr->add_option("--max-steps", cfg.max_steps, "stop after this many steps (0: all epochs)");
 
+  std::string checkpoint_every = "1e", save_params;
+  auto* ck = app.add_option_group("checkpoints");
+  ck->add_option("--checkpoint-dir", cfg.checkpoint.dir,
+                 "write checkpoints into this directory (each rank its own files; the last two are kept)");
+  ck->add_option("--checkpoint-every", checkpoint_every,
+                 "checkpoint period: N or Ns = every N steps, Ne = every N epochs (after the evaluation)")
+      ->capture_default_str();
+  ck->add_flag("--resume", cfg.checkpoint.resume,
+               "resume from the newest checkpoint in --checkpoint-dir that every rank can use, bit for bit as if the "
+               "run had not stopped (a corrupted or truncated newer one is reported and skipped); start afresh when "
+               "the directory holds none");
+  ck->add_option("--save-params", save_params, "write the final parameters to this file (raw float32)");
+  ck->add_option("--fault-kill-rank", cfg.fault.kill_rank,
+                 "testing: this rank sends itself SIGKILL before step --fault-kill-step")
+      ->check(CLI::NonNegativeNumber);
+  ck->add_option("--fault-kill-step", cfg.fault.kill_step, "testing: the step (0-based) --fault-kill-rank dies before");
+
   auto& m = cfg.method;
   // The example's GraVAC evaluates a candidate every 100 steps (the library's default is one
   // epoch), so that a run of a few epochs shows the search.
@@ -146,7 +163,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ne->add_option("--compute-s", cfg.compute_s, "modeled compute seconds per step (negative: calibrate at the start)")
       ->capture_default_str();
+  ne->add_flag("--codec-time,!--no-codec-time", cfg.charge_codec,
+               "charge the measured compression time to the modeled clocks (off, with a given --compute-s: modeled "
+               "times and GraVAC's decisions depend on the data alone, so runs repeat exactly and a resumed run "
+               "matches an uninterrupted one)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  {
+    try {
+      const auto every = fmnist::checkpoint_config::parse_every(checkpoint_every);
+      cfg.checkpoint.every = every.every;
+      cfg.checkpoint.every_unit = every.every_unit;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+      return 2;
+    }
+    if (cfg.checkpoint.resume && cfg.checkpoint.dir.empty()) {
+      std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");
+      return 2;
+    }
+  }
   m.compressor = value_of(fmnist::compressor_names, compressor);
   m.collective = value_of(fmnist::collective_names, collective);
   m.policy = value_of(fmnist::policy_names, policy);
@@ -201,6 +237,13 @@ int main(int argc, char** argv) {
     }
     if (result) {
       fmnist::print_summary(*result);
+      const auto param_bytes = std::as_bytes(std::span<const float>(result->final_params));
+      std::printf("  final parameters FNV-1a 64: %016llx\n",
+                  static_cast<unsigned long long>(fmnist::fnv1a64(param_bytes)));
+      if (!save_params.empty()) {
+        fmnist::write_file_atomically(save_params, param_bytes);
+        std::printf("  final parameters %s\n", save_params.c_str());
+      }
       fmnist::write_csv(*result, out_dir);
       std::printf("\n  per-step CSV   %s/steps.csv\n  per-epoch CSV  %s/epochs.csv\n", out_dir.c_str(), out_dir.c_str());
       if (!no_plots &&

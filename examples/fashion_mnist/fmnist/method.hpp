@@ -132,6 +132,15 @@ class stepper {
   [[nodiscard]] virtual const gravac::step_params& last_params() const = 0;
   //! A short line about the policy's state (phase, ratio), for the per-epoch output.
   [[nodiscard]] virtual std::string policy_state() const = 0;
+  //! Writes this rank's gravac checkpoint (residuals, policy, compressor and collective
+  //! state) to \p path, atomically. Rank-local: the caller agrees on success across ranks
+  //! over its own engine, so that no collective of the checkpoint is charged to a
+  //! simulated network.
+  virtual void save_checkpoint(const std::string& path) = 0;
+  //! Restores this rank's trainer from \p path (written by save_checkpoint on the same
+  //! rank, for the same layout). Rank-local, like save_checkpoint; throws gravac::error
+  //! without changing the trainer when the file is unusable.
+  virtual void restore_checkpoint(const std::string& path) = 0;
 };
 
 //! The communicator a stepper runs on (any engine, possibly a simulated network).

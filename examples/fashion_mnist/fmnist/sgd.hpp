@@ -44,6 +44,11 @@ class sgd_momentum {
     p -= static_cast<float>(lr) * v;
   }
 
+  //! The momentum buffer (a checkpoint saves and restores it).
+  [[nodiscard]] std::span<const float> velocity() const noexcept { return velocity_; }
+  //! The momentum buffer, writable (to restore a checkpoint).
+  [[nodiscard]] std::span<float> velocity() noexcept { return velocity_; }
+
  private:
   std::vector<float> velocity_;
   float momentum_, weight_decay_;

@@ -28,9 +28,11 @@
 
 #include <gravac/network/network_profile.hpp>
 
+#include "fmnist/checkpoint.hpp"
 #include "fmnist/dataset.hpp"
 #include "fmnist/method.hpp"
 #include "fmnist/models.hpp"
+#include "fmnist/records.hpp"
 #include "fmnist/sgd.hpp"
 
 namespace fmnist {
@@ -74,55 +76,20 @@ struct run_config {
   std::vector<network_config> shadow_networks;
   double compute_s = -1;                           //!< modeled compute per step; < 0 = calibrate at the start
   bool codec_cpu_time = true;                      //!< compression time as thread CPU time (threads) or wall time (MPI)
+  //! Charge the measured compression time to the modeled clocks (the run's, the simulated
+  //! networks', GraVAC's simulated one). Off, every modeled figure and every decision
+  //! depends on the data alone, not on the machine: the run is reproducible, and a resumed
+  //! run matches an uninterrupted one in everything but the measured times.
+  bool charge_codec = true;
   std::size_t max_steps = 0;                       //!< stop after this many steps (0 = all epochs)
+  checkpoint_config checkpoint;                    //!< checkpoints and resume (off when checkpoint.dir is empty)
+  fault_config fault;                              //!< test hook: a rank that kills itself
 };
 
-//! One step, averaged (or maximized, for times) over the ranks.
-struct step_record {
-  std::uint64_t step = 0;          //!< global step
-  std::size_t epoch = 0;           //!< 0-based epoch
-  double lr = 0;                   //!< learning rate used
-  double loss = 0;                 //!< mean training loss over the global batch (before the update)
-  double train_acc = 0;            //!< training accuracy over the global batch
-  double kept_fraction = 1;        //!< kept fraction the policy chose (numel-weighted over layers)
-  double bytes_sent = 0;           //!< packet bytes: the size of a rank's own packet (mean over ranks)
-  double dense_bytes = 0;          //!< what a dense fp32 Allreduce would send
-  //! Wire bytes a rank sent since the previous step's record (mean over ranks), as the
-  //! primary simulated network counts them: every collective of the step, control traffic
-  //! included (0 without a simulated network).
-  double wire_bytes_sent = 0;
-  double wire_bytes_received = 0;  //!< wire bytes a rank received, counted like wire_bytes_sent
-  std::string collective;          //!< the aggregation used
-  double gain = 1;                 //!< compression gain of what was sent
-  double compute_s = 0;            //!< measured compute (slowest rank)
-  double codec_s = 0;              //!< measured compression + decompression (slowest rank)
-  double modeled_comm_s = 0;       //!< communication time charged by the simulated network
-  double modeled_time_s = 0;       //!< modeled clock after this step
-  double bandwidth_gbps = 0;       //!< modeled bandwidth during the step (0 without a network)
-  double latency_ms = 0;           //!< modeled latency during the step
-};
-
-//! One epoch.
-struct epoch_record {
-  std::size_t epoch = 0;           //!< 0-based epoch
-  double lr = 0;                   //!< learning rate of the epoch
-  double train_loss = 0;           //!< mean training loss over the epoch
-  double train_acc = 0;            //!< training accuracy over the epoch
-  double test_loss = 0;            //!< test loss after the epoch
-  double test_acc = 0;             //!< test accuracy after the epoch
-  double bytes_per_rank = 0;       //!< packet bytes a rank handed over during the epoch
-  double dense_bytes_per_rank = 0; //!< what dense fp32 Allreduce would have sent
-  double wire_bytes_sent_per_rank = 0;      //!< wire bytes a rank sent during the epoch (mean over ranks)
-  double wire_bytes_received_per_rank = 0;  //!< wire bytes a rank received during the epoch (mean over ranks)
-  double kept_fraction = 1;        //!< mean chosen kept fraction over the epoch's steps
-  double compute_s = 0;            //!< measured compute during the epoch
-  double codec_s = 0;              //!< measured compression time during the epoch
-  double modeled_comm_s = 0;       //!< modeled communication time during the epoch
-  double modeled_time_s = 0;       //!< modeled clock at the end of the epoch
-  std::vector<double> shadow_time_s;  //!< modeled clock on each shadow network at the end of the epoch
-  double wall_s = 0;               //!< wall time of the epoch (with evaluation)
-  std::string policy_state;        //!< the policy's state at the end of the epoch
-};
+//! The settings a checkpoint must have been written with to be resumed (model, data,
+//! optimizer, method, networks, rank count); epochs and max_steps may change between
+//! runs. One line, for the error that names what differs.
+std::string describe_settings(const run_config& cfg, int ranks);
 
 //! What a run recorded (complete on every rank).
 struct run_result {
@@ -135,6 +102,10 @@ struct run_result {
   double compute_per_step_s = 0;   //!< the modeled compute per step
   std::vector<step_record> steps;  //!< one per step
   std::vector<epoch_record> epochs;  //!< one per epoch
+  std::vector<float> final_params; //!< the parameters after the last step (identical on every rank)
+  //! The step the run resumed from (the checkpoint's steps done); 0 when it started afresh.
+  std::uint64_t resumed_from_step = 0;
+  bool resumed = false;            //!< the run resumed from a checkpoint
   //! Total packet bytes a rank handed over (step_record::bytes_sent summed).
   [[nodiscard]] double total_bytes_per_rank() const;
   //! Total wire bytes a rank sent (mean over ranks; 0 without a simulated network).

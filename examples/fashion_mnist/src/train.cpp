@@ -1,17 +1,21 @@
 // The data-parallel training loop of the Fashion-MNIST example (see fmnist/train.hpp).
 #include "fmnist/train.hpp"
 
+#include <signal.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <sstream>
 
+#include <gravac/checkpoint.hpp>
 #include <gravac/network/simulated_network.hpp>
 
 namespace fmnist {
@@ -61,7 +65,113 @@ void gather_samples(const dataset& d, const std::uint32_t* idx, std::size_t n, s
   }
 }
 
+// Every rank posts its failure (empty: none); then every rank throws the same error, naming
+// each failing rank and why, or returns. It runs over the rank's own engine, never a
+// simulated network, so that checkpoints charge nothing to the modeled clock and counters.
+void agree(host_comm& comm, const std::string& action, const std::string& failure) {
+  host_comm::byte_buffer all;
+  std::vector<std::size_t> sizes;
+  comm.allgatherv(std::as_bytes(std::span<const char>(failure.data(), failure.size())), all, sizes);
+  std::string failures;
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < sizes.size(); ++r) {
+    if (sizes[r] > 0)
+      failures += "\n  rank " + std::to_string(r) + ": " +
+                  std::string(reinterpret_cast<const char*>(all.data() + at), sizes[r]);
+    at += sizes[r];
+  }
+  if (!failures.empty())
+    throw gravac::error(gravac::status::io_failure, action + " failed on some ranks:" + failures, comm.rank(),
+                        gravac::backend::io);
+}
+
+// The same value on every rank: the minimum of \p v over the ranks (exact below 2^53).
+double min_over_ranks(host_comm& comm, double v) {
+  double x = -v;
+  comm.allreduce_max(std::span<double>(&x, 1));
+  return -x;
+}
+
+// This rank's newest usable checkpoint at or below \p bound (steps done), decoded, or none.
+// Every file it passes over is reported on stderr with the reason. A checkpoint written
+// with other settings is an error, not a reason to fall back: resuming it would train
+// something else.
+std::optional<run_state> newest_usable(const checkpoint_config& ck, int rank, int ranks, const std::string& settings,
+                                       std::uint64_t bound) {
+  for (const std::uint64_t s : checkpoint_steps(ck.dir, rank)) {
+    if (s > bound) continue;
+    const std::string run_path = checkpoint_file(ck.dir, s, rank, "run");
+    const std::string gravac_path = checkpoint_file(ck.dir, s, rank, "gravac");
+    try {
+      run_state st = decode_run_state(read_whole_file(run_path), run_path);
+      if (st.step != s)
+        throw gravac::error(gravac::status::io_failure, "checkpoint '" + run_path + "' is unusable: it holds step " +
+                                                            std::to_string(st.step) + ", its name says " +
+                                                            std::to_string(s));
+      if (st.settings != settings || st.ranks != ranks || st.rank != rank)
+        throw gravac::error(gravac::status::invalid_argument,
+                            "checkpoint '" + run_path + "' was written by another run (rank " +
+                                std::to_string(st.rank) + " of " + std::to_string(st.ranks) + ", settings: " +
+                                st.settings + "); this is rank " + std::to_string(rank) + " of " +
+                                std::to_string(ranks) + " with settings: " + settings +
+                                ". Resume with the settings it was written with, or use another --checkpoint-dir");
+      // Decoding the trainer's file checks its header, checksum and every field.
+      (void)gravac::read_checkpoint(gravac_path);
+      return st;
+    } catch (const gravac::error& e) {
+      if (e.code() == gravac::status::invalid_argument) throw;
+      std::fprintf(stderr, "fashion_mnist: rank %d: %s; trying an older checkpoint\n", rank, e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+// The checkpoint every rank resumes from: the newest one that every rank can use (each
+// rank checks its own files), or none when no rank has any. Throws when checkpoints exist
+// but none is usable on every rank: starting over silently would redo the whole run.
+std::optional<run_state> choose_checkpoint(host_comm& comm, const checkpoint_config& ck, const std::string& settings) {
+  const int rank = comm.rank(), ranks = comm.size();
+  double any = checkpoint_steps(ck.dir, rank).empty() ? 0.0 : 1.0;
+  comm.allreduce_max(std::span<double>(&any, 1));
+  if (any == 0) return std::nullopt;
+  std::uint64_t bound = ~std::uint64_t{0};
+  std::optional<run_state> mine = newest_usable(ck, rank, ranks, settings, bound);
+  for (;;) {
+    // The candidate: the oldest of the ranks' newest usable ones (-1: some rank has none).
+    const double cand = min_over_ranks(comm, mine ? static_cast<double>(mine->step) : -1.0);
+    if (cand < 0)
+      throw gravac::error(gravac::status::io_failure,
+                          "--resume: no checkpoint in '" + ck.dir + "' is usable on every rank (see the messages "
+                          "above); remove the directory to start over",
+                          rank, gravac::backend::io);
+    const auto c = static_cast<std::uint64_t>(cand);
+    // A rank whose newest usable one is newer must have c itself usable too.
+    if (mine && mine->step != c) mine = newest_usable(ck, rank, ranks, settings, c);
+    const double all_have = min_over_ranks(comm, mine && mine->step == c ? 1.0 : 0.0);
+    if (all_have == 1.0) return mine;
+    if (c == 0) mine.reset();
+    else if (mine && mine->step == c) mine = newest_usable(ck, rank, ranks, settings, c - 1);
+  }
+}
+
 }  // namespace
+
+std::string describe_settings(const run_config& cfg, int ranks) {
+  std::ostringstream o;
+  o.precision(17);
+  o << "model " << (cfg.model == model_kind::cnn ? "cnn" : "mlp") << " hidden";
+  for (auto h : cfg.mlp_hidden) o << ' ' << h;
+  o << ", ranks " << ranks << ", batch " << cfg.batch << ", train-subset " << cfg.train_subset << ", test-subset "
+    << cfg.test_subset << ", seed " << cfg.seed << ", lr " << cfg.lr.base << " gamma " << cfg.lr.gamma
+    << " milestones";
+  for (auto ms : cfg.lr.milestones) o << ' ' << ms;
+  o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method "
+    << method_name(cfg.method) << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network "
+    << cfg.network.describe();
+  for (const auto& n : cfg.shadow_networks) o << " shadow " << n.describe();
+  o << ", compute-s " << cfg.compute_s << ", codec-time " << (cfg.charge_codec ? "on" : "off");
+  return o.str();
+}
 
 network_config network_config::parse(const std::string& spec) {
   network_config n;
@@ -152,9 +262,36 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   std::iota(order.begin(), order.end(), 0u);
   std::mt19937_64 data_rng(cfg.seed ^ 0x9e3779b97f4a7c15ull);
 
+  const checkpoint_config& ck = cfg.checkpoint;
+  const bool checkpointing = !ck.dir.empty();
+  gravac::require(!ck.resume || checkpointing, "train: resuming needs a checkpoint directory");
+  gravac::require(!checkpointing || ck.every > 0, "train: the checkpoint period must be positive");
+  const std::string settings = describe_settings(cfg, ranks);
+  if (checkpointing) {
+    std::error_code ec;
+    std::filesystem::create_directories(ck.dir, ec);
+    agree(comm, "creating the checkpoint directory",
+          std::filesystem::is_directory(ck.dir) ? "" : "cannot create '" + ck.dir + "': " + ec.message());
+  }
+  std::optional<run_state> resume_from;
+  if (ck.resume) {
+    resume_from = choose_checkpoint(comm, ck, settings);
+    if (!resume_from && rank == 0)
+      std::printf("fashion_mnist: --resume: no checkpoint in %s yet; starting from step 0\n", ck.dir.c_str());
+  }
+  if (resume_from) {
+    gravac::require(resume_from->order.size() == order.size() && resume_from->params.size() == params.size(),
+                    "train: the checkpoint's data order or parameters do not fit this run");
+    std::istringstream in(resume_from->data_rng);
+    in >> data_rng;
+    gravac::require(!in.fail(), "train: the checkpoint's data-order generator state is unreadable");
+    order = resume_from->order;
+  }
+
   // Calibrate the modeled compute per step: the slowest rank's median thread CPU time of
   // forward + backward + optimizer-sized work on a real shard (parameters untouched).
-  double compute_s = cfg.compute_s;
+  // A resumed run keeps the first run's figure: the policies' simulated clocks read it.
+  double compute_s = resume_from ? resume_from->compute_s : cfg.compute_s;
   if (compute_s < 0) {
     gather_samples(train_set, order.data() + static_cast<std::size_t>(rank) * local, local, xb, yb);
     std::vector<double> t;
@@ -205,6 +342,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   if (!(m.gravac.samples_per_step > 0)) m.gravac.samples_per_step = static_cast<double>(cfg.batch);
   if (m.gravac.time.source == gravac::time_source::simulated && m.gravac.time.compute_s == 0)
     m.gravac.time.compute_s = compute_s;
+  if (!cfg.charge_codec) m.gravac.time.include_codec = false;
   if (m.accordion.initial_learning_rate == 0) m.accordion.initial_learning_rate = cfg.lr.at(0);
   if (!m.flexible.profile) m.flexible.profile = profile;
   if (!m.moo.profile) m.moo.profile = profile;
@@ -249,17 +387,127 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   // the difference, so traffic between steps (none today) would land in the next step.
   double wire_sent_before = 0, wire_received_before = 0;
   std::uint64_t step = 0;
+  std::size_t first_epoch = 0, first_step_in_epoch = 0;
+  bool resume_mid_epoch = false;
+  if (resume_from) {
+    run_state& rs = *resume_from;
+    const std::string gravac_path = checkpoint_file(ck.dir, rs.step, rank, "gravac");
+    std::string failure;
+    try {
+      gravac::require(rs.sims.size() == sims.size() && rs.shadow_clock.size() == shadows,
+                      "'" + gravac_path + "': the checkpoint's simulated networks do not fit this run");
+      st->restore_checkpoint(gravac_path);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    agree(comm, "restoring the trainer from the checkpoint of step " + std::to_string(rs.step), failure);
+    std::copy(rs.params.begin(), rs.params.end(), params.begin());
+    std::copy(rs.velocity.begin(), rs.velocity.end(), opt.velocity().begin());
+    // The trainer's construction and restore may have charged the networks: the saved
+    // totals replace whatever they hold now.
+    for (std::size_t i = 0; i < sims.size(); ++i) sims[i]->set_counters(rs.sims[i]);
+    modeled_clock = rs.modeled_clock;
+    shadow_clock = rs.shadow_clock;
+    wire_sent_before = rs.wire_sent_before;
+    wire_received_before = rs.wire_received_before;
+    res.steps = std::move(rs.steps);
+    res.epochs = std::move(rs.epochs);
+    step = rs.step;
+    first_epoch = static_cast<std::size_t>(rs.epoch);
+    first_step_in_epoch = static_cast<std::size_t>(rs.step_in_epoch);
+    resume_mid_epoch = rs.epoch_started;
+    res.resumed = true;
+    res.resumed_from_step = rs.step;
+    if (rank == 0)
+      std::printf("fashion_mnist: resuming from the checkpoint of step %llu (epoch %zu, %zu of %zu steps done) in %s\n",
+                  static_cast<unsigned long long>(rs.step), first_epoch, first_step_in_epoch, steps_per_epoch,
+                  ck.dir.c_str());
+  }
+  const std::uint64_t start_step = step;
+
+  // Writes this rank's checkpoint files and, once every rank has written both, deletes its
+  // files of the checkpoints before the last `keep`. A failure on any rank throws on every
+  // rank, naming it.
+  const auto save = [&](std::size_t epoch, std::size_t step_in_epoch, bool started, double loss_sum, double correct,
+                        double seen, double frac_sum, double epoch_wall_s, const epoch_record& partial) {
+    std::string failure;
+    try {
+      run_state rs;
+      rs.settings = settings;
+      rs.rank = rank;
+      rs.ranks = ranks;
+      rs.step = step;
+      rs.epoch = epoch;
+      rs.step_in_epoch = step_in_epoch;
+      rs.epoch_started = started;
+      std::ostringstream rng;
+      rng << data_rng;
+      rs.data_rng = rng.str();
+      rs.order = order;
+      rs.params = params;
+      rs.velocity.assign(opt.velocity().begin(), opt.velocity().end());
+      rs.compute_s = compute_s;
+      rs.modeled_clock = modeled_clock;
+      rs.shadow_clock = shadow_clock;
+      rs.wire_sent_before = wire_sent_before;
+      rs.wire_received_before = wire_received_before;
+      for (const auto& sm : sims) rs.sims.push_back(sm->counters());
+      rs.loss_sum = loss_sum;
+      rs.correct = correct;
+      rs.seen = seen;
+      rs.frac_sum = frac_sum;
+      rs.epoch_wall_s = epoch_wall_s;
+      rs.partial = partial;
+      rs.steps = res.steps;
+      rs.epochs = res.epochs;
+      st->save_checkpoint(checkpoint_file(ck.dir, step, rank, "gravac"));
+      // The run file last: a run file present means its trainer file was complete before it.
+      write_file_atomically(checkpoint_file(ck.dir, step, rank, "run"), encode_run_state(rs));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    agree(comm, "writing the checkpoint of step " + std::to_string(step), failure);
+    prune_checkpoints(ck.dir, rank, step, ck.keep);
+  };
+  const auto kill_if_asked = [&] {
+    if (cfg.fault.kill_rank == rank && cfg.fault.kill_step == step) {
+      std::fprintf(stderr, "fashion_mnist: rank %d: --fault-kill-rank: sending SIGKILL to itself before step %llu\n",
+                   rank, static_cast<unsigned long long>(step));
+      std::fflush(stderr);
+      ::raise(SIGKILL);
+    }
+  };
+
   bool stop = false;
-  for (std::size_t epoch = 0; epoch < cfg.epochs && !stop; ++epoch) {
-    const auto wall0 = std::chrono::steady_clock::now();
+  for (std::size_t epoch = first_epoch; epoch < cfg.epochs && !stop; ++epoch) {
+    const bool resumed_here = resume_mid_epoch && epoch == first_epoch;
+    auto wall0 = std::chrono::steady_clock::now();
     const double lr = cfg.lr.at(epoch);
-    std::shuffle(order.begin(), order.end(), data_rng);  // same permutation on every rank
+    if (!resumed_here) std::shuffle(order.begin(), order.end(), data_rng);  // same permutation on every rank
     epoch_record er;
     er.epoch = epoch;
     er.lr = lr;
     double loss_sum = 0, correct = 0, seen = 0, frac_sum = 0;
     std::size_t done = 0;
-    for (std::size_t s = 0; s < steps_per_epoch; ++s) {
+    if (resumed_here) {
+      const run_state& rs = *resume_from;
+      er = rs.partial;
+      loss_sum = rs.loss_sum;
+      correct = rs.correct;
+      seen = rs.seen;
+      frac_sum = rs.frac_sum;
+      done = first_step_in_epoch;
+      wall0 -= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(rs.epoch_wall_s));
+    }
+    for (std::size_t s = resumed_here ? first_step_in_epoch : 0; s < steps_per_epoch; ++s) {
+      // At the boundary before step `step`: the test hook's death (before this boundary's
+      // checkpoint is written), the checkpoint, then the end a --max-steps run stops at.
+      kill_if_asked();
+      if (checkpointing && ck.every_unit == checkpoint_config::unit::steps && step != start_step &&
+          step % ck.every == 0)
+        save(epoch, s, true, loss_sum, correct, seen, frac_sum,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count(), er);
       if (cfg.max_steps && step >= cfg.max_steps) {
         stop = true;
         break;
@@ -309,10 +557,11 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.compute_s = maxes[0];
       r.codec_s = maxes[1];
       r.modeled_comm_s = comm_s;
-      modeled_clock += compute_s + r.codec_s + comm_s;
+      const double charged_codec = cfg.charge_codec ? r.codec_s : 0.0;
+      modeled_clock += compute_s + charged_codec + comm_s;
       for (std::size_t k = 0; k < shadows; ++k)
-        shadow_clock[k] += compute_s + r.codec_s + (sims[k]->modeled_seconds() - shadow_before[k]);
-      for (auto& sm : sims) sm->add_compute_seconds(compute_s + r.codec_s);
+        shadow_clock[k] += compute_s + charged_codec + (sims[k]->modeled_seconds() - shadow_before[k]);
+      for (auto& sm : sims) sm->add_compute_seconds(compute_s + charged_codec);
       r.modeled_time_s = modeled_clock;
       if (sim) {
         r.bandwidth_gbps = 8.0 / now.beta / 1e9;
@@ -351,7 +600,12 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     er.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     res.epochs.push_back(er);
     if (rank == 0 && obs.on_epoch) obs.on_epoch(res.epochs.back(), res);
+    // Epoch-end checkpoints hold the next epoch's start: its permutation is not drawn yet.
+    // An epoch cut short by --max-steps has not ended.
+    if (checkpointing && ck.every_unit == checkpoint_config::unit::epochs && (epoch + 1) % ck.every == 0 && !stop)
+      save(epoch + 1, 0, false, 0, 0, 0, 0, 0, epoch_record{});
   }
+  res.final_params = params;
   return res;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <type_traits>
 
+#include <gravac/checkpoint.hpp>
+
 #include "fmnist/method.hpp"
 
 namespace fmnist::detail {
@@ -93,6 +95,10 @@ class trainer_stepper final : public stepper {
   [[nodiscard]] const gravac::step_params& last_params() const override { return t_.last_params(); }
   [[nodiscard]] std::string policy_state() const override {
     return state_of(const_cast<trainer_t&>(t_).policy());
+  }
+  void save_checkpoint(const std::string& path) override { gravac::save_checkpoint(t_, path, {.collective = false}); }
+  void restore_checkpoint(const std::string& path) override {
+    gravac::restore_checkpoint(t_, path, {.collective = false});
   }
 
  private:

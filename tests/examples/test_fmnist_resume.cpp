@@ -1,0 +1,345 @@
+// Checkpoints of the Fashion-MNIST example's training, on 4 thread ranks: a run stopped
+// part-way and resumed ends with the parameters of a run that never stopped, bit for bit,
+// and the same records (times aside); only the last two checkpoints are kept; a truncated
+// or corrupted newest checkpoint is skipped for the previous one; a checkpoint of other
+// settings is refused. (tests/examples/fmnist_fault_kill.sh does the same with a rank
+// killed by SIGKILL under mpiexec.)
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gravac/comm/thread_communicator.hpp>
+
+#include "fmnist/checkpoint.hpp"
+#include "fmnist_training_checks.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every rank's result; every rank must end with the same parameters.
+fmnist::run_result run4(const fmnist::run_config& cfg) {
+  const auto& train = fmnist_test::data(fmnist::split::train);
+  const auto& test = fmnist_test::data(fmnist::split::test);
+  std::vector<fmnist::run_result> per_rank(4);
+  gravac::run_ranks(4, [&](gravac::thread_communicator& comm) {
+    per_rank[static_cast<std::size_t>(comm.rank())] = fmnist::train(comm, train, test, cfg);
+  });
+  for (const auto& r : per_rank) REQUIRE(r.final_params == per_rank[0].final_params);
+  return per_rank[0];
+}
+
+// 3 epochs of 20 steps (4 ranks x 16 samples), a small MLP: 60 steps in well under a second.
+fmnist::run_config tiny(fmnist::method_config m) {
+  auto c = fmnist_test::short_run(std::move(m));
+  // Measured compression times out of the modeled clocks: the decisions of GraVAC (and the
+  // rounding of every modeled time) then depend on the data alone, so runs repeat exactly.
+  c.charge_codec = false;
+  c.mlp_hidden = {32};
+  c.train_subset = 1280;
+  c.test_subset = 500;
+  return c;
+}
+
+// GraVAC's search with evaluation periods short enough for a 60-step run.
+fmnist::method_config gravac_deterministic() {
+  auto m = fmnist_test::gravac_method();
+  m.gravac.period_steps = 10;
+  m.gravac.warmup_steps = 5;
+  return m;
+}
+
+fmnist::method_config accordion_topk() {
+  fmnist::method_config m;
+  m.compressor = fmnist::compressor_id::topk;
+  m.collective = fmnist::collective_id::allgather;
+  m.policy = fmnist::policy_id::accordion;
+  return m;
+}
+
+fmnist::method_config randomk_ar_topk() {
+  fmnist::method_config m;
+  m.compressor = fmnist::compressor_id::randomk;
+  m.collective = fmnist::collective_id::allreduce_compatible;
+  m.policy = fmnist::policy_id::gravac;
+  m.gravac.time.source = gravac::time_source::simulated;
+  m.gravac.period_steps = 10;
+  m.gravac.warmup_steps = 5;
+  return m;
+}
+
+// A fresh, empty directory of its own for each use.
+struct scratch_dir {
+  fs::path path;
+  explicit scratch_dir(const std::string& name)
+      : path(fs::temp_directory_path() / ("gravac_fmnist_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+fmnist::run_config with_checkpoints(fmnist::run_config c, const fs::path& dir, const std::string& every) {
+  const auto e = fmnist::checkpoint_config::parse_every(every);
+  c.checkpoint.dir = dir.string();
+  c.checkpoint.every = e.every;
+  c.checkpoint.every_unit = e.every_unit;
+  return c;
+}
+
+// The records agree field by field, times aside (measured compute and codec times, the
+// wall time, and the modeled clock that includes the codec time when it is charged).
+//
+// One known difference, at each step in \p resumed_at (the first step of a resumed run):
+// gravac's trainer sends the previous step's measured times (4 floats per rank) inside
+// its control block, and after a restore it has none, so that step moves up to 16 bytes
+// per rank fewer (policies that read statistics) and is charged correspondingly less
+// modeled communication, and so is its epoch; the modeled charges after it round
+// differently in their last bits, since each is a difference of a clock that is now
+// lower. Everything computed (losses, choices, packet bytes, parameters) is equal.
+void same_records(const fmnist::run_result& a, const fmnist::run_result& b,
+                  const std::vector<std::uint64_t>& resumed_at) {
+  const auto first_after_resume = [&](std::uint64_t step) {
+    return std::find(resumed_at.begin(), resumed_at.end(), step) != resumed_at.end();
+  };
+  const double slack = 16.0 * a.ranks;  // bytes: 4 floats per rank
+  // Wire bytes: equal, or less by the times block at each resumed step (equal when the
+  // policy reads no statistics: then there is no times block at all).
+  const auto wire = [&](double x, double y, std::size_t resumes) {
+    CHECK(y <= x);
+    CHECK(x - y <= slack * static_cast<double>(resumes));
+  };
+  // Modeled communication: less where a resume left out a times block; elsewhere equal up
+  // to the rounding of the clock's differences.
+  const auto comm = [&](double x, double y, std::size_t resumes) {
+    if (resumes > 0) CHECK(y <= x * (1 + 1e-12));
+    else CHECK(y == Approx(x).epsilon(1e-9));
+  };
+  REQUIRE(a.steps.size() == b.steps.size());
+  std::vector<std::size_t> epoch_resumes(a.epochs.size() + 1, 0);
+  for (std::size_t i = 0; i < a.steps.size(); ++i) {
+    const auto &x = a.steps[i], &y = b.steps[i];
+    const bool resumed = first_after_resume(x.step);
+    if (resumed && x.epoch < epoch_resumes.size()) ++epoch_resumes[x.epoch];
+    INFO("step " << i << (resumed ? " (first after a resume)" : ""));
+    CHECK(x.step == y.step);
+    CHECK(x.epoch == y.epoch);
+    CHECK(x.lr == y.lr);
+    CHECK(x.loss == y.loss);
+    CHECK(x.train_acc == y.train_acc);
+    CHECK(x.kept_fraction == y.kept_fraction);
+    CHECK(x.bytes_sent == y.bytes_sent);
+    CHECK(x.dense_bytes == y.dense_bytes);
+    wire(x.wire_bytes_sent, y.wire_bytes_sent, resumed ? 1 : 0);
+    wire(x.wire_bytes_received, y.wire_bytes_received, resumed ? 1 : 0);
+    CHECK(x.collective == y.collective);
+    CHECK(x.gain == y.gain);
+    comm(x.modeled_comm_s, y.modeled_comm_s, resumed ? 1 : 0);
+    CHECK(x.bandwidth_gbps == y.bandwidth_gbps);
+    CHECK(x.latency_ms == y.latency_ms);
+  }
+  REQUIRE(a.epochs.size() == b.epochs.size());
+  for (std::size_t i = 0; i < a.epochs.size(); ++i) {
+    const auto &x = a.epochs[i], &y = b.epochs[i];
+    const std::size_t resumes = epoch_resumes[i];
+    INFO("epoch " << i << " (" << resumes << " resumes in it)");
+    CHECK(x.epoch == y.epoch);
+    CHECK(x.lr == y.lr);
+    CHECK(x.train_loss == y.train_loss);
+    CHECK(x.train_acc == y.train_acc);
+    CHECK(x.test_loss == y.test_loss);
+    CHECK(x.test_acc == y.test_acc);
+    CHECK(x.bytes_per_rank == y.bytes_per_rank);
+    CHECK(x.dense_bytes_per_rank == y.dense_bytes_per_rank);
+    wire(x.wire_bytes_sent_per_rank, y.wire_bytes_sent_per_rank, resumes);
+    wire(x.wire_bytes_received_per_rank, y.wire_bytes_received_per_rank, resumes);
+    CHECK(x.kept_fraction == y.kept_fraction);
+    comm(x.modeled_comm_s, y.modeled_comm_s, resumes);
+    CHECK(x.policy_state == y.policy_state);
+  }
+}
+
+void same_params(const fmnist::run_result& a, const fmnist::run_result& b) {
+  REQUIRE(a.final_params.size() == b.final_params.size());
+  REQUIRE(!a.final_params.empty());
+  CHECK(std::memcmp(a.final_params.data(), b.final_params.data(), a.final_params.size() * sizeof(float)) == 0);
+}
+
+std::vector<std::uint64_t> steps_of_every_rank(const fs::path& dir) {
+  const auto s = fmnist::checkpoint_steps(dir.string(), 0);
+  for (int r = 1; r < 4; ++r) CHECK(fmnist::checkpoint_steps(dir.string(), r) == s);
+  return s;
+}
+
+void truncate_file(const fs::path& p, std::uintmax_t bytes) { fs::resize_file(p, bytes); }
+
+void flip_byte(const fs::path& p, std::uintmax_t at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(c ^ 0x40));
+}
+
+}  // namespace
+
+TEST_CASE("fashion_mnist resume: stopped mid-epoch and resumed equals the run that never stopped, bit for bit") {
+  const auto [name, method] = GENERATE(table<const char*, fmnist::method_config>(
+      {{"gravac", gravac_deterministic()}, {"accordion", accordion_topk()}, {"randomk_ar", randomk_ar_topk()}}));
+  INFO(name);
+  const auto cfg = tiny(method);
+  const auto ref = run4(cfg);
+  REQUIRE(ref.steps.size() == 60);
+  CHECK_FALSE(ref.resumed);
+
+  scratch_dir dir(std::string("resume_") + name);
+  auto first = with_checkpoints(cfg, dir.path, "7");
+  first.max_steps = 30;  // stops before step 30, in the second epoch
+  const auto stopped = run4(first);
+  CHECK(stopped.steps.size() == 30);
+  // Checkpoints at 7, 14, 21, 28; the last two are kept, on every rank.
+  CHECK(steps_of_every_rank(dir.path) == std::vector<std::uint64_t>{28, 21});
+
+  auto second = with_checkpoints(cfg, dir.path, "7");
+  second.checkpoint.resume = true;
+  const auto resumed = run4(second);
+  CHECK(resumed.resumed);
+  CHECK(resumed.resumed_from_step == 28);
+  same_params(ref, resumed);
+  same_records(ref, resumed, {28});
+  // The resumed run went on checkpointing: 49 and 56 remain.
+  CHECK(steps_of_every_rank(dir.path) == std::vector<std::uint64_t>{56, 49});
+}
+
+TEST_CASE("fashion_mnist resume: epoch checkpoints resume at the next epoch's start") {
+  const auto cfg = tiny(gravac_deterministic());
+  const auto ref = run4(cfg);
+  scratch_dir dir("epochs");
+  auto first = with_checkpoints(cfg, dir.path, "1e");
+  first.max_steps = 50;
+  run4(first);
+  CHECK(steps_of_every_rank(dir.path) == std::vector<std::uint64_t>{40, 20});
+  auto second = with_checkpoints(cfg, dir.path, "1e");
+  second.checkpoint.resume = true;
+  const auto resumed = run4(second);
+  CHECK(resumed.resumed_from_step == 40);
+  same_params(ref, resumed);
+  same_records(ref, resumed, {40});
+}
+
+TEST_CASE("fashion_mnist resume: a truncated or corrupted newest checkpoint is skipped for the previous one") {
+  const auto cfg = tiny(gravac_deterministic());
+  const auto ref = run4(cfg);
+  scratch_dir dir("corrupt");
+  auto first = with_checkpoints(cfg, dir.path, "7");
+  first.max_steps = 30;
+  run4(first);
+  auto resume = with_checkpoints(cfg, dir.path, "7");
+  resume.checkpoint.resume = true;
+  resume.max_steps = 35;  // far enough to write the next checkpoint (step 35) and stop
+
+  SECTION("one rank's run file truncated") {
+    const fs::path run1 = fmnist::checkpoint_file(dir.path.string(), 28, 1, "run");
+    truncate_file(run1, fs::file_size(run1) / 2);
+    const auto r = run4(resume);
+    CHECK(r.resumed_from_step == 21);
+  }
+  SECTION("one rank's trainer file corrupted") {
+    const fs::path g2 = fmnist::checkpoint_file(dir.path.string(), 28, 2, "gravac");
+    flip_byte(g2, fs::file_size(g2) - 9);
+    const auto r = run4(resume);
+    CHECK(r.resumed_from_step == 21);
+  }
+  SECTION("one rank's files missing (it died before writing them)") {
+    fs::remove(fmnist::checkpoint_file(dir.path.string(), 28, 3, "run"));
+    fs::remove(fmnist::checkpoint_file(dir.path.string(), 28, 3, "gravac"));
+    const auto r = run4(resume);
+    CHECK(r.resumed_from_step == 21);
+  }
+  // The resumed run still ends where the uninterrupted one did.
+  resume.max_steps = 0;
+  const auto rest = run4(resume);
+  CHECK(rest.resumed_from_step == 35);
+  same_params(ref, rest);
+  same_records(ref, rest, {21, 35});
+}
+
+TEST_CASE("fashion_mnist resume: no usable checkpoint, other settings, an empty directory") {
+  const auto cfg = tiny(gravac_deterministic());
+  scratch_dir dir("refuse");
+  auto first = with_checkpoints(cfg, dir.path, "10");
+  first.max_steps = 25;
+  run4(first);  // checkpoints 10 and 20
+
+  SECTION("every checkpoint damaged on some rank: an error, not a silent restart") {
+    flip_byte(fmnist::checkpoint_file(dir.path.string(), 20, 0, "run"), 40);
+    truncate_file(fmnist::checkpoint_file(dir.path.string(), 10, 3, "gravac"), 20);
+    auto again = with_checkpoints(cfg, dir.path, "10");
+    again.checkpoint.resume = true;
+    CHECK_THROWS_WITH(run4(again), Catch::Contains("no checkpoint in") && Catch::Contains("usable on every rank"));
+  }
+  SECTION("other settings: refused, naming both") {
+    auto other = with_checkpoints(cfg, dir.path, "10");
+    other.checkpoint.resume = true;
+    other.seed = 8;
+    CHECK_THROWS_WITH(run4(other), Catch::Contains("written by another run") && Catch::Contains("seed 7") &&
+                                       Catch::Contains("seed 8"));
+  }
+  SECTION("an empty directory: starts afresh") {
+    scratch_dir empty("empty");
+    auto fresh = with_checkpoints(cfg, empty.path, "10");
+    fresh.checkpoint.resume = true;
+    const auto r = run4(fresh);
+    CHECK_FALSE(r.resumed);
+    CHECK(r.steps.size() == 60);
+  }
+}
+
+TEST_CASE("fashion_mnist run files: truncation, corruption and foreign bytes are named") {
+  fmnist::run_state s;
+  s.settings = "x";
+  s.params = {1.0f, 2.0f};
+  s.velocity = {0.5f, 0.25f};
+  s.steps.resize(3);
+  s.steps[1].collective = "allgather";
+  auto bytes = fmnist::encode_run_state(s);
+  const auto back = fmnist::decode_run_state(bytes, "f");
+  CHECK(back.params == s.params);
+  CHECK(back.steps.size() == 3);
+  CHECK(back.steps[1].collective == "allgather");
+
+  auto cut = bytes;
+  cut.resize(cut.size() - 5);
+  CHECK_THROWS_WITH(fmnist::decode_run_state(cut, "f"), Catch::Contains("'f' is unusable: truncated"));
+  cut.resize(10);
+  CHECK_THROWS_WITH(fmnist::decode_run_state(cut, "f"), Catch::Contains("truncated (10 bytes"));
+  auto flipped = bytes;
+  flipped[flipped.size() / 2] ^= std::byte{1};
+  CHECK_THROWS_WITH(fmnist::decode_run_state(flipped, "f"), Catch::Contains("checksum mismatch"));
+  auto foreign = bytes;
+  foreign[0] = std::byte{'X'};
+  CHECK_THROWS_WITH(fmnist::decode_run_state(foreign, "f"), Catch::Contains("wrong magic"));
+}
+
+TEST_CASE("fashion_mnist --checkpoint-every: steps, epochs, and clear errors") {
+  using u = fmnist::checkpoint_config::unit;
+  CHECK(fmnist::checkpoint_config::parse_every("100").every == 100);
+  CHECK(fmnist::checkpoint_config::parse_every("100").every_unit == u::steps);
+  CHECK(fmnist::checkpoint_config::parse_every("100s").every_unit == u::steps);
+  CHECK(fmnist::checkpoint_config::parse_every("2e").every == 2);
+  CHECK(fmnist::checkpoint_config::parse_every("2e").every_unit == u::epochs);
+  for (const char* bad : {"0", "0e", "e", "", "-1", "1x", "1.5e", "99999999999999"})
+    CHECK_THROWS_WITH(fmnist::checkpoint_config::parse_every(bad), Catch::Contains("--checkpoint-every"));
+}
