@@ -5,6 +5,8 @@
 //   ./fashion_mnist --ranks 4                         # 4 ranks as threads in one process
 //   ./fashion_mnist --policy fixed --kept-fraction 0.01 --network 10gbps
 //   ./fashion_mnist --help                            # every compressor, collective, policy and knob
+//   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100   # checkpoint every 100 steps
+//   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100 --resume  # after a crash
 //
 // Each rank trains on its shard of every global batch; gravac turns the local gradients
 // into their (compressed) average; every rank applies the same SGD step. Rank 0 prints a
@@ -98,10 +100,11 @@ int main(int argc, char** argv) {
   std::string checkpoint_every = "1e", save_params;
   auto* ck = app.add_option_group("checkpoints");
   ck->add_option("--checkpoint-dir", cfg.checkpoint.dir,
-                 "write checkpoints into this directory (each rank its own files; the last two are kept)");
+                 "write checkpoints into this directory (each rank its own files; the last two are kept)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ck->add_option("--checkpoint-every", checkpoint_every,
                  "checkpoint period: N or Ns = every N steps, Ne = every N epochs (after the evaluation)")
-      ->capture_default_str();
+      ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ck->add_flag("--resume", cfg.checkpoint.resume,
                "resume from the newest checkpoint in --checkpoint-dir that every rank can use, bit for bit as if the "
                "run had not stopped (a corrupted or truncated newer one is reported and skipped); start afresh when "
