@@ -106,9 +106,9 @@ int main(int argc, char** argv) {
                  "checkpoint period: N or Ns = every N steps, Ne = every N epochs (after the evaluation)")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ck->add_flag("--resume", cfg.checkpoint.resume,
-               "resume from the newest checkpoint in --checkpoint-dir that every rank can use, bit for bit as if the "
-               "run had not stopped (a corrupted or truncated newer one is reported and skipped); start afresh when "
-               "the directory holds none");
+               "resume from the newest checkpoint in --checkpoint-dir that every rank can use (a corrupted or "
+               "truncated newer one is reported and skipped); start afresh when the directory holds none. With a "
+               "fixed --compute-s and --no-codec-time the run ends bit for bit as if it had not stopped");
   ck->add_option("--save-params", save_params, "write the final parameters to this file (raw float32)");
   ck->add_option("--fault-kill-rank", cfg.fault.kill_rank,
                  "testing: this rank sends itself SIGKILL before step --fault-kill-step")
