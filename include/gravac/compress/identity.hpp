@@ -4,9 +4,13 @@
 //! every other compressor is measured against.
 
 #include <cstddef>
+#include <cstdint>
+#include <numeric>
 #include <span>
+#include <vector>
 
 #include "gravac/compress/layered.hpp"
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -46,6 +50,15 @@ class identity {
     return compress_layers(layout_, kind, g.span(), e.span(), dense_params_, out, st, scratch_,
                                    [](auto&&...) {});
   }
+  //! AR-Topk's index selection (compress/index_selection.hpp): identity keeps every index,
+  //! on every rank, so AR-Topk degenerates into a dense Allreduce.
+  static constexpr bool shared_indices = true;
+  //! All indices of the layer.
+  void select_indices(std::span<const float> u, std::size_t, const step_params&, std::vector<std::uint64_t>& out) const {
+    out.resize(u.size());
+    std::iota(out.begin(), out.end(), std::uint64_t{0});
+  }
+
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
     return validate_layers(packet, layout_, kind, [](const segment_header&, std::span<const std::byte>) {
@@ -63,5 +76,6 @@ class identity {
   layered_scratch scratch_;
 };
 static_assert(Compressor<identity>);
+static_assert(IndexSelector<identity>);
 
 }  // namespace gravac

@@ -24,25 +24,52 @@ struct layered_scratch {
   magnitude_histogram histogram;  //!< |u| of one layer, for the gain curve
 };
 
-//! Who computes the gain curve of the compressed layers.
-enum class gain_source : std::uint8_t {
-  skeleton,    //!< the skeleton, from a histogram of u = g + e before the layer function runs
-  layer_function,  //!< the layer function (it already has a histogram of u); raw layers stay with the skeleton
+//! The gain curve's one computation, handed to a layer function that builds a histogram of
+//! its layer's u anyway (for its own selection): it passes the histogram to add() instead
+//! of the skeleton reading u a second time. Every gain curve of the host compressors,
+//! whoever built the histogram, is computed here.
+class gain_report {
+ public:
+  //! A report for \p candidates into \p kept_sq (one entry per candidate).
+  gain_report(std::span<const double> candidates, std::span<double> kept_sq) noexcept
+      : candidates_(candidates), kept_sq_(kept_sq) {}
+  //! Whether the step asks for the gain curve.
+  [[nodiscard]] bool wanted() const noexcept { return !candidates_.empty(); }
+  //! Adds to the curve the energy exact top-k would keep at each candidate, for a layer of
+  //! \p numel elements whose u is counted in \p h (every element; a sampled histogram
+  //! must be completed with the elements it left out first).
+  void add(const magnitude_histogram& h, std::size_t numel) const noexcept {
+    if (wanted()) add_gain_curve(h, numel, candidates_, kept_sq_);
+  }
+
+ private:
+  std::span<const double> candidates_;
+  std::span<double> kept_sq_;
+};
+
+//! A layer function that reports its layer's gain curve itself: it takes a gain_report&
+//! after its layer_stats&.
+template <class LayerFn>
+concept reports_gain = requires(LayerFn& fn, byte_writer& w, std::uint32_t i, std::span<const float> g,
+                                std::span<float> e, double f, layer_stats& ls, gain_report& gr) {
+  fn(w, i, g, e, f, ls, gr);
 };
 
 //! Compresses layer by layer. Layers whose kept fraction is >= 1 are written raw; for the
 //! others `fn(writer, layer_index, g, e, fraction, layer_stats&)` writes one segment and
 //! updates e. When gain candidates are requested, the gain curve of u = g + e is
-//! accumulated from a magnitude histogram (one read of g and e, no sort), unless
-//! \p source says the layer function reports it for the layers it compresses. Empty
-//! layers produce no segment. Returns the packet size.
-template <gain_source source = gain_source::skeleton, class LayerFn>
+//! accumulated from a magnitude histogram (one read of g and e, no sort) before fn runs,
+//! unless fn takes a trailing gain_report& (reports_gain): it then reports its compressed
+//! layers' curve from the histogram it builds for its own selection. Empty layers produce
+//! no segment. Returns the packet size.
+template <class LayerFn>
 std::size_t compress_layers(const layout& lay, packet_kind kind, std::span<const float> g, std::span<float> e,
                             const step_params& p, std::span<std::byte> out, compress_stats& st,
                             layered_scratch& scratch, LayerFn&& fn) {
   require(g.size() == lay.numel() && e.size() == lay.numel(), "compress: buffer size does not match the layout");
   require(p.kept_fraction.size() == lay.size(), "compress: one kept fraction per layer is required");
   st.reset(lay.size(), p.gain_candidates.size());
+  gain_report gain(p.gain_candidates, st.candidate_kept_sq);
   byte_writer w(out);
   std::byte* head = begin_packet(w);
   std::uint32_t segments = 0;
@@ -52,14 +79,16 @@ std::size_t compress_layers(const layout& lay, packet_kind kind, std::span<const
     auto gl = g.subspan(l.offset, l.numel);
     auto el = e.subspan(l.offset, l.numel);
     const bool dense = p.kept_fraction[i] >= dense_fraction;
-    if (!p.gain_candidates.empty() && (dense || source == gain_source::skeleton)) {
+    if (gain.wanted() && (dense || !reports_gain<LayerFn>)) {
       add_sum_to_histogram(gl, el, scratch.histogram);
-      add_gain_curve(scratch.histogram, l.numel, p.gain_candidates, st.candidate_kept_sq);
+      gain.add(scratch.histogram, l.numel);
       scratch.histogram.clear();
     }
     const auto index = static_cast<std::uint32_t>(i);
     if (dense)
       write_raw_segment(w, index, gl, el, st.layers[i]);
+    else if constexpr (reports_gain<LayerFn>)
+      fn(w, index, gl, el, p.kept_fraction[i], st.layers[i], gain);
     else
       fn(w, index, gl, el, p.kept_fraction[i], st.layers[i]);
     ++segments;

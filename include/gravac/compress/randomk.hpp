@@ -10,6 +10,7 @@
 
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/compress/detail/sample_indices.hpp"
@@ -86,6 +87,16 @@ class randomk {
         });
   }
 
+  //! AR-Topk's index selection (compress/index_selection.hpp): every rank draws the same
+  //! indices from (seed, step, layer id), so none travel. Values are summed unscaled (the
+  //! `rescale` option is for allgather; error feedback keeps the rest).
+  static constexpr bool shared_indices = true;
+  //! The seeded indices of layer \p i.
+  void select_indices(std::span<const float>, std::size_t i, const step_params& p,
+                      std::vector<std::uint64_t>& out) const {
+    indices(i, p.seed, p.step, p.kept_fraction[i], out);
+  }
+
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
     return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
@@ -131,5 +142,6 @@ class randomk {
   mutable std::vector<std::uint64_t> decode_indices_;
 };
 static_assert(Compressor<randomk>);
+static_assert(IndexSelector<randomk>);
 
 }  // namespace gravac

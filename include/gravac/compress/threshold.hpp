@@ -14,11 +14,14 @@
 #include <vector>
 
 #include "gravac/compress/detail/fused_topk.hpp"
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/packet/sparse_packet.hpp"
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/compress/detail/select_topk_indices.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/error.hpp"
 
@@ -99,18 +102,16 @@ class threshold {
 
   //! Upper bound of the packet size (every value kept, with indices).
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers()) n += std::max(sparse_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
-    return n;
+    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Sends every |u| at or above each layer's estimated threshold; e = u - sent.
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    return detail::compress_layers<detail::gain_source::layer_function>(
+    return compress_layers(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
-            layer_stats& ls) {
+            layer_stats& ls, const gain_report& gain) {
           const bool want_gain = !p.gain_candidates.empty();
           const std::uint64_t k = kept_count(gl.size(), fraction);
           const auto t = estimate(gl, el, fraction, detail::mix_seed(p.seed, p.step, layout_[index].id));
@@ -119,8 +120,7 @@ class threshold {
           // of them, nearly all sent), so sending reads no scattered memory; keep_selected
           // then writes back the few not sent and zeroes the few sent below it.
           const auto r = work_.fuse(gl, el, 0, t.collect, hs, t.zero);
-          if (want_gain)
-            detail::add_fused_gain_curve(work_, hs, 0, r.collected, gl.size(), p.gain_candidates, st.candidate_kept_sq);
+          if (want_gain) gain.add(detail::complete_gain_histogram(work_, hs, 0, r.collected), gl.size());
           hist_.clear();
           if (r.non_finite) st.non_finite = true;
           std::size_t count = r.collected;
@@ -139,13 +139,25 @@ class threshold {
         });
   }
 
+  //! AR-Topk's index selection (compress/index_selection.hpp): one rank chooses the indices
+  //! and broadcasts them.
+  static constexpr bool shared_indices = false;
+  //! The kept indices of layer \p i of u (its slice \p u), ascending: AR-Topk needs the same
+  //! count on every rank without a second exchange, so the index rank resolves the threshold
+  //! to exactly k: the k largest |u|, ties to the lower index (threshold's own approximate
+  //! count applies to allgather, where every rank may send a different number).
+  void select_indices(std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& out,
+                      std::vector<std::uint64_t>& scratch) const {
+    detail::select_topk_indices(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
+  }
+
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, validate_sparse_segment);
+    return validate_layers(packet, layout_, kind, validate_sparse_segment);
   }
   //! Adds scale * the packet's values at their indices to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o,
                                  float s) { add_sparse_segment(sh, payload, o, s); });
   }
@@ -219,11 +231,12 @@ class threshold {
  private:
   layout layout_;
   options options_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
   detail::fused_topk_workspace work_;
   magnitude_histogram hist_;         // |u| of the layer, for the gain curve
   magnitude_histogram sample_hist_;  // |u| of the sample
 };
 static_assert(Compressor<threshold>);
+static_assert(IndexSelector<threshold>);
 
 }  // namespace gravac

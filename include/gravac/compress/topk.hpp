@@ -14,39 +14,16 @@
 #include "gravac/error.hpp"
 
 #include "gravac/compress/detail/fused_topk.hpp"
-#include "gravac/compress/detail/layered.hpp"
+#include "gravac/compress/layered.hpp"
+#include "gravac/packet/packet_bound.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/packet/sparse_packet.hpp"
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/compress/detail/select_topk_indices.hpp"
 
 namespace gravac {
-
-namespace detail {
-//! Orders indices by |u| descending, then index ascending: the deterministic top-k order.
-struct by_magnitude_then_index {
-  const float* u;
-  bool operator()(std::uint64_t a, std::uint64_t b) const noexcept {
-    const float ma = std::fabs(u[a]), mb = std::fabs(u[b]);
-    return ma > mb || (ma == mb && a < b);
-  }
-};
-
-//! Selects the exact top-k of \p u into \p selected (ascending indices); \p order is scratch.
-inline void select_topk_reference(std::span<const float> u, std::size_t k, std::vector<std::uint64_t>& order,
-                                  std::vector<std::uint64_t>& selected) {
-  order.resize(u.size());
-  for (std::size_t i = 0; i < u.size(); ++i) order[i] = i;
-  selected.clear();
-  if (k == 0) return;
-  if (k < u.size())
-    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k - 1), order.end(),
-                     by_magnitude_then_index{u.data()});
-  // nth_element leaves the k best before and at position k-1 (in some order).
-  selected.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-  std::sort(selected.begin(), selected.end());
-}
-}  // namespace detail
 
 //! Options of top-k.
 struct topk_options {
@@ -96,19 +73,17 @@ class topk {
 
   //! Upper bound of the packet size (every value kept, with indices).
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    std::size_t n = sizeof(packet_header);
-    for (const auto& l : layout_.layers()) n += std::max(sparse_segment_bytes(l.numel, l.numel), raw_segment_bytes(l.numel));
-    return n;
+    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Keeps the top kept_fraction of each layer (or of the whole buffer); e = u - sent.
   std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
     if (options_.whole_buffer) return compress_whole(g.span(), e.span(), p, out, st);
-    return detail::compress_layers<detail::gain_source::layer_function>(
+    return compress_layers(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
-            layer_stats& ls) {
+            layer_stats& ls, const gain_report& gain) {
           const std::size_t slot = 0;  // one layer at a time: the workspace is reused
           const bool want_gain = !p.gain_candidates.empty();
           const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
@@ -126,13 +101,7 @@ class topk {
             detail::histogram_of_layer(el, hist_, want_gain);
             counted = true;
           }
-          if (want_gain) {
-            if (counted)
-              add_gain_curve(hist_, gl.size(), p.gain_candidates, st.candidate_kept_sq);
-            else
-              detail::add_fused_gain_curve(work_, hs, slot, r.collected, gl.size(), p.gain_candidates,
-                                           st.candidate_kept_sq);
-          }
+          if (want_gain) gain.add(counted ? hist_ : detail::complete_gain_histogram(work_, hs, slot, r.collected), gl.size());
           if (r.non_finite) {
             st.non_finite = true;
             k = std::min(k, hist_.finite_count());
@@ -158,13 +127,23 @@ class topk {
         });
   }
 
+  //! AR-Topk's index selection (compress/index_selection.hpp): one rank chooses the indices
+  //! and broadcasts them.
+  static constexpr bool shared_indices = false;
+  //! The kept indices of layer \p i of u (its slice \p u), ascending: the k largest |u|, ties to
+  //! the lower index, per layer (the whole_buffer option does not apply to AR-Topk).
+  void select_indices(std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& out,
+                      std::vector<std::uint64_t>& scratch) const {
+    detail::select_topk_indices(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
+  }
+
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return detail::validate_layers(packet, layout_, kind, validate_sparse_segment);
+    return validate_layers(packet, layout_, kind, validate_sparse_segment);
   }
   //! Adds scale * the packet's values at their indices to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    detail::decompress_layers(packet, layout_, out.span(), scale,
+    decompress_layers(packet, layout_, out.span(), scale,
                               [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o,
                                  float s) { add_sparse_segment(sh, payload, o, s); });
   }
@@ -190,6 +169,7 @@ class topk {
     require(p.kept_fraction.size() == layout_.size(), "compress: one kept fraction per layer is required");
     const bool want_gain = !p.gain_candidates.empty();
     whole_gain_.assign(p.gain_candidates.size(), 0.0);
+    const gain_report whole_gain(p.gain_candidates, whole_gain_);
     unit_hist_.clear();
     std::size_t total = 0, collected = 0, at_floor = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i)
@@ -211,7 +191,7 @@ class topk {
       at_floor += r.at_floor;
       non_finite = non_finite || r.non_finite;
       if (want_gain) {
-        detail::add_fused_gain_curve(work_, hs, l.offset, r.collected, l.numel, p.gain_candidates, whole_gain_);
+        whole_gain.add(detail::complete_gain_histogram(work_, hs, l.offset, r.collected), l.numel);
         if (hs.stride == 1)
           unit_hist_.merge(hist_);
         else
@@ -230,7 +210,7 @@ class topk {
         const auto& l = layout_[i];
         if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
         detail::histogram_of_layer(e.subspan(l.offset, l.numel), hist_, want_gain);
-        if (want_gain) add_gain_curve(hist_, l.numel, p.gain_candidates, whole_gain_);
+        whole_gain.add(hist_, l.numel);
         unit_hist_.merge(hist_);
         hist_.clear();
       }
@@ -263,10 +243,11 @@ class topk {
     } else {
       std::fill(count_.begin(), count_.end(), 0);
     }
-    const std::size_t bytes = detail::compress_layers<detail::gain_source::layer_function>(
+    const std::size_t bytes = compress_layers(
         layout_, kind, g, e, p, out, st, scratch_,
+        // The curve of the compressed layers is whole_gain_, from the selection's own pass.
         [&](byte_writer& w, std::uint32_t index, std::span<const float>, std::span<float> el, double,
-            layer_stats& ls) {
+            layer_stats& ls, const gain_report&) {
           const double ksq = work_.write_segment_from(w, index, el, layout_[index].offset, count_[index]);
           ls = {count_[index], layer_sums_[index].grad_sq, layer_sums_[index].input_sq, ksq};
         });
@@ -277,7 +258,7 @@ class topk {
 
   layout layout_;
   options options_;
-  detail::layered_scratch scratch_;
+  layered_scratch scratch_;
   detail::fused_topk_workspace work_;
   magnitude_histogram hist_;       // one layer's |u|
   magnitude_histogram unit_hist_;  // all compressed layers' |u| (whole-buffer mode)
@@ -289,5 +270,6 @@ class topk {
   std::vector<double> whole_gain_;
 };
 static_assert(Compressor<topk>);
+static_assert(IndexSelector<topk>);
 
 }  // namespace gravac

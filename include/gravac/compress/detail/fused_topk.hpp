@@ -203,14 +203,14 @@ class fused_topk_workspace {
   std::vector<fused_pass_result> thread_results_;
   std::vector<std::jthread> pool_;
 };
-//! The gain curve of a layer of \p numel elements after its fused pass (with sampling \p hs
-//! and \p collected candidates at \p slot): completes a sampled histogram with the exact
-//! candidates, then adds the curve to \p kept_sq.
-inline void add_fused_gain_curve(const fused_topk_workspace& w, const histogram_sampling& hs, std::size_t slot,
-                                 std::size_t collected, std::size_t numel, std::span<const double> candidates,
-                                 std::span<double> kept_sq) noexcept {
+//! Completes the gain histogram after a fused pass with sampling \p hs and \p collected
+//! candidates at \p slot: a sampled histogram left the candidates out, which the gain
+//! curve needs exactly, so they are added; a full one is already complete. The curve
+//! itself is then gain_report::add's.
+inline const magnitude_histogram& complete_gain_histogram(const fused_topk_workspace& w, const histogram_sampling& hs,
+                                                          std::size_t slot, std::size_t collected) noexcept {
   if (hs.stride > 1) w.add_candidates(*hs.hist, slot, collected);
-  add_gain_curve(*hs.hist, numel, candidates, kept_sq);
+  return *hs.hist;
 }
 
 }  // namespace gravac::detail

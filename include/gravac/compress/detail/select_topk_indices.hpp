@@ -1,25 +1,45 @@
 #pragma once
 //! \file
-//! \brief Exact top-k indices by a sampled threshold and a short candidate list (AR-Topk's index rank).
+//! \brief Exact top-k indices: the reference (nth_element over every index) and the fast
+//! path by a sampled threshold and a short candidate list (AR-Topk's index rank, top-k's
+//! whole-buffer and reference tests).
 
 #include <algorithm>
 #include <cmath>
-#include <concepts>
 #include <functional>
 #include <cstddef>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <vector>
 
-#include "gravac/compress/identity.hpp"
-#include "gravac/compress/randomk.hpp"
-#include "gravac/compress/threshold.hpp"
-#include "gravac/compress/topk.hpp"
-#include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac::detail {
+
+//! Orders indices by |u| descending, then index ascending: the deterministic top-k order.
+struct by_magnitude_then_index {
+  const float* u;
+  bool operator()(std::uint64_t a, std::uint64_t b) const noexcept {
+    const float ma = std::fabs(u[a]), mb = std::fabs(u[b]);
+    return ma > mb || (ma == mb && a < b);
+  }
+};
+
+//! Selects the exact top-k of \p u into \p selected (ascending indices); \p order is scratch.
+inline void select_topk_reference(std::span<const float> u, std::size_t k, std::vector<std::uint64_t>& order,
+                                  std::vector<std::uint64_t>& selected) {
+  order.resize(u.size());
+  for (std::size_t i = 0; i < u.size(); ++i) order[i] = i;
+  selected.clear();
+  if (k == 0) return;
+  if (k < u.size())
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k - 1), order.end(),
+                     by_magnitude_then_index{u.data()});
+  // nth_element leaves the k best before and at position k-1 (in some order).
+  selected.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+  std::sort(selected.begin(), selected.end());
+}
 
 //! The exact top-k of \p u into \p out (ascending indices), the same indices as
 //! select_topk_reference (k largest |u|, ties to the lower index) at a fraction of its
