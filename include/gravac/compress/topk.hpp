@@ -89,11 +89,20 @@ class topk {
           const auto hs = want_gain ? detail::gain_sampling(hist_, gl.size(), p.step) : detail::histogram_sampling{};
           std::uint64_t k = kept_count(gl.size(), fraction);
           const auto keys = guess_[index].next(k);
-          const auto r = work_.fuse(gl, el, slot, keys.guess, hs, detail::no_guess, keys.floor);
+          // The pass leaves its candidates at or above the central estimate as zero in e
+          // (their values live in the list), so sending reads no scattered memory;
+          // keep_selected writes back the few of them not sent and zeroes the few sent below.
+          const auto r = work_.fuse(gl, el, slot, keys.guess, hs, keys.zero, keys.floor);
+          bool zeroed = keys.guess != detail::no_guess;
+          const auto unzero = [&] {  // before anything reads u from e again
+            if (zeroed) work_.restore_zeroed({slot, r.collected}, keys.zero, el);
+            zeroed = false;
+          };
           // hist_ holds every element only when the gain histogram took every element.
           bool counted = want_gain && hs.stride == 1;
           const bool miss = k > 0 && r.collected < k;
           if ((r.non_finite || (miss && r.at_floor < k)) && !counted) {
+            unzero();
             // A second read of u: the whole histogram (with energies when the gain curve is
             // wanted, which then comes from it exactly rather than from a sample). A miss
             // whose floor holds k or more needs none: it collects from the floor.
@@ -109,9 +118,11 @@ class topk {
           std::size_t collected = r.collected;
           std::uint32_t complete_from = keys.guess;  // every finite key at or above it is a candidate
           if (k > 0 && collected < k) {  // miss: collect again, from the histogram's boundary bin or the floor
+            unzero();
             complete_from = counted ? magnitude_histogram::lower_key(find_boundary(hist_, k).bin) : keys.floor;
             collected = work_.recollect(el, slot, complete_from);
           }
+          if (k == 0) unzero();
           std::size_t count = 0;
           if (k > 0) {
             const detail::candidate_run run{slot, collected};
@@ -119,9 +130,10 @@ class topk {
             const auto t = work_.select(runs, k);
             guess_[index].learn(t.key, work_.candidate_bits(), runs, r.collected, complete_from);  // before keep_selected compacts
             std::uint64_t ties = t.ties;
-            count = work_.keep_selected(run, t.key, ties);
+            count = zeroed ? work_.keep_selected(run, t.key, ties, el, keys.zero) : work_.keep_selected(run, t.key, ties);
           }
-          const double ksq = work_.write_segment_from(w, index, el, slot, count);
+          const double ksq = zeroed ? work_.write_segment_from_candidates(w, index, el.size(), slot, count)
+                                    : work_.write_segment_from(w, index, el, slot, count);
           hist_.clear();
           ls = {count, r.grad_sq, r.input_sq, ksq};
         });
@@ -183,8 +195,9 @@ class topk {
       count_[i] = 0;
       if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
       const auto hs = want_gain ? detail::gain_sampling(hist_, l.numel, p.step) : detail::histogram_sampling{};
+      // Candidates left as zero in e, as in the per-layer path.
       const auto r = work_.fuse(g.subspan(l.offset, l.numel), e.subspan(l.offset, l.numel), l.offset, keys.guess, hs,
-                                detail::no_guess, keys.floor);
+                                keys.zero, keys.floor);
       layer_sums_[i] = {r.grad_sq, r.input_sq};
       count_[i] = r.collected;
       collected += r.collected;
@@ -200,10 +213,19 @@ class topk {
       }
     }
     bool counted = want_gain && all_counted;
+    bool zeroed = keys.guess != detail::no_guess;
+    const auto unzero = [&] {  // before anything reads u from e again
+      if (zeroed)
+        for (std::size_t i = 0; i < layout_.size(); ++i)
+          if (count_[i] > 0)
+            work_.restore_zeroed({layout_[i].offset, count_[i]}, keys.zero, e.subspan(layout_[i].offset, layout_[i].numel));
+      zeroed = false;
+    };
     // A second read of every compressed layer: their whole histogram, and with energies
     // when the gain curve is wanted, which is then taken from it exactly.
     auto count_all = [&] {
       if (counted) return;
+      unzero();
       unit_hist_.clear();
       std::fill(whole_gain_.begin(), whole_gain_.end(), 0.0);
       for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -224,6 +246,7 @@ class topk {
     }
     if (k > 0 && collected < k) {  // miss: collect again, from the floor when it holds k, else from the histogram
       const bool from_floor = !counted && at_floor >= k;
+      unzero();
       if (!from_floor) count_all();
       const auto floor = from_floor ? keys.floor : magnitude_histogram::lower_key(find_boundary(unit_hist_, k).bin);
       complete_from = floor;
@@ -239,8 +262,12 @@ class topk {
       std::uint64_t ties = t.ties;
       // Layers in layout order, each in index order: the global index order.
       for (std::size_t i = 0; i < layout_.size(); ++i)
-        if (count_[i] > 0) count_[i] = work_.keep_selected({layout_[i].offset, count_[i]}, t.key, ties);
+        if (count_[i] > 0)
+          count_[i] = zeroed ? work_.keep_selected({layout_[i].offset, count_[i]}, t.key, ties,
+                                                   e.subspan(layout_[i].offset, layout_[i].numel), keys.zero)
+                             : work_.keep_selected({layout_[i].offset, count_[i]}, t.key, ties);
     } else {
+      unzero();
       std::fill(count_.begin(), count_.end(), 0);
     }
     const std::size_t bytes = compress_layers(
@@ -248,7 +275,9 @@ class topk {
         // The curve of the compressed layers is whole_gain_, from the selection's own pass.
         [&](byte_writer& w, std::uint32_t index, std::span<const float>, std::span<float> el, double,
             layer_stats& ls, const gain_report&) {
-          const double ksq = work_.write_segment_from(w, index, el, layout_[index].offset, count_[index]);
+          const double ksq =
+              zeroed ? work_.write_segment_from_candidates(w, index, el.size(), layout_[index].offset, count_[index])
+                     : work_.write_segment_from(w, index, el, layout_[index].offset, count_[index]);
           ls = {count_[index], layer_sums_[index].grad_sq, layer_sums_[index].input_sq, ksq};
         });
     for (std::size_t c = 0; c < whole_gain_.size(); ++c) st.candidate_kept_sq[c] += whole_gain_[c];

@@ -53,6 +53,10 @@ class adaptive_guess {
   struct keys {
     std::uint32_t guess = no_guess;  //!< collect keys at or above
     std::uint32_t floor = no_guess;  //!< count keys at or above (<= guess)
+    //! The central estimate of the k-th key (>= guess): the pass leaves the candidates at or
+    //! above it as zero in e, as if sent, so that only those between it and the k-th key
+    //! cost a scattered write afterwards (keep_selected).
+    std::uint32_t zero = no_guess;
   };
 
   //! The keys for a step that selects \p k values: the guess sits where the last step had
@@ -66,22 +70,24 @@ class adaptive_guess {
     while (b < complete_ && static_cast<double>(cumulative_[b]) < target) ++b;
     double predicted = b < complete_ ? static_cast<double>(cumulative_[b]) : 0.0;
     if (b == complete_) {
-      if (complete_ == 0) return {floor, floor};
+      if (complete_ == 0) return {floor, floor, floor};
       // The last step's candidates end above the target: extend by the density of its
       // lowest complete bands (the pile-up below the threshold is smooth on this scale).
       const std::size_t last = complete_ - 1, span = std::min<std::size_t>(16, last);
       const double have = static_cast<double>(cumulative_[last]);
       const double per_band =
           span == 0 ? 0.0 : static_cast<double>(cumulative_[last] - cumulative_[last - span]) / static_cast<double>(span);
-      if (!(per_band > 0.0)) return {floor, floor};
+      if (!(per_band > 0.0)) return {floor, floor, floor};
       b = last + 1 + static_cast<std::size_t>(std::ceil((target - have) / per_band));
       predicted = have + static_cast<double>(b - last) * per_band;
     }
-    if (b >= bands) return {floor, floor};
+    if (b >= bands) return {floor, floor, floor};
     const std::uint32_t g = band_key(b);
-    if (g <= floor) return {floor, floor};
+    if (g <= floor) return {floor, floor, floor};
     predicted_ = static_cast<std::uint64_t>(predicted);
-    return {g, floor};
+    std::size_t c = 0;  // the first band that held k last step
+    while (c < b && cumulative_[c] < k) ++c;
+    return {g, floor, std::max(g, band_key(c))};
   }
 
   //! Learns from this step: \p t is the k-th largest key, \p runs the candidates of \p bits
@@ -105,14 +111,18 @@ class adaptive_guess {
     const double depth = (static_cast<double>(tm) - key_magnitude(std::min(complete_from, t))) / tm;
     width_ = std::clamp(depth / 32.0, 1e-7, max_band_width);
     const float scale = static_cast<float>(1.0 / (width_ * static_cast<double>(tm)));
+    // Four sets of counters, one per candidate modulo 4: neighbours in the same band would
+    // otherwise wait on each other's increment.
+    std::array<std::array<std::uint32_t, bands + 1>, 4> part{};
     for (const auto& r : runs) {
       const std::uint32_t* bp = bits + r.first;
       for (std::size_t i = 0; i < r.count; ++i) {
         const float below = (tm - key_magnitude(bp[i] & 0x7fffffffu)) * scale;
         const float b = std::clamp(below, 0.0f, static_cast<float>(bands));
-        ++cumulative_[static_cast<std::size_t>(b)];
+        ++part[i & 3][static_cast<std::size_t>(b)];
       }
     }
+    for (std::size_t b = 0; b <= bands; ++b) cumulative_[b] = std::uint64_t{part[0][b]} + part[1][b] + part[2][b] + part[3][b];
     for (std::size_t b = 1; b < bands; ++b) cumulative_[b] += cumulative_[b - 1];
     // Bands whose whole range lies at or above complete_from hold every element there.
     const float below = (tm - key_magnitude(std::min(complete_from, t))) * scale;

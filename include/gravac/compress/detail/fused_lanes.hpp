@@ -69,6 +69,21 @@ struct fused_lanes {
     us += (static_cast<double>(b[0]) + b[1]) + (static_cast<double>(b[2]) + b[3]);
     fg0 = fg1 = fu0 = fu1 = _mm_setzero_ps();
   }
+  //! Stores the (index, bit pattern) of the lanes of \p mask (the last step8's group of 8
+  //! at \p e, element \p first) at \p idx / \p bits; returns how many. A loop over the
+  //! set bits, which are rare.
+  static unsigned collect8(unsigned mask, std::uint32_t first, const float* e, std::uint32_t* idx,
+                           std::uint32_t* bits) noexcept {
+    unsigned c = 0;
+    while (mask != 0) {
+      const auto l = static_cast<std::uint32_t>(std::countr_zero(mask));
+      idx[c] = first + l;
+      bits[c] = std::bit_cast<std::uint32_t>(e[l]);
+      ++c;
+      mask &= mask - 1;
+    }
+    return c;
+  }
   //! The elements counted at or above the floor so far (lanes of 32 bits: a chunk has
   //! fewer than 2^32 groups of 8).
   [[nodiscard]] std::uint64_t band_count() const noexcept {
@@ -109,6 +124,21 @@ struct fused_lanes {
       fg[l] = fu[l] = 0.0f;
     }
   }
+  //! Stores the (index, bit pattern) of the lanes of \p mask (the last step8's group of 8
+  //! at \p e, element \p first) at \p idx / \p bits; returns how many. A loop over the
+  //! set bits, which are rare.
+  static unsigned collect8(unsigned mask, std::uint32_t first, const float* e, std::uint32_t* idx,
+                           std::uint32_t* bits) noexcept {
+    unsigned c = 0;
+    while (mask != 0) {
+      const auto l = static_cast<std::uint32_t>(std::countr_zero(mask));
+      idx[c] = first + l;
+      bits[c] = std::bit_cast<std::uint32_t>(e[l]);
+      ++c;
+      mask &= mask - 1;
+    }
+    return c;
+  }
   [[nodiscard]] std::uint64_t band_count() const noexcept { return band; }
   [[nodiscard]] bool non_finite() const noexcept { return nf; }
 };
@@ -119,12 +149,43 @@ struct fused_lanes {
 //! fused_pass_avx2): half the instructions of the SSE2 version and the same bits
 //! (lane l of the vector sums what lane l % 4 of the SSE2 version's fg0 or fg1 sums, and
 //! flush adds the two halves as the SSE2 version adds fg0 and fg1).
+//! Lane indices of the set bits of each 8-bit mask, in order (the rest zero): what
+//! fused_lanes_avx2::collect8 permutes by.
+struct compress_lut {
+  alignas(64) std::uint8_t lanes[256][8] = {};
+  constexpr compress_lut() noexcept {
+    for (unsigned m = 0; m < 256; ++m) {
+      unsigned c = 0;
+      for (unsigned l = 0; l < 8; ++l)
+        if (m & (1u << l)) lanes[m][c++] = static_cast<std::uint8_t>(l);
+    }
+  }
+};
+inline constexpr compress_lut compress_lanes{};
+
 struct fused_lanes_avx2 {
   __m256 fg, fu;
   __m256i nf, band;
+  __m256 last_u;  // u of the last step8's group, for collect8
 
   [[gnu::target("avx2")]] fused_lanes_avx2() noexcept
-      : fg(_mm256_setzero_ps()), fu(_mm256_setzero_ps()), nf(_mm256_setzero_si256()), band(_mm256_setzero_si256()) {}
+      : fg(_mm256_setzero_ps()), fu(_mm256_setzero_ps()), nf(_mm256_setzero_si256()), band(_mm256_setzero_si256()),
+        last_u(_mm256_setzero_ps()) {}
+
+  //! Stores the (index, bit pattern) of the lanes of \p mask of the last step8's group
+  //! (element \p first) at \p idx / \p bits; returns how many. One permutation moves the
+  //! selected lanes to the front and all 8 are stored (the caller's slots reach at least 8
+  //! past its count: candidates never outnumber the elements seen), so no branch depends on
+  //! the data.
+  [[gnu::target("avx2")]] unsigned collect8(unsigned mask, std::uint32_t first, const float*, std::uint32_t* idx,
+                                            std::uint32_t* bits) const noexcept {
+    if (mask == 0) return 0;  // most groups: predicted well
+    const __m256i perm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(compress_lanes.lanes[mask])));
+    const __m256i ix = _mm256_add_epi32(_mm256_set1_epi32(static_cast<std::int32_t>(first)), perm);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx), ix);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits), _mm256_permutevar8x32_epi32(_mm256_castps_si256(last_u), perm));
+    return static_cast<unsigned>(std::popcount(mask));
+  }
 
   template <bool Collect, bool Band = false>
   [[gnu::target("avx2")]] unsigned step8(const float* g, float* e, std::int32_t lo, std::int32_t band_lo = 0) noexcept {
@@ -133,6 +194,7 @@ struct fused_lanes_avx2 {
     const __m256 gv = _mm256_loadu_ps(g);
     const __m256 u = _mm256_add_ps(gv, _mm256_loadu_ps(e));
     _mm256_storeu_ps(e, u);
+    last_u = u;
     fg = _mm256_add_ps(fg, _mm256_mul_ps(gv, gv));
     fu = _mm256_add_ps(fu, _mm256_mul_ps(u, u));
     const __m256i k = _mm256_and_si256(_mm256_castps_si256(u), abs_mask);

@@ -49,7 +49,8 @@ struct fused_pass_result {
 //!
 //! The pass runs at about the speed of `e += g` (memory-bound): the sums ride in float
 //! lanes per block (32 terms per lane, then double), the compare yields a bit mask per 8
-//! elements, and only the rare set bits cost a loop trip. The histogram is what is slow
+//! elements, and the lanes store the candidates of the mask (fused_lanes::collect8: a
+//! loop over its set bits, or in AVX2 one compressing permutation, no branch). The histogram is what is slow
 //! (a scatter per element), hence the sampling for large layers.
 //! \p Lanes is fused_lanes, or fused_lanes_avx2 inlined into fused_pass_avx2.
 template <bool Collect, bool Zero, bool Band, class Lanes = fused_lanes>
@@ -74,13 +75,7 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
     for (; j + 8 <= m; j += 8) {
       unsigned mask = lanes.template step8<Collect, Band>(gb + j, eb + j, lo, band_lo);
       if constexpr (Collect) {
-        while (mask != 0) {
-          const auto l = static_cast<std::uint32_t>(std::countr_zero(mask));
-          idx[c] = base + static_cast<std::uint32_t>(b0 + j) + l;
-          bits[c] = std::bit_cast<std::uint32_t>(eb[j + l]);
-          ++c;
-          mask &= mask - 1;
-        }
+        c += lanes.collect8(mask, base + static_cast<std::uint32_t>(b0 + j), eb + j, idx + c, bits + c);
       }
     }
     lanes.flush(r.grad_sq, r.input_sq);
@@ -124,7 +119,7 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
 }
 
 //! The fused pass of one chunk with the variant the guess, \p zero_from (no_guess: zero
-//! nothing) and \p floor (no_guess or not below guess: count no band) call for (see
+//! nothing) and \p floor (not below guess: count no band) call for (see
 //! fused_pass_chunk), in \p Lanes.
 template <class Lanes>
 GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std::size_t n, std::uint32_t base,
@@ -133,9 +128,11 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std:
                                                   std::uint32_t floor = no_guess) noexcept {
   if (guess == no_guess)
     return fused_pass_chunk<false, false, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
+  const bool band = floor < guess;
   if (zero_from != no_guess)
-    return fused_pass_chunk<true, true, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
-  if (floor < guess)
+    return band ? fused_pass_chunk<true, true, true, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor)
+                : fused_pass_chunk<true, true, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
+  if (band)
     return fused_pass_chunk<true, false, true, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
   return fused_pass_chunk<true, false, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
 }

@@ -111,6 +111,12 @@ class fused_topk_workspace {
     detail::zero_below(slots(), run, zero_from, residual);
   }
 
+  //! Writes back the candidates of \p run that a pass with \p zero_from left as zero in
+  //! \p residual: see restore_zeroed (candidate_select.hpp).
+  void restore_zeroed(candidate_run run, std::uint32_t zero_from, std::span<float> residual) noexcept {
+    detail::restore_zeroed(slots(), run, zero_from, residual);
+  }
+
   //! Writes a layer's sparse segment from its candidates at \p slot, values from the
   //! candidate list: see detail::write_segment_from_candidates.
   double write_segment_from_candidates(byte_writer& w, std::uint32_t index, std::size_t numel, std::size_t slot,
