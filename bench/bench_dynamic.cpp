@@ -14,6 +14,8 @@
 //   dynamic/topk_2threads  top-k with threads = 2; speedup_vs_1_thread against threads = 1
 //   dynamic/threshold      threshold selection; k_error_max over the timed steps
 //   dynamic/adacomp, qsgd_s127, qsgd_s7, terngrad, sign, cast16_fp16, cast16_bf16
+//   bandwidth/memcpy_2threads  a memcpy split over two threads against one (the ceiling
+//                          of a two-thread speedup of a memory-bound pass)
 //
 // Counters: ratio_to_memcpy, ratio_to_ef_floor, ef_floor_to_memcpy (medians over the
 // samples of ratios of neighbouring timings), bits_per_element, steady (1 when the
@@ -33,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "compressors.hpp"
@@ -155,7 +158,29 @@ void run(benchmark::State& state, const std::string& name, compressor_settings s
                  (opt.fixed_warmup ? ", fixed warm-up" : r.steady ? "" : ", steady state NOT reached"));
 }
 
+// What a second core adds to memory bandwidth: a memcpy of the gradient buffer split over
+// two threads (one half each) against the same memcpy on one, paired call by call
+// (bench_common.hpp). The ceiling of any two-thread speedup of a memory-bound pass.
+void BM_memcpy_2threads(benchmark::State& state) {
+  const std::size_t n = std::size_t{1} << state.range(0);
+  std::vector<float> src(n, 1.0f), dst(n);
+  const auto half = [&](std::size_t a, std::size_t b) { std::memcpy(dst.data() + a, src.data() + a, (b - a) * sizeof(float)); };
+  const std::function<void()> two = [&] {
+    std::thread other(half, n / 2, n);
+    half(0, n / 2);
+    other.join();
+    benchmark::ClobberMemory();
+  };
+  const std::function<void()> one = [&] {
+    half(0, n);
+    benchmark::ClobberMemory();
+  };
+  for (auto _ : state) two();
+  state.counters["speedup_vs_1_thread"] = 1.0 / paired_ratio([] {}, two, one, calls_for(n), 15);
+}
+
 void register_all() {
+  benchmark::RegisterBenchmark("bandwidth/memcpy_2threads", BM_memcpy_2threads)->Arg(20)->Arg(24)->UseRealTime()->Unit(benchmark::kMillisecond);
   struct entry {
     const char* name;
     const char* compressor;
