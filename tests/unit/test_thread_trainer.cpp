@@ -77,6 +77,21 @@ TEST_CASE("the step report counts bytes and kept fractions", "[trainer][threads]
   });
 }
 
+TEST_CASE("a dense step reports every value kept, on the fast path too", "[trainer][threads]") {
+  // fixed_policy needs no statistics, so the dense Allreduce's fast path computes no norms;
+  // the kept counts are still what went on the wire: everything.
+  const auto lay = test::mixed_layout();
+  run_ranks(2, [&](thread_communicator& comm) {
+    trainer<identity, dense_allreduce, fixed_policy> t(comm, lay, {});
+    for (int s = 0; s < 2; ++s) {
+      auto g = test::make_data(lay.numel(), 10 * s + comm.rank());
+      const auto& r = t.step(g);
+      for (std::size_t i = 0; i < lay.size(); ++i)
+        if (lay[i].numel > 0) CHECK(r.kept_fraction[i] == 1.0);
+    }
+  });
+}
+
 TEST_CASE("a layout mismatch across ranks fails on every rank", "[trainer][errors]") {
   std::atomic<int> failures{0};
   CHECK_THROWS_WITH(run_ranks(4,

@@ -85,10 +85,14 @@ class dense_allreduce {
     if (p.all_dense() && buf.residual_zero && p.gain_candidates.empty()) {
       // The baseline path: one Allreduce of the gradient.
       st.reset(layout_.size(), 0);
-      if (p.collect_norms)
+      if (p.collect_norms) {
         fill_dense_stats(g, st, ctl ? target.data() : nullptr);  // copies into the workspace in the same pass
-      else if (ctl)
-        std::copy(g.begin(), g.end(), target.begin());
+      } else {
+        // No norms asked for, but the counts are known: every value is sent (a report of
+        // 0 kept on a dense step would misstate what went on the wire).
+        for (std::size_t i = 0; i < layout_.size(); ++i) st.layers[i].kept = layout_[i].numel;
+        if (ctl) std::copy(g.begin(), g.end(), target.begin());
+      }
       used_packet_ = false;
     } else {
       // Materialize u = g + e through the compressor (which fills the statistics; dense

@@ -230,10 +230,11 @@ class flexible {
       default: return estimate_.params();
     }
   }
+  // What an AR-Topk step sent, for the network fit. VAR's N norms ride as floats in the
+  // value Allreduce (no call of their own): N * 4 more bytes in it, no more latency.
   cost_terms ar_terms(int n, double d, double f) const {
-    cost_terms t = cost_model::ar_topk(n, d, f, options_.allreduce);
-    if (options_.ar_topk.rule == index_rank_rule::var) t += cost_model::ring_allreduce(n, 8.0 * n);  // the norms
-    return t;
+    if (options_.ar_topk.rule != index_rank_rule::var) return cost_model::ar_topk(n, d, f, options_.allreduce);
+    return cost_model::index_broadcast(n, d, f) + cost_model::allreduce(n, 4.0 * d * f + 4.0 * n, options_.allreduce);
   }
   void copy_scalars(const step_params& p) {
     dense_params_.step = p.step;
