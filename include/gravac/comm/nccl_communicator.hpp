@@ -6,6 +6,8 @@
 //! ncclCommGetAsyncError with a timeout, and a failed or hung communicator is aborted with
 //! ncclCommAbort, so a failure becomes a gravac::error instead of a hang.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <nccl.h>
 
 #include <chrono>

@@ -5,6 +5,8 @@
 //! elements sent, the same scale, the same residue), decoded on the device. Part of target
 //! gravac::cuda.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/packet/raw_segment.hpp"
@@ -51,6 +54,8 @@ class adacomp_cuda {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): the bin length, as gravac::adacomp.
+  static constexpr decision acts_on = decision::bin_length;
   //! Works on device memory.
   using memory_space = cuda_space;
   //! Options (see adacomp_cuda_options).

@@ -4,9 +4,7 @@
 //! gravac::error(backend_failure, backend::cuda) carrying the call, the CUDA error text
 //! and code. Part of target gravac::cuda.
 
-#if !defined(__CUDACC__)
-#error "gravac/cuda headers need a CUDA compiler: compile this file as CUDA (link gravac::cuda)"
-#endif
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
 
 #include <cuda_runtime.h>
 

@@ -5,6 +5,8 @@
 //! storage traits, so the trainer's residual and the collectives' packet buffers live on
 //! the device. Part of target gravac::cuda.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cstddef>
 #include <span>
 #include <type_traits>

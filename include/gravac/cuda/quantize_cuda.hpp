@@ -6,6 +6,8 @@
 //! e = u - decompress(packet); see detail/quantize_cuda_kernels.hpp for how. Part of target
 //! gravac::cuda.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
@@ -73,6 +76,8 @@ class basic_quantize_cuda {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; a quantizer sends every value.
+  static constexpr decision acts_on = decision::none;
   //! Works on device memory.
   using memory_space = cuda_space;
   //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options or cast16_cuda_options).

@@ -7,6 +7,8 @@
 //! detail/threshold_kernels.hpp): the same packets as gravac::threshold, bit for bit.
 //! Part of target gravac::cuda.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 

@@ -2,6 +2,8 @@
 //! \file
 //! \brief The function behind GRAVAC_TRY_NCCL: a failed NCCL call as gravac::error.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <nccl.h>
 
 #include <string>

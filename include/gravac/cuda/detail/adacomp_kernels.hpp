@@ -19,6 +19,8 @@
 //! explicitly rounded IEEE operation (no contraction into an FMA), as on the host.
 //! Also the device validation of AdaComp packets and their scatter-add decompression.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 
 #include <cstddef>

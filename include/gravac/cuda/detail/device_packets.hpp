@@ -4,6 +4,8 @@
 //! header plan, header writing, validation and scatter-add of sparse packets), with its
 //! workspace allocated once for a layout.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

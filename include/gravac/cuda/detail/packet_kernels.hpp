@@ -4,6 +4,8 @@
 //! packet (header walk and index checks on the device, one small copy of the verdict to
 //! the host) and the scatter-add decompression. Same wire format as gravac/packet/format.hpp.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cstddef>
 #include <cstdint>
 

@@ -22,6 +22,8 @@
 //! The layers of one packet are jobs of one launch per pass: each job owns whole blocks
 //! (quant_job::block_first), so a block never mixes layers and reduces its statistics once.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 
 #include <cfloat>

@@ -5,6 +5,8 @@
 //! host's validate (leveled_codec::check, sign::validate, cast16::validate) and the same
 //! decoded values bit for bit (every float operation rounded explicitly, no contraction).
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cstddef>
 #include <cstdint>
 

@@ -7,6 +7,8 @@
 //! round trip between layers, and a count that differs from the planned one (fewer finite
 //! values than k, a threshold's k_hat) never shifts a later layer onto stale offsets.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cstddef>
 #include <cstdint>
 

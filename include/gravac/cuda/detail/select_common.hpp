@@ -2,6 +2,8 @@
 //! \file
 //! \brief What every pass of the device radix select shares: its constants, the per-layer select state and statistics, the key of a magnitude, warp-aggregated appends, the last-block test and the block-wide boundary search.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 

@@ -2,6 +2,8 @@
 //! \file
 //! \brief Pass 1 of the device radix select: the fused error-feedback pass (u = g + e, statistics, first-digit histogram, candidates, first boundary, gain curve).
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 

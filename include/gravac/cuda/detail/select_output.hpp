@@ -2,6 +2,8 @@
 //! \file
 //! \brief The output of the device radix select: the ordered compaction's predicate and writer, the gather into the packet with the residual update, raw layers, and the undo of a failed step.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 

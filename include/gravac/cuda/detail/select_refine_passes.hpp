@@ -2,6 +2,8 @@
 //! \file
 //! \brief Passes 2 to 5 of the device radix select: collecting the boundary bin after a miss, refining the threshold digit by digit, and resolving ties to the lower index.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 

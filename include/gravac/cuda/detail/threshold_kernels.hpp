@@ -7,6 +7,8 @@
 //! compiler cannot fuse them into an FMA the host does not use). The low threshold key it
 //! writes is bit for bit the host's, so the selection that follows is the host's too.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cfloat>
 #include <cstdint>
 

@@ -2,9 +2,7 @@
 //! \file
 //! \brief The function behind GRAVAC_TRY_CUDA: a failed CUDA call as gravac::error.
 
-#if !defined(__CUDACC__)
-#error "gravac/cuda headers need a CUDA compiler: compile this file as CUDA (link gravac::cuda)"
-#endif
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
 
 #include <cuda_runtime.h>
 

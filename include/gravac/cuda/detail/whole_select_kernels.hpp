@@ -11,6 +11,8 @@
 //! its part of the sorted list (two binary searches), its segment is placed, and
 //! gather_whole_pass writes its indices and values and zeroes e there.
 
+#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+
 #include <cub/block/block_reduce.cuh>
 
 #include <cstddef>
