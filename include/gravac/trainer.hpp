@@ -16,6 +16,7 @@
 #include "gravac/collective/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/detail/composition_checks.hpp"
 #include "gravac/detail/consistency.hpp"
 #include "gravac/error.hpp"
 
@@ -43,11 +44,15 @@ enum class non_finite_action : std::uint8_t {
 //! gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy> t{comm, lay, {}};
 //! for (...) { backward(grads); t.step(grads); optimizer.step(grads); }
 //! \endcode
-template <Compressor C, Collective K, Policy P>
+//!
+//! A composition that cannot work is a compile error whose first line says why
+//! (detail/composition_checks.hpp): a type that does not model its concept (the
+//! requirement it misses), a collective that cannot aggregate the compressor's packets (and
+//! the collectives that can), a policy whose decisions the compressor ignores
+//! (composition.hpp), a communicator of another memory space.
+template <class C, class K, class P>
 class trainer {
-  static_assert(K::template accepts<C>,
-                "gravac::trainer: this collective cannot aggregate this compressor's packets "
-                "(allreduce_compatible needs a compressor whose values can be summed at shared indices)");
+  static_assert(detail::check_composition<C, K, P>());
 
  public:
   //! The compressor type.
@@ -76,7 +81,7 @@ class trainer {
   //! A trainer over communicator \p comm (which must outlive it) for the tensors of \p lay.
   //! Rejects invalid options (each part validates its own) and, when verify_layout is set,
   //! fails on every rank if any rank's layout differs.
-  template <Communicator M>
+  template <class M, bool = detail::check_communicator<M, C>()>
   trainer(M& comm, const layout& lay, const options& opt = {})
       : comm_(comm),
         layout_(lay),
@@ -84,9 +89,6 @@ class trainer {
         compressor_(lay, opt.compressor),
         collective_(lay, opt.collective),
         policy_(lay, opt.policy) {
-    static_assert(CommunicatorFor<M, C>,
-                  "gravac::trainer: the communicator's memory space differs from the compressor's "
-                  "(a device-memory compressor needs a communicator that accepts device memory)");
     require(lay.numel() > 0, "trainer: the layout has no elements");
     if (opt.verify_layout) verify_layout_across_ranks();
     residual_ = typename storage_for<memory_space>::type(lay.numel());

@@ -1,4 +1,4 @@
-// expect: allreduce_compatible needs a compressor whose values can be summed
+// expect: sums values at shared indices, and this compressor's values cannot be summed
 // AR-Topk (allreduce_compatible) sums values at shared indices: a compressor whose packets
 // cannot be summed that way must be rejected at compile time with a readable message.
 #include "gravac/collective/allreduce_compatible.hpp"

@@ -1,4 +1,4 @@
-// expect: constraints not satisfied|Compressor
+// expect: is not a gravac::Compressor: it has no opt-in member
 // A type that does not opt in as a Compressor cannot be a trainer's compressor.
 #include "gravac/gravac.hpp"
 

@@ -1,4 +1,4 @@
-// expect: cannot aggregate this compressor
+// expect: needs two dependent Allreduces
 // PowerSGD needs two dependent allreduces (P, then Q); allgather compresses once and
 // gathers, so the pairing must not compile (allgather::accepts excludes LowRankCompressor).
 #include "gravac/compress/powersgd.hpp"

@@ -1,4 +1,4 @@
-// expect: cannot aggregate this compressor
+// expect: low_rank_allreduce drives PowerSGD
 // low_rank_allreduce drives the project / factor / reconstruct protocol; a compressor that
 // does not model LowRankCompressor (top-k) must not compile with it.
 #include "gravac/collective/low_rank_allreduce.hpp"

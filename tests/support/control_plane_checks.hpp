@@ -109,16 +109,12 @@ void check_control_plane() {
     }
 }
 
-//! check_control_plane for every policy and every collective that accepts C.
+//! check_control_plane for every collective that accepts C and every policy whose decisions reach it.
 template <class C>
 void check_control_plane_all() {
   for_each_collective_accepting<C>([&]<class K>() {
     INFO("collective " << typeid(K).name());
-    check_control_plane<C, K, fixed_policy>();
-    check_control_plane<C, K, gravac_policy>();
-    check_control_plane<C, K, accordion_policy>();
-    check_control_plane<C, K, adacomp_policy>();
-    check_control_plane<C, K, moo_policy>();
+    for_each_policy_reaching<C>([&]<class P>() { check_control_plane<C, K, P>(); });
   });
 }
 

@@ -39,6 +39,9 @@ class allgather {
   //! (PowerSGD needs the sum of P before it can compute Q: use low_rank_allreduce).
   template <class C>
   static constexpr bool accepts = !LowRankCompressor<C>;
+  //! Why it may refuse a compressor (the trainer's message): a LowRankCompressor needs two
+  //! dependent Allreduces, which compress-then-gather cannot run.
+  static constexpr bool rejects_low_rank = true;
 
   //! A collective for \p lay.
   allgather(const layout& lay, const options& = {}) : layout_(lay), dense_(lay) {}

@@ -50,7 +50,10 @@ class allreduce_compatible {
   using options = allreduce_compatible_options;
   //! Only compressors whose values can be summed at shared indices, with an index hook.
   template <class C>
-  static constexpr bool accepts = IndexSelector<C>;
+  static constexpr bool accepts = IndexSelector<C> && C::memory_space::host_accessible;  // no device path yet
+  //! Why it may refuse a compressor (the trainer's message): it needs an index-selection
+  //! hook on host memory.
+  static constexpr bool needs_index_selection = true;
 
   //! A collective for \p lay; rejects a smoothing weight outside (0, 1].
   allreduce_compatible(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {

@@ -34,6 +34,8 @@ class low_rank_allreduce {
   //! Only compressors that implement the low-rank protocol.
   template <class C>
   static constexpr bool accepts = LowRankCompressor<C>;
+  //! Why it may refuse a compressor (the trainer's message): it drives the low-rank protocol.
+  static constexpr bool needs_low_rank = true;
 
   //! A collective for \p lay.
   low_rank_allreduce(const layout&, const options& = {}) {}

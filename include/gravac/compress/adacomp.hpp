@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
@@ -69,6 +70,8 @@ class adacomp {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): the bin length; it chooses per bin what to send.
+  static constexpr decision acts_on = decision::bin_length;
   //! Works on host memory.
   using memory_space = host_space;
   //! Options (see adacomp_options).

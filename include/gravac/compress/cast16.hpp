@@ -10,6 +10,7 @@
 #include <cstring>
 #include <span>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/detail/half.hpp"
 #include "gravac/compress/cast16_format.hpp"
@@ -46,6 +47,8 @@ class cast16 {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; it sends every value in 16 bits.
+  static constexpr decision acts_on = decision::none;
   //! Works on host memory.
   using memory_space = host_space;
   //! Options (see cast16_options).

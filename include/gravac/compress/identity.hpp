@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
@@ -23,6 +24,8 @@ class identity {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; it sends everything.
+  static constexpr decision acts_on = decision::none;
   //! Works on host memory.
   using memory_space = host_space;
   //! Options (see identity_options).

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/stats/gain_curve.hpp"
@@ -71,6 +72,8 @@ class powersgd {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): the rank of each layer's approximation.
+  static constexpr decision acts_on = decision::approximation_rank;
   //! Opt-in tag for LowRankCompressor: aggregated by two allreduces (P, then Q).
   using low_rank_tag = void;
   //! Works on host memory.

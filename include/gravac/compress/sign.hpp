@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
@@ -29,6 +30,8 @@ class sign {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; it sends one sign per value.
+  static constexpr decision acts_on = decision::none;
   //! Works on host memory.
   using memory_space = host_space;
   //! Options (see sign_options).

@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
@@ -100,6 +101,8 @@ class accordion_policy {
  public:
   //! Opt-in tag for the Policy concept.
   using policy_tag = void;
+  //! What it decides (composition.hpp): each layer's kept fraction or PowerSGD rank.
+  static constexpr decision decides = decision::kept_fraction | decision::approximation_rank;
   //! Options (see accordion_policy_options).
   using options = accordion_policy_options;
   //! No per-step statistics: the policy keeps its own accumulators and agrees on their

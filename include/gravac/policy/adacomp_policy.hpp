@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
@@ -46,6 +47,8 @@ class adacomp_policy {
  public:
   //! Opt-in tag for the Policy concept.
   using policy_tag = void;
+  //! What it decides (composition.hpp): the bin length by layer kind, and 1 / L_T as kept fraction.
+  static constexpr decision decides = decision::kept_fraction | decision::bin_length;
   //! Options (see adacomp_policy_options).
   using options = adacomp_policy_options;
   //! The achieved kept fractions are averaged over the ranks (one small allreduce), so

@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
@@ -92,6 +93,8 @@ class gravac_policy {
  public:
   //! Opt-in tag for the Policy concept.
   using policy_tag = void;
+  //! What it decides (composition.hpp): the kept fraction (the compression factor).
+  static constexpr decision decides = decision::kept_fraction;
   //! Options (see gravac_policy_options).
   using options = gravac_policy_options;
   //! Decisions use gains and times averaged (times: maximized) over the ranks.

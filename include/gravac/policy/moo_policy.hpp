@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/composition.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/network/cost_model.hpp"
@@ -67,6 +68,8 @@ class moo_policy {
  public:
   //! Opt-in tag for the Policy concept.
   using policy_tag = void;
+  //! What it decides (composition.hpp): the kept fraction (and the collective).
+  static constexpr decision decides = decision::kept_fraction;
   //! Options (see moo_policy_options).
   using options = moo_policy_options;
   //! Gains and times must be averaged (maxed) over ranks before observe.

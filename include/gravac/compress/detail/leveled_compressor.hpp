@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 
+#include "gravac/composition.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/leveled_codec.hpp"
@@ -24,6 +25,8 @@ class leveled_compressor {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
+  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; a quantizer sends every value at its level count.
+  static constexpr decision acts_on = decision::none;
   //! Works on host memory.
   using memory_space = host_space;
   //! Each rank has its own scales, so codes cannot be summed elementwise.

@@ -1,0 +1,38 @@
+// expect: allreduce_compatible .AR-Topk. has no device-memory path yet
+// A summable device compressor with AR-Topk: the message names the real cause (no device
+// path), not "not summable". (The compressor is a unit-test mock: a top-k that only
+// declares device memory, and a communicator mock over device memory that is never run, so
+// this test compiles without a CUDA compiler.)
+#include "gravac/gravac.hpp"
+
+struct fake_device_topk : gravac::topk {
+  using memory_space = gravac::cuda_space;
+  using topk::topk;
+  std::size_t compress(gravac::grad_view<gravac::cuda_space>, gravac::grad_view<gravac::cuda_space>,
+                       const gravac::step_params&, std::span<std::byte>, gravac::compress_stats&) {
+    return 0;
+  }
+  void decompress_add(std::span<const std::byte>, gravac::grad_view<gravac::cuda_space>, float) const {}
+};
+
+// Declarations only: the composition must be refused before anything would call them.
+struct fake_device_communicator {
+  using communicator_tag = void;
+  using memory_space = gravac::cuda_space;
+  using byte_buffer = std::vector<std::byte>;
+  int rank() const;
+  int size() const;
+  void allreduce_sum(std::span<float>);
+  void allreduce_sum(std::span<double>);
+  void allreduce_max(std::span<double>);
+  void allgatherv(std::span<const std::byte>, byte_buffer&, std::vector<std::size_t>&);
+  void broadcast(std::span<std::byte>, int);
+  void barrier();
+};
+static_assert(gravac::Communicator<fake_device_communicator>);
+
+int main() {
+  fake_device_communicator comm;
+  gravac::trainer<fake_device_topk, gravac::allreduce_compatible, gravac::fixed_policy> t(comm, gravac::layout::flat(4),
+                                                                                         {});
+}
