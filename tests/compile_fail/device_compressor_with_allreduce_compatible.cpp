@@ -3,17 +3,9 @@
 // path), not "not summable". (The compressor is a unit-test mock: a top-k that only
 // declares device memory, and a communicator mock over device memory that is never run, so
 // this test compiles without a CUDA compiler.)
+#include "fake_device_topk.hpp"
 #include "gravac/gravac.hpp"
 
-struct fake_device_topk : gravac::topk {
-  using memory_space = gravac::cuda_space;
-  using topk::topk;
-  std::size_t compress(gravac::grad_view<gravac::cuda_space>, gravac::grad_view<gravac::cuda_space>,
-                       const gravac::step_params&, std::span<std::byte>, gravac::compress_stats&) {
-    return 0;
-  }
-  void decompress_add(std::span<const std::byte>, gravac::grad_view<gravac::cuda_space>, float) const {}
-};
 
 // Declarations only: the composition must be refused before anything would call them.
 struct fake_device_communicator {
