@@ -1,6 +1,8 @@
 // AdaComp, the quantizers (QSGD, TernGrad, EF-sign, cast16) and PowerSGD: compress and
 // decompress against a memcpy of the same buffer, measured in the same process (and
 // BM_nth_element, copy + abs + std::nth_element at 1%, the selection baseline, for scale).
+// Every call compresses the same gradient: the best case. bench_dynamic times the
+// error-feedback path as training runs it (a fresh gradient every step).
 //
 // Counters: ratio_to_memcpy = kernel time per call / memcpy time of the gradient buffer
 // (N floats), the median of 9 ratios of neighbouring timings (bench_common.hpp's
