@@ -64,10 +64,13 @@ awk -v e="$elapsed" 'BEGIN { exit !(e < 30) }' || fail "the ranks took ${elapsed
 # The launcher's own report (not the example's line above) must name the rank and the signal.
 grep -v -- "--fault-kill-rank" "$work/killed.log" | grep -Eq "rank 2.*(signal 9|Killed)" ||
   fail "no message names the killed rank 2 and its signal"
-if pgrep -f -- "--checkpoint-dir $ck" >/dev/null; then
-  pgrep -af -- "--checkpoint-dir $ck" >&2
-  fail "ranks of the killed job are still running"
-fi
+# No process of the job may be left: none whose command line names its checkpoint
+# directory (read from /proc, so that no procps is needed).
+left=()
+for p in /proc/[0-9]*; do
+  if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -e "--checkpoint-dir $ck "; then left+=("${p#/proc/}"); fi
+done
+[ ${#left[@]} -eq 0 ] || fail "processes of the killed job are still running: ${left[*]}"
 [ ! -e "$work/killed.params" ] || fail "the killed job wrote final parameters"
 for r in 0 1 2 3; do
   for s in 0000000021 0000000028; do
