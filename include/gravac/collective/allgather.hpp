@@ -12,6 +12,7 @@
 
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/collective/workspace_slot.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
 
@@ -53,9 +54,7 @@ class allgather {
     if constexpr (C::memory_space::host_accessible) {
       packet_.resize(c.max_packet_bytes());
     } else {
-      auto w = std::make_shared<space_workspace<typename C::memory_space>>();
-      w->packet.resize(c.max_packet_bytes());
-      other_space_ = std::move(w);
+      other_space_.emplace<space_workspace<typename C::memory_space>>().packet.resize(c.max_packet_bytes());
     }
   }
 
@@ -150,8 +149,7 @@ class allgather {
     using ws_t = space_workspace<typename C::memory_space>;
     static_assert(std::same_as<typename M::byte_buffer, decltype(ws_t::gathered)>,
                   "allgather: the communicator's byte_buffer must be the memory space's default");
-    require(other_space_ != nullptr, "allgather: prepare() was not called for this compressor");
-    auto& w = *static_cast<ws_t*>(other_space_.get());
+    auto& w = other_space_.get<ws_t>("allgather");
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t bytes = c.compress(buf.grad, buf.residual, p, std::span<std::byte>(w.packet.data(), w.packet.size()), st);
     r.compress_s = detail::seconds_since(t0);
@@ -181,7 +179,7 @@ class allgather {
   layout layout_;
   dense_allreduce dense_;  // all-dense steps
   bool last_dense_ = false;
-  std::shared_ptr<void> other_space_;  // space_workspace<Space> of a device compressor
+  workspace_slot other_space_;  // space_workspace<Space> of a device compressor
   std::vector<std::byte> packet_;
   std::vector<std::byte> gathered_;
   std::vector<std::size_t> sizes_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gravac/collective/step_buffers.hpp"
+#include "gravac/collective/workspace_slot.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
 
@@ -41,9 +42,7 @@ class dense_allreduce {
     if constexpr (C::memory_space::host_accessible) {
       packet_.resize(c.max_packet_bytes());
     } else {
-      auto w = std::make_shared<typename default_byte_buffer<typename C::memory_space>::type>();
-      w->resize(c.max_packet_bytes());
-      other_space_ = std::move(w);
+      other_space_.emplace<typename default_byte_buffer<typename C::memory_space>::type>().resize(c.max_packet_bytes());
     }
   }
 
@@ -135,8 +134,7 @@ class dense_allreduce {
   void aggregate_device(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
                         compress_stats& st, step_report& r) {
     using buffer_t = typename default_byte_buffer<typename C::memory_space>::type;
-    require(other_space_ != nullptr, "dense_allreduce: prepare() was not called for this compressor");
-    auto& packet = *static_cast<buffer_t*>(other_space_.get());
+    auto& packet = other_space_.get<buffer_t>("dense_allreduce");
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t bytes =
         c.compress(buf.grad, buf.residual, p, std::span<std::byte>(packet.data(), packet.size()), st);
@@ -170,7 +168,7 @@ class dense_allreduce {
   std::vector<float> sum_;  // the Allreduce buffer when control values ride along
   std::size_t last_bytes_ = 0;
   bool used_packet_ = false;
-  std::shared_ptr<void> other_space_;  // default_byte_buffer<Space>::type of a device compressor
+  workspace_slot other_space_;  // default_byte_buffer<Space>::type of a device compressor
 };
 static_assert(Collective<dense_allreduce>);
 
