@@ -54,9 +54,9 @@ using namespace gravac_bench;
 const recorded_gradients& recorded() {
   static const recorded_gradients r = [] {
     const char* env = std::getenv("GRAVAC_BENCH_GRADIENTS");
-    return load_gradients(env != nullptr && *env != '\0' ? std::string(env)
-                                                          : std::string(GRAVAC_BENCH_SOURCE_DIR) +
-                                                                "/data/fmnist_mlp_sample.npy");
+    return load_gradients(env != nullptr && *env != '\0'
+                              ? std::string(env)
+                              : std::string(GRAVAC_BENCH_SOURCE_DIR) + "/data/fmnist_mlp_sample.npy");
   }();
   return r;
 }
@@ -70,8 +70,9 @@ const gradient_stream& stream(std::size_t n, int data) {
       for (auto it = cache.begin(); it != cache.end();)
         it = it->second && it->first != std::make_pair(n, data) ? cache.erase(it) : std::next(it);
     }
-    s = std::make_unique<gradient_stream>(data == 2 ? gradient_stream::recorded(recorded(), n)
-                                                    : gradient_stream::generated(n, static_cast<data_kind>(data), 2024));
+    s = std::make_unique<gradient_stream>(data == 2
+                                              ? gradient_stream::recorded(recorded(), n)
+                                              : gradient_stream::generated(n, static_cast<data_kind>(data), 2024));
   }
   return *s;
 }
@@ -124,10 +125,9 @@ void run(benchmark::State& state, const std::string& name, compressor_settings s
     if (x == extra::k_error) k_error.emplace_back(t, std::fabs(static_cast<double>(c.stats().layers[0].kept) - k) / k);
     return bytes;
   };
-  const step_function other_step = other.compress ? step_function([&](std::size_t, std::span<float> g) {
-    return other.compress(g, e_other);
-  })
-                                                  : step_function{};
+  const step_function other_step =
+      other.compress ? step_function([&](std::size_t, std::span<float> g) { return other.compress(g, e_other); })
+                     : step_function{};
   dynamic_options opt;
   opt.floor_second_pass = c.floor_second_pass;
   if (c.one_step_residual) {
@@ -154,8 +154,9 @@ void run(benchmark::State& state, const std::string& name, compressor_settings s
       if (t >= r.first_timed_step) worst = std::max(worst, err);
     state.counters["k_error_max"] = worst;
   }
-  state.SetLabel(std::string(data_name(static_cast<data_kind>(data))) +
-                 (opt.fixed_warmup ? ", fixed warm-up" : r.steady ? "" : ", steady state NOT reached"));
+  state.SetLabel(std::string(data_name(static_cast<data_kind>(data))) + (opt.fixed_warmup ? ", fixed warm-up"
+                                                                         : r.steady       ? ""
+                                                                                    : ", steady state NOT reached"));
 }
 
 // What a second core adds to memory bandwidth: a memcpy of the gradient buffer split over
@@ -164,7 +165,9 @@ void run(benchmark::State& state, const std::string& name, compressor_settings s
 void BM_memcpy_2threads(benchmark::State& state) {
   const std::size_t n = std::size_t{1} << state.range(0);
   std::vector<float> src(n, 1.0f), dst(n);
-  const auto half = [&](std::size_t a, std::size_t b) { std::memcpy(dst.data() + a, src.data() + a, (b - a) * sizeof(float)); };
+  const auto half = [&](std::size_t a, std::size_t b) {
+    std::memcpy(dst.data() + a, src.data() + a, (b - a) * sizeof(float));
+  };
   const std::function<void()> two = [&] {
     std::thread other(half, n / 2, n);
     half(0, n / 2);
@@ -180,7 +183,11 @@ void BM_memcpy_2threads(benchmark::State& state) {
 }
 
 void register_all() {
-  benchmark::RegisterBenchmark("bandwidth/memcpy_2threads", BM_memcpy_2threads)->Arg(20)->Arg(24)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("bandwidth/memcpy_2threads", BM_memcpy_2threads)
+      ->Arg(20)
+      ->Arg(24)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
   struct entry {
     const char* name;
     const char* compressor;

@@ -29,17 +29,17 @@ namespace gravac_bench {
 
 //! The options of every compressor, as gravac-bench reads them (0: the compressor's default).
 struct compressor_settings {
-  double fraction = 0.01;       //!< kept fraction (top-k, threshold, random-k)
-  unsigned threads = 1;         //!< top-k's threads for the fused pass
-  bool whole_buffer = false;    //!< top-k over the whole buffer instead of per layer
-  float guess_margin = 0;       //!< top-k's floor margin (0: default)
-  std::size_t expected_hits = 0;  //!< threshold's sample size (0: default)
-  std::uint32_t levels = 0;     //!< QSGD's s (0: 127)
-  std::uint32_t bucket = 0;     //!< QSGD / TernGrad bucket (0: 512; QSGD with levels 7 and no bucket: 64)
-  bool bf16 = false;            //!< cast16 format bf16 instead of fp16
-  std::uint32_t bin_length = 0; //!< AdaComp's L_T for every layer (0: by layer kind)
-  std::uint32_t rank = 0;       //!< PowerSGD's rank (0: 4)
-  int ranks = 4;                //!< ranks the step is for (cast16 divides by it)
+  double fraction = 0.01;               //!< kept fraction (top-k, threshold, random-k)
+  unsigned threads = 1;                 //!< top-k's threads for the fused pass
+  bool whole_buffer = false;            //!< top-k over the whole buffer instead of per layer
+  float guess_margin = 0;               //!< top-k's floor margin (0: default)
+  std::size_t expected_hits = 0;        //!< threshold's sample size (0: default)
+  std::uint32_t levels = 0;             //!< QSGD's s (0: 127)
+  std::uint32_t bucket = 0;             //!< QSGD / TernGrad bucket (0: 512; QSGD with levels 7 and no bucket: 64)
+  bool bf16 = false;                    //!< cast16 format bf16 instead of fp16
+  std::uint32_t bin_length = 0;         //!< AdaComp's L_T for every layer (0: by layer kind)
+  std::uint32_t rank = 0;               //!< PowerSGD's rank (0: 4)
+  int ranks = 4;                        //!< ranks the step is for (cast16 divides by it)
   std::vector<double> gain_candidates;  //!< kept fractions whose gain the step reports (a policy's request)
 };
 
@@ -49,12 +49,13 @@ struct bench_compressor {
   bool floor_second_pass = false;  //!< its residual needs a layer-wide scale first (EF-sign)
   bool one_step_residual = false;  //!< its residual is one step's coding error (the quantizers)
   std::function<std::size_t(std::span<float>, std::span<float>)> compress;  //!< returns packet bytes
-  std::function<const gravac::compress_stats&()> stats;                      //!< of the last compress
+  std::function<const gravac::compress_stats&()> stats;                     //!< of the last compress
 };
 
 //! The names make_compressor accepts.
 inline std::vector<std::string> compressor_names() {
-  std::vector<std::string> v{"topk", "threshold", "randomk", "adacomp", "qsgd", "terngrad", "sign", "cast16", "identity"};
+  std::vector<std::string> v{"topk",     "threshold", "randomk", "adacomp", "qsgd",
+                             "terngrad", "sign",      "cast16",  "identity"};
 #ifdef GRAVAC_BENCH_HAS_POWERSGD
   v.push_back("powersgd");
 #endif
@@ -98,7 +99,8 @@ bench_compressor wrap(std::string name, const gravac::layout& lay, const typenam
 
 //! The compressor \p name for \p lay with settings \p s. Throws std::invalid_argument for
 //! an unknown name (listing the known ones) or settings a compressor rejects.
-inline bench_compressor make_compressor(const std::string& name, const gravac::layout& lay, const compressor_settings& s) {
+inline bench_compressor make_compressor(const std::string& name, const gravac::layout& lay,
+                                        const compressor_settings& s) {
   if (!(s.fraction > 0.0 && s.fraction <= 1.0))
     throw std::invalid_argument("fraction must be in (0, 1], got " + std::to_string(s.fraction));
   if (name == "topk") {
@@ -127,7 +129,8 @@ inline bench_compressor make_compressor(const std::string& name, const gravac::l
   if (name == "sign") return detail::wrap<gravac::sign>(name, lay, {}, s);
   if (name == "cast16")
     return detail::wrap<gravac::cast16>(
-        name, lay, gravac::cast16_options{.format = s.bf16 ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16}, s);
+        name, lay, gravac::cast16_options{.format = s.bf16 ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16},
+        s);
   if (name == "identity") return detail::wrap<gravac::identity>(name, lay, {}, s);
 #ifdef GRAVAC_BENCH_HAS_POWERSGD
   if (name == "powersgd") return detail::wrap<gravac::powersgd>(name, lay, {.rank = s.rank != 0 ? s.rank : 4u}, s);

@@ -50,8 +50,8 @@ class steady_detector {
   //! std::invalid_argument on a negative or non-finite norm (a diverging residual).
   bool add(double norm) {
     if (!std::isfinite(norm) || norm < 0.0)
-      throw std::invalid_argument("steady_detector: residual norm " + std::to_string(norm) +
-                                  " after step " + std::to_string(norms_.size()) + " is not a finite norm");
+      throw std::invalid_argument("steady_detector: residual norm " + std::to_string(norm) + " after step " +
+                                  std::to_string(norms_.size()) + " is not a finite norm");
     norms_.push_back(norm);
     return steady();
   }
@@ -100,22 +100,22 @@ struct dynamic_options {
   //! one step's coding error (the quantizers), the state after one step is already the
   //! steady one, and the detector's verdict is reported, not waited for.
   bool fixed_warmup = false;
-  bool floor_second_pass = false; //!< the floor reads and writes e twice (EF-sign)
+  bool floor_second_pass = false;  //!< the floor reads and writes e twice (EF-sign)
 };
 
 //! What run_dynamic measured.
 struct dynamic_result {
-  bool steady = false;              //!< the steady state was reached before timing
-  std::size_t warmup_steps = 0;     //!< untimed steps before the first timed one
-  std::size_t first_timed_step = 0; //!< the step index of the first timed step
-  std::size_t batch = 1;            //!< steps per sample
-  double change_at_start = 0;       //!< steady_detector::change_per_step() when timing began
-  double max_change_timed = 0;      //!< largest relative norm change per step over the timed samples
-  std::vector<double> step_s;       //!< per sample: kernel seconds per step
-  std::vector<double> to_memcpy;    //!< per sample: kernel / memcpy
-  std::vector<double> to_floor;     //!< per sample: kernel / error-feedback floor
-  std::vector<double> to_other;     //!< per sample: kernel / the other kernel (when given)
-  std::size_t packet_bytes = 0;     //!< the last step's packet
+  bool steady = false;               //!< the steady state was reached before timing
+  std::size_t warmup_steps = 0;      //!< untimed steps before the first timed one
+  std::size_t first_timed_step = 0;  //!< the step index of the first timed step
+  std::size_t batch = 1;             //!< steps per sample
+  double change_at_start = 0;        //!< steady_detector::change_per_step() when timing began
+  double max_change_timed = 0;       //!< largest relative norm change per step over the timed samples
+  std::vector<double> step_s;        //!< per sample: kernel seconds per step
+  std::vector<double> to_memcpy;     //!< per sample: kernel / memcpy
+  std::vector<double> to_floor;      //!< per sample: kernel / error-feedback floor
+  std::vector<double> to_other;      //!< per sample: kernel / the other kernel (when given)
+  std::size_t packet_bytes = 0;      //!< the last step's packet
 
   //! Median of \p v (0 when empty).
   static double median(std::vector<double> v) {
@@ -164,7 +164,8 @@ inline dynamic_result run_dynamic(const gradient_stream& data, std::span<const f
     if (other) other(t, g[0]);  // compress reads g only, so both see the same gradient
     r.packet_bytes = step(t, g[0]);
     double mean_grad = 0;
-    const std::size_t from = grad_norms.size() - std::min(grad_norms.size(), std::max<std::size_t>(1, opt.gradient_window));
+    const std::size_t from =
+        grad_norms.size() - std::min(grad_norms.size(), std::max<std::size_t>(1, opt.gradient_window));
     for (std::size_t i = from; i < grad_norms.size(); ++i) mean_grad += grad_norms[i];
     mean_grad /= static_cast<double>(grad_norms.size() - from);
     detector.add(mean_grad > 0.0 ? norm_of(residual) / mean_grad : norm_of(residual));
@@ -192,16 +193,25 @@ inline dynamic_result run_dynamic(const gradient_stream& data, std::span<const f
     const int turns = other ? 4 : 3;
     for (int turn = 0; turn < turns; ++turn) {  // the first turn rotates with the sample
       switch ((turn + static_cast<int>(s)) % turns) {
-        case 0: tk = time_all([&](std::size_t b) { r.packet_bytes = step(t + b, g[b]); }); break;
-        case 1: tm = time_all([&](std::size_t b) { copies[b](); }); break;
-        case 2: tf = time_all([&](std::size_t b) { floors[b](); }); break;
-        default: to = time_all([&](std::size_t b) { other(t + b, g[b]); }); break;
+        case 0:
+          tk = time_all([&](std::size_t b) { r.packet_bytes = step(t + b, g[b]); });
+          break;
+        case 1:
+          tm = time_all([&](std::size_t b) { copies[b](); });
+          break;
+        case 2:
+          tf = time_all([&](std::size_t b) { floors[b](); });
+          break;
+        default:
+          to = time_all([&](std::size_t b) { other(t + b, g[b]); });
+          break;
       }
     }
     t += r.batch;
     const double after = norm_of(residual);
     if (before > 0.0)
-      r.max_change_timed = std::max(r.max_change_timed, std::fabs(after - before) / before / static_cast<double>(r.batch));
+      r.max_change_timed =
+          std::max(r.max_change_timed, std::fabs(after - before) / before / static_cast<double>(r.batch));
     before = after;
     r.step_s.push_back(tk / static_cast<double>(r.batch));
     r.to_memcpy.push_back(tk / tm);

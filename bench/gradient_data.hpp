@@ -29,10 +29,10 @@ namespace gravac_bench {
 
 //! Recorded gradients: \p steps rows of \p params floats, row-major.
 struct recorded_gradients {
-  std::size_t steps = 0;       //!< rows (training steps)
-  std::size_t params = 0;      //!< floats per row (the model's parameters)
-  std::vector<float> values;   //!< steps * params floats
-  std::string source;          //!< the file they came from
+  std::size_t steps = 0;      //!< rows (training steps)
+  std::size_t params = 0;     //!< floats per row (the model's parameters)
+  std::vector<float> values;  //!< steps * params floats
+  std::string source;         //!< the file they came from
 };
 
 namespace detail {
@@ -102,7 +102,8 @@ inline recorded_gradients load_gradients(const std::string& path, std::size_t ra
       while (i + 1 < shape.size() && (shape[i] == ' ' || shape[i] == ',')) ++i;
       if (i + 1 >= shape.size()) break;
       std::size_t j = i, v = 0;
-      while (j + 1 < shape.size() && shape[j] >= '0' && shape[j] <= '9') v = v * 10 + static_cast<std::size_t>(shape[j++] - '0');
+      while (j + 1 < shape.size() && shape[j] >= '0' && shape[j] <= '9')
+        v = v * 10 + static_cast<std::size_t>(shape[j++] - '0');
       if (j == i) detail::bad_file(path, "shape " + shape + " is malformed");
       dims.push_back(v);
       i = j;
@@ -119,16 +120,17 @@ inline recorded_gradients load_gradients(const std::string& path, std::size_t ra
     if (r.steps == 0 || r.params == 0) detail::bad_file(path, "shape " + shape + " holds no gradient");
     const std::size_t want = r.steps * r.params * sizeof(float);
     if (size - data_offset < want)
-      detail::bad_file(path, "truncated: shape " + shape + " needs " + std::to_string(want) + " bytes of data, the file has " +
-                                 std::to_string(size - data_offset));
+      detail::bad_file(path, "truncated: shape " + shape + " needs " + std::to_string(want) +
+                                 " bytes of data, the file has " + std::to_string(size - data_offset));
   } else {
     if (size == 0 || size % sizeof(float) != 0)
-      detail::bad_file(path, "raw float32 data must be a non-zero multiple of 4 bytes, the file has " + std::to_string(size));
+      detail::bad_file(path,
+                       "raw float32 data must be a non-zero multiple of 4 bytes, the file has " + std::to_string(size));
     const std::size_t floats = size / sizeof(float);
     r.params = raw_params == 0 ? floats : raw_params;
     if (floats % r.params != 0)
-      detail::bad_file(path, "truncated: " + std::to_string(floats) + " floats are not whole rows of " +
-                                 std::to_string(r.params));
+      detail::bad_file(
+          path, "truncated: " + std::to_string(floats) + " floats are not whole rows of " + std::to_string(r.params));
     r.steps = floats / r.params;
   }
   r.values.resize(r.steps * r.params);
@@ -137,7 +139,8 @@ inline recorded_gradients load_gradients(const std::string& path, std::size_t ra
     detail::bad_file(path, "read failed");
   for (std::size_t i = 0; i < r.values.size(); ++i)
     if (!std::isfinite(r.values[i]))
-      detail::bad_file(path, "value " + std::to_string(i) + " (step " + std::to_string(i / r.params) + ") is not finite");
+      detail::bad_file(path,
+                       "value " + std::to_string(i) + " (step " + std::to_string(i / r.params) + ") is not finite");
   return r;
 }
 
@@ -152,7 +155,8 @@ inline void save_npy(const std::string& path, std::span<const float> values, std
   std::ofstream out(path, std::ios::binary);
   if (!out) throw std::runtime_error("cannot write " + path);
   out.write("\x93NUMPY\x01\x00", 8);
-  const unsigned char len[2] = {static_cast<unsigned char>(header.size() & 0xff), static_cast<unsigned char>(header.size() >> 8)};
+  const unsigned char len[2] = {static_cast<unsigned char>(header.size() & 0xff),
+                                static_cast<unsigned char>(header.size() >> 8)};
   out.write(reinterpret_cast<const char*>(len), 2);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size_bytes()));
@@ -175,7 +179,8 @@ class gradient_stream {
   static gradient_stream generated(std::size_t n, data_kind law, std::uint64_t seed, std::size_t draws = 4,
                                    double drift = 0.05) {
     if (n == 0) throw std::invalid_argument("gradient_stream: n must be positive");
-    if (law == data_kind::recorded) throw std::invalid_argument("gradient_stream: generated data is gaussian or laplace");
+    if (law == data_kind::recorded)
+      throw std::invalid_argument("gradient_stream: generated data is gaussian or laplace");
     if (draws == 0) throw std::invalid_argument("gradient_stream: draws must be at least 1");
     if (!(drift >= 0.0 && drift < 1.0)) throw std::invalid_argument("gradient_stream: drift must be in [0, 1)");
     gradient_stream s;
@@ -233,8 +238,8 @@ class gradient_stream {
     return static_cast<float>(1.0 + drift_ * std::sin(6.283185307179586 * static_cast<double>(t) / 64.0));
   }
 
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }        //!< floats per gradient
-  [[nodiscard]] data_kind kind() const noexcept { return kind_; }       //!< what the data is
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }         //!< floats per gradient
+  [[nodiscard]] data_kind kind() const noexcept { return kind_; }        //!< what the data is
   [[nodiscard]] std::size_t distinct() const noexcept { return rows_; }  //!< distinct draws or recorded steps
 
  private:

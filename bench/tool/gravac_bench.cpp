@@ -77,7 +77,8 @@ std::size_t parse_size(const std::string& opt, const std::string& v) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || v.empty() || v[0] == '-') throw std::invalid_argument(opt + ": '" + v + "' is not a non-negative integer");
+  if (used != v.size() || v.empty() || v[0] == '-')
+    throw std::invalid_argument(opt + ": '" + v + "' is not a non-negative integer");
   return static_cast<std::size_t>(x);
 }
 
@@ -89,7 +90,8 @@ double parse_double(const std::string& opt, const std::string& v) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || v.empty() || !std::isfinite(x)) throw std::invalid_argument(opt + ": '" + v + "' is not a number");
+  if (used != v.size() || v.empty() || !std::isfinite(x))
+    throw std::invalid_argument(opt + ": '" + v + "' is not a number");
   return x;
 }
 
@@ -158,7 +160,8 @@ cli parse(int argc, char** argv) {
     const double lo = std::log(std::min(0.1, std::max(c.settings.fraction, 1e-6)) * 0.1), hi = std::log(0.1);
     for (std::size_t j = 0; j < c.gain_candidates; ++j)
       c.settings.gain_candidates.push_back(
-          std::exp(hi + (lo - hi) * static_cast<double>(j) / static_cast<double>(std::max<std::size_t>(1, c.gain_candidates - 1))));
+          std::exp(hi + (lo - hi) * static_cast<double>(j) /
+                            static_cast<double>(std::max<std::size_t>(1, c.gain_candidates - 1))));
   }
   return c;
 }
@@ -167,12 +170,14 @@ cli parse(int argc, char** argv) {
 std::string quoted(const std::string& s) {
   std::string o = "\"";
   for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\', o += ch;
+    if (ch == '"' || ch == '\\')
+      o += '\\', o += ch;
     else if (static_cast<unsigned char>(ch) < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", ch);
       o += buf;
-    } else o += ch;
+    } else
+      o += ch;
   }
   return o + "\"";
 }
@@ -240,18 +245,21 @@ int main(int argc, char** argv) {
     if (c.json) {
       std::printf(
           "{\"compressor\": %s, \"n\": %zu, \"layers\": [%s], \"fraction\": %.9g, \"threads\": %u, \"data\": %s, "
-          "\"mode\": \"%s\", \"steady\": %s, \"fixed_warmup\": %s, \"warmup_steps\": %zu, \"samples\": %zu, \"steps_per_sample\": %zu, "
-          "\"ms_per_step\": %.6g, \"ratio_to_memcpy\": %.6g, \"ratio_to_ef_floor\": %.6g, \"ef_floor_to_memcpy\": %.6g, "
+          "\"mode\": \"%s\", \"steady\": %s, \"fixed_warmup\": %s, \"warmup_steps\": %zu, \"samples\": %zu, "
+          "\"steps_per_sample\": %zu, "
+          "\"ms_per_step\": %.6g, \"ratio_to_memcpy\": %.6g, \"ratio_to_ef_floor\": %.6g, \"ef_floor_to_memcpy\": "
+          "%.6g, "
           "\"bits_per_element\": %.6g}\n",
           quoted(c.compressor).c_str(), n, layout_text.c_str(), c.settings.fraction, c.settings.threads,
-          quoted(c.data).c_str(), c.restored ? "restored" : "dynamic", r.steady ? "true" : "false", opt.fixed_warmup ? "true" : "false",
-          r.warmup_steps,
+          quoted(c.data).c_str(), c.restored ? "restored" : "dynamic", r.steady ? "true" : "false",
+          opt.fixed_warmup ? "true" : "false", r.warmup_steps,
           c.restored ? static_cast<std::size_t>(std::max<std::size_t>(3, c.samples | 1)) : r.step_s.size(),
           c.restored ? std::size_t{1} : r.batch, ms, to_memcpy, to_floor, to_memcpy / to_floor, bits);
     } else {
-      std::printf("gravac-bench: %s, %zu floats in %zu layer(s), fraction %g, %u thread(s), data %s, %s\n",
-                  c.compressor.c_str(), n, c.layers.size(), c.settings.fraction, c.settings.threads, c.data.c_str(),
-                  c.restored ? "restored state (best case)" : "dynamic (steps with a fresh gradient, residual carried)");
+      std::printf(
+          "gravac-bench: %s, %zu floats in %zu layer(s), fraction %g, %u thread(s), data %s, %s\n",
+          c.compressor.c_str(), n, c.layers.size(), c.settings.fraction, c.settings.threads, c.data.c_str(),
+          c.restored ? "restored state (best case)" : "dynamic (steps with a fresh gradient, residual carried)");
       if (opt.fixed_warmup)
         std::printf("  %zu warm-up steps (its residual is one step's coding error; norm changing %.2f%% per step)\n",
                     r.warmup_steps, 100.0 * r.change_at_start);
@@ -259,9 +267,10 @@ int main(int argc, char** argv) {
         std::printf("  steady state after %zu warm-up steps (residual norm changing %.2f%% per step)\n", r.warmup_steps,
                     100.0 * r.change_at_start);
       else
-        std::printf("  steady state NOT reached in %zu warm-up steps (residual norm changing %.2f%% per step): "
-                    "raise --max-warmup\n",
-                    r.warmup_steps, 100.0 * r.change_at_start);
+        std::printf(
+            "  steady state NOT reached in %zu warm-up steps (residual norm changing %.2f%% per step): "
+            "raise --max-warmup\n",
+            r.warmup_steps, 100.0 * r.change_at_start);
       std::printf("  time per step            %.3f ms (median)\n", ms);
       std::printf("  / memcpy                 %.2fx (same run)\n", to_memcpy);
       std::printf("  / error-feedback floor   %.2fx (the floor is %.2fx memcpy)\n", to_floor, to_memcpy / to_floor);

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "../gradient_data.hpp"
 #include "fmnist/dataset.hpp"
 #include "fmnist/models.hpp"
-#include "../gradient_data.hpp"
 
 int main(int argc, char** argv) {
   std::string model = "mlp", out, data_dir = "/usr/share/datasets/fashion-mnist";
@@ -31,19 +31,29 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
         return argv[++i];
       };
-      if (a == "--model") model = value();
-      else if (a == "--steps") steps = std::stoul(value());
-      else if (a == "--batch") batch = std::stoul(value());
-      else if (a == "--every") every = std::stoul(value());
-      else if (a == "--lr") lr = std::stod(value());
-      else if (a == "--seed") seed = std::stoull(value());
-      else if (a == "--out") out = value();
-      else if (a == "--data-dir") data_dir = value();
-      else throw std::invalid_argument("unknown option " + a + " (see the comment at the top of record_gradients.cpp)");
+      if (a == "--model")
+        model = value();
+      else if (a == "--steps")
+        steps = std::stoul(value());
+      else if (a == "--batch")
+        batch = std::stoul(value());
+      else if (a == "--every")
+        every = std::stoul(value());
+      else if (a == "--lr")
+        lr = std::stod(value());
+      else if (a == "--seed")
+        seed = std::stoull(value());
+      else if (a == "--out")
+        out = value();
+      else if (a == "--data-dir")
+        data_dir = value();
+      else
+        throw std::invalid_argument("unknown option " + a + " (see the comment at the top of record_gradients.cpp)");
     }
     if (out.empty()) throw std::invalid_argument("--out FILE is required");
     if (model != "mlp" && model != "cnn") throw std::invalid_argument("--model is mlp or cnn");
-    if (steps == 0 || batch == 0 || every == 0) throw std::invalid_argument("--steps, --batch and --every must be positive");
+    if (steps == 0 || batch == 0 || every == 0)
+      throw std::invalid_argument("--steps, --batch and --every must be positive");
     const auto train = fmnist::load_fashion_mnist(data_dir, fmnist::split::train);
     auto net = fmnist::make_model(model == "cnn" ? fmnist::model_kind::cnn : fmnist::model_kind::mlp);
     const std::size_t m = net->num_params();
@@ -67,7 +77,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "step %zu loss %.4f\n", t, r.loss_sum / static_cast<double>(r.samples));
     }
     gravac_bench::save_npy(out, rows, steps, kept);
-    std::printf("%s: %s, %zu steps x %zu floats (of %zu parameters)\n", out.c_str(), net->name().c_str(), steps, kept, m);
+    std::printf("%s: %s, %zu steps x %zu floats (of %zu parameters)\n", out.c_str(), net->name().c_str(), steps, kept,
+                m);
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "record_gradients: %s\n", ex.what());
     return 1;

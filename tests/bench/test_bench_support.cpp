@@ -4,7 +4,6 @@
 // reference selects, step after step, with the residual carried, on all three data kinds
 // of the dynamic benchmarks (Gaussian, Laplace, gradients recorded from Fashion-MNIST).
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -155,7 +154,8 @@ TEST_CASE("the checked-in sample of recorded gradients loads", "[bench]") {
 }
 
 TEST_CASE("gradient_stream: a fresh gradient every step, deterministic", "[bench]") {
-  const auto a = gradient_stream::generated(4096, data_kind::laplace, 7), b = gradient_stream::generated(4096, data_kind::laplace, 7);
+  const auto a = gradient_stream::generated(4096, data_kind::laplace, 7),
+             b = gradient_stream::generated(4096, data_kind::laplace, 7);
   std::vector<float> g0(4096), g1(4096), h0(4096);
   a.fill(0, g0);
   a.fill(1, g1);
@@ -273,7 +273,7 @@ TEST_CASE("threshold over sequences of steps: every value sent is at least every
       float least_sent = HUGE_VALF, most_kept = 0;
       std::size_t sent = 0;
       for (std::size_t i = 0; i < n; ++i) {
-        const bool is_sent = dense[i] != 0.0f;  // random data: no sent value is zero
+        const bool is_sent = dense[i] != 0.0f;                // random data: no sent value is zero
         REQUIRE(bit_equal(is_sent ? dense[i] : e[i], u[i]));  // error feedback, bit for bit
         REQUIRE(bit_equal(is_sent ? e[i] : dense[i], 0.0f));
         if (is_sent) {

@@ -15,16 +15,16 @@
 #include <vector>
 
 #include "gravac/compress/detail/fused_topk.hpp"
-#include "gravac/compress/layered.hpp"
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/stats/gain_curve.hpp"
-#include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/packet/sparse_packet.hpp"
-#include "gravac/compress/index_selection.hpp"
-#include "gravac/concepts.hpp"
 #include "gravac/compress/detail/select_topk_indices.hpp"
+#include "gravac/compress/index_selection.hpp"
+#include "gravac/compress/layered.hpp"
+#include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/error.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/sparse_packet.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac {
 
@@ -100,17 +100,18 @@ class threshold {
     }
     work_ = detail::fused_topk_workspace(largest, 1);
     // The largest sample estimate() draws: below full_histogram_above of the layer.
-    sample_keys_.resize(static_cast<std::size_t>(opt.full_histogram_above * static_cast<double>(largest)) + opt.run_length);
+    sample_keys_.resize(static_cast<std::size_t>(opt.full_histogram_above * static_cast<double>(largest)) +
+                        opt.run_length);
   }
 
   //! Upper bound of the packet size (every value kept, with indices).
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Sends every |u| at or above each layer's estimated threshold; e = u - sent.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
     return compress_layers(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
@@ -161,8 +162,9 @@ class threshold {
   //! Adds scale * the packet's values at their indices to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o,
-                                 float s) { add_sparse_segment(sh, payload, o, s); });
+                      [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o, float s) {
+                        add_sparse_segment(sh, payload, o, s);
+                      });
   }
 
   //! The keys of a layer's estimate (magnitude_key of |u|; detail::no_guess: none).
@@ -242,8 +244,10 @@ class threshold {
     // steep tail at 0.1% kept and error feedback's pile-up below the threshold do not
     // (measured at 2^22 and 0.1% over 150 steps: half the steps sent up to 11% fewer than k).
     const double hits = k / scale;
-    const auto rank_low = std::min<std::uint64_t>(finite, static_cast<std::uint64_t>(std::ceil(hits + 4.0 * std::sqrt(hits) + 4.0)));
-    const auto rank_mid = std::min<std::uint64_t>(rank_low, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::ceil(hits))));
+    const auto rank_low =
+        std::min<std::uint64_t>(finite, static_cast<std::uint64_t>(std::ceil(hits + 4.0 * std::sqrt(hits) + 4.0)));
+    const auto rank_mid =
+        std::min<std::uint64_t>(rank_low, std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::ceil(hits))));
     // Only the sampled keys from the lower rank's bin up can be either: move them to the front.
     const std::uint32_t edge = magnitude_histogram::lower_key(find_boundary(sample_hist_, rank_low).bin);
     std::size_t top = 0;
@@ -257,8 +261,8 @@ class threshold {
                      std::greater<>());
     const std::uint32_t low = sample_keys_[rank_low - 1];
     // rank_mid <= rank_low: its key is among the rank_low - 1 larger ones before it.
-    std::nth_element(desc, desc + static_cast<std::ptrdiff_t>(rank_mid - 1), desc + static_cast<std::ptrdiff_t>(rank_low - 1),
-                     std::greater<>());
+    std::nth_element(desc, desc + static_cast<std::ptrdiff_t>(rank_mid - 1),
+                     desc + static_cast<std::ptrdiff_t>(rank_low - 1), std::greater<>());
     const std::uint32_t mid = rank_mid == rank_low ? low : sample_keys_[rank_mid - 1];
     return {low, std::max(low, mid)};
   }
@@ -268,8 +272,8 @@ class threshold {
   options options_;
   layered_scratch scratch_;
   detail::fused_topk_workspace work_;
-  magnitude_histogram hist_;         // |u| of the layer, for the gain curve
-  magnitude_histogram sample_hist_;  // |u| of the sample
+  magnitude_histogram hist_;                // |u| of the layer, for the gain curve
+  magnitude_histogram sample_hist_;         // |u| of the sample
   std::vector<std::uint32_t> sample_keys_;  // the sampled keys (sized once: the largest sample)
 };
 static_assert(Compressor<threshold>);

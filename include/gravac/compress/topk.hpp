@@ -11,17 +11,16 @@
 #include <span>
 #include <vector>
 
-#include "gravac/error.hpp"
-
 #include "gravac/compress/detail/fused_topk.hpp"
+#include "gravac/compress/detail/select_topk_indices.hpp"
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/layered.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/error.hpp"
 #include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/sparse_packet.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/packet/sparse_packet.hpp"
-#include "gravac/compress/index_selection.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/compress/detail/select_topk_indices.hpp"
 
 namespace gravac {
 
@@ -73,12 +72,12 @@ class topk {
 
   //! Upper bound of the packet size (every value kept, with indices).
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Keeps the top kept_fraction of each layer (or of the whole buffer); e = u - sent.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
     if (options_.whole_buffer) return compress_whole(g.span(), e.span(), p, out, st);
     return compress_layers(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
@@ -110,7 +109,8 @@ class topk {
             detail::histogram_of_layer(el, hist_, want_gain);
             counted = true;
           }
-          if (want_gain) gain.add(counted ? hist_ : detail::complete_gain_histogram(work_, hs, slot, r.collected), gl.size());
+          if (want_gain)
+            gain.add(counted ? hist_ : detail::complete_gain_histogram(work_, hs, slot, r.collected), gl.size());
           if (r.non_finite) {
             st.non_finite = true;
             k = std::min(k, hist_.finite_count());
@@ -128,9 +128,11 @@ class topk {
             const detail::candidate_run run{slot, collected};
             const std::span<const detail::candidate_run> runs(&run, 1);
             const auto t = work_.select(runs, k);
-            guess_[index].learn(t.key, work_.candidate_bits(), runs, r.collected, complete_from);  // before keep_selected compacts
+            guess_[index].learn(t.key, work_.candidate_bits(), runs, r.collected,
+                                complete_from);  // before keep_selected compacts
             std::uint64_t ties = t.ties;
-            count = zeroed ? work_.keep_selected(run, t.key, ties, el, keys.zero) : work_.keep_selected(run, t.key, ties);
+            count =
+                zeroed ? work_.keep_selected(run, t.key, ties, el, keys.zero) : work_.keep_selected(run, t.key, ties);
           }
           const double ksq = zeroed ? work_.write_segment_from_candidates(w, index, el.size(), slot, count)
                                     : work_.write_segment_from(w, index, el, slot, count);
@@ -156,8 +158,9 @@ class topk {
   //! Adds scale * the packet's values at their indices to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o,
-                                 float s) { add_sparse_segment(sh, payload, o, s); });
+                      [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o, float s) {
+                        add_sparse_segment(sh, payload, o, s);
+                      });
   }
 
  private:
@@ -218,7 +221,8 @@ class topk {
       if (zeroed)
         for (std::size_t i = 0; i < layout_.size(); ++i)
           if (count_[i] > 0)
-            work_.restore_zeroed({layout_[i].offset, count_[i]}, keys.zero, e.subspan(layout_[i].offset, layout_[i].numel));
+            work_.restore_zeroed({layout_[i].offset, count_[i]}, keys.zero,
+                                 e.subspan(layout_[i].offset, layout_[i].numel));
       zeroed = false;
     };
     // A second read of every compressed layer: their whole histogram, and with energies
@@ -258,7 +262,8 @@ class topk {
       for (std::size_t i = 0; i < layout_.size(); ++i)
         if (count_[i] > 0) runs_.push_back({layout_[i].offset, count_[i]});
       const auto t = work_.select(runs_, k);
-      whole_guess_.learn(t.key, work_.candidate_bits(), runs_, collected_at_guess, complete_from);  // before keep_selected
+      whole_guess_.learn(t.key, work_.candidate_bits(), runs_, collected_at_guess,
+                         complete_from);  // before keep_selected
       std::uint64_t ties = t.ties;
       // Layers in layout order, each in index order: the global index order.
       for (std::size_t i = 0; i < layout_.size(); ++i)
@@ -273,8 +278,8 @@ class topk {
     const std::size_t bytes = compress_layers(
         layout_, kind, g, e, p, out, st, scratch_,
         // The curve of the compressed layers is whole_gain_, from the selection's own pass.
-        [&](byte_writer& w, std::uint32_t index, std::span<const float>, std::span<float> el, double,
-            layer_stats& ls, const gain_report&) {
+        [&](byte_writer& w, std::uint32_t index, std::span<const float>, std::span<float> el, double, layer_stats& ls,
+            const gain_report&) {
           const double ksq =
               zeroed ? work_.write_segment_from_candidates(w, index, el.size(), layout_[index].offset, count_[index])
                      : work_.write_segment_from(w, index, el, layout_[index].offset, count_[index]);
@@ -289,8 +294,8 @@ class topk {
   options options_;
   layered_scratch scratch_;
   detail::fused_topk_workspace work_;
-  magnitude_histogram hist_;       // one layer's |u|
-  magnitude_histogram unit_hist_;  // all compressed layers' |u| (whole-buffer mode)
+  magnitude_histogram hist_;                   // one layer's |u|
+  magnitude_histogram unit_hist_;              // all compressed layers' |u| (whole-buffer mode)
   std::vector<detail::adaptive_guess> guess_;  // per layer: where the fused pass collects from
   detail::adaptive_guess whole_guess_;
   std::vector<sums> layer_sums_;

@@ -28,8 +28,8 @@ namespace gravac::detail {
 //! Writes the sparse segment of layer \p index (\p numel elements) from the \p count
 //! candidates of \p s at \p slot, values from the pass (after a pass that zeroed them in e:
 //! the residual is already right, and e is not touched). Returns the energy sent.
-inline double write_segment_from_candidates(byte_writer& w, candidate_slots s, std::uint32_t index,
-                                            std::size_t numel, std::size_t slot, std::size_t count) {
+inline double write_segment_from_candidates(byte_writer& w, candidate_slots s, std::uint32_t index, std::size_t numel,
+                                            std::size_t slot, std::size_t count) {
   const segment_header sh = sparse_header(index, numel, count);
   double ksq = 0;
   const std::uint32_t* ip = s.idx + slot;

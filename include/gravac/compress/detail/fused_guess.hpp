@@ -76,7 +76,8 @@ class adaptive_guess {
       const std::size_t last = complete_ - 1, span = std::min<std::size_t>(16, last);
       const double have = static_cast<double>(cumulative_[last]);
       const double per_band =
-          span == 0 ? 0.0 : static_cast<double>(cumulative_[last] - cumulative_[last - span]) / static_cast<double>(span);
+          span == 0 ? 0.0
+                    : static_cast<double>(cumulative_[last] - cumulative_[last - span]) / static_cast<double>(span);
       if (!(per_band > 0.0)) return {floor, floor, floor};
       b = last + 1 + static_cast<std::size_t>(std::ceil((target - have) / per_band));
       predicted = have + static_cast<double>(b - last) * per_band;
@@ -122,7 +123,8 @@ class adaptive_guess {
         ++part[i & 3][static_cast<std::size_t>(b)];
       }
     }
-    for (std::size_t b = 0; b <= bands; ++b) cumulative_[b] = std::uint64_t{part[0][b]} + part[1][b] + part[2][b] + part[3][b];
+    for (std::size_t b = 0; b <= bands; ++b)
+      cumulative_[b] = std::uint64_t{part[0][b]} + part[1][b] + part[2][b] + part[3][b];
     for (std::size_t b = 1; b < bands; ++b) cumulative_[b] += cumulative_[b - 1];
     // Bands whose whole range lies at or above complete_from hold every element there.
     const float below = (tm - key_magnitude(std::min(complete_from, t))) * scale;
@@ -151,12 +153,12 @@ class adaptive_guess {
   }
 
   float floor_margin_;
-  std::uint32_t threshold_ = no_guess;       // the last step's k-th key
+  std::uint32_t threshold_ = no_guess;                 // the last step's k-th key
   std::array<std::uint64_t, bands + 1> cumulative_{};  // candidates at or above each band's lower edge
-  std::size_t complete_ = 0;                 // bands [0, complete_) were collected in full
-  double width_ = max_band_width;            // of a band, relative to threshold_
-  std::uint64_t predicted_ = 0;              // cumulative_ at the guess handed out (0: none)
-  std::array<double, 16> ratios_{};          // collected / predicted of the last steps
+  std::size_t complete_ = 0;                           // bands [0, complete_) were collected in full
+  double width_ = max_band_width;                      // of a band, relative to threshold_
+  std::uint64_t predicted_ = 0;                        // cumulative_ at the guess handed out (0: none)
+  std::array<double, 16> ratios_{};                    // collected / predicted of the last steps
   std::size_t ratio_at_ = 0;
 };
 

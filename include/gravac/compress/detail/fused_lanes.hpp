@@ -169,7 +169,10 @@ struct fused_lanes_avx2 {
   __m256 last_u;  // u of the last step8's group, for collect8
 
   [[gnu::target("avx2")]] fused_lanes_avx2() noexcept
-      : fg(_mm256_setzero_ps()), fu(_mm256_setzero_ps()), nf(_mm256_setzero_si256()), band(_mm256_setzero_si256()),
+      : fg(_mm256_setzero_ps()),
+        fu(_mm256_setzero_ps()),
+        nf(_mm256_setzero_si256()),
+        band(_mm256_setzero_si256()),
         last_u(_mm256_setzero_ps()) {}
 
   //! Stores the (index, bit pattern) of the lanes of \p mask of the last step8's group
@@ -180,10 +183,12 @@ struct fused_lanes_avx2 {
   [[gnu::target("avx2")]] unsigned collect8(unsigned mask, std::uint32_t first, const float*, std::uint32_t* idx,
                                             std::uint32_t* bits) const noexcept {
     if (mask == 0) return 0;  // most groups: predicted well
-    const __m256i perm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(compress_lanes.lanes[mask])));
+    const __m256i perm =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(compress_lanes.lanes[mask])));
     const __m256i ix = _mm256_add_epi32(_mm256_set1_epi32(static_cast<std::int32_t>(first)), perm);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx), ix);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits), _mm256_permutevar8x32_epi32(_mm256_castps_si256(last_u), perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits),
+                        _mm256_permutevar8x32_epi32(_mm256_castps_si256(last_u), perm));
     return static_cast<unsigned>(std::popcount(mask));
   }
 
@@ -221,9 +226,7 @@ struct fused_lanes_avx2 {
     for (std::uint32_t x : c) s += x;
     return s;
   }
-  [[nodiscard, gnu::target("avx2")]] bool non_finite() const noexcept {
-    return _mm256_movemask_epi8(nf) != 0;
-  }
+  [[nodiscard, gnu::target("avx2")]] bool non_finite() const noexcept { return _mm256_movemask_epi8(nf) != 0; }
 };
 #endif
 

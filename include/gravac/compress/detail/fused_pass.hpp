@@ -27,13 +27,13 @@ inline constexpr std::uint32_t no_guess = 0xffffffffu;
 
 //! What one fused pass over a layer measured.
 struct fused_pass_result {
-  double grad_sq = 0;          //!< ||g||^2
-  double input_sq = 0;         //!< ||u||^2
-  std::size_t collected = 0;   //!< elements at or above the guess (finite only)
+  double grad_sq = 0;         //!< ||g||^2
+  double input_sq = 0;        //!< ||u||^2
+  std::size_t collected = 0;  //!< elements at or above the guess (finite only)
   //! Finite elements at or above the floor (counted, not collected; >= collected). Equal to
   //! collected when the pass counted no band.
   std::size_t at_floor = 0;
-  bool non_finite = false;     //!< a NaN or infinity was seen in u
+  bool non_finite = false;  //!< a NaN or infinity was seen in u
 };
 
 //! The fused pass over one chunk: u = g + e stored in e; the elements whose key is >= guess
@@ -112,8 +112,10 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
         if ((bits[q] & 0x7fffffffu) >= zero_from) e[idx[q] - base] = 0.0f;
   }
   r.collected = c;
-  if constexpr (Band) r.at_floor = lanes.band_count() + tail_band;
-  else r.at_floor = c;
+  if constexpr (Band)
+    r.at_floor = lanes.band_count() + tail_band;
+  else
+    r.at_floor = c;
   r.non_finite = r.non_finite || lanes.non_finite();
   return r;
 }
@@ -132,8 +134,7 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std:
   if (zero_from != no_guess)
     return band ? fused_pass_chunk<true, true, true, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor)
                 : fused_pass_chunk<true, true, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
-  if (band)
-    return fused_pass_chunk<true, false, true, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
+  if (band) return fused_pass_chunk<true, false, true, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
   return fused_pass_chunk<true, false, false, Lanes>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
 }
 
@@ -143,8 +144,7 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass(const float* g, float* e, std:
 [[gnu::target("avx2")]] inline fused_pass_result fused_pass_avx2(const float* g, float* e, std::size_t n,
                                                                  std::uint32_t base, std::uint32_t guess,
                                                                  std::uint32_t* idx, std::uint32_t* bits,
-                                                                 const histogram_sampling& hs,
-                                                                 std::uint32_t zero_from,
+                                                                 const histogram_sampling& hs, std::uint32_t zero_from,
                                                                  std::uint32_t floor = no_guess) noexcept {
   return fused_pass<fused_lanes_avx2>(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
 }

@@ -68,8 +68,7 @@ class fused_topk_workspace {
                          std::uint32_t floor = no_guess) {
     const std::size_t n = g.size();
     if (threads_ > 1 && n >= threads_ * min_chunk) return fuse_threaded(g, e, slot, guess, hs, zero_from, floor);
-    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, bits_.data() + slot, hs, zero_from,
-                      floor);
+    return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, bits_.data() + slot, hs, zero_from, floor);
   }
 
   //! Adds the \p count candidates at \p slot to \p h exactly (count and energy): the part
@@ -147,10 +146,9 @@ class fused_topk_workspace {
   // Below this many elements per thread a thread costs more than it saves.
   static constexpr std::size_t min_chunk = std::size_t{1} << 18;
 
-  static fused_pass_result fuse_chunk(const float* g, float* e, std::size_t n, std::uint32_t base,
-                                      std::uint32_t guess, std::uint32_t* idx, std::uint32_t* bits,
-                                      const histogram_sampling& hs, std::uint32_t zero_from,
-                                      std::uint32_t floor) noexcept {
+  static fused_pass_result fuse_chunk(const float* g, float* e, std::size_t n, std::uint32_t base, std::uint32_t guess,
+                                      std::uint32_t* idx, std::uint32_t* bits, const histogram_sampling& hs,
+                                      std::uint32_t zero_from, std::uint32_t floor) noexcept {
 #if GRAVAC_ISA_DISPATCH
     if (runs_avx2_kernels()) return fused_pass_avx2(g, e, n, base, guess, idx, bits, hs, zero_from, floor);
 #endif
@@ -161,9 +159,8 @@ class fused_topk_workspace {
   // the same blocks as one thread would); each collects into its own part of the layer's
   // region and fills its own histogram. The parts are then moved together (in index
   // order) and the histograms merged.
-  fused_pass_result fuse_threaded(std::span<const float> g, std::span<float> e, std::size_t slot,
-                                  std::uint32_t guess, const histogram_sampling& hs, std::uint32_t zero_from,
-                                  std::uint32_t floor) {
+  fused_pass_result fuse_threaded(std::span<const float> g, std::span<float> e, std::size_t slot, std::uint32_t guess,
+                                  const histogram_sampling& hs, std::uint32_t zero_from, std::uint32_t floor) {
     const std::size_t n = g.size();
     const std::size_t blocks = (n + fused_block - 1) / fused_block;
     const std::size_t per = (blocks + threads_ - 1) / threads_ * fused_block;

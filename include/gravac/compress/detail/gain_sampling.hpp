@@ -42,7 +42,8 @@ struct histogram_sampling {
 
 //! The sampling of a layer's gain histogram at step \p step: the phase rotates with the
 //! step, so every block is seen over stride steps.
-[[nodiscard]] inline histogram_sampling gain_sampling(magnitude_histogram& h, std::size_t n, std::uint64_t step) noexcept {
+[[nodiscard]] inline histogram_sampling gain_sampling(magnitude_histogram& h, std::size_t n,
+                                                      std::uint64_t step) noexcept {
   const std::uint32_t stride = gain_sample_stride(n);
   return {&h, stride, static_cast<std::uint32_t>(step % stride)};
 }
