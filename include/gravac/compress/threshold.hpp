@@ -17,6 +17,8 @@
 #include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/select_topk_indices.hpp"
 #include "gravac/compress/index_selection.hpp"
+#include "gravac/compress/detail/sparse_layers.hpp"
+#include "gravac/compress/detail/threshold_key.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
@@ -41,25 +43,6 @@ struct threshold_options {
   double full_histogram_above = 0.25;
 };
 
-namespace detail {
-//! Magnitude t such that about \p k of the values counted in \p h lie at or above it:
-//! the histogram's boundary bin, interpolated inside the bin as if its values were spread
-//! evenly. Returns a key; no_guess when k == 0.
-[[nodiscard]] inline std::uint32_t threshold_key_from_histogram(const magnitude_histogram& h, double k) noexcept {
-  const std::uint64_t kk = static_cast<std::uint64_t>(std::ceil(k));
-  if (kk == 0 || h.finite_count() == 0) return no_guess;
-  const auto hb = find_boundary(h, std::min<std::uint64_t>(kk, h.finite_count()));
-  const std::uint64_t c = h.count(hb.bin);
-  const double lo = key_magnitude(magnitude_histogram::lower_key(hb.bin));
-  const double hi = hb.bin + 1 >= magnitude_histogram::first_non_finite_bin
-                        ? static_cast<double>(std::numeric_limits<float>::max())
-                        : static_cast<double>(key_magnitude(magnitude_histogram::lower_key(hb.bin + 1)));
-  const double need = std::clamp(k - static_cast<double>(hb.above), 0.0, static_cast<double>(c));
-  const double t = c == 0 ? lo : hi - need / static_cast<double>(c) * (hi - lo);
-  return std::max(magnitude_key(static_cast<float>(t)), magnitude_histogram::lower_key(hb.bin));
-}
-}  // namespace detail
-
 //! Threshold sparsification with error feedback (approximate top-k). Models Compressor.
 //!
 //! Per layer: a low threshold comes from a stratified sample of u = g + e (runs of
@@ -74,7 +57,7 @@ namespace detail {
 //! only those between it and t are written again, at scattered places (a few thousand
 //! at 2^24 and 1%, against the 20-25 thousand of the low threshold's margin).
 //! Infinities and NaNs are never sent (compress_stats::non_finite reports them).
-class threshold {
+class threshold : public detail::sparse_layers {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
@@ -84,11 +67,9 @@ class threshold {
   using options = threshold_options;
   //! Values at shared indices can be summed elementwise.
   static constexpr bool summable_by_index = true;
-  //! Packet kind written (the sparse segment of top-k).
-  static constexpr packet_kind kind = packet_kind::sparse;
 
   //! A compressor for \p lay; the workspace is sized here, once.
-  threshold(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
+  threshold(const layout& lay, const options& opt = {}) : sparse_layers(lay), options_(opt) {
     require(opt.expected_hits >= 1, "threshold: expected_hits must be at least 1");
     require(opt.run_length >= 1, "threshold: run_length must be at least 1");
     require(opt.full_histogram_above > 0.0 && opt.full_histogram_above <= 1.0,
@@ -102,12 +83,6 @@ class threshold {
     // The largest sample estimate() draws: below full_histogram_above of the layer.
     sample_keys_.resize(static_cast<std::size_t>(opt.full_histogram_above * static_cast<double>(largest)) +
                         opt.run_length);
-  }
-
-  //! Upper bound of the packet size (every value kept, with indices).
-  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_,
-                              [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Sends every |u| at or above each layer's estimated threshold; e = u - sent.
@@ -141,30 +116,6 @@ class threshold {
           const double ksq = work_.write_segment_from_candidates(w, index, el.size(), 0, count);
           ls = {count, r.grad_sq, r.input_sq, ksq};
         });
-  }
-
-  //! AR-Topk's index selection (compress/index_selection.hpp): one rank chooses the indices
-  //! and broadcasts them.
-  static constexpr bool shared_indices = false;
-  //! The kept indices of layer \p i of u (its slice \p u), ascending: AR-Topk needs the same
-  //! count on every rank without a second exchange, so the index rank resolves the threshold
-  //! to exactly k: the k largest |u|, ties to the lower index (threshold's own approximate
-  //! count applies to allgather, where every rank may send a different number).
-  void select_indices(std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& out,
-                      std::vector<std::uint64_t>& scratch) const {
-    detail::select_topk_indices(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
-  }
-
-  //! Validates an untrusted packet.
-  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return validate_layers(packet, layout_, kind, validate_sparse_segment);
-  }
-  //! Adds scale * the packet's values at their indices to \p out.
-  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    decompress_layers(packet, layout_, out.span(), scale,
-                      [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o, float s) {
-                        add_sparse_segment(sh, payload, o, s);
-                      });
   }
 
   //! The keys of a layer's estimate (magnitude_key of |u|; detail::no_guess: none).
@@ -268,7 +219,6 @@ class threshold {
   }
 
  private:
-  layout layout_;
   options options_;
   layered_scratch scratch_;
   detail::fused_topk_workspace work_;

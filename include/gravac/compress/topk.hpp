@@ -14,6 +14,7 @@
 #include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/select_topk_indices.hpp"
 #include "gravac/compress/index_selection.hpp"
+#include "gravac/compress/detail/sparse_layers.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
@@ -43,7 +44,7 @@ struct topk_options {
 //! k = kept_count(numel, fraction) values of largest |u| are sent, ties to the lower
 //! index. Infinities and NaNs are never selected: they stay in the residual and
 //! compress_stats::non_finite is set (k is then at most the number of finite values).
-class topk {
+class topk : public detail::sparse_layers {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
@@ -53,12 +54,10 @@ class topk {
   using options = topk_options;
   //! Values at shared indices can be summed elementwise.
   static constexpr bool summable_by_index = true;
-  //! Packet kind written.
-  static constexpr packet_kind kind = packet_kind::sparse;
 
   //! A compressor for \p lay; the workspace is sized here, once.
   topk(const layout& lay, const options& opt = {})
-      : layout_(lay), options_(opt), work_(opt.whole_buffer ? lay.numel() : largest_layer(lay), opt.threads) {
+      : sparse_layers(lay), options_(opt), work_(opt.whole_buffer ? lay.numel() : largest_layer(lay), opt.threads) {
     require(opt.threads >= 1 && opt.threads <= 256, "topk: threads must be in [1, 256]");
     require(opt.guess_margin > 0.0f && opt.guess_margin <= 1.0f, "topk: guess_margin must be in (0, 1]");
     for (const auto& l : lay.layers())
@@ -68,12 +67,6 @@ class topk {
     layer_sums_.resize(lay.size());
     count_.assign(lay.size(), 0);
     runs_.reserve(lay.size());
-  }
-
-  //! Upper bound of the packet size (every value kept, with indices).
-  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_,
-                              [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Keeps the top kept_fraction of each layer (or of the whole buffer); e = u - sent.
@@ -139,28 +132,6 @@ class topk {
           hist_.clear();
           ls = {count, r.grad_sq, r.input_sq, ksq};
         });
-  }
-
-  //! AR-Topk's index selection (compress/index_selection.hpp): one rank chooses the indices
-  //! and broadcasts them.
-  static constexpr bool shared_indices = false;
-  //! The kept indices of layer \p i of u (its slice \p u), ascending: the k largest |u|, ties to
-  //! the lower index, per layer (the whole_buffer option does not apply to AR-Topk).
-  void select_indices(std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& out,
-                      std::vector<std::uint64_t>& scratch) const {
-    detail::select_topk_indices(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
-  }
-
-  //! Validates an untrusted packet.
-  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return validate_layers(packet, layout_, kind, validate_sparse_segment);
-  }
-  //! Adds scale * the packet's values at their indices to \p out.
-  void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
-    decompress_layers(packet, layout_, out.span(), scale,
-                      [](const segment_header& sh, std::span<const std::byte> payload, std::span<float> o, float s) {
-                        add_sparse_segment(sh, payload, o, s);
-                      });
   }
 
  private:
@@ -290,7 +261,6 @@ class topk {
     return bytes;
   }
 
-  layout layout_;
   options options_;
   layered_scratch scratch_;
   detail::fused_topk_workspace work_;

@@ -5,7 +5,7 @@
 //! draws, float-to-int conversions, selects) is compute bound on baseline x86-64 (SSE2 has
 //! no 32-bit vector multiply); AVX2 runs it at twice the width with native multiplies.
 //! (The fused top-k pass, written with intrinsics, has its own AVX2 version chosen by
-//! runs_avx2_kernels(): fused_pass_avx2 in compress/detail/fused_topk.hpp.)
+//! runs_avx2_kernels(): fused_pass_avx2 in compress/detail/fused_pass.hpp.)
 //!
 //! How: the kernel is a lambda marked GRAVAC_KERNEL_LAMBDA whose callees are marked
 //! GRAVAC_KERNEL_INLINE (always inlined); with_best_isa calls it either directly or from
