@@ -230,10 +230,12 @@ void measured_tables(mpi_communicator& comm, int reps, int max_log2) {
             hand_g.step(g, raw);
           });
       if (me == 0) {
-        std::printf("| %zu | AR-Topk step f=%g vs hand-written (nth_element, MPI_Bcast, MPI_Allreduce) | %.3f | %.3f | %.3f |\n",
-                    dd, f, step_a * 1e3, raw_ar * 1e3, step_a / raw_ar);
-        std::printf("| %zu | Allgather step f=%g vs hand-written (nth_element, MPI_Allgather) | %.3f | %.3f | %.3f |\n", dd,
-                    f, step_g * 1e3, raw_ag * 1e3, step_g / raw_ag);
+        std::printf(
+            "| %zu | AR-Topk step f=%g vs hand-written (nth_element, MPI_Bcast, MPI_Allreduce) | %.3f | %.3f | %.3f "
+            "|\n",
+            dd, f, step_a * 1e3, raw_ar * 1e3, step_a / raw_ar);
+        std::printf("| %zu | Allgather step f=%g vs hand-written (nth_element, MPI_Allgather) | %.3f | %.3f | %.3f |\n",
+                    dd, f, step_g * 1e3, raw_ag * 1e3, step_g / raw_ag);
       }
     }
   }
@@ -251,13 +253,16 @@ void modeled_table(int n) {
                            {"5 us, 100 Gbit/s", network_params::from_gbps(5e-6, 100)}};
   std::printf("\n## Modeled communication per step, N = %d, d = %.1fM (ms; cost model of algorithms.md)\n\n", n,
               d / 1e6);
-  std::printf("| network | f | dense ring | AR-Topk ring | AR-Topk tree | Allgather top-k | flexible picks (AR-Topk priced as ring) |\n");
+  std::printf(
+      "| network | f | dense ring | AR-Topk ring | AR-Topk tree | Allgather top-k | flexible picks (AR-Topk priced as "
+      "ring) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---|\n");
   for (const auto& p : profiles)
     for (double f : {0.1, 0.033, 0.011, 0.004, 0.001}) {
       const auto c = flexible::costs(n, d, f, p.net);
       const double tree = cost_model::ar_topk(n, d, f, allreduce_algorithm::tree).seconds(p.net);
-      const auto best = flexible::candidates[static_cast<std::size_t>(std::min_element(c.begin(), c.end()) - c.begin())];
+      const auto best =
+          flexible::candidates[static_cast<std::size_t>(std::min_element(c.begin(), c.end()) - c.begin())];
       std::printf("| %s | %g | %.2f | %.2f | %.2f | %.2f | %s |\n", p.name, f, c[0] * 1e3, c[1] * 1e3, tree * 1e3,
                   c[2] * 1e3, std::string(to_string(best)).c_str());
     }
@@ -269,8 +274,10 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int reps = 20, max_log2 = 22;
   for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(3, std::atoi(argv[++i]));
-    else if (std::strcmp(argv[i], "--max-log2") == 0) max_log2 = std::max(16, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--reps") == 0)
+      reps = std::max(3, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--max-log2") == 0)
+      max_log2 = std::max(16, std::atoi(argv[++i]));
   }
   int rc = 0;
   try {

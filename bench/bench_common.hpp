@@ -120,7 +120,8 @@ inline std::function<void()> nth_element_of(const dataset& d, std::size_t k) {
 //! quantizers write their codes. No kernel that reads g and e, writes the residual and
 //! emits that packet can move less data. With \p second_pass (EF-sign, whose one scale per
 //! layer must be known before any residual), e is then read and written once more.
-inline std::function<void()> ef_floor_of(const std::vector<float>& g, std::size_t packet_bytes, bool second_pass = false) {
+inline std::function<void()> ef_floor_of(const std::vector<float>& g, std::size_t packet_bytes,
+                                         bool second_pass = false) {
   static std::vector<float> e;
   static std::vector<std::byte> packet;
   e.assign(g.size(), 0.5f);

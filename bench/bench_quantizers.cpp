@@ -100,8 +100,8 @@ void run(benchmark::State& state, typename C::options opt, bool decompress, bool
   for (auto _ : state) call();
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
   state.counters["bits_per_element"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(n);
-  set_ratio_counters(state, [] {}, call, d.g, decompress ? std::nullopt : std::optional<std::size_t>(bytes),
-                     layer_scale_first<C>);
+  set_ratio_counters(
+      state, [] {}, call, d.g, decompress ? std::nullopt : std::optional<std::size_t>(bytes), layer_scale_first<C>);
   if (isa_dispatched<C> && !decompress && gravac::detail::runs_avx2_kernels()) {
     // The same compress with the kernels built for the baseline instruction set (what a
     // processor without AVX2 runs), against the AVX2 ones, paired in this run.
@@ -145,12 +145,12 @@ void BM_nth_element(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
 }
 
-#define GRAVAC_QBENCH(name, type, opts, matrix)                                                          \
-  void BM_compress_##name(benchmark::State& s) { run<gravac::type>(s, opts, false, matrix); }           \
-  void BM_decompress_##name(benchmark::State& s) { run<gravac::type>(s, opts, true, matrix); }          \
-  BENCHMARK(BM_compress_##name)->Apply(sizes);                                                          \
-  BENCHMARK(BM_decompress_##name)->Apply(sizes);                                                        \
-  BENCHMARK(BM_compress_##name)->Name("large/BM_compress_" #name)->Apply(large);                      \
+#define GRAVAC_QBENCH(name, type, opts, matrix)                                                \
+  void BM_compress_##name(benchmark::State& s) { run<gravac::type>(s, opts, false, matrix); }  \
+  void BM_decompress_##name(benchmark::State& s) { run<gravac::type>(s, opts, true, matrix); } \
+  BENCHMARK(BM_compress_##name)->Apply(sizes);                                                 \
+  BENCHMARK(BM_decompress_##name)->Apply(sizes);                                               \
+  BENCHMARK(BM_compress_##name)->Name("large/BM_compress_" #name)->Apply(large);               \
   BENCHMARK(BM_decompress_##name)->Name("large/BM_decompress_" #name)->Apply(large);
 
 BENCHMARK(BM_memcpy)->Apply(sizes);
@@ -159,7 +159,8 @@ BENCHMARK(BM_nth_element)->Apply(sizes);
 BENCHMARK(BM_nth_element)->Name("large/BM_nth_element")->Apply(large);
 GRAVAC_QBENCH(adacomp, adacomp, gravac::adacomp_options{}, false)
 GRAVAC_QBENCH(qsgd_s127, qsgd, (gravac::qsgd_options{.levels = 127, .bucket = 512}), false)
-GRAVAC_QBENCH(qsgd_s7, qsgd, (gravac::qsgd_options{.levels = 7, .bucket = 64}), false)  // s >= sqrt(B): bounded residual
+GRAVAC_QBENCH(qsgd_s7, qsgd, (gravac::qsgd_options{.levels = 7, .bucket = 64}),
+              false)  // s >= sqrt(B): bounded residual
 GRAVAC_QBENCH(terngrad, terngrad, gravac::terngrad_options{}, false)
 GRAVAC_QBENCH(sign, sign, gravac::sign_options{}, false)
 GRAVAC_QBENCH(cast16_fp16, cast16, gravac::cast16_options{.format = gravac::cast16_format::fp16}, false)

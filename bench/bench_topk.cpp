@@ -98,7 +98,8 @@ compress_call run_compress(benchmark::State& state, C& c, const dataset& d, grav
 
 void set_bytes(benchmark::State& state, std::size_t n) {
   // What the kernel must move at least: read g and e, write e.
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(3 * n * sizeof(float)));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(3 * n * sizeof(float)));
 }
 
 void BM_memcpy(benchmark::State& state) {
@@ -110,7 +111,8 @@ void BM_memcpy(benchmark::State& state) {
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(2 * cfg.n * sizeof(float)));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(2 * cfg.n * sizeof(float)));
 }
 
 void BM_nth_element(benchmark::State& state) {
@@ -196,7 +198,8 @@ void BM_topk_decompress(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   };
   for (auto _ : state) call();
-  set_ratio_counters(state, [] {}, call, d.g, std::nullopt);
+  set_ratio_counters(
+      state, [] {}, call, d.g, std::nullopt);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
 

@@ -7,11 +7,11 @@
 // packet) per second over the copy's bytes per second of the same run.
 #include <benchmark/benchmark.h>
 
+#include "bench_cuda_util.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
 #include "gravac/cuda/terngrad_cuda.hpp"
-#include "bench_cuda_util.hpp"
 
 namespace {
 

@@ -12,14 +12,13 @@
 // copy_fraction of the same bytes (read g and e, write e, write the packet) and the count sent.
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cub/device/device_radix_sort.cuh>
 
-#include <cmath>
-
+#include "bench_cuda_util.hpp"
 #include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
-#include "bench_cuda_util.hpp"
 
 namespace {
 
@@ -58,8 +57,8 @@ void BM_sort_select(benchmark::State& state) {
     GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
     abs_and_iota<<<1024, 256, 0, cudaStreamPerThread>>>(u.data(), keys.data(), idx.data(), n);
     GRAVAC_TRY_CUDA(cub::DeviceRadixSort::SortPairsDescending(tmp.data(), temp, keys.data(), keys_out.data(),
-                                                              idx.data(), idx_out.data(), static_cast<int>(n), 0,
-                                                              32, cudaStreamPerThread));
+                                                              idx.data(), idx_out.data(), static_cast<int>(n), 0, 32,
+                                                              cudaStreamPerThread));
     GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
     const double s = ev.seconds();
     state.SetIterationTime(s);

@@ -72,7 +72,8 @@ inline void BM_copy(benchmark::State& state) {
   double total = 0;
   for (auto _ : state) {
     GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
     GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
     const double s = ev.seconds();
     state.SetIterationTime(s);

@@ -28,8 +28,9 @@
 //   reproduce                 # MLP (3 seeds) + CNN (3 seeds): see README.md for the time it takes
 //   reproduce --quick         # MLP, one seed: for development
 //   reproduce --only gravac   # one method
-#include <CLI/CLI.hpp>
+#include <sys/utsname.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,14 +38,11 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <gravac/comm/thread_communicator.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <sys/utsname.h>
-
-#include <gravac/comm/thread_communicator.hpp>
 
 #include "fmnist/report.hpp"
 #include "fmnist/train.hpp"
@@ -400,8 +398,10 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       const bool is_best = best[static_cast<std::size_t>(n)] == s;
       md << " | " << (is_best ? "**" + time_cell(t) + "**" : time_cell(t)) << " | ";
       const summary st = reached(t), bt = best_t[static_cast<std::size_t>(n)];
-      if (s->k == kind::adaptive && st.n > 0 && bt.n > 0) md << fmt("%.2fx", st.mean / bt.mean);
-      else md << "-";
+      if (s->k == kind::adaptive && st.n > 0 && bt.n > 0)
+        md << fmt("%.2fx", st.mean / bt.mean);
+      else
+        md << "-";
     }
     md << " |\n";
   }
@@ -429,9 +429,9 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
     }
     csv << p.name << ',' << e.seed << ',' << e.spec->key << ',' << network_specs[static_cast<std::size_t>(e.network)]
         << ',' << e.r.epochs.back().test_acc << ',' << e.r.total_bytes_per_rank() << ','
-        << e.r.total_wire_bytes_sent_per_rank() << ',' << e.r.total_wire_bytes_received_per_rank() << ','
-        << v.target() << ',' << v.time_to(e, 0) << ',' << v.time_to(e, 1) << ',' << v.time_to(e, 2) << ',' << compute
-        << ',' << codec << ',' << e.r.epochs.back().modeled_time_s << '\n';
+        << e.r.total_wire_bytes_sent_per_rank() << ',' << e.r.total_wire_bytes_received_per_rank() << ',' << v.target()
+        << ',' << v.time_to(e, 0) << ',' << v.time_to(e, 1) << ',' << v.time_to(e, 2) << ',' << compute << ',' << codec
+        << ',' << e.r.epochs.back().modeled_time_s << '\n';
   }
 
   // --- the targets, checked on the means over the seeds ------------------------------------
@@ -451,8 +451,8 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       const bool ok = all && (!bs || tr.mean <= 1.1 * bt.mean);
       md << "- (a) " << rec->label << " reaches the target in every seed, in at most 1.1x the modeled time of "
          << "the best static choice, " << network_labels[static_cast<std::size_t>(n)] << ": " << met(ok) << " ("
-         << secs(tr) << seeds_of(tr)
-         << "; best static " << (bs ? bs->label + " " + secs(bt) + seeds_of(bt) : std::string("none reaches it"));
+         << secs(tr) << seeds_of(tr) << "; best static "
+         << (bs ? bs->label + " " + secs(bt) + seeds_of(bt) : std::string("none reaches it"));
       if (bs && tr.n > 0) md << "; ratio " << fmt("%.2fx", tr.mean / bt.mean);
       md << ")";
       if (n == 0) {
@@ -478,9 +478,9 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       list += (list.empty() ? "" : ", ") + s->label + " " + secs(t) + seeds_of(t);
     }
     md << "- (b) on the schedule network no adaptive method reaches the target later than dense (" << secs(td)
-       << seeds_of(td) << "; missing the target in a seed where dense reaches it counts as later): "
-       << met(slower.empty()) << " (slower: " << (slower.empty() ? "-" : slower)
-       << "; not slower: " << (fine.empty() ? "-" : fine) << ").\n";
+       << seeds_of(td)
+       << "; missing the target in a seed where dense reaches it counts as later): " << met(slower.empty())
+       << " (slower: " << (slower.empty() ? "-" : slower) << "; not slower: " << (fine.empty() ? "-" : fine) << ").\n";
   }
   if (const auto* g = v.find("gravac"); g && v.dense()) {
     bool all_ok = true;
@@ -528,7 +528,10 @@ void run_pass(pass& p, const fmnist::dataset& train, const fmnist::dataset& test
         if (!spec->network_dependent)
           for (int k = 1; k < n_networks; ++k)
             cfg.shadow_networks.push_back(fmnist::network_config::parse(network_specs[static_cast<std::size_t>(k)]));
-        run_entry e{spec, n, seed, {},
+        run_entry e{spec,
+                    n,
+                    seed,
+                    {},
                     out + "/" + p.name + "/seed" + std::to_string(seed) + "/" + spec->key +
                         (spec->network_dependent ? "-" + net : "")};
         std::printf("[%6.0f s] %s seed %d  %-28s network %-9s ...",
@@ -586,9 +589,10 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> milestones{9};
   bool quick = false, mlp_only = false;
   app.add_option("--out", out, "output directory")->capture_default_str();
-  app.add_option("--only", only, "run only these methods (comma-separated keys: dense, topk_cf10, topk_cf100, "
-                                 "topk_cf1000, gravac (the recommended configuration), gravac_eps0.5, "
-                                 "gravac_eps0.6, gravac_eps0.8, accordion, adacomp, artopk_moo, flexible_moo)");
+  app.add_option("--only", only,
+                 "run only these methods (comma-separated keys: dense, topk_cf10, topk_cf100, "
+                 "topk_cf1000, gravac (the recommended configuration), gravac_eps0.5, "
+                 "gravac_eps0.6, gravac_eps0.8, accordion, adacomp, artopk_moo, flexible_moo)");
   app.add_option("--model", model, "mlp, cnn or both (the MLP pass, then the CNN pass)")
       ->check(CLI::IsMember({"mlp", "cnn", "both"}))
       ->capture_default_str();
@@ -672,8 +676,8 @@ int main(int argc, char** argv) {
     const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
     std::ostringstream md;
-    md << "# Fashion-MNIST reproduction\n\nMachine: " << machine_line() << ". Wall time of the whole experiment: "
-       << fmt("%.0f", total_s) << " s. Command:";
+    md << "# Fashion-MNIST reproduction\n\nMachine: " << machine_line()
+       << ". Wall time of the whole experiment: " << fmt("%.0f", total_s) << " s. Command:";
     // The arguments that shape the result; where the output went (--out) is left out.
     md << " reproduce";
     for (int i = 1; i < argc; ++i) {
@@ -707,8 +711,9 @@ int main(int argc, char** argv) {
       for (const auto& e : p.runs)
         if (e.seed == 1 && e.network == 0) series.push_back({e.spec->label, e.dir});
       const std::string dir = out + "/" + p.name + "/plots";
-      const bool plotted = fmnist::make_plots(series, dir, "Fashion-MNIST, " + p.runs.front().r.model + ", " +
-                                                               std::to_string(ranks) + " ranks, 1 Gbit/s, seed 1");
+      const bool plotted = fmnist::make_plots(
+          series, dir,
+          "Fashion-MNIST, " + p.runs.front().r.model + ", " + std::to_string(ranks) + " ranks, 1 Gbit/s, seed 1");
       if (plotted) std::printf("plots: %s\n", dir.c_str());
     }
     std::printf("results: %s/results.md, %s/results.csv\n", out.c_str(), out.c_str());

@@ -42,12 +42,11 @@
 #include <utility>
 #include <vector>
 
-
+#include "gravac/detail/checkpoint_agreement.hpp"
+#include "gravac/detail/checkpoint_file.hpp"
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/packet/format.hpp"
-#include "gravac/detail/checkpoint_agreement.hpp"
-#include "gravac/detail/checkpoint_file.hpp"
 
 namespace gravac {
 
@@ -74,33 +73,33 @@ struct checkpoint_options {
 
 //! What a restore did.
 struct restore_report {
-  std::size_t layers_restored = 0;   //!< layers whose residual came from the checkpoint
-  std::size_t layers_reset = 0;      //!< non-empty layers that start from a zero residual (remap only)
-  bool policy_restored = false;      //!< the policy (and compressor/collective) state was loaded
-  std::uint64_t steps = 0;           //!< the step counter restored
+  std::size_t layers_restored = 0;  //!< layers whose residual came from the checkpoint
+  std::size_t layers_reset = 0;     //!< non-empty layers that start from a zero residual (remap only)
+  bool policy_restored = false;     //!< the policy (and compressor/collective) state was loaded
+  std::uint64_t steps = 0;          //!< the step counter restored
 };
 
 //! One layer's record in a checkpoint.
 struct checkpoint_layer {
-  std::uint64_t id = 0;               //!< layer::id
-  std::uint64_t numel = 0;            //!< elements
-  std::vector<std::uint64_t> shape;   //!< tensor shape
-  std::size_t residual_offset = 0;    //!< where its residual starts in checkpoint_state::residual
+  std::uint64_t id = 0;              //!< layer::id
+  std::uint64_t numel = 0;           //!< elements
+  std::vector<std::uint64_t> shape;  //!< tensor shape
+  std::size_t residual_offset = 0;   //!< where its residual starts in checkpoint_state::residual
 };
 
 //! The decoded content of a checkpoint file.
 struct checkpoint_state {
-  std::uint64_t layout_hash = 0;          //!< layout::hash() of the writer
-  std::uint64_t steps = 0;                //!< steps completed
-  std::uint64_t seed = 0;                 //!< the trainer's shared seed
-  std::int64_t rank = 0;                  //!< rank that wrote it
-  std::int64_t ranks = 1;                 //!< ranks of the run that wrote it
-  std::vector<checkpoint_layer> layers;   //!< layers in the writer's layout order
-  std::vector<float> residual;            //!< residuals of all layers, back to back
-  std::vector<std::byte> policy;          //!< Policy::save output
-  std::vector<std::byte> compressor;      //!< Compressor::save output (empty when it has none)
-  std::vector<std::byte> collective;      //!< Collective::save output (empty when it has none)
-  std::vector<std::byte> policy_local;    //!< Policy::save_local output: rank-local state (empty when it has none)
+  std::uint64_t layout_hash = 0;         //!< layout::hash() of the writer
+  std::uint64_t steps = 0;               //!< steps completed
+  std::uint64_t seed = 0;                //!< the trainer's shared seed
+  std::int64_t rank = 0;                 //!< rank that wrote it
+  std::int64_t ranks = 1;                //!< ranks of the run that wrote it
+  std::vector<checkpoint_layer> layers;  //!< layers in the writer's layout order
+  std::vector<float> residual;           //!< residuals of all layers, back to back
+  std::vector<std::byte> policy;         //!< Policy::save output
+  std::vector<std::byte> compressor;     //!< Compressor::save output (empty when it has none)
+  std::vector<std::byte> collective;     //!< Collective::save output (empty when it has none)
+  std::vector<std::byte> policy_local;   //!< Policy::save_local output: rank-local state (empty when it has none)
 };
 
 //! Serializes \p s into the checkpoint file format (header, payload, checksum).
@@ -244,8 +243,10 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
     for (const auto& l : lay.layers())
       s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
     std::as_const(t.policy()).save(s.policy);
-    if constexpr (detail::has_state<typename Trainer::compressor_type>) std::as_const(t.compressor()).save(s.compressor);
-    if constexpr (detail::has_state<typename Trainer::collective_type>) std::as_const(t.collective()).save(s.collective);
+    if constexpr (detail::has_state<typename Trainer::compressor_type>)
+      std::as_const(t.compressor()).save(s.compressor);
+    if constexpr (detail::has_state<typename Trainer::collective_type>)
+      std::as_const(t.collective()).save(s.collective);
     if constexpr (detail::has_local_state<typename Trainer::policy_type>)
       std::as_const(t.policy()).save_local(s.policy_local);
     state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
@@ -273,9 +274,9 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
   detail::record_failure(opt.collective, failed, failure, [&] {
     s = read_checkpoint(path);
     if (s.rank != rank || s.ranks != t.communicator().size())
-      throw error(status::layout_mismatch,
-                  "'" + path + "' was written by rank " + std::to_string(s.rank) + " of " + std::to_string(s.ranks) +
-                      ", this is rank " + std::to_string(rank) + " of " + std::to_string(t.communicator().size()));
+      throw error(status::layout_mismatch, "'" + path + "' was written by rank " + std::to_string(s.rank) + " of " +
+                                               std::to_string(s.ranks) + ", this is rank " + std::to_string(rank) +
+                                               " of " + std::to_string(t.communicator().size()));
     if (s.layout_hash != lay.hash() && !opt.remap_layers)
       throw error(status::layout_mismatch, "'" + path +
                                                "' was written for another layout (set checkpoint_options::"
@@ -299,7 +300,8 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
   auto res = t.residual();  // the non-const accessor: the trainer knows the residual changed
   std::fill(res.begin(), res.end(), 0.0f);
   for (const auto& l : lay.layers()) {
-    const auto it = std::find_if(s.layers.begin(), s.layers.end(), [&](const checkpoint_layer& c) { return c.id == l.id; });
+    const auto it =
+        std::find_if(s.layers.begin(), s.layers.end(), [&](const checkpoint_layer& c) { return c.id == l.id; });
     const bool match = it != s.layers.end() && it->numel == l.numel &&
                        std::equal(it->shape.begin(), it->shape.end(), l.shape.begin(), l.shape.end());
     if (match) {

@@ -77,9 +77,9 @@ inline constexpr bool allow_ignored_decisions = false;
 //! Policy \p P's decisions reach compressor \p C: P decides nothing, or C acts on at least
 //! one of its decisions, or the user opted in.
 template <class C, class P>
-inline constexpr bool decisions_reach_v =
-    decides_v<P> == decision::none || (decides_v<P> & acts_on_v<C>) != decision::none ||
-    allow_ignored_decisions<C, P>;
+inline constexpr bool decisions_reach_v = decides_v<P> == decision::none ||
+                                          (decides_v<P> & acts_on_v<C>) != decision::none
+                                          || allow_ignored_decisions<C, P>;
 
 //! Why a composition is refused (none: it is valid). The trainer's static assertions and
 //! the generated composition table both use it.
@@ -97,14 +97,22 @@ enum class rejection : std::uint8_t {
 //! One line on why \p r (the table's wording).
 constexpr const char* to_string(rejection r) noexcept {
   switch (r) {
-    case rejection::none: return "valid";
-    case rejection::not_summable: return "values cannot be summed at shared indices";
-    case rejection::no_device_path: return "no device-memory path yet";
-    case rejection::no_index_hook: return "no index-selection hook";
-    case rejection::not_low_rank: return "not a LowRankCompressor";
-    case rejection::low_rank_needs_allreduces: return "PowerSGD needs two dependent Allreduces";
-    case rejection::not_accepted: return "the collective does not accept it";
-    case rejection::decisions_ignored: return "the compressor ignores the policy's decisions";
+    case rejection::none:
+      return "valid";
+    case rejection::not_summable:
+      return "values cannot be summed at shared indices";
+    case rejection::no_device_path:
+      return "no device-memory path yet";
+    case rejection::no_index_hook:
+      return "no index-selection hook";
+    case rejection::not_low_rank:
+      return "not a LowRankCompressor";
+    case rejection::low_rank_needs_allreduces:
+      return "PowerSGD needs two dependent Allreduces";
+    case rejection::not_accepted:
+      return "the collective does not accept it";
+    case rejection::decisions_ignored:
+      return "the compressor ignores the policy's decisions";
   }
   return "?";
 }

@@ -25,19 +25,22 @@ namespace gravac {
 //! `byte_buffer` is the growable buffer type allgatherv writes into (std::vector<std::byte>
 //! for host engines).
 template <class M>
-concept Communicator =
-    requires { typename M::communicator_tag; typename M::memory_space; typename M::byte_buffer; } &&
-    requires(M& m, const M& cm, std::span<float> f, std::span<double> d, std::span<std::byte> b,
-             std::span<const std::byte> in, typename M::byte_buffer& out, std::vector<std::size_t>& sizes, int root) {
-      { cm.rank() } -> std::same_as<int>;
-      { cm.size() } -> std::same_as<int>;
-      m.allreduce_sum(f);
-      m.allreduce_sum(d);
-      m.allreduce_max(d);
-      m.allgatherv(in, out, sizes);
-      m.broadcast(b, root);
-      m.barrier();
-    };
+concept Communicator = requires {
+  typename M::communicator_tag;
+  typename M::memory_space;
+  typename M::byte_buffer;
+}
+&&requires(M& m, const M& cm, std::span<float> f, std::span<double> d, std::span<std::byte> b,
+           std::span<const std::byte> in, typename M::byte_buffer& out, std::vector<std::size_t>& sizes, int root) {
+  { cm.rank() } -> std::same_as<int>;
+  { cm.size() } -> std::same_as<int>;
+  m.allreduce_sum(f);
+  m.allreduce_sum(d);
+  m.allreduce_max(d);
+  m.allgatherv(in, out, sizes);
+  m.broadcast(b, root);
+  m.barrier();
+};
 
 //! Turns `u = g + e` into a packet and back, updating the residual `e` (error feedback).
 //!
@@ -50,22 +53,28 @@ concept Communicator =
 //! - `summable_by_index` says whether values at shared indices can be summed across
 //!   ranks (top-k, threshold, random-k), which allreduce_compatible needs.
 template <class C>
-concept Compressor =
-    requires { typename C::compressor_tag; typename C::memory_space; typename C::options; } &&
-    std::constructible_from<C, const layout&, const typename C::options&> &&
-    requires(C& c, const C& cc, grad_view<typename C::memory_space> v, const step_params& p,
-             std::span<std::byte> out, std::span<const std::byte> in, compress_stats& st, float scale) {
-      { C::summable_by_index } -> std::convertible_to<bool>;
-      { cc.max_packet_bytes() } -> std::same_as<std::size_t>;
-      { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
-      { cc.validate(in) } -> std::same_as<validation>;
-      c.decompress_add(in, v, scale);
-    };
+concept Compressor = requires {
+  typename C::compressor_tag;
+  typename C::memory_space;
+  typename C::options;
+}
+&&std::constructible_from<C, const layout&, const typename C::options&>&& requires(
+    C& c, const C& cc, grad_view<typename C::memory_space> v, const step_params& p, std::span<std::byte> out,
+    std::span<const std::byte> in, compress_stats& st, float scale) {
+  { C::summable_by_index } -> std::convertible_to<bool>;
+  { cc.max_packet_bytes() } -> std::same_as<std::size_t>;
+  { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
+  { cc.validate(in) } -> std::same_as<validation>;
+  c.decompress_add(in, v, scale);
+};
 
 //! How compressed gradients from all ranks become one averaged gradient.
 //! `K::accepts<C>` says which compressors it can aggregate.
 template <class K>
-concept Collective = requires { typename K::collective_tag; typename K::options; };
+concept Collective = requires {
+  typename K::collective_tag;
+  typename K::options;
+};
 
 //! Reads step statistics and decides the next step's parameters, identically on every rank.
 //!
@@ -88,18 +97,22 @@ concept Collective = requires { typename K::collective_tag; typename K::options;
 //! - `save_local(bytes)` / `load_local(bytes)`: rank-local state (not compared across
 //!   ranks), stored in each rank's checkpoint beside its residual.
 template <class P>
-concept Policy =
-    requires { typename P::policy_tag; typename P::options; } &&
-    std::constructible_from<P, const layout&, const typename P::options&> &&
-    requires(P& p, const P& cp, step_params& sp, const step_report& r, const interval_info& iv,
-             std::vector<std::byte>& out, std::span<const std::byte> in) {
-      { P::needs_statistics } -> std::convertible_to<bool>;
-      p.plan(sp);
-      p.observe(r);
-      p.on_interval(iv);
-      cp.save(out);
-      p.load(in);
-    };
+concept Policy = requires {
+  typename P::policy_tag;
+  typename P::options;
+}
+&&std::constructible_from<P, const layout&, const typename P::options&>&& requires(P& p, const P& cp, step_params& sp,
+                                                                                   const step_report& r,
+                                                                                   const interval_info& iv,
+                                                                                   std::vector<std::byte>& out,
+                                                                                   std::span<const std::byte> in) {
+  { P::needs_statistics } -> std::convertible_to<bool>;
+  p.plan(sp);
+  p.observe(r);
+  p.on_interval(iv);
+  cp.save(out);
+  p.load(in);
+};
 
 //! Compressor \p C and collective \p K can be composed.
 template <class K, class C>
@@ -107,8 +120,8 @@ concept CollectiveAccepts = Collective<K> && Compressor<C> && K::template accept
 
 //! Communicator \p M carries data of compressor \p C's memory space.
 template <class M, class C>
-concept CommunicatorFor = Communicator<M> && Compressor<C> &&
-                          std::same_as<typename M::memory_space, typename C::memory_space>;
+concept CommunicatorFor =
+    Communicator<M> && Compressor<C> && std::same_as<typename M::memory_space, typename C::memory_space>;
 
 //! Compressors whose packets can be summed elementwise once indices are shared.
 template <class C>
@@ -120,12 +133,12 @@ concept SummableCompressor = Compressor<C> && static_cast<bool>(C::summable_by_i
 //! floats to sum first, `factor(e, params, stats)` the floats to sum second, and
 //! `reconstruct(out, scale)` writes scale * the aggregate (see collective/low_rank_allreduce.hpp).
 template <class C>
-concept LowRankCompressor =
-    Compressor<C> && requires { typename C::low_rank_tag; } &&
-    requires(C& c, grad_view<typename C::memory_space> v, const step_params& p, compress_stats& st, float s) {
-      { c.project(v, v, p, st) } -> std::same_as<std::span<float>>;
-      { c.factor(v, p, st) } -> std::same_as<std::span<float>>;
-      c.reconstruct(v, s);
-    };
+concept LowRankCompressor = Compressor<C> && requires {
+  typename C::low_rank_tag;
+} && requires(C& c, grad_view<typename C::memory_space> v, const step_params& p, compress_stats& st, float s) {
+  { c.project(v, v, p, st) } -> std::same_as<std::span<float>>;
+  { c.factor(v, p, st) } -> std::same_as<std::span<float>>;
+  c.reconstruct(v, s);
+};
 
 }  // namespace gravac

@@ -26,16 +26,26 @@ enum class status : std::uint8_t {
 //! Short, stable name of a status code.
 constexpr std::string_view to_string(status s) noexcept {
   switch (s) {
-    case status::ok: return "ok";
-    case status::invalid_argument: return "invalid argument";
-    case status::malformed_packet: return "malformed packet";
-    case status::layout_mismatch: return "layout mismatch";
-    case status::non_finite: return "non-finite gradient";
-    case status::backend_failure: return "backend failure";
-    case status::timeout: return "timeout";
-    case status::aborted: return "aborted";
-    case status::io_failure: return "i/o failure";
-    case status::diverged: return "ranks diverged";
+    case status::ok:
+      return "ok";
+    case status::invalid_argument:
+      return "invalid argument";
+    case status::malformed_packet:
+      return "malformed packet";
+    case status::layout_mismatch:
+      return "layout mismatch";
+    case status::non_finite:
+      return "non-finite gradient";
+    case status::backend_failure:
+      return "backend failure";
+    case status::timeout:
+      return "timeout";
+    case status::aborted:
+      return "aborted";
+    case status::io_failure:
+      return "i/o failure";
+    case status::diverged:
+      return "ranks diverged";
   }
   return "unknown";
 }
@@ -46,12 +56,18 @@ enum class backend : std::uint8_t { none, mpi, nccl, cuda, threads, io };
 //! Short name of a backend.
 constexpr std::string_view to_string(backend b) noexcept {
   switch (b) {
-    case backend::none: return "gravac";
-    case backend::mpi: return "MPI";
-    case backend::nccl: return "NCCL";
-    case backend::cuda: return "CUDA";
-    case backend::threads: return "threads";
-    case backend::io: return "io";
+    case backend::none:
+      return "gravac";
+    case backend::mpi:
+      return "MPI";
+    case backend::nccl:
+      return "NCCL";
+    case backend::cuda:
+      return "CUDA";
+    case backend::threads:
+      return "threads";
+    case backend::io:
+      return "io";
   }
   return "unknown";
 }
@@ -66,7 +82,10 @@ class error : public std::runtime_error {
   //! \param engine_code the backend's own error code (MPI/NCCL/CUDA), 0 when none
   error(status code, std::string what, int rank = -1, backend engine = backend::none, int engine_code = 0)
       : std::runtime_error(format(code, what, rank, engine, engine_code)),
-        code_(code), rank_(rank), engine_(engine), engine_code_(engine_code) {}
+        code_(code),
+        rank_(rank),
+        engine_(engine),
+        engine_code_(engine_code) {}
 
   //! gravac's classification of the failure.
   [[nodiscard]] status code() const noexcept { return code_; }

@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "gravac/error.hpp"
 #include "gravac/detail/fnv1a.hpp"
+#include "gravac/error.hpp"
 
 namespace gravac {
 
@@ -20,22 +20,26 @@ enum class layer_kind : std::uint8_t { conv, dense, recurrent, bias_or_norm };
 //! Short name of a layer kind.
 constexpr std::string_view to_string(layer_kind k) noexcept {
   switch (k) {
-    case layer_kind::conv: return "conv";
-    case layer_kind::dense: return "dense";
-    case layer_kind::recurrent: return "recurrent";
-    case layer_kind::bias_or_norm: return "bias_or_norm";
+    case layer_kind::conv:
+      return "conv";
+    case layer_kind::dense:
+      return "dense";
+    case layer_kind::recurrent:
+      return "recurrent";
+    case layer_kind::bias_or_norm:
+      return "bias_or_norm";
   }
   return "unknown";
 }
 
 //! One tensor of the model: where it lives in the flat buffer and what it is.
 struct layer {
-  std::string name;                 //!< unique name, e.g. "conv1.weight"
-  std::size_t offset = 0;           //!< first element in the flat buffer
-  std::size_t numel = 0;            //!< number of elements (product of shape)
-  std::vector<std::size_t> shape;   //!< tensor shape, outermost first
+  std::string name;                     //!< unique name, e.g. "conv1.weight"
+  std::size_t offset = 0;               //!< first element in the flat buffer
+  std::size_t numel = 0;                //!< number of elements (product of shape)
+  std::vector<std::size_t> shape;       //!< tensor shape, outermost first
   layer_kind kind = layer_kind::dense;  //!< what the tensor is
-  std::uint64_t id = 0;             //!< stable id: a hash of the name, equal on every rank and run
+  std::uint64_t id = 0;                 //!< stable id: a hash of the name, equal on every rank and run
 
   //! Number of dimensions of the tensor.
   [[nodiscard]] std::size_t rank() const noexcept { return shape.size(); }
@@ -59,14 +63,12 @@ class layout {
   std::size_t add(std::string name, std::vector<std::size_t> shape, layer_kind kind) {
     require(!name.empty(), "layout::add: a layer needs a name");
     require(!shape.empty(), "layout::add: layer '" + name + "' needs a shape");
-    for (const auto& l : layers_)
-      require(l.name != name, "layout::add: duplicate layer name '" + name + "'");
+    for (const auto& l : layers_) require(l.name != name, "layout::add: duplicate layer name '" + name + "'");
     std::size_t numel = 1;
     for (auto s : shape) numel *= s;
     layer l;
     l.id = detail::fnv1a(name.data(), name.size());
-    for (const auto& other : layers_)
-      require(other.id != l.id, "layout::add: layer id collision for '" + name + "'");
+    for (const auto& other : layers_) require(other.id != l.id, "layout::add: layer id collision for '" + name + "'");
     l.name = std::move(name);
     l.offset = total_;
     l.numel = numel;

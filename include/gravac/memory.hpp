@@ -37,9 +37,7 @@ class grad_view {
   //! A view of \p size floats at \p data.
   grad_view(float* data, std::size_t size) noexcept : data_(data), size_(size) {}
   //! A view of a host span.
-  grad_view(std::span<float> s) noexcept
-    requires Space::host_accessible
-      : data_(s.data()), size_(s.size()) {}
+  grad_view(std::span<float> s) noexcept requires Space::host_accessible : data_(s.data()), size_(s.size()) {}
 
   //! Pointer to the first element.
   [[nodiscard]] float* data() const noexcept { return data_; }
@@ -53,11 +51,7 @@ class grad_view {
   }
 
   //! Host access as a span (host spaces only).
-  [[nodiscard]] std::span<float> span() const noexcept
-    requires Space::host_accessible
-  {
-    return {data_, size_};
-  }
+  [[nodiscard]] std::span<float> span() const noexcept requires Space::host_accessible { return {data_, size_}; }
 
  private:
   float* data_ = nullptr;

@@ -15,19 +15,23 @@ namespace gravac {
 
 //! Which aggregation a switching collective should use; fixed collectives ignore it.
 enum class collective_kind : std::uint8_t {
-  automatic = 0,         //!< let the collective decide (e.g. by its cost model)
-  dense_allreduce = 1,   //!< decompress locally, Allreduce the dense buffer
-  allgather = 2,         //!< Allgather variable-length packets
+  automatic = 0,             //!< let the collective decide (e.g. by its cost model)
+  dense_allreduce = 1,       //!< decompress locally, Allreduce the dense buffer
+  allgather = 2,             //!< Allgather variable-length packets
   allreduce_compatible = 3,  //!< AR-Topk: shared indices, Allreduce of the values
 };
 
 //! Short name of a collective kind.
 constexpr std::string_view to_string(collective_kind k) noexcept {
   switch (k) {
-    case collective_kind::automatic: return "automatic";
-    case collective_kind::dense_allreduce: return "dense_allreduce";
-    case collective_kind::allgather: return "allgather";
-    case collective_kind::allreduce_compatible: return "allreduce_compatible";
+    case collective_kind::automatic:
+      return "automatic";
+    case collective_kind::dense_allreduce:
+      return "dense_allreduce";
+    case collective_kind::allgather:
+      return "allgather";
+    case collective_kind::allreduce_compatible:
+      return "allreduce_compatible";
   }
   return "unknown";
 }
@@ -42,9 +46,12 @@ enum class fallback_reason : std::uint8_t {
 //! Short name of a fallback reason.
 constexpr std::string_view to_string(fallback_reason f) noexcept {
   switch (f) {
-    case fallback_reason::none: return "none";
-    case fallback_reason::candidate_gain_below_eps: return "candidate_gain_below_eps";
-    case fallback_reason::minimum_gain_below_eps: return "minimum_gain_below_eps";
+    case fallback_reason::none:
+      return "none";
+    case fallback_reason::candidate_gain_below_eps:
+      return "candidate_gain_below_eps";
+    case fallback_reason::minimum_gain_below_eps:
+      return "minimum_gain_below_eps";
   }
   return "unknown";
 }
@@ -64,17 +71,17 @@ constexpr std::size_t kept_count(std::size_t numel, double fraction) noexcept {
 
 //! The parameters of one step, decided by the policy identically on every rank.
 struct step_params {
-  std::uint64_t step = 0;               //!< global step counter
-  std::uint64_t seed = 0;               //!< seed shared by all ranks (random-k, stochastic rounding)
-  std::vector<double> kept_fraction;    //!< per layer; >= 1 sends the layer dense
+  std::uint64_t step = 0;                   //!< global step counter
+  std::uint64_t seed = 0;                   //!< seed shared by all ranks (random-k, stochastic rounding)
+  std::vector<double> kept_fraction;        //!< per layer; >= 1 sends the layer dense
   double global_fraction = dense_fraction;  //!< kept fraction when a compressor selects over the whole buffer
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
   //! Kept fractions whose gain the compressor must report, in the order of
   //! step_report::gain_curve (owned: a policy copies its request; no allocation once sized).
   std::vector<double> gain_candidates;
-  bool collect_norms = true;            //!< fill per-layer norms even on the dense fast path
+  bool collect_norms = true;              //!< fill per-layer norms even on the dense fast path
   std::vector<std::uint32_t> bin_length;  //!< AdaComp's L_T per layer (0: the compressor's default for the kind)
-  int ranks = 1;                        //!< number of ranks (cast16 divides by it before the sum)
+  int ranks = 1;                          //!< number of ranks (cast16 divides by it before the sum)
   //! Per layer: the rank of a low-rank approximation (PowerSGD); 0 or empty: the compressor's own.
   std::vector<std::uint32_t> approximation_rank;
   fallback_reason fallback = fallback_reason::none;  //!< why the policy sent this step less compressed
@@ -93,17 +100,17 @@ struct step_params {
 
 //! What a compressor measured about one layer while compressing.
 struct layer_stats {
-  std::size_t kept = 0;     //!< values (or codes) sent for this layer
-  double grad_sq = 0;       //!< ||g_l||^2 of the local gradient
-  double input_sq = 0;      //!< ||u_l||^2, u = g + e
-  double kept_sq = 0;       //!< ||C(u_l)||^2, the energy sent
+  std::size_t kept = 0;  //!< values (or codes) sent for this layer
+  double grad_sq = 0;    //!< ||g_l||^2 of the local gradient
+  double input_sq = 0;   //!< ||u_l||^2, u = g + e
+  double kept_sq = 0;    //!< ||C(u_l)||^2, the energy sent
 };
 
 //! What a compressor measured while compressing one step's buffer.
 struct compress_stats {
-  std::vector<layer_stats> layers;  //!< one per layer of the layout
+  std::vector<layer_stats> layers;        //!< one per layer of the layout
   std::vector<double> candidate_kept_sq;  //!< for each gain candidate: ||C_c(u)||^2 over the buffer
-  bool non_finite = false;          //!< a NaN or infinity was seen in g or e
+  bool non_finite = false;                //!< a NaN or infinity was seen in g or e
 
   //! Resets counters without releasing memory (no allocation after the first step).
   void reset(std::size_t n_layers, std::size_t n_candidates) {
@@ -141,29 +148,31 @@ struct step_times {
 //! What one trainer step did: the parameters used, bytes, gains and times.
 //! Reused from step to step (no allocation after the first).
 struct step_report {
-  std::uint64_t step = 0;                   //!< the step this reports
-  std::vector<double> kept_fraction;        //!< per layer: values sent / numel (achieved; averaged over ranks when the policy asks)
-  std::vector<double> layer_grad_norm;      //!< per layer ||g_l|| (averaged over ranks when the policy asks)
-  std::vector<double> gain_candidates;      //!< the candidate kept fractions of gain_curve (step_params order)
+  std::uint64_t step = 0;  //!< the step this reports
+  std::vector<double>
+      kept_fraction;  //!< per layer: values sent / numel (achieved; averaged over ranks when the policy asks)
+  std::vector<double> layer_grad_norm;  //!< per layer ||g_l|| (averaged over ranks when the policy asks)
+  std::vector<double> gain_candidates;  //!< the candidate kept fractions of gain_curve (step_params order)
   //! gain_curve[i]: the gain at gain_candidates[i] (averaged over ranks when the policy asks).
   std::vector<double> gain_curve;
-  double gain = 1;                          //!< ||C(u)|| / ||u|| of what was sent
-  std::size_t bytes_sent = 0;               //!< bytes this rank put on the wire
-  std::size_t dense_bytes = 0;              //!< bytes a dense fp32 Allreduce would have sent
+  double gain = 1;                                                //!< ||C(u)|| / ||u|| of what was sent
+  std::size_t bytes_sent = 0;                                     //!< bytes this rank put on the wire
+  std::size_t dense_bytes = 0;                                    //!< bytes a dense fp32 Allreduce would have sent
   collective_kind collective = collective_kind::dense_allreduce;  //!< the aggregation used
-  fallback_reason fallback = fallback_reason::none;  //!< why the policy sent this step less compressed
-  double compress_s = 0;                    //!< seconds spent compressing (this rank's; times are not agreed per step)
-  double communicate_s = 0;                 //!< seconds in the collective (measured)
-  double decompress_s = 0;                  //!< seconds decompressing and averaging
-  double modeled_communicate_s = 0;         //!< seconds charged by a network model (0 without one)
-  double iteration_s = 0;                   //!< wall time from the previous step's return to this step's call: the caller's compute (0 at first)
-  bool skipped = false;                     //!< the step was skipped (non-finite gradient, skip mode)
-  bool statistics_synchronized = false;     //!< norms, gains and kept fractions were averaged over ranks
+  fallback_reason fallback = fallback_reason::none;               //!< why the policy sent this step less compressed
+  double compress_s = 0;             //!< seconds spent compressing (this rank's; times are not agreed per step)
+  double communicate_s = 0;          //!< seconds in the collective (measured)
+  double decompress_s = 0;           //!< seconds decompressing and averaging
+  double modeled_communicate_s = 0;  //!< seconds charged by a network model (0 without one)
+  double iteration_s =
+      0;  //!< wall time from the previous step's return to this step's call: the caller's compute (0 at first)
+  bool skipped = false;                  //!< the step was skipped (non-finite gradient, skip mode)
+  bool statistics_synchronized = false;  //!< norms, gains and kept fractions were averaged over ranks
   //! The previous step's measured times averaged over the ranks: they ride in this step's
   //! collective (a step's times are known only after its collective), for statistics
   //! policies. Valid when previous_times_agreed is set.
   step_times previous_times{};
-  bool previous_times_agreed = false;       //!< previous_times holds the ranks' average of the previous step
+  bool previous_times_agreed = false;  //!< previous_times holds the ranks' average of the previous step
 };
 
 }  // namespace gravac
@@ -172,10 +181,10 @@ namespace gravac {
 
 //! The end of an interval (an epoch, or every F steps), passed to Policy::on_interval.
 struct interval_info {
-  std::uint64_t step = 0;        //!< steps completed so far
-  std::uint64_t epoch = 0;       //!< epochs completed so far
-  double learning_rate = 0;      //!< the learning rate for the next interval
-  double samples = 0;            //!< samples processed (all ranks) during the interval
+  std::uint64_t step = 0;    //!< steps completed so far
+  std::uint64_t epoch = 0;   //!< epochs completed so far
+  double learning_rate = 0;  //!< the learning rate for the next interval
+  double samples = 0;        //!< samples processed (all ranks) during the interval
 };
 
 }  // namespace gravac

@@ -22,10 +22,10 @@
 #include <string_view>
 #include <vector>
 
+#include "gravac/detail/telemetry_format.hpp"
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/step.hpp"
-#include "gravac/detail/telemetry_format.hpp"
 
 namespace gravac {
 
@@ -42,11 +42,20 @@ class telemetry_sink {
 
 //! The fixed columns of csv_sink, in order. Per-layer columns follow when the sink
 //! was given a layout: `kept_fraction:<layer>` for every layer, then `grad_norm:<layer>`.
-inline constexpr std::array<std::string_view, 14> csv_columns = {
-    "step",          "skipped",       "collective",   "gain",
-    "bytes_sent",    "dense_bytes",   "compress_s",   "communicate_s",
-    "decompress_s",  "modeled_communicate_s",         "iteration_s",
-    "statistics_synchronized",        "mean_kept_fraction", "fallback"};
+inline constexpr std::array<std::string_view, 14> csv_columns = {"step",
+                                                                 "skipped",
+                                                                 "collective",
+                                                                 "gain",
+                                                                 "bytes_sent",
+                                                                 "dense_bytes",
+                                                                 "compress_s",
+                                                                 "communicate_s",
+                                                                 "decompress_s",
+                                                                 "modeled_communicate_s",
+                                                                 "iteration_s",
+                                                                 "statistics_synchronized",
+                                                                 "mean_kept_fraction",
+                                                                 "fallback"};
 
 //! Writes one CSV row per step, after a header line written at construction.
 //!

@@ -71,7 +71,7 @@ class trainer {
     typename P::options policy{};      //!< the policy's options
     std::uint64_t seed = 0;            //!< seed shared by all ranks (random-k, stochastic rounding)
     non_finite_action on_non_finite = non_finite_action::throw_error;  //!< what to do with NaN / infinity
-    bool verify_layout = true;         //!< check at construction that every rank has the same layout
+    bool verify_layout = true;  //!< check at construction that every rank has the same layout
     //! Debug: check every step that all ranks planned identical step_params (one allreduce
     //! of a 64-bit hash); a divergence throws gravac::error(diverged) on every rank, naming
     //! the ranks that differ from rank 0.
@@ -104,9 +104,7 @@ class trainer {
 
   //! Runs one step on host gradients \p grads (the flat buffer of the layout): leaves the
   //! rank-averaged (compressed) gradient in place and returns the step's report.
-  const step_report& step(std::span<float> grads)
-    requires memory_space::host_accessible
-  {
+  const step_report& step(std::span<float> grads) requires memory_space::host_accessible {
     return step(grad_view<memory_space>(grads));
   }
 
@@ -119,13 +117,13 @@ class trainer {
   //! must leave every residual untouched, so the ranks must know before compressing), and
   //! the `check_consistency` debug option adds its own check.
   const step_report& step(grad_view<memory_space> grads) {
-    begin_report(grads);                         // 1. validate; the policy fixes the step's parameters
+    begin_report(grads);                            // 1. validate; the policy fixes the step's parameters
     const long bad_layer = screen_gradient(grads);  // 2. non-finite values, by on_non_finite
     if (report_.skipped) return finish_step();
-    prepare_control(bad_layer);                   // 3. the control values that ride in the collective
-    aggregate(grads);                             // 4. compress, exchange, decompress
+    prepare_control(bad_layer);                              // 3. the control values that ride in the collective
+    aggregate(grads);                                        // 4. compress, exchange, decompress
     if (flag_slot_ != no_slot) throw_if_flagged(bad_layer);  // 5. a rank's non-finite gradient
-    observe_step();                               // 6. the report, rank-averaged statistics, the policy
+    observe_step();                                          // 6. the report, rank-averaged statistics, the policy
     return finish_step();
   }
 
@@ -139,15 +137,11 @@ class trainer {
     return {residual_.data(), residual_.size()};
   }
   //! The error-feedback residual (host memory spaces).
-  [[nodiscard]] std::span<const float> residual() const noexcept
-    requires memory_space::host_accessible
-  {
+  [[nodiscard]] std::span<const float> residual() const noexcept requires memory_space::host_accessible {
     return {residual_.data(), residual_.size()};
   }
   //! Mutable residual, for checkpoint restore (host memory spaces).
-  [[nodiscard]] std::span<float> residual() noexcept
-    requires memory_space::host_accessible
-  {
+  [[nodiscard]] std::span<float> residual() noexcept requires memory_space::host_accessible {
     residual_zero_ = false;  // the caller may write through it (checkpoint restore)
     return {residual_.data(), residual_.size()};
   }
@@ -216,7 +210,7 @@ class trainer {
     if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::zero_values) zero_non_finite(grads);
     if (options_.on_non_finite == non_finite_action::skip_step && skip_agreed(grads, bad_layer)) return bad_layer;
     if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::throw_error) zero_all(grads);
-    if constexpr (requires(P& p, std::span<const float> g) { p.accumulate(g); }) {
+    if constexpr (requires(P & p, std::span<const float> g) { p.accumulate(g); }) {
       if constexpr (memory_space::host_accessible) policy_.accumulate(std::span<const float>(grads.span()));
     }
     return bad_layer;
@@ -441,7 +435,7 @@ class trainer {
   // Hands the policy the sums of the values it asked to agree on (they rode in this step's
   // collective; on device memory they take one allreduce of their own).
   void deliver_agreement() {
-    if constexpr (requires(P& p, std::span<const double> s) { p.agreed(s); }) {
+    if constexpr (requires(P & p, std::span<const double> s) { p.agreed(s); }) {
       if constexpr (memory_space::host_accessible) {
         if (agree_slot_ == no_slot || !control_.has_sums()) return;
         agreed_.resize(agree_count_);
@@ -469,7 +463,8 @@ class trainer {
       sync_[2 * L + 4 + G] = pending_times_.iteration_s;
     }
     std::copy(report_.layer_grad_norm.begin(), report_.layer_grad_norm.end(), sync_.begin());
-    std::copy(report_.kept_fraction.begin(), report_.kept_fraction.end(), sync_.begin() + static_cast<std::ptrdiff_t>(L));
+    std::copy(report_.kept_fraction.begin(), report_.kept_fraction.end(),
+              sync_.begin() + static_cast<std::ptrdiff_t>(L));
     sync_[2 * L] = report_.gain;
     std::copy(report_.gain_curve.begin(), report_.gain_curve.end(),
               sync_.begin() + static_cast<std::ptrdiff_t>(2 * L + 1));
@@ -504,7 +499,7 @@ class trainer {
   step_control control_;
   std::size_t flag_slot_ = no_slot, stats_slot_ = no_slot, agree_slot_ = no_slot, agree_count_ = 0;
   std::size_t times_slot_ = no_slot;
-  step_times pending_times_{};      // this rank's times of the last step, sent with the next
+  step_times pending_times_{};  // this rank's times of the last step, sent with the next
   bool has_pending_times_ = false;
   detail::consistency_checker consistency_;
   std::uint64_t step_ = 0;

@@ -14,5 +14,6 @@ static_assert(gravac::Compressor<not_summable>);
 int main() {
   gravac::thread_team team(1);
   gravac::thread_communicator comm(team, 0);
-  gravac::trainer<not_summable, gravac::allreduce_compatible, gravac::fixed_policy> t(comm, gravac::layout::flat(4), {});
+  gravac::trainer<not_summable, gravac::allreduce_compatible, gravac::fixed_policy> t(comm, gravac::layout::flat(4),
+                                                                                      {});
 }

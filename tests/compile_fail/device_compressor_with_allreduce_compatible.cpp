@@ -6,7 +6,6 @@
 #include "fake_device_topk.hpp"
 #include "gravac/gravac.hpp"
 
-
 // Declarations only: the composition must be refused before anything would call them.
 struct fake_device_communicator {
   using communicator_tag = void;
@@ -26,5 +25,5 @@ static_assert(gravac::Communicator<fake_device_communicator>);
 int main() {
   fake_device_communicator comm;
   gravac::trainer<fake_device_topk, gravac::allreduce_compatible, gravac::fixed_policy> t(comm, gravac::layout::flat(4),
-                                                                                         {});
+                                                                                          {});
 }

@@ -1,10 +1,9 @@
 // The Catch2 main of the GPU tests: exits with 77 (CTest: "Skipped") when no CUDA device
 // is visible, so machines without a GPU report the tests as skipped, not passed.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cuda_runtime.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 
 int main(int argc, char** argv) {

@@ -4,9 +4,8 @@
 // bitwise comparison that tolerates NaN payloads, and a host and a device compressor
 // stepped together on the same data.
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -63,25 +62,34 @@ inline std::vector<float> scaled(std::vector<float> v, float s) {
 //! One layout, a host and a device compressor of it, their residuals and packet buffers.
 template <class Host, class Dev>
 struct compressor_pair {
-  gravac::layout lay;                          //!< the layout both compress
-  Host host;                                   //!< the host (reference) compressor
-  Dev dev;                                     //!< the device compressor under test
-  std::vector<float> e_host;                   //!< the host residual
-  gravac::device_buffer<float> e_dev;          //!< the device residual
-  std::vector<std::byte> packet_host;          //!< the host packet buffer
-  gravac::device_buffer<std::byte> packet_dev; //!< the device packet buffer
-  std::size_t bytes = 0;                       //!< the last step's packet size
+  gravac::layout lay;                           //!< the layout both compress
+  Host host;                                    //!< the host (reference) compressor
+  Dev dev;                                      //!< the device compressor under test
+  std::vector<float> e_host;                    //!< the host residual
+  gravac::device_buffer<float> e_dev;           //!< the device residual
+  std::vector<std::byte> packet_host;           //!< the host packet buffer
+  gravac::device_buffer<std::byte> packet_dev;  //!< the device packet buffer
+  std::size_t bytes = 0;                        //!< the last step's packet size
 
   //! Both with default options; the device residual holds at least \p min_elements.
   explicit compressor_pair(gravac::layout l, std::size_t min_elements = 0)
-      : lay(std::move(l)), host(lay), dev(lay), e_host(lay.numel(), 0.0f), e_dev(std::max(lay.numel(), min_elements)),
-        packet_host(host.max_packet_bytes()), packet_dev(dev.max_packet_bytes()) {}
+      : lay(std::move(l)),
+        host(lay),
+        dev(lay),
+        e_host(lay.numel(), 0.0f),
+        e_dev(std::max(lay.numel(), min_elements)),
+        packet_host(host.max_packet_bytes()),
+        packet_dev(dev.max_packet_bytes()) {}
 
   //! Both with the given options; the device residual holds at least \p min_elements.
   template <class HostOptions, class DevOptions>
   compressor_pair(gravac::layout l, const HostOptions& ho, const DevOptions& dopt, std::size_t min_elements = 0)
-      : lay(std::move(l)), host(lay, ho), dev(lay, dopt), e_host(lay.numel(), 0.0f),
-        e_dev(std::max(lay.numel(), min_elements)), packet_host(host.max_packet_bytes()),
+      : lay(std::move(l)),
+        host(lay, ho),
+        dev(lay, dopt),
+        e_host(lay.numel(), 0.0f),
+        e_dev(std::max(lay.numel(), min_elements)),
+        packet_host(host.max_packet_bytes()),
         packet_dev(dev.max_packet_bytes()) {}
 };
 

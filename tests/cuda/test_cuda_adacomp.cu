@@ -3,17 +3,16 @@
 // equal bit for bit (several steps, so the residue carries over), statistics close; device
 // validation and decoding against the host's. Skipped without a GPU.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "cuda_test_util.hpp"
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
-#include "cuda_test_util.hpp"
 #include "gravac_overflow_util.hpp"
 #include "gravac_test_util.hpp"
 
@@ -51,7 +50,7 @@ whole_pair make_whole(gravac::layout lay) {
 gravac::layout ada_layout() {
   auto lay = gravac::test::mixed_layout();
   lay.add("conv2.weight", {16, 8, 5, 5}, gravac::layer_kind::conv);  // 3200 = 64 bins of 50
-  lay.add("lstm", {3, 1667}, gravac::layer_kind::recurrent);          // 5001: a partial bin of 1
+  lay.add("lstm", {3, 1667}, gravac::layer_kind::recurrent);         // 5001: a partial bin of 1
   lay.add("fc3.weight", {70001}, gravac::layer_kind::dense);
   return lay;
 }
@@ -108,9 +107,9 @@ TEST_CASE("adacomp_cuda: all-zero bins, signed zeros and an all-zero layer") {
   for (std::uint64_t step = 0; step < 3; ++step) {
     auto g = gravac::test::make_data(lay.numel(), 21 + step);
     for (std::size_t i = 0; i < g.size(); ++i)
-      if ((i / 50) % 3 == 0) g[i] = (i % 2) ? -0.0f : 0.0f;  // whole bins of (signed) zeros
+      if ((i / 50) % 3 == 0) g[i] = (i % 2) ? -0.0f : 0.0f;                      // whole bins of (signed) zeros
     for (std::size_t j = 0; j < lay[0].numel; ++j) g[lay[0].offset + j] = 0.0f;  // a layer of zeros
-    if (step == 2) std::fill(g.begin(), g.end(), 0.0f);  // only the residue is left
+    if (step == 2) std::fill(g.begin(), g.end(), 0.0f);                          // only the residue is left
     r.step(g, p);
   }
 }
@@ -142,8 +141,10 @@ TEST_CASE("adacomp_cuda: finite values near the float maximum, huge and tiny: fi
     const auto h = gravac::test::overflow::make_huge(lay.numel(), kind, 51);
     for (int step = 0; step < 3; ++step) {
       INFO("step " << step);
-      r.step(step == 0 ? h : step == 1 ? gravac::test::make_data(lay.numel(), 52)
-                                       : gravac::test::overflow::second_huge_step(h, r.e_host), p);
+      r.step(step == 0   ? h
+             : step == 1 ? gravac::test::make_data(lay.numel(), 52)
+                         : gravac::test::overflow::second_huge_step(h, r.e_host),
+             p);
       REQUIRE_FALSE(r.last_host.non_finite);
       for (float x : r.e_host) REQUIRE(std::isfinite(x));
       for (const auto& ls : r.last_host.layers) {
@@ -151,7 +152,8 @@ TEST_CASE("adacomp_cuda: finite values near the float maximum, huge and tiny: fi
         CHECK(std::isfinite(ls.input_sq));
         CHECK(std::isfinite(ls.kept_sq));
       }
-      const std::vector<std::byte> pk(r.packet_host.begin(), r.packet_host.begin() + static_cast<std::ptrdiff_t>(r.bytes));
+      const std::vector<std::byte> pk(r.packet_host.begin(),
+                                      r.packet_host.begin() + static_cast<std::ptrdiff_t>(r.bytes));
       REQUIRE(r.host.validate(pk));
       REQUIRE(r.dev.validate(r.packet_dev.span().first(r.bytes)));
     }

@@ -3,17 +3,16 @@
 // statistics and the gain curve close; device validation and scatter-add against the
 // host's. Sizes 1 .. 2^26, many fractions, adversarial data. Skipped without a GPU.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include "gravac/cuda/topk_cuda.hpp"
+#include "cuda_test_util.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/cuda/threshold_cuda.hpp"
-#include "cuda_test_util.hpp"
+#include "gravac/cuda/topk_cuda.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
@@ -106,9 +105,9 @@ TEST_CASE("topk_cuda: a layer with fewer finite values than k sends them all; th
   // theirs, and that no residual is corrupted (the packet and every residual equal the host's).
   gravac::layout lay;
   lay.add("before", {3000}, gravac::layer_kind::dense);
-  lay.add("short", {200}, gravac::layer_kind::dense);     // 3 finite values, k = 100
+  lay.add("short", {200}, gravac::layer_kind::dense);       // 3 finite values, k = 100
   lay.add("none", {64}, gravac::layer_kind::bias_or_norm);  // no finite value at all
-  lay.add("exact", {100}, gravac::layer_kind::dense);      // exactly k finite values
+  lay.add("exact", {100}, gravac::layer_kind::dense);       // exactly k finite values
   lay.add("after", {70001}, gravac::layer_kind::conv);
   pair_run r(lay);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();

@@ -5,18 +5,16 @@
 // for bit. Sizes 1, 7, 1000, 2^16 + 3, 2^20; Gaussian, heavy-tailed and adversarial data
 // (all-zero layers, huge values, subnormals, NaN and infinity). Skipped without a GPU.
 #include <catch2/catch.hpp>
-
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "cuda_test_util.hpp"
 #include "gravac/collective/allgather.hpp"
-#include "gravac/comm/thread_communicator.hpp"
-#include "gravac/policy/fixed_policy.hpp"
-#include "gravac/trainer.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
+#include "gravac/comm/thread_communicator.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/sign.hpp"
@@ -25,7 +23,8 @@
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
 #include "gravac/cuda/terngrad_cuda.hpp"
-#include "cuda_test_util.hpp"
+#include "gravac/policy/fixed_policy.hpp"
+#include "gravac/trainer.hpp"
 #include "gravac_test_util.hpp"
 
 // The device quantizers plug into the collectives the device top-k uses.
@@ -78,8 +77,9 @@ struct pair_run : gravac::test::compressor_pair<Host, Dev> {
     gravac::compress_stats sh, sd;
     const auto bh = host.compress(gravac::host_view(gh), gravac::host_view(e_host), p, packet_host, sh);
     auto gd = to_device(g, 1);
-    const auto bd = dev.compress(gravac::grad_view<gravac::cuda_space>(gd.data(), lay.numel()),
-                                 gravac::grad_view<gravac::cuda_space>(e_dev.data(), lay.numel()), p, packet_dev.span(), sd);
+    const auto bd =
+        dev.compress(gravac::grad_view<gravac::cuda_space>(gd.data(), lay.numel()),
+                     gravac::grad_view<gravac::cuda_space>(e_dev.data(), lay.numel()), p, packet_dev.span(), sd);
     REQUIRE(bd == bh);
     bytes = bd;
     const auto pd = to_host(packet_dev.data(), bd);
@@ -126,7 +126,8 @@ struct pair_run : gravac::test::compressor_pair<Host, Dev> {
     std::vector<float> out_h = base;
     host.decompress_add(good, gravac::host_view(out_h), scale);
     auto out_d = to_device(base, 1);
-    dev.decompress_add(packet_dev.span().first(bytes), gravac::grad_view<gravac::cuda_space>(out_d.data(), lay.numel()), scale);
+    dev.decompress_add(packet_dev.span().first(bytes), gravac::grad_view<gravac::cuda_space>(out_d.data(), lay.numel()),
+                       scale);
     dev.synchronize();
     const auto back = to_host(out_d.data(), lay.numel());
     REQUIRE(same_words(back.data(), out_h.data(), back.size() * sizeof(float), false));
@@ -152,14 +153,30 @@ std::vector<float> adversarial(std::size_t n, int kind, std::uint64_t seed) {
   auto v = gravac::test::make_data(n, seed);
   for (std::size_t i = 0; i < n; ++i) {
     switch (kind) {
-      case 0: v[i] = 0.0f; break;
-      case 1: v[i] *= 1e30f; break;
-      case 2: v[i] = (i % 2 ? -3.0e38f : 3.1e38f) * (0.9f + 0.1f * std::fabs(std::tanh(v[i]))); break;
-      case 3: v[i] = v[i] * (i % 3 ? 1e-40f : 1e-20f); break;
-      case 5: v[i] *= 2e19f; break;
-      case 6: v[i] = i % 37 == 3 ? 3e38f : i % 101 == 7 ? -FLT_MAX : v[i] * (i % 2 ? 1e-42f : 1e-30f); break;
-      case 7: v[i] = FLT_MAX; break;
-      case 8: v[i] *= 1e-30f; break;
+      case 0:
+        v[i] = 0.0f;
+        break;
+      case 1:
+        v[i] *= 1e30f;
+        break;
+      case 2:
+        v[i] = (i % 2 ? -3.0e38f : 3.1e38f) * (0.9f + 0.1f * std::fabs(std::tanh(v[i])));
+        break;
+      case 3:
+        v[i] = v[i] * (i % 3 ? 1e-40f : 1e-20f);
+        break;
+      case 5:
+        v[i] *= 2e19f;
+        break;
+      case 6:
+        v[i] = i % 37 == 3 ? 3e38f : i % 101 == 7 ? -FLT_MAX : v[i] * (i % 2 ? 1e-42f : 1e-30f);
+        break;
+      case 7:
+        v[i] = FLT_MAX;
+        break;
+      case 8:
+        v[i] *= 1e-30f;
+        break;
       default:
         if (i % 97 == 5) v[i] = std::numeric_limits<float>::quiet_NaN();
         if (i % 211 == 7) v[i] = std::numeric_limits<float>::infinity();
@@ -195,7 +212,7 @@ void sweep(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& 
 
 TEST_CASE("qsgd_cuda equals qsgd: every code width and bucket size, Gaussian and adversarial data") {
   using P = typed_pair<gravac::qsgd, gravac::qsgd_cuda>;
-  const std::uint32_t levels[] = {1, 7, 127, 1000};   // codes of 2, 4, 8 and 16 bits
+  const std::uint32_t levels[] = {1, 7, 127, 1000};    // codes of 2, 4, 8 and 16 bits
   const std::uint32_t buckets[] = {512, 64, 0, 2048};  // 0: one norm per layer; 2048: two chunks per bucket
   for (auto lv : levels)
     for (auto b : buckets) {
@@ -248,7 +265,7 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
   auto run = [&](auto& r) {
     for (std::uint64_t s = 0; s < 3; ++s) {
       auto p = gravac::test::params_for(r.lay, 0.1, s, 17);
-      p.kept_fraction[1] = 1.0;           // a layer sent dense
+      p.kept_fraction[1] = 1.0;              // a layer sent dense
       if (s == 1) p.kept_fraction[6] = 1.0;  // the big one dense on one step
       if (s == 2) p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
       auto g = gravac::test::make_data(r.lay.numel(), 71 + s);
@@ -290,7 +307,8 @@ namespace {
 // Corrupts copies of a good packet; the device must reject exactly what the host rejects.
 template <class Pair>
 void corruptions(Pair& r) {
-  const std::vector<std::byte> good(r.packet_host.begin(), r.packet_host.begin() + static_cast<std::ptrdiff_t>(r.bytes));
+  const std::vector<std::byte> good(r.packet_host.begin(),
+                                    r.packet_host.begin() + static_cast<std::ptrdiff_t>(r.bytes));
   auto check = [&](const std::vector<std::byte>& bad, const char* what, bool expect_bad = true) {
     INFO(what);
     const bool host_ok = static_cast<bool>(r.host.validate(bad));

@@ -2,15 +2,14 @@
 // what it must produce, and trainer<topk_cuda, allgather, fixed_policy> against the serial
 // host reference. Skipped (exit 77) without a GPU.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "cuda_test_util.hpp"
 #include "gravac/comm/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
-#include "cuda_test_util.hpp"
 #include "gravac_test_util.hpp"
 
 namespace {
@@ -95,7 +94,8 @@ TEST_CASE("trainer<topk_cuda, allgather, fixed_policy> over NCCL equals the seri
   auto p = gravac::test::params_for(lay, 0.02);
   for (std::uint64_t step = 0; step < 3; ++step) {
     std::vector<std::vector<float>> grads;
-    for (int q = 0; q < n; ++q) grads.push_back(gravac::test::make_data(lay.numel(), 100 * step + static_cast<std::uint64_t>(q)));
+    for (int q = 0; q < n; ++q)
+      grads.push_back(gravac::test::make_data(lay.numel(), 100 * step + static_cast<std::uint64_t>(q)));
     const auto expect = gravac::test::serial_reference<gravac::topk>(lay, {}, p, grads, residuals);
     auto g = to_device(grads[static_cast<std::size_t>(r)]);
     const auto& rep = t.step(gravac::device_view(g));
@@ -121,7 +121,8 @@ TEST_CASE("trainer<topk_cuda, dense_allreduce, fixed_policy> over NCCL equals th
   auto p = gravac::test::params_for(lay, 0.05);
   for (std::uint64_t step = 0; step < 3; ++step) {
     std::vector<std::vector<float>> grads;
-    for (int q = 0; q < n; ++q) grads.push_back(gravac::test::make_data(lay.numel(), 300 * step + static_cast<std::uint64_t>(q)));
+    for (int q = 0; q < n; ++q)
+      grads.push_back(gravac::test::make_data(lay.numel(), 300 * step + static_cast<std::uint64_t>(q)));
     // The average of every rank's decompressed packet (summation order aside).
     const auto expect = gravac::test::serial_reference<gravac::topk>(lay, {}, p, grads, residuals);
     auto g = to_device(grads[static_cast<std::size_t>(r)]);

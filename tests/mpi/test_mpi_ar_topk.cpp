@@ -109,8 +109,7 @@ TEST_CASE("MPI: AR-Topk VAR picks the rank with the largest smoothed norm", "[mp
   CHECK(t.collective().last_root() == 0);
 }
 
-TEST_CASE("MPI: the flexible collective over a simulated schedule chooses the same on every rank",
-          "[mpi][flexible]") {
+TEST_CASE("MPI: the flexible collective over a simulated schedule chooses the same on every rank", "[mpi][flexible]") {
   mpi_communicator comm;
   layout lay;
   lay.add("fc1.weight", {100, 97}, layer_kind::dense);

@@ -4,7 +4,6 @@
 // the serial reference under the chosen parameters, and a save / restore mid-run must
 // continue bit for bit. No REQUIRE: a rank that stopped early would hang the others.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <type_traits>
 
@@ -32,8 +31,7 @@ bool same_decisions_everywhere(mpi_communicator& comm, const test::rank_log& log
   comm.allgatherv(std::as_bytes(std::span<const std::uint64_t>(mine)), all, sizes);
   bool same = true;
   for (int r = 0; r < comm.size(); ++r)
-    same = same && sizes[r] == sizes[0] &&
-           std::memcmp(all.data() + r * sizes[0], all.data(), sizes[0]) == 0;
+    same = same && sizes[r] == sizes[0] && std::memcmp(all.data() + r * sizes[0], all.data(), sizes[0]) == 0;
   return same;
 }
 
@@ -100,8 +98,14 @@ void check_restore(const typename P::options& popt, int cut) {
 }
 
 gravac_policy_options small_gravac(time_options time = {}) {
-  return {.cf_min = 4, .cf_max = 64, .window = 3, .warmup_steps = 3, .epsilon = 0.3, .period_steps = 4,
-          .samples_per_step = 32, .time = time};
+  return {.cf_min = 4,
+          .cf_max = 64,
+          .window = 3,
+          .warmup_steps = 3,
+          .epsilon = 0.3,
+          .period_steps = 4,
+          .samples_per_step = 32,
+          .time = time};
 }
 }  // namespace
 
@@ -119,8 +123,7 @@ TEST_CASE("MPI: accordion_policy decides identically on every rank", "[mpi][poli
   using T = trainer<topk, allgather, accordion_policy>;
   // A decision every interval: the schedule has 8 epochs, fewer than the default compare_every (10).
   check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.compare_every = 1}});
-  check_agreement<topk, allgather, accordion_policy>(
-      T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
+  check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.interval_steps = 3, .compare_every = 1}});
 }
 
 TEST_CASE("MPI: adacomp_policy with top-k and with the AdaComp compressor", "[mpi][policy][adacomp]") {

@@ -27,7 +27,8 @@ void check_against_reference(const typename C::options& copt, double f) {
   std::vector<std::vector<float>> ref_res(n, std::vector<float>(lay.numel(), 0.0f));
   for (int s = 0; s < 3; ++s) {
     auto data = [&](int r) {
-      return test::make_data(lay.numel(), 100 * s + r + 1, r % 2 ? test::distribution::laplace : test::distribution::gaussian);
+      return test::make_data(lay.numel(), 100 * s + r + 1,
+                             r % 2 ? test::distribution::laplace : test::distribution::gaussian);
     };
     auto g = data(comm.rank());
     t.step(g);

@@ -3,7 +3,6 @@
 // naming the rank. (A rank that throws outside gravac is covered by the test
 // mpi_abort_on_rank_failure, which must end the job through gravac::run_or_abort.)
 #include <catch2/catch.hpp>
-
 #include <limits>
 
 #include "gravac/checkpoint.hpp"

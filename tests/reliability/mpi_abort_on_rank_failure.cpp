@@ -16,10 +16,12 @@ int main(int argc, char** argv) {
     gravac::layout lay;
     lay.add("w", {64, 16}, gravac::layer_kind::dense);
     lay.add("b", {64}, gravac::layer_kind::bias_or_norm);
-    gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy> t(comm, lay, {.policy = {.kept_fraction = 0.1}});
+    gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy> t(comm, lay,
+                                                                             {.policy = {.kept_fraction = 0.1}});
     std::vector<float> g(lay.numel());
     for (int step = 0; step < 1000; ++step) {
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 7 + step * 13 + comm.rank()) % 29) - 14.0f;
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = static_cast<float>((i * 7 + step * 13 + comm.rank()) % 29) - 14.0f;
       if (step == 1 && comm.rank() == 2) throw std::runtime_error("injected failure on rank 2");
       t.step(g);
     }

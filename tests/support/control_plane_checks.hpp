@@ -4,7 +4,6 @@
 // policy, with the default on_non_finite (throw_error, whose flag rides along too).
 
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <type_traits>
 

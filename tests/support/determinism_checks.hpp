@@ -7,9 +7,8 @@
 // that does not: gravac_policy on the simulated clock without codec times, moo_policy and
 // flexible on a fixed network (flexible without charge_codec, which adds measured times).
 
-#include <catch2/catch.hpp>
-
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -71,8 +70,10 @@ run_hashes hashed_run(M& comm, const layout& lay, int steps) {
     h.step.push_back(fnv1a_floats(g, params_hash(t.last_params())));
     if ((s + 1) % steps_per_epoch == 0) {
       const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
-      t.end_interval({.step = static_cast<std::uint64_t>(s + 1), .epoch = epoch,
-                      .learning_rate = learning_rate_of(static_cast<int>(epoch)), .samples = 32.0 * steps_per_epoch});
+      t.end_interval({.step = static_cast<std::uint64_t>(s + 1),
+                      .epoch = epoch,
+                      .learning_rate = learning_rate_of(static_cast<int>(epoch)),
+                      .samples = 32.0 * steps_per_epoch});
     }
   }
   const auto& ct = t;  // read without marking the residual as written

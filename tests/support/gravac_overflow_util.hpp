@@ -2,8 +2,8 @@
 // Helpers of the overflow tests (test_quantizer_overflow, test_powersgd_overflow): finite
 // data whose squares, sums or norms pass the float maximum, and the checks of one step.
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -24,17 +24,23 @@ enum class data_kind {
   tiny,        // Gaussian * 1e-30: squares underflow
 };
 
-inline constexpr data_kind all_kinds[] = {data_kind::huge19, data_kind::huge30, data_kind::near_max,
+inline constexpr data_kind all_kinds[] = {data_kind::huge19,     data_kind::huge30,  data_kind::near_max,
                                           data_kind::mixed_tiny, data_kind::all_max, data_kind::tiny};
 
 inline const char* kind_name(data_kind k) {
   switch (k) {
-    case data_kind::huge19: return "1e19";
-    case data_kind::huge30: return "1e30";
-    case data_kind::near_max: return "near FLT_MAX";
-    case data_kind::mixed_tiny: return "tiny mixed with huge";
-    case data_kind::all_max: return "all FLT_MAX";
-    default: return "1e-30";
+    case data_kind::huge19:
+      return "1e19";
+    case data_kind::huge30:
+      return "1e30";
+    case data_kind::near_max:
+      return "near FLT_MAX";
+    case data_kind::mixed_tiny:
+      return "tiny mixed with huge";
+    case data_kind::all_max:
+      return "all FLT_MAX";
+    default:
+      return "1e-30";
   }
 }
 
@@ -43,14 +49,24 @@ inline std::vector<float> make_huge(std::size_t n, data_kind kind, std::uint64_t
   for (std::size_t i = 0; i < n; ++i) {
     float& x = v[i];
     switch (kind) {
-      case data_kind::huge19: x *= 1e19f; break;
-      case data_kind::huge30: x *= 1e30f; break;
-      case data_kind::near_max: x = (i % 2 ? -FLT_MAX : FLT_MAX) * (0.8f + 0.2f * std::fabs(std::tanh(x))); break;
+      case data_kind::huge19:
+        x *= 1e19f;
+        break;
+      case data_kind::huge30:
+        x *= 1e30f;
+        break;
+      case data_kind::near_max:
+        x = (i % 2 ? -FLT_MAX : FLT_MAX) * (0.8f + 0.2f * std::fabs(std::tanh(x)));
+        break;
       case data_kind::mixed_tiny:
         x = i % 37 == 3 ? 3e38f : i % 41 == 5 ? -1e20f : i % 101 == 7 ? -FLT_MAX : x * (i % 2 ? 1e-42f : 1e-30f);
         break;
-      case data_kind::all_max: x = FLT_MAX; break;
-      case data_kind::tiny: x *= 1e-30f; break;
+      case data_kind::all_max:
+        x = FLT_MAX;
+        break;
+      case data_kind::tiny:
+        x *= 1e-30f;
+        break;
     }
   }
   return v;

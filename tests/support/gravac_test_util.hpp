@@ -37,10 +37,18 @@ inline std::vector<float> make_data(std::size_t n, std::uint64_t seed, distribut
   std::bernoulli_distribution coin(0.5);
   for (auto& x : v) {
     switch (d) {
-      case distribution::gaussian: x = normal(rng); break;
-      case distribution::laplace: x = (coin(rng) ? 1.0f : -1.0f) * expo(rng); break;
-      case distribution::all_equal: x = 0.5f; break;
-      case distribution::narrow: x = (coin(rng) ? 1.0f : -1.0f) * unif(rng); break;
+      case distribution::gaussian:
+        x = normal(rng);
+        break;
+      case distribution::laplace:
+        x = (coin(rng) ? 1.0f : -1.0f) * expo(rng);
+        break;
+      case distribution::all_equal:
+        x = 0.5f;
+        break;
+      case distribution::narrow:
+        x = (coin(rng) ? 1.0f : -1.0f) * unif(rng);
+        break;
     }
   }
   return v;
@@ -71,8 +79,7 @@ std::vector<float> serial_reference(const layout& lay, const typename C::options
     std::vector<float> g = grads[r];
     compress_stats st;
     const auto bytes = c.compress(host_view(g), host_view(residuals[r]), p, packet, st);
-    c.decompress_add(std::span<const std::byte>(packet.data(), bytes), host_view(out),
-                     1.0f / static_cast<float>(n));
+    c.decompress_add(std::span<const std::byte>(packet.data(), bytes), host_view(out), 1.0f / static_cast<float>(n));
   }
   return out;
 }

@@ -6,7 +6,6 @@
 // the sanitizer builds catch any access out of bounds. Used by test_reliability_packets*.
 
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <random>
 #include <string>
@@ -101,7 +100,8 @@ void packet_battery(const typename C::options& opt, std::ptrdiff_t index_offset)
     poke<std::uint16_t>(p, 4, packet_version + 1);
     CHECK_THAT(c.validate(p).reason, Catch::Contains("unsupported version"));
     p = good;
-    poke<std::uint8_t>(p, 6, static_cast<std::uint8_t>(C::kind == packet_kind::dense ? packet_kind::sparse : packet_kind::dense));
+    poke<std::uint8_t>(
+        p, 6, static_cast<std::uint8_t>(C::kind == packet_kind::dense ? packet_kind::sparse : packet_kind::dense));
     CHECK_THAT(c.validate(p).reason, Catch::Contains("wrong kind"));
     p = good;
     poke<std::uint64_t>(p, 16, lay.hash() ^ 1);
@@ -136,8 +136,8 @@ void packet_battery(const typename C::options& opt, std::ptrdiff_t index_offset)
       INFO("count " << count);
       CHECK_FALSE(c.validate(p));
     }
-    for (std::uint64_t bytes : {peek<std::uint64_t>(good, seg0 + 24) + 1, peek<std::uint64_t>(good, seg0 + 24) + 8,
-                                std::uint64_t{1} << 62}) {
+    for (std::uint64_t bytes :
+         {peek<std::uint64_t>(good, seg0 + 24) + 1, peek<std::uint64_t>(good, seg0 + 24) + 8, std::uint64_t{1} << 62}) {
       p = good;
       poke<std::uint64_t>(p, seg0 + 24, bytes);
       INFO("payload bytes " << bytes);

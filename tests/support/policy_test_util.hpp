@@ -59,7 +59,8 @@ class mock_network_comm {
   using memory_space = host_space;
   using byte_buffer = std::vector<std::byte>;
 
-  mock_network_comm(thread_communicator& inner, double alpha, double beta) : inner_(inner), alpha_(alpha), beta_(beta) {}
+  mock_network_comm(thread_communicator& inner, double alpha, double beta)
+      : inner_(inner), alpha_(alpha), beta_(beta) {}
   [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
   [[nodiscard]] int size() const noexcept { return inner_.size(); }
   void allreduce_sum(std::span<float> d) {
@@ -87,8 +88,9 @@ static_assert(Communicator<mock_network_comm>);
 // Deliberately different local gradients: rank-dependent distribution and scale, and a
 // per-step amplitude so that norms change between intervals.
 inline std::vector<float> rank_gradient(const layout& lay, int step, int rank, double amplitude = 1.0) {
-  auto g = make_data(lay.numel(), 7919ull * static_cast<std::uint64_t>(step) + 31ull * static_cast<std::uint64_t>(rank) + 1,
-                     rank % 2 ? distribution::laplace : distribution::gaussian);
+  auto g =
+      make_data(lay.numel(), 7919ull * static_cast<std::uint64_t>(step) + 31ull * static_cast<std::uint64_t>(rank) + 1,
+                rank % 2 ? distribution::laplace : distribution::gaussian);
   const float s = static_cast<float>((1.0 + 0.5 * rank) * amplitude);
   for (auto& x : g) x *= s;
   return g;
@@ -122,8 +124,10 @@ void run_schedule(T& t, int rank, int from, int to, rank_log& log) {
     log.out.push_back(std::move(g));
     if ((s + 1) % steps_per_epoch == 0) {
       const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
-      t.end_interval({.step = static_cast<std::uint64_t>(s + 1), .epoch = epoch,
-                      .learning_rate = learning_rate_of(static_cast<int>(epoch)), .samples = 32.0 * steps_per_epoch});
+      t.end_interval({.step = static_cast<std::uint64_t>(s + 1),
+                      .epoch = epoch,
+                      .learning_rate = learning_rate_of(static_cast<int>(epoch)),
+                      .samples = 32.0 * steps_per_epoch});
     }
   }
   const auto& ct = t;  // read without marking the residual as written
@@ -140,7 +144,8 @@ std::vector<std::vector<float>> schedule_reference(const layout& lay, const type
   std::vector<std::vector<float>> outs;
   for (std::size_t s = 0; s < params.size(); ++s) {
     std::vector<std::vector<float>> grads;
-    for (int r = 0; r < ranks; ++r) grads.push_back(rank_gradient(lay, static_cast<int>(s), r, amplitude_at(static_cast<int>(s))));
+    for (int r = 0; r < ranks; ++r)
+      grads.push_back(rank_gradient(lay, static_cast<int>(s), r, amplitude_at(static_cast<int>(s))));
     outs.push_back(serial_reference<C>(lay, copt, params[s].params(), grads, residuals));
   }
   return outs;

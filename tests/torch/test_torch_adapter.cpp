@@ -9,7 +9,6 @@
 #undef CHECK
 
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <vector>
 
@@ -93,10 +92,17 @@ TEST_CASE("torch_gradients: layout and layer kinds from the module types", "[tor
   std::vector<std::string> names;
   for (const auto& l : lay.layers()) names.push_back(l.name);
   // Registration order, depth first; the frozen parameter is left out.
-  const std::vector<std::string> expect_names = {"scale",           "conv.weight",       "conv.bias",
-                                                 "bn.weight",       "bn.bias",           "lstm.weight_ih_l0",
-                                                 "lstm.weight_hh_l0", "lstm.bias_ih_l0", "lstm.bias_hh_l0",
-                                                 "fc.weight",       "fc.bias"};
+  const std::vector<std::string> expect_names = {"scale",
+                                                 "conv.weight",
+                                                 "conv.bias",
+                                                 "bn.weight",
+                                                 "bn.bias",
+                                                 "lstm.weight_ih_l0",
+                                                 "lstm.weight_hh_l0",
+                                                 "lstm.bias_ih_l0",
+                                                 "lstm.bias_hh_l0",
+                                                 "fc.weight",
+                                                 "fc.bias"};
   CHECK(names == expect_names);
   const auto kind = [&](const std::string& n) {
     for (const auto& l : lay.layers())

@@ -201,18 +201,20 @@ TEST_CASE("adacomp validation rejects malformed packets", "[compress][adacomp][v
     CHECK_FALSE(c.validate(std::span<const std::byte>(good.data(), cut)));
   auto put32 = [](std::vector<std::byte>& b, std::size_t at, std::uint32_t v) { std::memcpy(b.data() + at, &v, 4); };
   auto putf = [](std::vector<std::byte>& b, std::size_t at, float v) { std::memcpy(b.data() + at, &v, 4); };
-  CHECK_FALSE(corrupt([&](auto& b) { put32(b, pl + 8, 300); }));                      // index out of range
-  CHECK_FALSE(corrupt([&](auto& b) { put32(b, pl + 12, load_at<std::uint32_t>(std::span<const std::byte>(b).subspan(pl + 8), 0)); }));  // repeat
-  CHECK_FALSE(corrupt([&](auto& b) { putf(b, pl, std::nanf("")); }));                 // NaN scale
-  CHECK_FALSE(corrupt([&](auto& b) { putf(b, pl, -1.0f); }));                         // negative scale
-  CHECK_FALSE(corrupt([&](auto& b) { put32(b, pl + 4, 0); }));                        // zero bin length
-  CHECK_FALSE(corrupt([&](auto& b) { b[seg + 4] = std::byte{8}; }));                  // index width 8 for a small layer
-  CHECK_FALSE(corrupt([&](auto& b) {                                                  // count larger than the payload
+  CHECK_FALSE(corrupt([&](auto& b) { put32(b, pl + 8, 300); }));  // index out of range
+  CHECK_FALSE(corrupt([&](auto& b) {
+    put32(b, pl + 12, load_at<std::uint32_t>(std::span<const std::byte>(b).subspan(pl + 8), 0));
+  }));                                                                 // repeat
+  CHECK_FALSE(corrupt([&](auto& b) { putf(b, pl, std::nanf("")); }));  // NaN scale
+  CHECK_FALSE(corrupt([&](auto& b) { putf(b, pl, -1.0f); }));          // negative scale
+  CHECK_FALSE(corrupt([&](auto& b) { put32(b, pl + 4, 0); }));         // zero bin length
+  CHECK_FALSE(corrupt([&](auto& b) { b[seg + 4] = std::byte{8}; }));   // index width 8 for a small layer
+  CHECK_FALSE(corrupt([&](auto& b) {                                   // count larger than the payload
     std::uint64_t cnt = k + 1;
     std::memcpy(b.data() + seg + 16, &cnt, 8);
   }));
   if (detail::code_bytes(k, 1) % 8 != 0)
-    CHECK_FALSE(corrupt([&](auto& b) { b.back() = std::byte{0x80}; }));               // padding bit of the signs set
+    CHECK_FALSE(corrupt([&](auto& b) { b.back() = std::byte{0x80}; }));  // padding bit of the signs set
   CHECK(c.validate(good));
 }
 
@@ -244,8 +246,10 @@ TEST_CASE("adacomp: infinities and NaNs are never sent, do not count in a bin's 
   for (std::size_t i = 0; i < n; ++i) {
     INFO("element " << i);
     REQUIRE(bit_equal(dec[i], ref.decoded[i]));
-    if (std::isfinite(g[i])) REQUIRE(bit_equal(r[i], r_ref[i]));
-    else REQUIRE(!std::isfinite(r[i]));  // left in the residue
+    if (std::isfinite(g[i]))
+      REQUIRE(bit_equal(r[i], r_ref[i]));
+    else
+      REQUIRE(!std::isfinite(r[i]));  // left in the residue
   }
   CHECK(st.layers[0].kept == ref.sent.size());
   compress_stats clean;

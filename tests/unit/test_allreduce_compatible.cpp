@@ -2,7 +2,6 @@
 // a serial reference; the error-feedback invariant on every rank; STAR rotates the index
 // rank; VAR picks the rank with the largest smoothed norm (ties to the lowest).
 #include <catch2/catch.hpp>
-
 #include <cstring>
 
 #include "gravac/collective/allreduce_compatible.hpp"
@@ -84,8 +83,10 @@ TEST_CASE("AR-Topk STAR on 4 thread ranks equals the serial reference, bit for b
         for (std::size_t j = 0; j < u.size(); ++j) {
           u[j] += e_old[j];
           const float e_new = t.residual()[j];
-          if (e_new == 0.0f && u[j] != 0.0f) ++sent;
-          else if (e_new != u[j]) ++residual_bad[r];
+          if (e_new == 0.0f && u[j] != 0.0f)
+            ++sent;
+          else if (e_new != u[j])
+            ++residual_bad[r];
         }
         count_ok[r] += sent == t.collective().last_value_count();
       }
@@ -110,15 +111,17 @@ TEST_CASE("AR-Topk STAR on 4 thread ranks equals the serial reference, bit for b
       for (int r = 0; r < n; ++r) {
         INFO("f " << f << " step " << s << " rank " << r);
         CHECK(roots[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)] == s % n);  // STAR rotates
-        CHECK(results[static_cast<std::size_t>(s)][static_cast<std::size_t>(r)] == ref);   // same bits everywhere
+        CHECK(results[static_cast<std::size_t>(s)][static_cast<std::size_t>(r)] == ref);  // same bits everywhere
       }
     }
     for (int r = 0; r < n; ++r) CHECK(res[static_cast<std::size_t>(r)] == e[static_cast<std::size_t>(r)]);
   }
 }
 
-TEST_CASE("AR-Topk VAR picks the rank with the largest smoothed gradient norm after the previous step, ties to "
-          "the lowest", "[ar_topk]") {
+TEST_CASE(
+    "AR-Topk VAR picks the rank with the largest smoothed gradient norm after the previous step, ties to "
+    "the lowest",
+    "[ar_topk]") {
   // The norms ride in the step's value Allreduce (no collective of their own), so step s
   // uses the norms known after step s - 1; step 0 has none and uses rank 0.
   constexpr int n = 4;
@@ -219,7 +222,8 @@ TEST_CASE("AR-Topk with threshold selection sends exactly k at the index rank, a
     res[static_cast<std::size_t>(comm.rank())].assign(t.residual().begin(), t.residual().end());
   });
   std::vector<std::vector<float>> g(n), e(n, std::vector<float>(lay.numel(), 0.0f));
-  for (int r = 0; r < n; ++r) g[static_cast<std::size_t>(r)] = test::make_data(lay.numel(), 70 + r, test::distribution::laplace);
+  for (int r = 0; r < n; ++r)
+    g[static_cast<std::size_t>(r)] = test::make_data(lay.numel(), 70 + r, test::distribution::laplace);
   const auto ref = ar_topk_reference(lay, test::params_for(lay, 0.05), g, e, 0);  // STAR: step 0 -> rank 0
   for (int r = 0; r < n; ++r) {
     CHECK(out[static_cast<std::size_t>(r)] == ref);

@@ -4,7 +4,6 @@
 // (allow_ignored_decisions) may be visible in this file: the table is the library's own;
 // test_composition_opt_in shows the opt-in.
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -23,9 +22,11 @@ struct type_list {};
 
 template <class T>
 constexpr const char* name_of();
-#define GRAVAC_TEST_NAME(T) \
-  template <>               \
-  constexpr const char* name_of<T>() { return #T; }
+#define GRAVAC_TEST_NAME(T)            \
+  template <>                          \
+  constexpr const char* name_of<T>() { \
+    return #T;                         \
+  }
 GRAVAC_TEST_NAME(identity)
 GRAVAC_TEST_NAME(topk)
 GRAVAC_TEST_NAME(threshold)
@@ -55,9 +56,10 @@ using policies = type_list<fixed_policy, gravac_policy, accordion_policy, adacom
 template <class C, class K, class... P>
 void row(std::ostringstream& os, type_list<P...>) {
   os << "| `" << name_of<C>() << "` | `" << name_of<K>() << "` |";
-  ((os << ' ' << (detail::composition_verdict<C, K, P>() == rejection::none
-                      ? std::string("valid")
-                      : std::string("no: ") + to_string(detail::composition_verdict<C, K, P>()))
+  ((os << ' '
+       << (detail::composition_verdict<C, K, P>() == rejection::none
+               ? std::string("valid")
+               : std::string("no: ") + to_string(detail::composition_verdict<C, K, P>()))
        << " |"),
    ...);
   os << '\n';
@@ -65,11 +67,7 @@ void row(std::ostringstream& os, type_list<P...>) {
 
 template <class... C, class... K>
 void rows(std::ostringstream& os, type_list<C...>, type_list<K...>) {
-  (
-      [&]<class One>() {
-        (row<One, K>(os, policies{}), ...);
-      }.template operator()<C>(),
-      ...);
+  ([&]<class One>() { (row<One, K>(os, policies{}), ...); }.template operator()<C>(), ...);
 }
 
 template <class... P>

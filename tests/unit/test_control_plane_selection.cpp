@@ -3,7 +3,6 @@
 // thread communicator), and at 32 ms of modeled latency an adaptive policy's step costs
 // what the same kept fraction costs under fixed_policy.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <map>
 

@@ -2,7 +2,6 @@
 // profiles (schedules, CSV traces), the simulated network's virtual clock, and the
 // flexible collective's per-step choice.
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -86,7 +85,8 @@ TEST_CASE("network profiles: constant, cyclic schedules, CSV traces with clear e
   CHECK(by_time.at(0, 0.5) == slow);
   CHECK(by_time.at(0, 100) == slow);  // not cyclic: the last phase holds
 
-  const auto trace = network_profile::parse_csv("# a trace\n\nstep,latency_ms,bandwidth_gbps\n0,1,25\n 100 , 32 , 1 \n250,2,10\n");
+  const auto trace =
+      network_profile::parse_csv("# a trace\n\nstep,latency_ms,bandwidth_gbps\n0,1,25\n 100 , 32 , 1 \n250,2,10\n");
   CHECK(trace.phases() == 3);
   CHECK(trace.at(99, 0) == fast);
   CHECK(trace.at(100, 0) == slow);
@@ -132,8 +132,8 @@ TEST_CASE("network profiles: constant, cyclic schedules, CSV traces with clear e
 TEST_CASE("simulated network: real collectives, and a clock equal to the sum of the modeled costs",
           "[network][simulated]") {
   constexpr int n = 4;
-  const auto sched = network_profile::schedule(
-      {{2, network_params{1e-3, 1e-9}}, {2, network_params{5e-6, 1e-7}}}, profile_index::step);
+  const auto sched = network_profile::schedule({{2, network_params{1e-3, 1e-9}}, {2, network_params{5e-6, 1e-7}}},
+                                               profile_index::step);
   std::vector<double> clocks(n), expected(n);
   std::vector<int> sums_ok(n, 0);
   run_ranks(n, [&](thread_communicator& tc) {
@@ -227,7 +227,8 @@ TEST_CASE("flexible: under a simulated step schedule it switches where the cost 
     for (int s = 0; s < steps; ++s) {
       const auto& net = sched->at(static_cast<std::uint64_t>(s), 0);
       const auto c = flexible::costs(n, d, fe, net);
-      const auto predicted = flexible::candidates[static_cast<std::size_t>(std::min_element(c.begin(), c.end()) - c.begin())];
+      const auto predicted =
+          flexible::candidates[static_cast<std::size_t>(std::min_element(c.begin(), c.end()) - c.begin())];
       seen.insert(predicted);
       // What the engine must have charged for what was actually sent: the gradient's own
       // collective, with the trainer's non-finite flag (2 floats) riding at its end.
@@ -259,8 +260,7 @@ TEST_CASE("flexible: under a simulated step schedule it switches where the cost 
   }
 }
 
-TEST_CASE("flexible: measured timings give the same choices on every rank; a policy can force one",
-          "[flexible]") {
+TEST_CASE("flexible: measured timings give the same choices on every rank; a policy can force one", "[flexible]") {
   constexpr int n = 4;
   const auto lay = wide_layout();
   std::vector<std::vector<collective_kind>> kinds(n);
@@ -342,7 +342,7 @@ TEST_CASE("flexible: with charge_codec each step takes the cheapest of network c
     CHECK(without[static_cast<std::size_t>(r)] == std::vector<collective_kind>(steps, collective_kind::allgather));
   }
   CHECK(with[0][0] == collective_kind::allgather);  // no codec time known yet: the network decides
-  CHECK(codec[0][1][2] > 0);                       // the Allgather step's codec time arrived with the next step
+  CHECK(codec[0][1][2] > 0);                        // the Allgather step's codec time arrived with the next step
   std::set<collective_kind> used(with[0].begin(), with[0].end());
   for (int s = 1; s < steps; ++s) {
     // Step s decides on the codec times known after step s - 1.

@@ -154,7 +154,8 @@ TEST_CASE("compressors report the histogram gain curve of u = g + e", "[gain][co
     compress_stats st;
     c.compress(host_view(gg), host_view(e), p, packet, st);
     REQUIRE(st.candidate_kept_sq.size() == candidates.size());
-    for (std::size_t i = 0; i < candidates.size(); ++i) CHECK(st.candidate_kept_sq[i] == Approx(want[i]).epsilon(1e-12));
+    for (std::size_t i = 0; i < candidates.size(); ++i)
+      CHECK(st.candidate_kept_sq[i] == Approx(want[i]).epsilon(1e-12));
   };
   check(topk(lay), false);
   check(topk(lay), true);

@@ -9,7 +9,6 @@
 
 using namespace gravac;
 
-
 TEST_CASE("the fast top-k index selection equals the reference, ties included", "[index_selection]") {
   std::vector<std::uint64_t> fast, want, scratch, order;
   for (std::size_t n : {std::size_t{65537}, std::size_t{100003}, (std::size_t{1} << 18) + 5, std::size_t{1} << 20}) {

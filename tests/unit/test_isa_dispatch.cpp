@@ -111,7 +111,8 @@ void check_same_selection(const typename C::options& opt) {
       INFO("distribution " << dist << " step " << s << " avx2 kernels " << detail::cpu_has_avx2());
       REQUIRE(best[s].packet.size() == base[s].packet.size());
       CHECK(std::memcmp(best[s].packet.data(), base[s].packet.data(), best[s].packet.size()) == 0);
-      CHECK(std::memcmp(best[s].residual.data(), base[s].residual.data(), best[s].residual.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(best[s].residual.data(), base[s].residual.data(), best[s].residual.size() * sizeof(float)) ==
+            0);
       for (std::size_t i = 0; i < lay.size(); ++i) {
         CHECK(best[s].st.layers[i].grad_sq == base[s].st.layers[i].grad_sq);
         CHECK(best[s].st.layers[i].input_sq == base[s].st.layers[i].input_sq);

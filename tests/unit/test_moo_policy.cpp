@@ -2,7 +2,6 @@
 // curves, on the Pareto front; moo_policy's warm-up, re-decisions, save/load, and the
 // same decision on every rank.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "gravac/policy/moo_policy.hpp"
@@ -68,8 +67,12 @@ TEST_CASE("multi-objective choice on constructed curves equals the hand-computed
   SECTION("weights move the point: all weight on time picks the fastest") {
     std::vector<double> loss;
     for (double c : candidates) loss.push_back(3 - std::log(c / 0.001) / std::log(100.0));
-    CHECK(ch.choose(candidates, loss, [](double f) { return f; }, 1.0, 0.0).fraction == Approx(0.001));
-    CHECK(ch.choose(candidates, loss, [](double f) { return f; }, 0.0, 1.0).fraction == Approx(0.1));
+    CHECK(ch.choose(
+                candidates, loss, [](double f) { return f; }, 1.0, 0.0)
+              .fraction == Approx(0.001));
+    CHECK(ch.choose(
+                candidates, loss, [](double f) { return f; }, 0.0, 1.0)
+              .fraction == Approx(0.1));
   }
   CHECK_THROWS_AS(moo_chooser(1), error);
 }
@@ -112,7 +115,7 @@ TEST_CASE("moo_policy: warm-up, the decision, re-decisions and save/load", "[moo
     p.step = s;
     pol.plan(p);
     CHECK(p.kept_fraction[0] == Approx(1.0 - 0.9 * static_cast<double>(s) / 9));  // 1.0 -> 0.1 linearly
-    CHECK(p.kept_fraction[2] == dense_fraction);  // the bias stays dense
+    CHECK(p.kept_fraction[2] == dense_fraction);                                  // the bias stays dense
     CHECK(p.gain_candidates.size() == candidates.size());
     CHECK_FALSE(pol.decided());
     pol.observe(report_with(s, gains_for(1.0)));

@@ -3,7 +3,6 @@
 // alpha from beta, the prior's split scaled to the samples when they cannot, robust to
 // stalls, forgetful of an old network, and deterministic.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -47,10 +46,14 @@ std::string describe(const network_params& p) {
 cost_terms call_terms(int i, double bytes) {
   const int ranks = 4 + (i * 5) % 13;
   switch (i % 4) {
-    case 0: return cost_model::dense_allreduce(ranks, bytes / 4);
-    case 1: return cost_model::allgather_topk(ranks, bytes / (8 * 0.01 * ranks), 0.01);
-    case 2: return cost_model::ar_topk(ranks, bytes / (4 * 0.1), 0.1);
-    default: return cost_model::ring_allreduce(ranks, bytes);
+    case 0:
+      return cost_model::dense_allreduce(ranks, bytes / 4);
+    case 1:
+      return cost_model::allgather_topk(ranks, bytes / (8 * 0.01 * ranks), 0.01);
+    case 2:
+      return cost_model::ar_topk(ranks, bytes / (4 * 0.1), 0.1);
+    default:
+      return cost_model::ring_allreduce(ranks, bytes);
   }
 }
 
@@ -130,8 +133,8 @@ TEST_CASE("network estimate: one message shape fits the time at that shape and k
           est.add(terms, terms.seconds(truth.params));
         }
         const cost_terms& shape = design.front();
-        INFO(truth.name << ", " << describe(prior) << ", shape (" << shape.latency << ", " << shape.bytes
-                        << "): alpha " << est.params().alpha << " beta " << est.params().beta);
+        INFO(truth.name << ", " << describe(prior) << ", shape (" << shape.latency << ", " << shape.bytes << "): alpha "
+                        << est.params().alpha << " beta " << est.params().beta);
         CHECK_FALSE(est.identifiable());
         CHECK(relative_error(shape.seconds(est.params()), shape.seconds(truth.params)) < 0.10);
         // The split is the prior's: alpha / beta as in the prior.
@@ -157,8 +160,8 @@ TEST_CASE("network estimate: noisy timings with stalls stay within 10%, default 
           if (stall(rng)) seconds *= 3;  // a stalled call: the robust fit must ignore it
           est.add(terms, seconds);
         }
-        INFO(truth.name << ", " << describe(prior) << ", seed " << seed << ": alpha " << est.params().alpha
-                        << " s, " << est.params().gbps() << " Gbit/s");
+        INFO(truth.name << ", " << describe(prior) << ", seed " << seed << ": alpha " << est.params().alpha << " s, "
+                        << est.params().gbps() << " Gbit/s");
         CHECK(est.identifiable());
         CHECK(relative_error(est.params().alpha, truth.params.alpha) < 0.10);
         CHECK(relative_error(est.params().beta, truth.params.beta) < 0.10);

@@ -1,7 +1,6 @@
 // accordion_policy, rule by rule: gradient streams built by hand and the levels the rules
 // of accordion_policy.hpp prescribe for them (derivations in the comments).
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <set>
 
@@ -159,8 +158,7 @@ TEST_CASE("accordion: r exactly eta is critical, r just below is not", "[policy]
   CHECK(p.level(0) == lv::high);
 }
 
-TEST_CASE("accordion: the statistic is the norm of the summed gradient, not the sum of norms",
-          "[policy][accordion]") {
+TEST_CASE("accordion: the statistic is the norm of the summed gradient, not the sum of norms", "[policy][accordion]") {
   // One matrix layer; the gradient lives in its first two entries.
   layout lay;
   lay.add("w", {2, 2}, layer_kind::dense);
@@ -249,7 +247,7 @@ TEST_CASE("accordion: a decision applies from the second step after its interval
   CHECK(p.decision_pending());
   one_step(p, g);
   CHECK_FALSE(p.decision_pending());
-  one_step(p, g);  // interval 2 ends: r = 0
+  one_step(p, g);                                  // interval 2 ends: r = 0
   CHECK(one_step(p, g).kept_fraction[0] == 0.1);   // the first step of interval 3: old level
   CHECK(one_step(p, g).kept_fraction[0] == 0.01);  // the second: the decision's
 }
@@ -293,7 +291,7 @@ TEST_CASE("accordion: after a learning-rate decay, low until the next decision",
     deliver(p);
     CHECK(levels(p) == all_low);
     CHECK(p.change_ratios()[0] == Approx(0.0).margin(1e-6));  // its statistics are recorded
-    epoch(p, g, 2, 0.01);  // the next decision: the rule
+    epoch(p, g, 2, 0.01);                                     // the next decision: the rule
     CHECK(levels(p) == all_high);
   }
   SECTION("intervals of F steps, decay mid-interval") {
@@ -301,7 +299,7 @@ TEST_CASE("accordion: after a learning-rate decay, low until the next decision",
     for (int i = 0; i < 6; ++i) one_step(p, g);  // decisions: low (step 2), high (step 4)
     CHECK(p.intervals() == 3);
     CHECK(levels(p) == all_high);
-    one_step(p, g);  // the third interval's decision (high); interval 4 is one step in
+    one_step(p, g);                 // the third interval's decision (high); interval 4 is one step in
     p.on_interval(epoch_end(0.1));  // an epoch end without decay changes nothing in F mode
     CHECK(p.intervals() == 3);
     CHECK(levels(p) == all_high);
@@ -319,8 +317,9 @@ TEST_CASE("accordion: 1-D tensors dense by default, configurable levels", "[poli
   lay.add("empty", {0}, layer_kind::dense);
   accordion_policy dense1d(lay);
   CHECK(dense1d.level(4) == lv::dense);
-  accordion_policy all(lay, {.low_compression = 0.5, .high_compression = 0.25, .low_rank = 4,
-                             .compare_every = 1, .one_dim_dense = false});
+  accordion_policy all(
+      lay,
+      {.low_compression = 0.5, .high_compression = 0.25, .low_rank = 4, .compare_every = 1, .one_dim_dense = false});
   step_params sp;
   all.plan(sp);
   CHECK(sp.kept_fraction == std::vector<double>{0.5, 0.5, 0.5, 0.5, 0.5});
@@ -546,7 +545,7 @@ TEST_CASE("accordion: load alone restarts the accumulators from zero", "[policy]
   src.save(shared);
   accordion_policy dst(lay, o);
   dst.load(shared);
-  REQUIRE(dst.decision_pending());  // every rank has the request (it shapes the collective)...
+  REQUIRE(dst.decision_pending());                           // every rank has the request (it shapes the collective)...
   for (double x : dst.agreement_request()) CHECK(x == 0.0);  // ...but without its local norms
   for (double x : dst.local_interval_norms()) CHECK(x == 0.0);
   CHECK(levels(dst) == levels(src));

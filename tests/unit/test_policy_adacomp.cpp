@@ -1,6 +1,5 @@
 // adacomp_policy: L_T by layer kind, dense biases, and the compression it reports.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "gravac/policy/adacomp_policy.hpp"
@@ -11,10 +10,10 @@ using namespace gravac;
 namespace {
 layout kinds() {
   layout l;
-  l.add("conv", {8, 3, 3, 3}, layer_kind::conv);          // 216
-  l.add("conv.bias", {8}, layer_kind::bias_or_norm);      // 8
-  l.add("fc", {30, 40}, layer_kind::dense);               // 1200
-  l.add("lstm", {40, 160}, layer_kind::recurrent);        // 6400
+  l.add("conv", {8, 3, 3, 3}, layer_kind::conv);      // 216
+  l.add("conv.bias", {8}, layer_kind::bias_or_norm);  // 8
+  l.add("fc", {30, 40}, layer_kind::dense);           // 1200
+  l.add("lstm", {40, 160}, layer_kind::recurrent);    // 6400
   return l;
 }
 }  // namespace
@@ -31,8 +30,12 @@ TEST_CASE("adacomp: L_T by layer kind, biases dense, 1 / L_T for fraction compre
   CHECK_FALSE(p.compressed(1));
   CHECK(p.bin_length(3) == 500);
 
-  adacomp_policy custom(lay, {.conv_bin = 20, .dense_bin = 100, .recurrent_bin = 300, .bias_or_norm_bin = 4,
-                              .bias_or_norm_dense = false, .collective = collective_kind::allgather});
+  adacomp_policy custom(lay, {.conv_bin = 20,
+                              .dense_bin = 100,
+                              .recurrent_bin = 300,
+                              .bias_or_norm_bin = 4,
+                              .bias_or_norm_dense = false,
+                              .collective = collective_kind::allgather});
   custom.plan(sp);
   CHECK(sp.bin_length == std::vector<std::uint32_t>{20, 4, 100, 300});
   CHECK(sp.kept_fraction == std::vector<double>{1.0 / 20, 1.0 / 4, 1.0 / 100, 1.0 / 300});

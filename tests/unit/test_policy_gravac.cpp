@@ -1,7 +1,6 @@
 // gravac_policy, rule by rule: scripted statistics (step_report values built by hand) and
 // the decisions docs/algorithms.md ("GraVAC") prescribes for them, derived by hand in the comments.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <map>
 
@@ -81,11 +80,13 @@ TEST_CASE("gravac: candidates double from CF_min and end at CF_max", "[policy][g
   CHECK(std::vector<double>(def.candidates().begin(), def.candidates().end()) ==
         std::vector<double>{10, 20, 40, 80, 160, 320, 640, 1000});
   gravac_policy odd(lay, {.cf_min = 10, .cf_max = 100});
-  CHECK(std::vector<double>(odd.candidates().begin(), odd.candidates().end()) == std::vector<double>{10, 20, 40, 80, 100});
+  CHECK(std::vector<double>(odd.candidates().begin(), odd.candidates().end()) ==
+        std::vector<double>{10, 20, 40, 80, 100});
   gravac_policy one(lay, {.cf_min = 50, .cf_max = 50});
   CHECK(one.candidates().size() == 1);
   gravac_policy quarter(lay, {.cf_min = 4, .cf_max = 64, .scale = 0.25});
-  CHECK(std::vector<double>(quarter.candidates().begin(), quarter.candidates().end()) == std::vector<double>{4, 16, 64});
+  CHECK(std::vector<double>(quarter.candidates().begin(), quarter.candidates().end()) ==
+        std::vector<double>{4, 16, 64});
 }
 
 TEST_CASE("gravac: the warm-up sends at CF_min whatever the gain, then the eps rule applies", "[policy][gravac]") {
@@ -93,7 +94,7 @@ TEST_CASE("gravac: the warm-up sends at CF_min whatever the gain, then the eps r
   for (int s = 0; s < 4; ++s) {
     INFO("warm-up step " << s);
     CHECK(d.pol.phase() == gravac_phase::warmup);
-    CHECK(d.run({{10, 0.1}}, 1.0) == 10);  // gain far below eps = 0.7: still CF_min
+    CHECK(d.run({{10, 0.1}}, 1.0) == 10);             // gain far below eps = 0.7: still CF_min
     CHECK(d.asked() == std::vector<double>{10, 20});  // CF_min, and the next candidate
   }
   CHECK(d.pol.phase() == gravac_phase::searching);
@@ -120,16 +121,16 @@ TEST_CASE("gravac: the gain is an EWMA with alpha = 2 / (w + 1)", "[policy][grav
 TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for both", "[policy][gravac]") {
   // Candidates 10, 20, 40; window 1 (the smoothed gain is the last one); periods of 2 steps.
   driver d(two_layers(), {.cf_max = 40, .window = 1, .warmup_steps = 1, .period_steps = 2});
-  CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // warm-up
-  CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // candidate 10: gain 0.9 >= 0.7
+  CHECK(d.run({{10, 0.9}}, 1.0) == 10);             // warm-up
+  CHECK(d.run({{10, 0.9}}, 1.0) == 10);             // candidate 10: gain 0.9 >= 0.7
   CHECK(d.asked() == std::vector<double>{10, 20});  // the candidate (CF_min) and the next one
-  CHECK(d.run({{10, 0.9}}, 1.0) == 10);  // end of period: CT(10) = 2 / 2 s * 0.9 = 0.9
+  CHECK(d.run({{10, 0.9}}, 1.0) == 10);             // end of period: CT(10) = 2 / 2 s * 0.9 = 0.9
   CHECK(d.pol.throughput_table()[0] == Approx(0.9));
   CHECK(d.pol.candidate_cf() == 20);  // advanced
   // First step at 20: gain(20) not measured yet, counts as below eps -> CF_min (0.9 >= eps).
   CHECK(d.run({{20, 0.8}, {10, 0.9}}, 0.5) == 10);
   CHECK(d.asked() == std::vector<double>{20, 10, 40});  // all gains from the same u
-  CHECK(d.run({{20, 0.6}, {10, 0.65}}, 0.5) == 20);  // gain(20) = 0.8 >= eps
+  CHECK(d.run({{20, 0.6}, {10, 0.65}}, 0.5) == 20);     // gain(20) = 0.8 >= eps
   // Only the step sent at 20 counts: CT(20) = 1 / 0.5 s * 0.6 = 1.2; the best two (1.2, 0.9)
   // differ by 25% > omega, CT rose, 20 < CF_max: advance to 40.
   CHECK(d.pol.throughput_table()[1] == Approx(1.2));
@@ -158,11 +159,11 @@ TEST_CASE("gravac: stop when the two best CTs are within omega, keeping the more
   d.run({{10, 0.9}, {20, 0.8}}, 1.0);             // CT(10) = 0.9
   d.run({{20, 0.8}, {10, 0.9}, {40, 0.8}}, 0.5);  // CT(20) = 1.6: 44% above 0.9 -> advance
   CHECK(d.pol.candidate_cf() == 40);
-  d.run({{40, 0.8}, {10, 0.9}}, 0.49);       // CT(40) = 1.6327: within 2% of 1.6 -> stop
+  d.run({{40, 0.8}, {10, 0.9}}, 0.49);  // CT(40) = 1.6327: within 2% of 1.6 -> stop
   CHECK(d.pol.phase() == gravac_phase::monitoring);
   CHECK(d.pol.candidate_cf() == 40);
   CHECK(std::isnan(d.pol.throughput_table()[3]));  // 80 never evaluated
-  CHECK(d.plan() == 40);                     // gain(40) = 0.8 >= eps
+  CHECK(d.plan() == 40);                           // gain(40) = 0.8 >= eps
 
   // The omega rule comes first: CT fell slightly for 40 (1.58 < 1.6), but the two best are
   // within omega, so the more aggressive (40) is kept rather than the best (20).
@@ -264,8 +265,8 @@ TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
   // The modeled clock drives CT: the measured communication is ignored. It has measured
   // parts (the caller's compute, the codec), so a step's time is read one step late, from
   // the ranks' average the trainer carries in the next step.
-  gravac_policy pol(two_layers(), {.cf_max = 20, .window = 1, .warmup_steps = 1, .period_steps = 1,
-                                   .time = {time_source::modeled}});
+  gravac_policy pol(two_layers(),
+                    {.cf_max = 20, .window = 1, .warmup_steps = 1, .period_steps = 1, .time = {time_source::modeled}});
   step_params p;
   p.kept_fraction.assign(2, 1.0);
   step_report s;
@@ -274,7 +275,7 @@ TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
   s.gain_curve = {0.8, 0.8};    // CF 10, and the next candidate
   pol.plan(p);                  // warm-up step
   pol.observe(s);
-  pol.plan(p);                  // the first step of the search, sent at CF 10
+  pol.plan(p);  // the first step of the search, sent at CF 10
   s.previous_times_agreed = true;
   s.previous_times = {0.0, 100.0, 0.0, 0.0};
   pol.observe(s);
@@ -287,8 +288,13 @@ TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
 TEST_CASE("gravac: a measured clock is read one step late and judges the same periods", "[policy][gravac][time]") {
   // The same script on the shared clock and on the measured one: the measured clock's
   // periods close one step later, with the same CT values.
-  const gravac_policy_options o{.cf_min = 10, .cf_max = 40, .window = 1, .warmup_steps = 0, .epsilon = 0.5,
-                                .period_steps = 2, .samples_per_step = 64};
+  const gravac_policy_options o{.cf_min = 10,
+                                .cf_max = 40,
+                                .window = 1,
+                                .warmup_steps = 0,
+                                .epsilon = 0.5,
+                                .period_steps = 2,
+                                .samples_per_step = 64};
   driver shared(two_layers(), o), late(two_layers(), o, false);
   const std::map<long, double> gains{{10, 0.9}, {20, 0.8}, {40, 0.6}};
   for (int s = 0; s < 2; ++s) {

@@ -2,9 +2,8 @@
 // gradients: every rank takes the same decision at every step, the averaged gradient
 // equals the serial reference under the parameters the policy chose, and a save /
 // restore mid-run continues exactly as an uninterrupted run.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -106,8 +105,14 @@ void check_restore(const typename P::options& popt, int cut) {
 }
 
 gravac_policy_options small_gravac(time_options time = {}) {
-  return {.cf_min = 4, .cf_max = 64, .window = 3, .warmup_steps = 3, .epsilon = 0.3, .period_steps = 4,
-          .samples_per_step = 32, .time = time};
+  return {.cf_min = 4,
+          .cf_max = 64,
+          .window = 3,
+          .warmup_steps = 3,
+          .epsilon = 0.3,
+          .period_steps = 4,
+          .samples_per_step = 32,
+          .time = time};
 }
 }  // namespace
 
@@ -156,7 +161,7 @@ TEST_CASE("threads: accordion_policy decides identically on every rank and match
   // A decision every epoch: the schedule has 8 epochs, fewer than the default compare_every (10).
   const auto log = check_agreement<topk, allgather, accordion_policy>(T::options{.policy = {.compare_every = 1}});
   CHECK(fractions_of_layer(log, 0) == std::set<double>{0.01, 0.1});  // both levels were used
-  CHECK(fractions_of_layer(log, 1) == std::set<double>{1.0});          // the bias stays dense
+  CHECK(fractions_of_layer(log, 1) == std::set<double>{1.0});        // the bias stays dense
   const T::options every_3_steps{.policy = {.interval_steps = 3, .compare_every = 1}};
   const auto by_interval = check_agreement<topk, allgather, accordion_policy>(every_3_steps);
   CHECK(fractions_of_layer(by_interval, 2).size() == 2);

@@ -1,8 +1,8 @@
 // PowerSGD: error feedback, exact recovery of low-rank matrices, the two-allreduce
 // protocol on 4 thread ranks against a plain reference, warm start, validation, and a
 // per-layer rank from the policy (Accordion's levels).
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 
@@ -25,7 +25,7 @@ layout matrix_layout() {
   l.add("conv", {6, 3, 3, 3}, layer_kind::conv);  // 6 x 27
   l.add("bias", {6}, layer_kind::bias_or_norm);   // 1-D: raw
   l.add("fc", {40, 25}, layer_kind::dense);
-  l.add("tiny", {2, 2}, layer_kind::dense);       // r (rows + cols) >= numel: raw
+  l.add("tiny", {2, 2}, layer_kind::dense);  // r (rows + cols) >= numel: raw
   return l;
 }
 
@@ -36,7 +36,8 @@ struct reference_layer {
   std::size_t rows, cols, r;
   std::vector<double> q;  // cols x r column-major
 };
-std::vector<double> reference_step(reference_layer& L, std::vector<std::vector<double>>& m /* per rank, u in, e out */) {
+std::vector<double> reference_step(reference_layer& L,
+                                   std::vector<std::vector<double>>& m /* per rank, u in, e out */) {
   const std::size_t n = m.size(), rows = L.rows, cols = L.cols, r = L.r;
   std::vector<double> p(rows * r, 0.0);
   for (std::size_t k = 0; k < n; ++k)
@@ -153,7 +154,10 @@ TEST_CASE("powersgd x low_rank_allreduce on 4 ranks equals the reference", "[com
   std::vector<std::vector<std::vector<float>>> outputs(steps, std::vector<std::vector<float>>(ranks));
   std::vector<std::vector<float>> residuals(ranks);
   std::vector<std::size_t> bytes(ranks);
-  auto grad = [&](int s, int r) { return test::make_data(lay.numel(), 100 * s + r, r % 2 ? test::distribution::laplace : test::distribution::gaussian); };
+  auto grad = [&](int s, int r) {
+    return test::make_data(lay.numel(), 100 * s + r,
+                           r % 2 ? test::distribution::laplace : test::distribution::gaussian);
+  };
   run_ranks(ranks, [&](thread_communicator& comm) {
     using T = trainer<powersgd, low_rank_allreduce, fixed_policy>;
     T::options opt;
@@ -259,7 +263,8 @@ TEST_CASE("powersgd validation rejects malformed packets", "[compress][powersgd]
   compress_stats st;
   packet.resize(c.compress(host_view(g), host_view(e), test::params_for(lay, 0.1), packet, st));
   REQUIRE(c.validate(packet));
-  for (std::size_t cut = 0; cut < packet.size(); cut += 7) CHECK_FALSE(c.validate(std::span<const std::byte>(packet.data(), cut)));
+  for (std::size_t cut = 0; cut < packet.size(); cut += 7)
+    CHECK_FALSE(c.validate(std::span<const std::byte>(packet.data(), cut)));
   const std::size_t seg = sizeof(packet_header);
   auto bad = packet;
   std::uint64_t r = 7;  // rank above min(rows, cols) = 6 of the first layer

@@ -112,7 +112,8 @@ TEST_CASE("cast16_limit_bits: the largest value of the format whose N-fold is fi
   }
 }
 
-TEST_CASE("QSGD with huge finite values: finite residual, valid packet, finite statistics", "[compress][quant][overflow]") {
+TEST_CASE("QSGD with huge finite values: finite residual, valid packet, finite statistics",
+          "[compress][quant][overflow]") {
   for (std::uint32_t levels : {1u, 7u, 127u, 1000u})
     for (std::uint32_t bucket : {512u, 64u, 0u, 2048u}) {
       INFO("levels " << levels << ", bucket " << bucket);
@@ -120,7 +121,8 @@ TEST_CASE("QSGD with huge finite values: finite residual, valid packet, finite s
     }
 }
 
-TEST_CASE("TernGrad with huge finite values: finite residual, valid packet, finite statistics", "[compress][quant][overflow]") {
+TEST_CASE("TernGrad with huge finite values: finite residual, valid packet, finite statistics",
+          "[compress][quant][overflow]") {
   for (std::uint32_t bucket : {512u, 0u, 3072u}) {
     INFO("bucket " << bucket);
     check_all_kinds<terngrad>({.bucket = bucket});

@@ -1,9 +1,9 @@
 // QSGD, TernGrad, EF-sign and cast16: error feedback, unbiasedness (statistical, fixed
 // seeds), packing sizes, fp16/bf16 conversions, overflow-free cast16 on many ranks, and
 // validation of corrupt packets.
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 
@@ -78,7 +78,9 @@ void check_unbiased(const typename C::options& opt, float step_of_scale) {
     const auto packet = make_packet(c, u, e, test::params_for(lay, 0.5, t, 1234), st);
     const auto dec = decode(c, packet, n);
     for (std::size_t i = 0; i < n; ++i) sum[i] += dec[i];
-    if (t == 0) scale = load_at<float>(std::span<const std::byte>(packet).subspan(sizeof(packet_header) + sizeof(segment_header) + 8), 0);
+    if (t == 0)
+      scale = load_at<float>(
+          std::span<const std::byte>(packet).subspan(sizeof(packet_header) + sizeof(segment_header) + 8), 0);
   }
   REQUIRE(scale > 0);
   // A stochastic rounding between two points step apart has variance <= step^2 / 4.
@@ -110,8 +112,8 @@ TEST_CASE("element_bits: a pure function of (stream, i), uniform, independent of
       for (std::size_t k = 0; k < m; ++k) REQUIRE(u[k] == detail::uniform24(detail::element_bits(99, first + k)));
     }
   // The definition: a SplitMix32 step inside each group of 64, keyed by splitmix64.
-  CHECK(detail::element_bits(5, 130) == detail::fmix32(static_cast<std::uint32_t>(detail::splitmix64_nth(5, 2)) +
-                                                       2u * detail::random_step));
+  CHECK(detail::element_bits(5, 130) ==
+        detail::fmix32(static_cast<std::uint32_t>(detail::splitmix64_nth(5, 2)) + 2u * detail::random_step));
   // Uniform: chi-square over 64 cells of the top bits, and no correlation between
   // neighbours, over 2^16 draws of several streams (fixed, so deterministic).
   for (std::uint64_t stream : {std::uint64_t{1}, std::uint64_t{12345}, detail::mix_seed(7, 3, 2)}) {
@@ -181,7 +183,8 @@ void check_leveled_reference(C& c, const layout& lay, std::uint32_t levels, std:
         const bool neg = u < 0 && level > 0;
         const std::uint32_t want_code = level | (neg ? 1u << (width - 1) : 0u);
         std::uint64_t word = 0;
-        std::memcpy(&word, codes + (i * width / 64) * 8, std::min<std::size_t>(8, detail::code_bytes(n, width) - (i * width / 64) * 8));
+        std::memcpy(&word, codes + (i * width / 64) * 8,
+                    std::min<std::size_t>(8, detail::code_bytes(n, width) - (i * width / 64) * 8));
         const auto code = static_cast<std::uint32_t>((word >> (i * width % 64)) & ((1ull << width) - 1));
         INFO("layer " << sh.layer << " element " << i << " u " << u << " a " << a << " r " << r);
         REQUIRE(code == want_code);
@@ -232,19 +235,21 @@ TEST_CASE("cast16 and EF-sign equal a per-element reference", "[compress][quant]
       const auto packet = make_packet(c, g, e, p, st);
       REQUIRE(c.validate(packet));
       const float limit = fmt == cast16_format::fp16 ? detail::fp16_max : detail::bf16_max;
-      for_each_segment(std::span<const std::byte>(packet), [&](const segment_header& sh, std::span<const std::byte> pl) {
-        const layer& l = lay[sh.layer];
-        for (std::size_t i = 0; i < l.numel; ++i) {
-          const float u = e0[l.offset + i] + g[l.offset + i];
-          const float q = std::clamp(u * (1.0f / static_cast<float>(ranks)), -limit, limit);
-          const std::uint16_t h = fmt == cast16_format::fp16 ? detail::float_to_fp16(q) : detail::float_to_bf16(q);
-          const float v = (fmt == cast16_format::fp16 ? detail::fp16_to_float(h) : detail::bf16_to_float(h)) * static_cast<float>(ranks);
-          const float want_e = u - v;
-          INFO("element " << i << " u " << u);
-          REQUIRE(load_at<std::uint16_t>(pl.subspan(quant_prefix_bytes), i) == h);
-          REQUIRE(std::memcmp(&e[l.offset + i], &want_e, 4) == 0);
-        }
-      });
+      for_each_segment(
+          std::span<const std::byte>(packet), [&](const segment_header& sh, std::span<const std::byte> pl) {
+            const layer& l = lay[sh.layer];
+            for (std::size_t i = 0; i < l.numel; ++i) {
+              const float u = e0[l.offset + i] + g[l.offset + i];
+              const float q = std::clamp(u * (1.0f / static_cast<float>(ranks)), -limit, limit);
+              const std::uint16_t h = fmt == cast16_format::fp16 ? detail::float_to_fp16(q) : detail::float_to_bf16(q);
+              const float v = (fmt == cast16_format::fp16 ? detail::fp16_to_float(h) : detail::bf16_to_float(h)) *
+                              static_cast<float>(ranks);
+              const float want_e = u - v;
+              INFO("element " << i << " u " << u);
+              REQUIRE(load_at<std::uint16_t>(pl.subspan(quant_prefix_bytes), i) == h);
+              REQUIRE(std::memcmp(&e[l.offset + i], &want_e, 4) == 0);
+            }
+          });
     }
   sign c(lay);
   auto e = e0;
@@ -357,7 +362,7 @@ double residual_norm_after(const typename C::options& opt, int steps) {
 // (E||Q(u) - u||^2 < ||u||^2); QSGD's variance bound is min(B / s^2, sqrt(B) / s) ||u||^2
 // for buckets of B, so s >= about sqrt(B) keeps it. Documented in qsgd_options::levels.
 TEST_CASE("QSGD's error feedback stays bounded for s >= sqrt(bucket), not below", "[compress][quant][ef]") {
-  const double g_norm = std::sqrt(4096.0);  // of each step's gradient
+  const double g_norm = std::sqrt(4096.0);             // of each step's gradient
   CHECK(residual_norm_after<qsgd>({}, 150) < g_norm);  // the defaults: s = 127, buckets of 512
   CHECK(residual_norm_after<qsgd>({.levels = 7, .bucket = 64}, 150) < g_norm);
   CHECK(residual_norm_after<qsgd>({.levels = 127, .bucket = 0}, 150) < g_norm);
@@ -421,7 +426,8 @@ TEST_CASE("fp16 and bf16 conversions round to nearest even", "[compress][cast16]
     _Float16 ref;
     std::memcpy(&ref, &b, 2);
     INFO("fp16 bits " << h);
-    REQUIRE(std::bit_cast<std::uint32_t>(detail::fp16_to_float(b)) == std::bit_cast<std::uint32_t>(static_cast<float>(ref)));
+    REQUIRE(std::bit_cast<std::uint32_t>(detail::fp16_to_float(b)) ==
+            std::bit_cast<std::uint32_t>(static_cast<float>(ref)));
   }
   const auto v = test::make_data(20000, 3, test::distribution::laplace);
   for (float x : v)
@@ -438,7 +444,8 @@ TEST_CASE("fp16 and bf16 conversions round to nearest even", "[compress][cast16]
   for (std::uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f807fffu}) {
     const float f = std::bit_cast<float>(bits);
     const std::uint16_t r = detail::float_to_bf16(f);
-    const float lo = std::bit_cast<float>(bits & 0xffff0000u), hi = std::bit_cast<float>((bits & 0xffff0000u) + 0x10000u);
+    const float lo = std::bit_cast<float>(bits & 0xffff0000u),
+                hi = std::bit_cast<float>((bits & 0xffff0000u) + 0x10000u);
     const float got = detail::bf16_to_float(r);
     CHECK((got == lo || got == hi));
     CHECK(std::fabs(got - f) <= std::fabs((got == lo ? hi : lo) - f));
@@ -481,7 +488,8 @@ TEST_CASE("cast16 divides by N: no overflow near the fp16 maximum on 8 ranks", "
     if (fmt == cast16_format::fp16) {
       float sum16 = 0, sum_raw16 = 0;
       for (int r = 0; r < ranks; ++r) {
-        sum16 = detail::fp16_to_float(detail::float_to_fp16(sum16 + detail::fp16_to_float(detail::float_to_fp16(grads[r][0] / ranks))));
+        sum16 = detail::fp16_to_float(
+            detail::float_to_fp16(sum16 + detail::fp16_to_float(detail::float_to_fp16(grads[r][0] / ranks))));
         const float next = sum_raw16 + grads[r][0];
         sum_raw16 = std::fabs(next) > detail::fp16_max ? INFINITY : detail::fp16_to_float(detail::float_to_fp16(next));
       }
@@ -529,7 +537,10 @@ TEST_CASE("quantizer validation rejects malformed packets", "[compress][quant][v
   const std::vector<edit> common{
       [](auto& b) { b[sizeof(packet_header) + 5] = std::byte{9}; },  // unknown encoding
       [](auto& b) { b[sizeof(packet_header) + 4] = std::byte{4}; },  // indices in a quantized segment
-      [](auto& b) { std::uint64_t c = 5; std::memcpy(b.data() + sizeof(packet_header) + 16, &c, 8); },  // count != numel
+      [](auto& b) {
+        std::uint64_t c = 5;
+        std::memcpy(b.data() + sizeof(packet_header) + 16, &c, 8);
+      },  // count != numel
   };
   auto with = [&](std::vector<edit> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
@@ -544,15 +555,13 @@ TEST_CASE("quantizer validation rejects malformed packets", "[compress][quant][v
                   [&](auto& b) { put32(b, pl + 4, 100); },             // bucket not a multiple of 64
                   [&](auto& b) { putf(b, pl + 8, std::nanf("")); },    // NaN norm
                   [&](auto& b) { putf(b, pl + 8, -1.0f); }}));         // negative norm
-  check_all(terngrad(lay, {.bucket = 0}),
-            with({[&](auto& b) { b[q_codes] = std::byte{0x02}; },  // code 10
-                  [&](auto& b) { put32(b, pl, 2); },               // two levels
-                  [&](auto& b) { b.back() = std::byte{0x40}; }}));  // padding bits
-  check_all(sign(lay), with({[&](auto& b) { putf(b, pl, INFINITY); },
-                             [&](auto& b) { put32(b, pl + 4, 1); },
+  check_all(terngrad(lay, {.bucket = 0}), with({[&](auto& b) { b[q_codes] = std::byte{0x02}; },   // code 10
+                                                [&](auto& b) { put32(b, pl, 2); },                // two levels
+                                                [&](auto& b) { b.back() = std::byte{0x40}; }}));  // padding bits
+  check_all(sign(lay), with({[&](auto& b) { putf(b, pl, INFINITY); }, [&](auto& b) { put32(b, pl + 4, 1); },
                              [&](auto& b) { b.back() = std::byte{1}; }}));
   check_all(cast16(lay), with({[&](auto& b) { b[pl + 8 + 1] = std::byte{0x7c}; },  // fp16 infinity
-                               [&](auto& b) { putf(b, pl, 0.0f); },               // zero multiplier
+                               [&](auto& b) { putf(b, pl, 0.0f); },                // zero multiplier
                                [&](auto& b) { putf(b, pl, std::nanf("")); }}));
   // A packet of one quantizer is not accepted by another.
   std::vector<float> e(n, 0.0f);

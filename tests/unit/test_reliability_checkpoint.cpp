@@ -1,8 +1,7 @@
 // Checkpoint and restore: bit-identical resumption, and rejection of truncated, corrupted
 // and foreign checkpoints before anything in the trainer changes.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -142,7 +141,8 @@ TEST_CASE("checkpoint: a truncated file is rejected at every length", "[reliabil
     const auto full = file_bytes(dir.file("a.ckpt"));
     for (std::size_t len = 0; len < full.size(); ++len) {
       INFO("length " << len);
-      REQUIRE_THROWS_WITH(decode_checkpoint(std::span<const std::byte>(full.data(), len)), Catch::Contains("truncated"));
+      REQUIRE_THROWS_WITH(decode_checkpoint(std::span<const std::byte>(full.data(), len)),
+                          Catch::Contains("truncated"));
     }
     // Through a file, and the trainer is untouched.
     const auto before = residual_of(t);
@@ -252,7 +252,7 @@ TEST_CASE("checkpoint: another layout is rejected; remap restores by layer id", 
     topk_trainer t(comm, reshaped, {});
     const auto rep = restore_checkpoint(t, dir.file("a.ckpt"), {.remap_layers = true});
     CHECK(rep.layers_restored == original.size() - 1);  // all but fc1.weight
-    CHECK(rep.layers_reset == 2);                        // fc1.weight (shape changed) and new.bias
+    CHECK(rep.layers_reset == 2);                       // fc1.weight (shape changed) and new.bias
     const auto& fc1 = reshaped[reshaped.find(original[2].id)];
     for (std::size_t j = 0; j < fc1.numel; ++j) REQUIRE(t.residual()[fc1.offset + j] == 0.0f);
     const auto& fc2 = original[4];

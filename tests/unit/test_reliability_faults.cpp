@@ -1,9 +1,8 @@
 // Faults across ranks: a rank that throws or leaves mid-training, a rank whose packets are
 // corrupted in flight, layouts that differ, and ranks whose decisions diverge. Every case
 // must end every rank with an error that names the culprit, never a hang.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 
 #include "gravac/policy/gravac_policy.hpp"
@@ -143,21 +142,21 @@ TEST_CASE("faults: a packet corrupted in flight is rejected on every rank, namin
 TEST_CASE("faults: layouts that differ across ranks fail on every rank", "[reliability][faults][layout]") {
   SECTION("same names, one shape differs") {
     std::atomic<int> failed{0};
-    CHECK_THROWS_WITH(run_ranks(ranks,
-                                [&](thread_communicator& comm) {
-                                  layout lay;
-                                  lay.add("a", {comm.rank() == 3 ? std::size_t{6} : std::size_t{4}, 3},
-                                          layer_kind::dense);
-                                  lay.add("b", {5}, layer_kind::bias_or_norm);
-                                  try {
-                                    topk_trainer t(comm, lay, {});
-                                  } catch (const gravac::error& e) {
-                                    CHECK(e.code() == status::layout_mismatch);
-                                    ++failed;
-                                    throw;
-                                  }
-                                }),
-                      Catch::Contains("ranks 3 differ from rank 0"));
+    CHECK_THROWS_WITH(
+        run_ranks(ranks,
+                  [&](thread_communicator& comm) {
+                    layout lay;
+                    lay.add("a", {comm.rank() == 3 ? std::size_t{6} : std::size_t{4}, 3}, layer_kind::dense);
+                    lay.add("b", {5}, layer_kind::bias_or_norm);
+                    try {
+                      topk_trainer t(comm, lay, {});
+                    } catch (const gravac::error& e) {
+                      CHECK(e.code() == status::layout_mismatch);
+                      ++failed;
+                      throw;
+                    }
+                  }),
+        Catch::Contains("ranks 3 differ from rank 0"));
     CHECK(failed == ranks);
   }
   SECTION("same tensors, another order") {

@@ -2,16 +2,14 @@
 // replaces the global operator new/delete to count live heap bytes (only here, and not in
 // sanitizer builds, whose runtimes own the allocator; there LeakSanitizer checks at exit
 // that nothing was lost and the run still exercises 10,000 steps of every code path).
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 
 #include "gravac/policy/gravac_policy.hpp"
 #include "reliability_util.hpp"
-
 #include "sanitized.hpp"
 
 namespace {
@@ -110,8 +108,7 @@ void long_run(const typename trainer<C, K, P>::options& opt) {
 }
 }  // namespace
 
-TEST_CASE("long run: 10,000 steps of top-k + allgather + gravac_policy do not grow memory",
-          "[reliability][long_run]") {
+TEST_CASE("long run: 10,000 steps of top-k + allgather + gravac_policy do not grow memory", "[reliability][long_run]") {
   gravac_policy_options p;
   p.cf_min = 2;
   p.cf_max = 64;

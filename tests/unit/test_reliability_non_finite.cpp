@@ -1,9 +1,8 @@
 // Non-finite gradients under every trainer option (throw_error, skip_step, zero_values,
 // ignore), for NaN, +inf and -inf, in the first and in the last element of the buffer,
 // with both collectives and several compressors; every rank must take the same action.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <limits>
 
 #include "reliability_util.hpp"
@@ -18,8 +17,7 @@ const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(), std::numeri
                             -std::numeric_limits<float>::infinity()};
 
 // Gradient of rank r at step s; when poisoned, rank bad_rank's element `at` is `bad`.
-std::vector<float> grad(const layout& lay, int r, int s, bool poisoned = false, std::size_t at = 0,
-                        float bad = 0.0f) {
+std::vector<float> grad(const layout& lay, int r, int s, bool poisoned = false, std::size_t at = 0, float bad = 0.0f) {
   auto g = test::make_data(lay.numel(), 97 * s + r + 1);
   if (poisoned && r == bad_rank) g[at] = bad;
   return g;
@@ -195,8 +193,8 @@ TEST_CASE("non-finite: two failing ranks each name their own layer", "[reliabili
 TEST_CASE("non-finite: after a skipped step training goes on normally", "[reliability][non_finite]") {
   const auto lay = test::mixed_layout();
   run_ranks(ranks, [&](thread_communicator& comm) {
-    trainer<randomk, allgather, fixed_policy> t(comm, lay,
-                                                {.policy = {.kept_fraction = 0.2}, .on_non_finite = non_finite_action::skip_step});
+    trainer<randomk, allgather, fixed_policy> t(
+        comm, lay, {.policy = {.kept_fraction = 0.2}, .on_non_finite = non_finite_action::skip_step});
     for (int s = 0; s < 6; ++s) {
       auto g = grad(lay, comm.rank(), s, s % 2 == 1, 3, std::numeric_limits<float>::quiet_NaN());
       const auto& rep = t.step(g);

@@ -3,7 +3,6 @@
 // names the component and the option. NaN is tried wherever an option is a double
 // (a comparison with NaN is false, so "x < 0" checks let it through; "x >= 0" ones do not).
 #include <catch2/catch.hpp>
-
 #include <limits>
 
 #include "gravac_test_util.hpp"
@@ -76,7 +75,8 @@ TEST_CASE("options: collectives reject invalid options", "[reliability][options]
 }
 
 TEST_CASE("options: policies reject invalid options", "[reliability][options]") {
-  for (double f : {0.0, -0.5, 1.5, k_nan, k_inf}) rejects<fixed_policy>(fixed_policy_options{.kept_fraction = f}, "fixed_policy: kept_fraction");
+  for (double f : {0.0, -0.5, 1.5, k_nan, k_inf})
+    rejects<fixed_policy>(fixed_policy_options{.kept_fraction = f}, "fixed_policy: kept_fraction");
   accepts<fixed_policy>(fixed_policy_options{.kept_fraction = 1.0});
 
   const auto gravac_with = [](auto set) {
@@ -104,7 +104,8 @@ TEST_CASE("options: policies reject invalid options", "[reliability][options]") 
   rejects<accordion_policy>(accordion_policy_options{.high_compression = 0.5}, "accordion_policy: high_compression");
   rejects<accordion_policy>(accordion_policy_options{.eta = 0.0}, "accordion_policy: eta");
   rejects<accordion_policy>(accordion_policy_options{.eta = k_inf}, "accordion_policy: eta");
-  rejects<accordion_policy>(accordion_policy_options{.initial_learning_rate = -1}, "accordion_policy: initial_learning_rate");
+  rejects<accordion_policy>(accordion_policy_options{.initial_learning_rate = -1},
+                            "accordion_policy: initial_learning_rate");
   accepts<accordion_policy>(accordion_policy_options{});
 
   rejects<adacomp_policy>(adacomp_policy_options{.conv_bin = 1}, "adacomp_policy: conv_bin");

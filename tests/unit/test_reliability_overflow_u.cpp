@@ -3,9 +3,8 @@
 // g alone, and on_non_finite acts on it exactly as on a non-finite gradient. Each case
 // plants a residual near the float maximum on one rank (through the trainer's residual
 // accessor) and a large finite gradient of the same sign at that element.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 
@@ -47,60 +46,60 @@ TEST_CASE("overflow of g + e: throw_error names the layer and the overflow, lose
           "[reliability][non_finite][overflow]") {
   const auto lay = test::mixed_layout();
   std::atomic<int> thrown{0};
-  overflow_step<topk, allgather>(non_finite_action::throw_error, 0.1, 2, [&](int r, auto& t, std::vector<float>& g,
-                                                                             std::size_t) {
-    const std::vector<float> before(t.residual().begin(), t.residual().end());
-    std::vector<float> u(g.size());
-    for (std::size_t i = 0; i < g.size(); ++i) u[i] = g[i] + before[i];
-    const auto steps = t.steps();
-    try {
-      t.step(g);
-      FAIL("the step should have thrown");
-    } catch (const gravac::error& e) {
-      ++thrown;
-      CHECK(e.code() == status::non_finite);
-      if (r == bad_rank) {
-        CHECK_THAT(e.what(), Catch::Contains("layer '" + lay[2].name + "'"));
-        CHECK_THAT(e.what(), Catch::Contains("overflows"));
-      } else {
-        CHECK_THAT(e.what(), Catch::Contains("rank 1's gradient"));
-      }
-    }
-    // Nothing lost: the failing rank keeps its residual, the others hold u = g + e.
-    const std::vector<float> now(t.residual().begin(), t.residual().end());
-    CHECK(test::bitwise_equal(now, r == bad_rank ? before : u));
-    CHECK(all_finite(now));
-    CHECK(t.steps() == steps);
-  });
+  overflow_step<topk, allgather>(non_finite_action::throw_error, 0.1, 2,
+                                 [&](int r, auto& t, std::vector<float>& g, std::size_t) {
+                                   const std::vector<float> before(t.residual().begin(), t.residual().end());
+                                   std::vector<float> u(g.size());
+                                   for (std::size_t i = 0; i < g.size(); ++i) u[i] = g[i] + before[i];
+                                   const auto steps = t.steps();
+                                   try {
+                                     t.step(g);
+                                     FAIL("the step should have thrown");
+                                   } catch (const gravac::error& e) {
+                                     ++thrown;
+                                     CHECK(e.code() == status::non_finite);
+                                     if (r == bad_rank) {
+                                       CHECK_THAT(e.what(), Catch::Contains("layer '" + lay[2].name + "'"));
+                                       CHECK_THAT(e.what(), Catch::Contains("overflows"));
+                                     } else {
+                                       CHECK_THAT(e.what(), Catch::Contains("rank 1's gradient"));
+                                     }
+                                   }
+                                   // Nothing lost: the failing rank keeps its residual, the others hold u = g + e.
+                                   const std::vector<float> now(t.residual().begin(), t.residual().end());
+                                   CHECK(test::bitwise_equal(now, r == bad_rank ? before : u));
+                                   CHECK(all_finite(now));
+                                   CHECK(t.steps() == steps);
+                                 });
   CHECK(thrown == ranks);
 }
 
 TEST_CASE("overflow of g + e: skip_step skips on every rank with residuals untouched",
           "[reliability][non_finite][overflow]") {
   std::atomic<int> skipped{0};
-  overflow_step<topk, dense_allreduce>(non_finite_action::skip_step, 0.1, 4, [&](int, auto& t, std::vector<float>& g,
-                                                                                  std::size_t) {
-    const std::vector<float> before(t.residual().begin(), t.residual().end());
-    const auto& rep = t.step(g);
-    if (rep.skipped) ++skipped;
-    CHECK(test::bitwise_equal(std::vector<float>(t.residual().begin(), t.residual().end()), before));
-    CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
-  });
+  overflow_step<topk, dense_allreduce>(
+      non_finite_action::skip_step, 0.1, 4, [&](int, auto& t, std::vector<float>& g, std::size_t) {
+        const std::vector<float> before(t.residual().begin(), t.residual().end());
+        const auto& rep = t.step(g);
+        if (rep.skipped) ++skipped;
+        CHECK(test::bitwise_equal(std::vector<float>(t.residual().begin(), t.residual().end()), before));
+        CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
+      });
   CHECK(skipped == ranks);
 }
 
 TEST_CASE("overflow of g + e: zero_values drops g there and goes on with finite results",
           "[reliability][non_finite][overflow]") {
-  overflow_step<randomk, allgather>(non_finite_action::zero_values, 0.2, 2, [&](int r, auto& t, std::vector<float>& g,
-                                                                                std::size_t at) {
-    const float e_at = t.residual()[at];
-    t.step(g);
-    CHECK(all_finite(g));
-    CHECK(all_finite(t.residual()));
-    // On the failing rank u there was the residual alone: it is either still in the
-    // residual or was sent (and the residual there is 0).
-    if (r == bad_rank) CHECK((t.residual()[at] == e_at || t.residual()[at] == 0.0f));
-  });
+  overflow_step<randomk, allgather>(non_finite_action::zero_values, 0.2, 2,
+                                    [&](int r, auto& t, std::vector<float>& g, std::size_t at) {
+                                      const float e_at = t.residual()[at];
+                                      t.step(g);
+                                      CHECK(all_finite(g));
+                                      CHECK(all_finite(t.residual()));
+                                      // On the failing rank u there was the residual alone: it is either still in the
+                                      // residual or was sent (and the residual there is 0).
+                                      if (r == bad_rank) CHECK((t.residual()[at] == e_at || t.residual()[at] == 0.0f));
+                                    });
 }
 
 TEST_CASE("overflow of g + e: a finite g + e close to the maximum is not flagged",

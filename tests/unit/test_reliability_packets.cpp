@@ -21,9 +21,7 @@ TEST_CASE("packets: sparse (threshold) survives the battery", "[reliability][pac
 TEST_CASE("packets: seeded (random-k) survives the battery", "[reliability][packet]") {
   test::packet_battery<randomk>({}, -1);
 }
-TEST_CASE("packets: AdaComp survives the battery", "[reliability][packet]") {
-  test::packet_battery<adacomp>({}, 8);
-}
+TEST_CASE("packets: AdaComp survives the battery", "[reliability][packet]") { test::packet_battery<adacomp>({}, 8); }
 TEST_CASE("packets: quantized (QSGD) survives the battery", "[reliability][packet]") {
   test::packet_battery<qsgd>({.levels = 7, .bucket = 64}, -1);
   test::packet_battery<qsgd>({.levels = 300, .bucket = 0}, -1);

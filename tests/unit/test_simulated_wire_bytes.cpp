@@ -1,9 +1,8 @@
 // The simulated network's wire-byte counters: what one rank sends and receives for each
 // call kind under the algorithm it is charged as, checked against hand-computed values for
 // N = 4, and the balance of the totals (every byte sent is received by some rank).
-#include <catch2/catch.hpp>
-
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstddef>
 #include <vector>
 

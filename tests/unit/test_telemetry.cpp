@@ -1,9 +1,8 @@
 // Telemetry sinks: the CSV header and column order, values that read back exactly,
 // valid JSON lines, non-finite numbers, stream failures, a user-defined sink, and no
 // allocation per written report (global operator new is counted in this executable).
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>

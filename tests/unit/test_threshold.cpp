@@ -1,9 +1,9 @@
 // Threshold selection (approximate top-k): the k it achieves, what it sends, error feedback.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -214,8 +214,8 @@ TEST_CASE("threshold reports NaN and infinity and never sends them", "[threshold
   const auto lay = layout::flat(n);
   threshold c(lay);
   auto g = test::make_data(n, 8);
-  for (std::size_t i = 0; i < n; i += 997) g[i] = (i % 2) ? std::numeric_limits<float>::infinity()
-                                                            : std::numeric_limits<float>::quiet_NaN();
+  for (std::size_t i = 0; i < n; i += 997)
+    g[i] = (i % 2) ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
   auto r = run(c, lay, g, std::vector<float>(n, 0.0f), test::params_for(lay, 0.01));
   CHECK(r.st.non_finite);
   for (std::size_t i = 0; i < n; i += 997) {

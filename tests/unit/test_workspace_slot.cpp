@@ -2,7 +2,6 @@
 // it before prepare(), or as another type than it was prepared as, is an error, not a read
 // of the wrong memory.
 #include <catch2/catch.hpp>
-
 #include <vector>
 
 #include "gravac/collective/workspace_slot.hpp"

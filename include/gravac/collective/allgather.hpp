@@ -73,8 +73,8 @@ class allgather {
   //! A packet that fails validation throws gravac::error naming the sender; buf.grad is then
   //! left partly summed but the residual is already correct for what this rank sent.
   template <Compressor C, Communicator M>
-  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
-                 compress_stats& st, step_report& r) {
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
     static_assert(CommunicatorFor<M, C>, "allgather: the communicator must carry the compressor's memory");
     last_dense_ = p.all_dense();
     if (last_dense_) return dense_.aggregate(c, comm, buf, p, st, r);
@@ -151,7 +151,8 @@ class allgather {
                   "allgather: the communicator's byte_buffer must be the memory space's default");
     auto& w = other_space_.get<ws_t>("allgather");
     const auto t0 = std::chrono::steady_clock::now();
-    const std::size_t bytes = c.compress(buf.grad, buf.residual, p, std::span<std::byte>(w.packet.data(), w.packet.size()), st);
+    const std::size_t bytes =
+        c.compress(buf.grad, buf.residual, p, std::span<std::byte>(w.packet.data(), w.packet.size()), st);
     r.compress_s = detail::seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
     comm.allgatherv(std::span<const std::byte>(w.packet.data(), bytes), w.gathered, sizes_);

@@ -21,11 +21,11 @@
 
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/collective/step_control.hpp"
-#include "gravac/stats/gain_curve.hpp"
-#include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac {
 
@@ -38,7 +38,7 @@ enum class index_rank_rule : std::uint8_t {
 //! Options of allreduce_compatible.
 struct allreduce_compatible_options {
   index_rank_rule rule = index_rank_rule::star;  //!< STAR or VAR
-  double norm_smoothing = 0.1;  //!< VAR: weight of the newest norm in the EWMA, in (0, 1]
+  double norm_smoothing = 0.1;                   //!< VAR: weight of the newest norm in the EWMA, in (0, 1]
 };
 
 //! AR-Topk aggregation. Models Collective; accepts IndexSelector compressors only.
@@ -50,7 +50,7 @@ class allreduce_compatible {
   using options = allreduce_compatible_options;
   //! Only compressors whose values can be summed at shared indices, with an index hook.
   template <class C>
-  static constexpr bool accepts = IndexSelector<C> && C::memory_space::host_accessible;  // no device path yet
+  static constexpr bool accepts = IndexSelector<C>&& C::memory_space::host_accessible;  // no device path yet
   //! Why it may refuse a compressor (the trainer's message): it needs an index-selection
   //! hook on host memory.
   static constexpr bool needs_index_selection = true;
@@ -75,8 +75,8 @@ class allreduce_compatible {
   //! Indices received from the index rank are validated before use; a bad list throws
   //! gravac::error and leaves this rank's residual holding all of u (nothing was sent).
   template <Compressor C, Communicator M>
-  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
-                 compress_stats& st, step_report& r) {
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
     static_assert(IndexSelector<C>,
                   "allreduce_compatible needs a compressor whose values can be summed at shared indices "
                   "(summable_by_index and an index_selection hook: topk, threshold, randomk)");
@@ -144,7 +144,8 @@ class allreduce_compatible {
     const auto t2 = std::chrono::steady_clock::now();
     std::size_t total = 0;  // values in the Allreduce (dense layers whole)
     for (std::size_t i = 0; i < layout_.size(); ++i)
-      total += p.kept_fraction[i] >= dense_fraction ? layout_[i].numel : kept_count(layout_[i].numel, p.kept_fraction[i]);
+      total +=
+          p.kept_fraction[i] >= dense_fraction ? layout_[i].numel : kept_count(layout_[i].numel, p.kept_fraction[i]);
     std::size_t n_idx = 0;  // indices on the wire
     double bcast_s = 0;
     if constexpr (hook::shared_indices) {
@@ -177,9 +178,10 @@ class allreduce_compatible {
           if (offsets_[i + 1] == offsets_[i]) continue;
           hook::select(c, std::span<const float>(e.subspan(l.offset, l.numel)), i, p, selected_, order_);
           if (selected_.size() != offsets_[i + 1] - offsets_[i])
-            throw error(status::invalid_argument, "allreduce_compatible: the index hook selected " +
-                                              std::to_string(selected_.size()) + " indices of layer '" + l.name +
-                                              "', expected " + std::to_string(offsets_[i + 1] - offsets_[i]),
+            throw error(status::invalid_argument,
+                        "allreduce_compatible: the index hook selected " + std::to_string(selected_.size()) +
+                            " indices of layer '" + l.name + "', expected " +
+                            std::to_string(offsets_[i + 1] - offsets_[i]),
                         me);
           put_indices(at, selected_);
         }
@@ -318,8 +320,9 @@ class allreduce_compatible {
         const std::size_t ix = index_at(s);
         if (ix >= l.numel || (s > offsets_[i] && ix <= index_at(s - 1)))
           throw error(status::malformed_packet,
-                      "allreduce_compatible: rank " + std::to_string(root_) + " broadcast an invalid index list for layer '" +
-                          l.name + "' (out of range or not strictly increasing)",
+                      "allreduce_compatible: rank " + std::to_string(root_) +
+                          " broadcast an invalid index list for layer '" + l.name +
+                          "' (out of range or not strictly increasing)",
                       root_);
       }
     }

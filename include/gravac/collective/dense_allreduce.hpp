@@ -57,8 +57,8 @@ class dense_allreduce {
 
   //! Runs one step: leaves the rank average of decompress(C(g + e)) in buf.grad.
   template <Compressor C, Communicator M>
-  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
-                 compress_stats& st, step_report& r) {
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
     static_assert(CommunicatorFor<M, C>, "dense_allreduce: the communicator must carry the compressor's memory");
     if constexpr (!C::memory_space::host_accessible)
       aggregate_device(c, comm, buf, p, st, r);
@@ -139,7 +139,8 @@ class dense_allreduce {
     const std::size_t bytes =
         c.compress(buf.grad, buf.residual, p, std::span<std::byte>(packet.data(), packet.size()), st);
     c.zero(buf.grad);
-    c.decompress_add(std::span<const std::byte>(packet.data(), bytes), buf.grad, 1.0f / static_cast<float>(comm.size()));
+    c.decompress_add(std::span<const std::byte>(packet.data(), bytes), buf.grad,
+                     1.0f / static_cast<float>(comm.size()));
     c.synchronize();
     r.compress_s = detail::seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();

@@ -36,14 +36,14 @@ namespace gravac {
 //! Options of the flexible collective.
 struct flexible_options {
   network_source source = network_source::measured;  //!< where alpha and beta come from
-  network_params network{};      //!< the fixed network, and the prior of the fitted estimate
+  network_params network{};                          //!< the fixed network, and the prior of the fitted estimate
   std::shared_ptr<const network_profile> profile{};  //!< required by network_source::profile
   allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how AR-Topk's value Allreduce is priced
   //! Measured source: timings per batch, averaged over the ranks inside a later step's collective.
   std::size_t sync_interval = 8;
-  std::size_t window = 64;        //!< samples in the fitted estimate
+  std::size_t window = 64;                 //!< samples in the fitted estimate
   allreduce_compatible_options ar_topk{};  //!< options of the AR-Topk path
-  bool dense_sends_everything = true;  //!< a dense step sends u = g + e whole (it costs the same)
+  bool dense_sends_everything = true;      //!< a dense step sends u = g + e whole (it costs the same)
   //! Add to each path's modeled communication its measured compression and decompression
   //! time (the ranks' average, smoothed): on a fast network the codec, not the wire, decides
   //! whether compression pays. A path not run yet counts as free, so it is tried once.
@@ -94,8 +94,8 @@ class flexible {
 
   //! Runs one step with the cheapest collective (or the one params.collective forces).
   template <Compressor C, Communicator M>
-  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
-                 compress_stats& st, step_report& r) {
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
     const int n = comm.size();
     const double d = static_cast<double>(layout_.numel());
     const double f = kept_fraction_of(p);
@@ -132,7 +132,8 @@ class flexible {
           terms = ar_terms(n, d, f);
         } else {
           throw error(status::invalid_argument,
-                      "flexible: AR-Topk was forced but the compressor cannot sum values at shared indices", comm.rank());
+                      "flexible: AR-Topk was forced but the compressor cannot sum values at shared indices",
+                      comm.rank());
         }
         break;
       case collective_kind::allgather:
@@ -175,8 +176,12 @@ class flexible {
       case collective_kind::allreduce_compatible:
         if constexpr (IndexSelector<C>) ar_.return_sent(c, buf);
         break;
-      case collective_kind::allgather: allgather_.return_sent(c, buf); break;
-      default: dense_.return_sent(c, buf); break;
+      case collective_kind::allgather:
+        allgather_.return_sent(c, buf);
+        break;
+      default:
+        dense_.return_sent(c, buf);
+        break;
     }
   }
 
@@ -225,9 +230,12 @@ class flexible {
   template <class M>
   network_params network_now(M& comm, std::uint64_t step) const {
     switch (options_.source) {
-      case network_source::fixed: return options_.network;
-      case network_source::profile: return options_.profile->at(step, modeled(comm));
-      default: return estimate_.params();
+      case network_source::fixed:
+        return options_.network;
+      case network_source::profile:
+        return options_.profile->at(step, modeled(comm));
+      default:
+        return estimate_.params();
     }
   }
   // What an AR-Topk step sent, for the network fit. VAR's N norms ride as floats in the
@@ -267,10 +275,10 @@ class flexible {
   std::vector<double> pending_seconds_;
   step_control own_control_;  // used when the caller passes no step_control
   std::array<double, 3> costs_{};
-  std::array<double, 3> totals_{};             // costs_ plus the codec times
-  std::array<double, 3> codec_{};              // smoothed codec seconds per path (ranks' average)
+  std::array<double, 3> totals_{};  // costs_ plus the codec times
+  std::array<double, 3> codec_{};   // smoothed codec seconds per path (ranks' average)
   std::array<bool, 3> codec_known_{};
-  double last_codec_s_ = 0;                    // this rank's codec seconds of the last step
+  double last_codec_s_ = 0;  // this rank's codec seconds of the last step
   bool has_last_codec_ = false;
   network_params net_{};
   collective_kind last_ = collective_kind::dense_allreduce;

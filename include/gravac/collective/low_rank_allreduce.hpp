@@ -46,8 +46,8 @@ class low_rank_allreduce {
 
   //! Runs one step: leaves the rank average of the low-rank approximations in buf.grad.
   template <Compressor C, Communicator M>
-  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
-                 compress_stats& st, step_report& r) {
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
     static_assert(LowRankCompressor<C>, "low_rank_allreduce: the compressor must model LowRankCompressor (PowerSGD)");
     static_assert(CommunicatorFor<M, C>, "low_rank_allreduce: the communicator must carry the compressor's memory");
     auto t = std::chrono::steady_clock::now();

@@ -5,17 +5,17 @@
 #include <chrono>
 
 #include "gravac/collective/step_control.hpp"
-#include "gravac/memory.hpp"
 #include "gravac/detail/seconds_since.hpp"
+#include "gravac/memory.hpp"
 
 namespace gravac {
 
 //! The gradient (in: local, out: averaged) and the error-feedback residual of one step.
 template <class Space>
 struct step_buffers {
-  grad_view<Space> grad;      //!< local gradient in, averaged gradient out
-  grad_view<Space> residual;  //!< error-feedback residual, updated in place
-  bool residual_zero = false; //!< the residual is known to be all zero (lets dense steps skip a pass)
+  grad_view<Space> grad;       //!< local gradient in, averaged gradient out
+  grad_view<Space> residual;   //!< error-feedback residual, updated in place
+  bool residual_zero = false;  //!< the residual is known to be all zero (lets dense steps skip a pass)
   //! Control values that ride in the step's collective (step_control.hpp); null: none. A
   //! collective carries them and leaves their sums over the ranks in it.
   step_control* control = nullptr;

@@ -31,8 +31,8 @@ class communicator_ref {
 
   //! Refers to \p m, which must outlive this reference.
   template <Communicator M>
-    requires(!std::same_as<M, communicator_ref>)
-  communicator_ref(M& m) noexcept : self_(&m), vt_(&table<M>) {  // NOLINT: implicit by design
+  requires(!std::same_as<M, communicator_ref>) communicator_ref(M& m)
+  noexcept : self_(&m), vt_(&table<M>) {  // NOLINT: implicit by design
     static_assert(std::same_as<typename M::memory_space, Space>,
                   "communicator_ref: the communicator's memory space differs from the compressor's "
                   "(a device-memory compressor needs a communicator that accepts device memory)");

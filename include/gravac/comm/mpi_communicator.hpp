@@ -10,28 +10,27 @@
 #include <mpi.h>
 
 #include <climits>
-#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "gravac/comm/detail/mpi_error.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/memory.hpp"
-#include "gravac/comm/detail/mpi_error.hpp"
-
 
 //! Calls an MPI function and throws gravac::error(backend_failure) with the call, the
 //! MPI error text and the rank when it does not return MPI_SUCCESS.
-#define GRAVAC_TRY_MPI(call)                                                                           \
-  do {                                                                                                 \
-    const int gravac_mpi_status_ = (call);                                                             \
-    if (gravac_mpi_status_ != MPI_SUCCESS)                                                             \
-      throw ::gravac::error(::gravac::status::backend_failure,                                         \
+#define GRAVAC_TRY_MPI(call)                                                                                    \
+  do {                                                                                                          \
+    const int gravac_mpi_status_ = (call);                                                                      \
+    if (gravac_mpi_status_ != MPI_SUCCESS)                                                                      \
+      throw ::gravac::error(::gravac::status::backend_failure,                                                  \
                             std::string(#call) + ": " + ::gravac::detail::mpi_error_string(gravac_mpi_status_), \
-                            ::gravac::detail::mpi_world_rank(), ::gravac::backend::mpi, gravac_mpi_status_); \
+                            ::gravac::detail::mpi_world_rank(), ::gravac::backend::mpi, gravac_mpi_status_);    \
   } while (0)
 
 //! Calls an MPI function where throwing is not allowed (destructors); failures are ignored.

@@ -22,9 +22,9 @@
 #include <string>
 #include <utility>
 
+#include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/mpi_communicator.hpp"
 #include "gravac/error.hpp"
-#include "gravac/comm/detail/mpi_abort.hpp"
 
 namespace gravac {
 

@@ -6,7 +6,8 @@
 //! ncclCommGetAsyncError with a timeout, and a failed or hung communicator is aborted with
 //! ncclCommAbort, so a failure becomes a gravac::error instead of a hang.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <nccl.h>
 
@@ -19,11 +20,11 @@
 #include <thread>
 #include <vector>
 
+#include "gravac/comm/detail/throw_nccl.hpp"
 #include "gravac/comm/mpi_communicator.hpp"  // the unique-id exchange, and mpi_world_rank for errors
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/comm/detail/throw_nccl.hpp"
 
 //! Calls an NCCL function and throws gravac::error(backend_failure, backend::nccl) unless it
 //! returns ncclSuccess or (non-blocking communicators) ncclInProgress. The error names this
@@ -32,7 +33,7 @@
   do {                                                                                              \
     const ncclResult_t gravac_nccl_status_ = (call);                                                \
     if (gravac_nccl_status_ != ncclSuccess && gravac_nccl_status_ != ncclInProgress)                \
-      ::gravac::detail::throw_nccl(gravac_nccl_status_, #call, ::gravac::detail::mpi_world_rank());                 \
+      ::gravac::detail::throw_nccl(gravac_nccl_status_, #call, ::gravac::detail::mpi_world_rank()); \
   } while (0)
 
 //! Calls an NCCL function where throwing is not allowed (destructors).
@@ -141,8 +142,8 @@ class nccl_communicator {
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(sizes_dev_.data() + rank_, host_sizes_.data() + rank_, sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s()));
     GRAVAC_TRY_NCCL(ncclAllGather(sizes_dev_.data() + rank_, sizes_dev_.data(), 1, ncclUint64, comm_, s()));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_sizes_.data(), sizes_dev_.data(), n * sizeof(std::uint64_t),
-                                    cudaMemcpyDeviceToHost, s()));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_sizes_.data(), sizes_dev_.data(), n * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, s()));
     wait("ncclAllGather(sizes)");
     sizes.resize(n);
     std::size_t total = 0;
@@ -222,7 +223,8 @@ class nccl_communicator {
 
   // Fails (and aborts) when the communicator reports an error or the deadline passes.
   void check_async(const char* what, std::chrono::steady_clock::time_point t0, bool& in_progress) {
-    if (!comm_) throw error(status::aborted, std::string(what) + ": the communicator was aborted", rank_, backend::nccl);
+    if (!comm_)
+      throw error(status::aborted, std::string(what) + ": the communicator was aborted", rank_, backend::nccl);
     ncclResult_t st = ncclSuccess;
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &st);
     if (q != ncclSuccess) st = q;
@@ -233,8 +235,10 @@ class nccl_communicator {
     }
     if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(options_.timeout_s)) {
       abort();
-      throw error(status::timeout, std::string(what) + ": not complete after " + std::to_string(options_.timeout_s) +
-                                       " s; the communicator was aborted", rank_, backend::nccl);
+      throw error(status::timeout,
+                  std::string(what) + ": not complete after " + std::to_string(options_.timeout_s) +
+                      " s; the communicator was aborted",
+                  rank_, backend::nccl);
     }
   }
   // Waits until the communicator's pending calls are issued (non-blocking mode).

@@ -120,11 +120,17 @@ class thread_communicator {
   [[nodiscard]] int size() const noexcept { return team_->size(); }
 
   //! Sums \p data over all ranks, in place (summed in rank order: identical on every rank).
-  void allreduce_sum(std::span<float> data) { reduce(data, [](float a, float b) { return a + b; }); }
+  void allreduce_sum(std::span<float> data) {
+    reduce(data, [](float a, float b) { return a + b; });
+  }
   //! Sums \p data over all ranks, in place.
-  void allreduce_sum(std::span<double> data) { reduce(data, [](double a, double b) { return a + b; }); }
+  void allreduce_sum(std::span<double> data) {
+    reduce(data, [](double a, double b) { return a + b; });
+  }
   //! Elementwise maximum over all ranks, in place.
-  void allreduce_max(std::span<double> data) { reduce(data, [](double a, double b) { return std::max(a, b); }); }
+  void allreduce_max(std::span<double> data) {
+    reduce(data, [](double a, double b) { return std::max(a, b); });
+  }
 
   //! Gathers every rank's bytes, back to back in rank order, without padding.
   //! \param mine   this rank's bytes

@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
+#include "gravac/compress/detail/adacomp_bits.hpp"
 #include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
-#include "gravac/compress/detail/adacomp_bits.hpp"
+#include "gravac/packet/packet_bound.hpp"
 
 namespace gravac {
 
@@ -99,26 +99,28 @@ class adacomp {
   [[nodiscard]] std::uint32_t bin_length(std::size_t index, const step_params& p) const noexcept {
     if (index < p.bin_length.size() && p.bin_length[index] > 0) return p.bin_length[index];
     switch (layout_[index].kind) {
-      case layer_kind::conv: return options_.conv_bin;
-      case layer_kind::bias_or_norm: return options_.bias_bin;
-      default: return options_.dense_bin;
+      case layer_kind::conv:
+        return options_.conv_bin;
+      case layer_kind::bias_or_norm:
+        return options_.bias_bin;
+      default:
+        return options_.dense_bin;
     }
   }
 
   //! Upper bound of the packet size (every element sent).
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return adacomp_segment_bytes(l.numel, l.numel); });
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return adacomp_segment_bytes(l.numel, l.numel); });
   }
 
   //! Runs AdaComp on every layer whose kept fraction is below 1 (the fraction's value is
   //! not used: AdaComp decides how many to send); layers at 1 or more go raw.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
-    return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
-                                   [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
-                                       std::span<float> el, double, layer_stats& ls) {
-                                     write_layer(w, index, gl, el, bin_length(index, p), ls, st.non_finite);
-                                   });
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
+    return compress_layers(
+        layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+        [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double,
+            layer_stats& ls) { write_layer(w, index, gl, el, bin_length(index, p), ls, st.non_finite); });
   }
 
   //! Validates an untrusted packet: index width, count, sizes, a finite scale, indices in
@@ -132,18 +134,18 @@ class adacomp {
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
-                                const float v = load_at<float>(pl, 0);
-                                const auto idx = pl.subspan(8);
-                                const std::byte* bits = pl.data() + 8 + pad8(sh.count * sh.index_width);
-                                const float pos = s * v, neg = s * -v;
-                                for (std::size_t j = 0; j < sh.count; ++j) {
-                                  const std::uint64_t i = sh.index_width == 4 ? load_at<std::uint32_t>(idx, j)
-                                                                              : load_at<std::uint64_t>(idx, j);
-                                  const bool negative = (static_cast<unsigned>(bits[j / 8]) >> (j % 8)) & 1u;
-                                  o[i] += negative ? neg : pos;
-                                }
-                              });
+                      [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                        const float v = load_at<float>(pl, 0);
+                        const auto idx = pl.subspan(8);
+                        const std::byte* bits = pl.data() + 8 + pad8(sh.count * sh.index_width);
+                        const float pos = s * v, neg = s * -v;
+                        for (std::size_t j = 0; j < sh.count; ++j) {
+                          const std::uint64_t i =
+                              sh.index_width == 4 ? load_at<std::uint32_t>(idx, j) : load_at<std::uint64_t>(idx, j);
+                          const bool negative = (static_cast<unsigned>(bits[j / 8]) >> (j % 8)) & 1u;
+                          o[i] += negative ? neg : pos;
+                        }
+                      });
   }
 
   //! Checks one AdaComp segment payload (see validate).
@@ -153,7 +155,8 @@ class adacomp {
     if (sh.count > sh.numel) return validation::fail("adacomp segment: count exceeds numel");
     const std::size_t idx_bytes = pad8(sh.count * sh.index_width);
     const std::size_t bit_bytes = pad8(detail::code_bytes(sh.count, 1));
-    if (pl.size() != 8 + idx_bytes + bit_bytes) return validation::fail("adacomp segment: payload size does not match count");
+    if (pl.size() != 8 + idx_bytes + bit_bytes)
+      return validation::fail("adacomp segment: payload size does not match count");
     const float scale = load_at<float>(pl, 0);
     if (!(std::isfinite(scale) && scale >= 0)) return validation::fail("adacomp segment: scale not finite");
     if (load_at<std::uint32_t>(pl, 1) == 0) return validation::fail("adacomp segment: zero bin length");
@@ -195,8 +198,8 @@ class adacomp {
   // max on the magnitude bits (the bit order of non-negative floats is their value order),
   // (3) vectorized flags against a per-element copy of the bin's max, then a branch-free
   // compaction. (5) runs over the sent indices once the scale (4) is known.
-  void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> r,
-                   std::uint32_t bin, layer_stats& ls, bool& non_finite) {
+  void write_layer(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> r, std::uint32_t bin,
+                   layer_stats& ls, bool& non_finite) {
     const std::size_t n = g.size();
     const bool wide = index_width_for(n) == 8;
     std::size_t count = 0;
@@ -213,7 +216,7 @@ class adacomp {
       gsq += s.g_sq;
       rsq += s.u_sq;
       const std::size_t nbins = (hi - lo + bin - 1) / bin;  // at most quant_chunk, or 1
-      for (std::size_t b = 0; b < nbins; ++b) {              // (2)
+      for (std::size_t b = 0; b < nbins; ++b) {             // (2)
         const float* rb = r.data() + lo + b * bin;
         const std::size_t len = std::min<std::size_t>(bin, hi - lo - b * bin);
         std::uint32_t mx = 0, bad = 0;
@@ -239,8 +242,9 @@ class adacomp {
         const float* gc = g.data() + c;
         for (std::size_t k = 0; k < mc; ++k)
           // Integer '&' of the three tests (not '&&'), so the loop stays branch-free.
-          flag[k] = static_cast<std::uint8_t>(static_cast<int>(rc[k] != 0.0f) & static_cast<int>(std::fabs(rc[k]) < inf) &
-                                              static_cast<int>(std::fabs(rc[k] + gc[k]) >= thr[k]));
+          flag[k] =
+              static_cast<std::uint8_t>(static_cast<int>(rc[k] != 0.0f) & static_cast<int>(std::fabs(rc[k]) < inf) &
+                                        static_cast<int>(std::fabs(rc[k] + gc[k]) >= thr[k]));
         std::fill(flag + mc, flag + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
         count = wide ? compact(flag, mc, c, indices64_.data(), count) : compact(flag, mc, c, indices32_.data(), count);
       }

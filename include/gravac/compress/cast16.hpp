@@ -11,15 +11,15 @@
 #include <span>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/compress/detail/half.hpp"
 #include "gravac/compress/cast16_format.hpp"
 #include "gravac/compress/detail/cast16_limits.hpp"
-#include "gravac/compress/layered.hpp"
+#include "gravac/compress/detail/half.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/packet/detail/quantized_segment_check.hpp"
-#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/packet/detail/quantized_segment_check.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/quantized_packet.hpp"
 
 namespace gravac {
 
@@ -65,29 +65,28 @@ class cast16 {
 
   //! Upper bound of the packet size.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_,
-                              [](std::size_t, const layer& l) { return sizeof(segment_header) + half_payload_bytes(l.numel); });
+    return packet_bytes_bound(
+        layout_, [](std::size_t, const layer& l) { return sizeof(segment_header) + half_payload_bytes(l.numel); });
   }
 
   //! Casts every layer whose kept fraction is below 1; layers at 1 or more go raw.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
     const float ranks = static_cast<float>(std::max(1, p.ranks));
     return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
-                                   [&](byte_writer& w, std::uint32_t index, std::span<const float> gl,
-                                       std::span<float> el, double, layer_stats& ls) {
-                                     if (options_.format == cast16_format::fp16)
-                                       write_layer<cast16_format::fp16>(w, index, gl, el, ranks, ls);
-                                     else
-                                       write_layer<cast16_format::bf16>(w, index, gl, el, ranks, ls);
-                                   });
+                           [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el,
+                               double, layer_stats& ls) {
+                             if (options_.format == cast16_format::fp16)
+                               write_layer<cast16_format::fp16>(w, index, gl, el, ranks, ls);
+                             else
+                               write_layer<cast16_format::bf16>(w, index, gl, el, ranks, ls);
+                           });
   }
 
   //! Validates an untrusted packet: size, a finite positive multiplier, no infinite or NaN code.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
     return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
-      const auto enc = sh.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? quant_encoding::bf16
-                                                                                      : quant_encoding::fp16;
+      const auto enc =
+          sh.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? quant_encoding::bf16 : quant_encoding::fp16;
       if (validation v = detail::check_quantized_segment(sh, pl, enc, half_payload_bytes(sh.numel)); !v) return v;
       const float mult = load_at<float>(pl, 0);
       if (!(std::isfinite(mult) && mult > 0) || load_at<std::uint32_t>(pl, 1) != 0)
@@ -105,17 +104,17 @@ class cast16 {
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
-                                const float mult = load_at<float>(pl, 0);
-                                const auto codes = pl.subspan(quant_prefix_bytes);
-                                if (sh.encoding == static_cast<std::uint8_t>(quant_encoding::fp16)) {
-                                  for (std::size_t i = 0; i < sh.numel; ++i)
-                                    o[i] += s * (detail::fp16_to_float(load_at<std::uint16_t>(codes, i)) * mult);
-                                } else {
-                                  for (std::size_t i = 0; i < sh.numel; ++i)
-                                    o[i] += s * (detail::bf16_to_float(load_at<std::uint16_t>(codes, i)) * mult);
-                                }
-                              });
+                      [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                        const float mult = load_at<float>(pl, 0);
+                        const auto codes = pl.subspan(quant_prefix_bytes);
+                        if (sh.encoding == static_cast<std::uint8_t>(quant_encoding::fp16)) {
+                          for (std::size_t i = 0; i < sh.numel; ++i)
+                            o[i] += s * (detail::fp16_to_float(load_at<std::uint16_t>(codes, i)) * mult);
+                        } else {
+                          for (std::size_t i = 0; i < sh.numel; ++i)
+                            o[i] += s * (detail::bf16_to_float(load_at<std::uint16_t>(codes, i)) * mult);
+                        }
+                      });
   }
 
  private:
@@ -127,9 +126,10 @@ class cast16 {
   //! \p e_layer and \p codes_layer: being compute bound, the loop asks for the lines ahead
   //! (stream_prefetch).
   template <cast16_format F>
-  GRAVAC_KERNEL_INLINE static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks, std::uint16_t* __restrict h,
-                           float* __restrict v2, const float* g_layer, const float* e_layer, std::size_t n,
-                           std::size_t first, const std::byte* codes_layer) noexcept {
+  GRAVAC_KERNEL_INLINE static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks,
+                                                std::uint16_t* __restrict h, float* __restrict v2, const float* g_layer,
+                                                const float* e_layer, std::size_t n, std::size_t first,
+                                                const std::byte* codes_layer) noexcept {
     const std::uint32_t limit_bits = detail::cast16_limit_bits(F, ranks);
     for (std::size_t at = 0; at < m; at += detail::random_group) {
       detail::stream_prefetch(g_layer, e_layer, n, first + at, codes_layer, 16);
@@ -138,7 +138,8 @@ class cast16 {
     }
     const double sq = detail::lane_sum(v2, m);
     // A float square overflowed, or those of tiny non-zero values underflowed: again in double.
-    return std::isfinite(sq) && !(sq < detail::tiny_block_sq && any_nonzero(h, m)) ? sq : decoded_squares<F>(h, m, ranks);
+    return std::isfinite(sq) && !(sq < detail::tiny_block_sq && any_nonzero(h, m)) ? sq
+                                                                                   : decoded_squares<F>(h, m, ranks);
   }
 
   //! Element \p k of cast_block: its code into \p h, the residual into \p u, the decoded square into \p v2.

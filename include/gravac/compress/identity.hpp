@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
-#include "gravac/compress/layered.hpp"
 #include "gravac/compress/index_selection.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 
 namespace gravac {
@@ -44,20 +44,19 @@ class identity {
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept { return raw_packet_bytes(layout_); }
 
   //! Writes u = g + e for every layer and zeroes e; the kept fractions are ignored.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
     // identity sends every layer dense whatever the policy says
     dense_params_.step = p.step;
     dense_params_.seed = p.seed;
     dense_params_.gain_candidates = p.gain_candidates;
-    return compress_layers(layout_, kind, g.span(), e.span(), dense_params_, out, st, scratch_,
-                                   [](auto&&...) {});
+    return compress_layers(layout_, kind, g.span(), e.span(), dense_params_, out, st, scratch_, [](auto&&...) {});
   }
   //! AR-Topk's index selection (compress/index_selection.hpp): identity keeps every index,
   //! on every rank, so AR-Topk degenerates into a dense Allreduce.
   static constexpr bool shared_indices = true;
   //! All indices of the layer.
-  void select_indices(std::span<const float> u, std::size_t, const step_params&, std::vector<std::uint64_t>& out) const {
+  void select_indices(std::span<const float> u, std::size_t, const step_params&,
+                      std::vector<std::uint64_t>& out) const {
     out.resize(u.size());
     std::iota(out.begin(), out.end(), std::uint64_t{0});
   }

@@ -19,9 +19,9 @@
 #include <algorithm>
 #include <cmath>
 #include <concepts>
-#include <functional>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -38,11 +38,11 @@ struct index_selection {};
 
 //! A compressor that provides `select_indices` as members opts in by itself.
 template <class C>
-  requires requires(const C& c, std::span<const float> u, std::size_t i, const step_params& p,
-                    std::vector<std::uint64_t>& out) {
-    { C::shared_indices } -> std::convertible_to<bool>;
-    c.select_indices(u, i, p, out);
-  }
+requires requires(const C& c, std::span<const float> u, std::size_t i, const step_params& p,
+                  std::vector<std::uint64_t>& out) {
+  { C::shared_indices } -> std::convertible_to<bool>;
+  c.select_indices(u, i, p, out);
+}
 struct index_selection<C> {
   //! As the compressor says.
   static constexpr bool shared_indices = C::shared_indices;
@@ -56,11 +56,11 @@ struct index_selection<C> {
 //! The same with the collective's scratch buffer (sized once, reused every step) passed on:
 //! `select_indices(u, layer_index, params, out, scratch)`.
 template <class C>
-  requires requires(const C& c, std::span<const float> u, std::size_t i, const step_params& p,
-                    std::vector<std::uint64_t>& out) {
-    { C::shared_indices } -> std::convertible_to<bool>;
-    c.select_indices(u, i, p, out, out);
-  }
+requires requires(const C& c, std::span<const float> u, std::size_t i, const step_params& p,
+                  std::vector<std::uint64_t>& out) {
+  { C::shared_indices } -> std::convertible_to<bool>;
+  c.select_indices(u, i, p, out, out);
+}
 struct index_selection<C> {
   //! As the compressor says.
   static constexpr bool shared_indices = C::shared_indices;
@@ -73,11 +73,10 @@ struct index_selection<C> {
 
 //! A summable compressor with an index-selection hook: what allreduce_compatible accepts.
 template <class C>
-concept IndexSelector =
-    SummableCompressor<C> &&
+concept IndexSelector = SummableCompressor<C> &&
     requires(const C& c, std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& v) {
-      { index_selection<C>::shared_indices } -> std::convertible_to<bool>;
-      index_selection<C>::select(c, u, i, p, v, v);
-    };
+  { index_selection<C>::shared_indices } -> std::convertible_to<bool>;
+  index_selection<C>::select(c, u, i, p, v, v);
+};
 
 }  // namespace gravac

@@ -9,12 +9,12 @@
 #include <span>
 #include <vector>
 
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/stats/gain_curve.hpp"
-#include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/stats/gain_curve.hpp"
+#include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/step.hpp"
 
 namespace gravac {

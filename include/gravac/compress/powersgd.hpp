@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/stats/gain_curve.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/stats/gain_curve.hpp"
 
 namespace gravac {
 
@@ -33,7 +33,7 @@ struct powersgd_options {
   //! r, the rank of the approximation (at least 1; capped by min(rows, cols)). Also the
   //! workspace: a policy may ask for less per layer and step (step_params::approximation_rank).
   std::uint32_t rank = 2;
-  bool warm_start = true;   //!< reuse last step's Q (the paper's default); false draws Q afresh every step
+  bool warm_start = true;  //!< reuse last step's Q (the paper's default); false draws Q afresh every step
 };
 
 //! Segment encoding of a low-rank layer inside a packet_kind::low_rank packet.
@@ -127,7 +127,8 @@ class powersgd {
   //! over the ranks in place. Fills grad and input norms. Sets each layer's rank for the
   //! step (step_params::approximation_rank).
   std::span<float> project(host_view g, host_view e, const step_params& p, compress_stats& st) {
-    require(g.size() == layout_.numel() && e.size() == layout_.numel(), "powersgd: buffer size does not match the layout");
+    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
+            "powersgd: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(), "powersgd: one kept fraction per layer is required");
     require(p.approximation_rank.empty() || p.approximation_rank.size() == layout_.size(),
             "powersgd: approximation_rank must be empty or hold one rank per layer");
@@ -159,7 +160,8 @@ class powersgd {
       const auto& l = layout_[i];
       if (s.low_rank || l.numel == 0) continue;
       s.p_at = at;
-      std::copy_n(es.begin() + static_cast<std::ptrdiff_t>(l.offset), l.numel, p_buf_.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy_n(es.begin() + static_cast<std::ptrdiff_t>(l.offset), l.numel,
+                  p_buf_.begin() + static_cast<std::ptrdiff_t>(at));
       std::fill_n(es.begin() + static_cast<std::ptrdiff_t>(l.offset), l.numel, 0.0f);
       at += l.numel;
       st.layers[i].kept = l.numel;
@@ -224,8 +226,7 @@ class powersgd {
 
   //! Runs the power iteration on this rank's u alone and writes P^ and Q_local per
   //! low-rank layer (raw segments elsewhere); e = u - P^ Q_local^T. Q_local becomes the warm start.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
     project(g, e, p, st);
     factor(e, p, st);
     byte_writer w(out);
@@ -249,7 +250,8 @@ class powersgd {
       } else {
         sh.encoding = raw_encoding;
         sh.count = l.numel;
-        write_segment(w, sh, [&](byte_writer& bw) { bw.put_array(std::span<const float>(p_buf_.data() + s.p_at, l.numel)); });
+        write_segment(w, sh,
+                      [&](byte_writer& bw) { bw.put_array(std::span<const float>(p_buf_.data() + s.p_at, l.numel)); });
       }
       ++segments;
     }
@@ -282,16 +284,17 @@ class powersgd {
   //! Adds scale * P^ Q^T (or the raw values) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [&](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
-                                const auto& l = layout_[sh.layer];
-                                const std::size_t rows = l.rows(), cols = l.cols(), r = sh.count;
-                                // Unaligned-safe copies of the factors into the decode workspace.
-                                decode_p_.resize(rows * r);  // sized by the first packet of this shape
-                                decode_q_.resize(cols * r);
-                                std::memcpy(decode_p_.data(), pl.data(), rows * r * sizeof(float));
-                                std::memcpy(decode_q_.data(), pl.data() + pad8(rows * r * sizeof(float)), cols * r * sizeof(float));
-                                add_product(decode_p_.data(), decode_q_.data(), rows, cols, r, o, s);
-                              });
+                      [&](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                        const auto& l = layout_[sh.layer];
+                        const std::size_t rows = l.rows(), cols = l.cols(), r = sh.count;
+                        // Unaligned-safe copies of the factors into the decode workspace.
+                        decode_p_.resize(rows * r);  // sized by the first packet of this shape
+                        decode_q_.resize(cols * r);
+                        std::memcpy(decode_p_.data(), pl.data(), rows * r * sizeof(float));
+                        std::memcpy(decode_q_.data(), pl.data() + pad8(rows * r * sizeof(float)),
+                                    cols * r * sizeof(float));
+                        add_product(decode_p_.data(), decode_q_.data(), rows, cols, r, o, s);
+                      });
   }
 
   //! The warm-start Q of layer \p index (cols x options.rank capped by the shape,

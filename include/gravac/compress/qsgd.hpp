@@ -52,8 +52,8 @@ class qsgd : public detail::leveled_compressor<detail::level_scale::l2_norm> {
       : leveled_compressor(lay, quant_encoding::qsgd, opt.levels, opt.bucket), options_(opt) {
     require(opt.levels >= 1 && opt.levels <= qsgd_max_levels,
             "qsgd: levels must be in 1.." + std::to_string(qsgd_max_levels) + ", got " + std::to_string(opt.levels));
-    require(opt.bucket % 64 == 0, "qsgd: bucket must be a multiple of 64 (or 0 for whole layers), got " +
-                                      std::to_string(opt.bucket));
+    require(opt.bucket % 64 == 0,
+            "qsgd: bucket must be a multiple of 64 (or 0 for whole layers), got " + std::to_string(opt.bucket));
   }
 
   //! The options it was built with.

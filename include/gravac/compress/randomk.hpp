@@ -8,12 +8,12 @@
 #include <span>
 #include <vector>
 
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/compress/layered.hpp"
+#include "gravac/compress/detail/sample_indices.hpp"
 #include "gravac/compress/index_selection.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
-#include "gravac/compress/detail/sample_indices.hpp"
+#include "gravac/packet/packet_bound.hpp"
 
 namespace gravac {
 
@@ -51,40 +51,39 @@ class randomk {
   }
 
   //! Keeps kept_fraction of each layer at indices drawn from (seed, step, layer id).
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
-    return compress_layers(
-        layout_, kind, g.span(), e.span(), p, out, st, scratch_,
-        [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double fraction,
-            layer_stats& ls) {
-          const std::size_t n = gl.size();
-          const std::size_t k = kept_count(n, fraction);
-          detail::sample_indices(n, k, stream_seed(index, p.seed, p.step), indices_);
-          const float scale = options_.rescale && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f;
-          double gsq = 0, usq = 0, ksq = 0;
-          for (std::size_t i = 0; i < n; ++i) {
-            gsq += static_cast<double>(gl[i]) * gl[i];
-            el[i] += gl[i];
-            usq += static_cast<double>(el[i]) * el[i];
-          }
-          values_.resize(k);
-          for (std::size_t j = 0; j < k; ++j) {
-            const float u = el[indices_[j]];
-            values_[j] = scale * u;
-            ksq += static_cast<double>(values_[j]) * values_[j];
-            el[indices_[j]] = u - values_[j];
-          }
-          segment_header sh;
-          sh.layer = index;
-          sh.numel = n;
-          sh.count = k;
-          write_segment(w, sh, [&](byte_writer& bw) {
-            bw.put(p.seed);
-            bw.put(p.step);
-            bw.put_array<float>(values_);
-          });
-          ls = {k, gsq, usq, ksq};
-        });
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
+    return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+                           [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el,
+                               double fraction, layer_stats& ls) {
+                             const std::size_t n = gl.size();
+                             const std::size_t k = kept_count(n, fraction);
+                             detail::sample_indices(n, k, stream_seed(index, p.seed, p.step), indices_);
+                             const float scale =
+                                 options_.rescale && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f;
+                             double gsq = 0, usq = 0, ksq = 0;
+                             for (std::size_t i = 0; i < n; ++i) {
+                               gsq += static_cast<double>(gl[i]) * gl[i];
+                               el[i] += gl[i];
+                               usq += static_cast<double>(el[i]) * el[i];
+                             }
+                             values_.resize(k);
+                             for (std::size_t j = 0; j < k; ++j) {
+                               const float u = el[indices_[j]];
+                               values_[j] = scale * u;
+                               ksq += static_cast<double>(values_[j]) * values_[j];
+                               el[indices_[j]] = u - values_[j];
+                             }
+                             segment_header sh;
+                             sh.layer = index;
+                             sh.numel = n;
+                             sh.count = k;
+                             write_segment(w, sh, [&](byte_writer& bw) {
+                               bw.put(p.seed);
+                               bw.put(p.step);
+                               bw.put_array<float>(values_);
+                             });
+                             ls = {k, gsq, usq, ksq};
+                           });
   }
 
   //! AR-Topk's index selection (compress/index_selection.hpp): every rank draws the same
@@ -111,15 +110,14 @@ class randomk {
   //! Adds scale * the packet's values at the redrawn indices to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [&](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
-                                const auto seed = load_at<std::uint64_t>(pl, 0);
-                                const auto step = load_at<std::uint64_t>(pl, 1);
-                                detail::sample_indices(sh.numel, sh.count, stream_seed(sh.layer, seed, step),
-                                                       decode_indices_);
-                                const auto values = pl.subspan(16);
-                                for (std::size_t j = 0; j < sh.count; ++j)
-                                  o[decode_indices_[j]] += s * load_at<float>(values, j);
-                              });
+                      [&](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                        const auto seed = load_at<std::uint64_t>(pl, 0);
+                        const auto step = load_at<std::uint64_t>(pl, 1);
+                        detail::sample_indices(sh.numel, sh.count, stream_seed(sh.layer, seed, step), decode_indices_);
+                        const auto values = pl.subspan(16);
+                        for (std::size_t j = 0; j < sh.count; ++j)
+                          o[decode_indices_[j]] += s * load_at<float>(values, j);
+                      });
   }
 
   //! The indices random-k keeps of layer \p index at (seed, step): what every rank draws.

@@ -10,12 +10,12 @@
 #include <span>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/packet/detail/quantized_segment_check.hpp"
-#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/packet/detail/quantized_segment_check.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/quantized_packet.hpp"
 
 namespace gravac {
 
@@ -46,23 +46,23 @@ class sign {
 
   //! Upper bound of the packet size.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_,
-                              [](std::size_t, const layer& l) { return sizeof(segment_header) + sign_payload_bytes(l.numel); });
+    return packet_bytes_bound(
+        layout_, [](std::size_t, const layer& l) { return sizeof(segment_header) + sign_payload_bytes(l.numel); });
   }
 
   //! Sends signs and the mean |u| of every layer whose kept fraction is below 1; layers
   //! at 1 or more go raw.
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
     return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
-                                   [](byte_writer& w, std::uint32_t index, std::span<const float> gl,
-                                      std::span<float> el, double, layer_stats& ls) { write_layer(w, index, gl, el, ls); });
+                           [](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el,
+                              double, layer_stats& ls) { write_layer(w, index, gl, el, ls); });
   }
 
   //! Validates an untrusted packet: size, a finite non-negative scale, zero padding.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
     return validate_layers(packet, layout_, kind, [](const segment_header& sh, std::span<const std::byte> pl) {
-      if (validation v = detail::check_quantized_segment(sh, pl, quant_encoding::sign, sign_payload_bytes(sh.numel)); !v)
+      if (validation v = detail::check_quantized_segment(sh, pl, quant_encoding::sign, sign_payload_bytes(sh.numel));
+          !v)
         return v;
       if (!detail::valid_scale(load_at<float>(pl, 0)) || load_at<std::uint32_t>(pl, 1) != 0)
         return validation::fail("sign segment: bad scale");
@@ -75,9 +75,9 @@ class sign {
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {
     decompress_layers(packet, layout_, out.span(), scale,
-                              [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
-                                decode_add(pl, sh.numel, o.data(), s);
-                              });
+                      [](const segment_header& sh, std::span<const std::byte> pl, std::span<float> o, float s) {
+                        decode_add(pl, sh.numel, o.data(), s);
+                      });
   }
 
  private:

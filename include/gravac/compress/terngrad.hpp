@@ -38,8 +38,8 @@ class terngrad : public detail::leveled_compressor<detail::level_scale::max_abs>
   //! A compressor for \p lay; rejects a bucket that is not a multiple of 64.
   terngrad(const layout& lay, const options& opt = {})
       : leveled_compressor(lay, quant_encoding::terngrad, 1, opt.bucket), options_(opt) {
-    require(opt.bucket % 64 == 0, "terngrad: bucket must be a multiple of 64 (or 0 for whole layers), got " +
-                                      std::to_string(opt.bucket));
+    require(opt.bucket % 64 == 0,
+            "terngrad: bucket must be a multiple of 64 (or 0 for whole layers), got " + std::to_string(opt.bucket));
   }
 
   //! The options it was built with.

@@ -13,8 +13,8 @@
 
 #include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/select_topk_indices.hpp"
-#include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/detail/sparse_layers.hpp"
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"

@@ -5,35 +5,35 @@
 //! elements sent, the same scale, the same residue), decoded on the device. Part of target
 //! gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 
-#include <cub/device/device_select.cuh>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cub/device/device_select.cuh>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/adacomp.hpp"
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac {
 
 //! Options of adacomp_cuda: the stream, and the bin lengths of gravac::adacomp.
 struct adacomp_cuda_options {
-  stream_ref stream{};    //!< the stream every kernel of the compressor runs on
+  stream_ref stream{};     //!< the stream every kernel of the compressor runs on
   adacomp_options bins{};  //!< L_T per layer kind (see adacomp_options)
 };
 
@@ -94,11 +94,11 @@ class adacomp_cuda {
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
-    GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
-        nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-        thrust::make_tabulate_output_iterator(detail::adacomp_index_writer{nullptr, nullptr}),
-        static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
-        detail::adacomp_sent{nullptr, nullptr, nullptr, 1}, s.get()));
+    GRAVAC_TRY_CUDA(
+        cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
+                              thrust::make_tabulate_output_iterator(detail::adacomp_index_writer{nullptr, nullptr}),
+                              static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
+                              detail::adacomp_sent{nullptr, nullptr, nullptr, 1}, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     // The layout as the validation and decoding kernels see it.
     pinned_buffer<std::uint64_t> info(2 * L);
@@ -129,18 +129,20 @@ class adacomp_cuda {
 
   //! Upper bound of the packet size (every element sent), as gravac::adacomp.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return adacomp_segment_bytes(l.numel, l.numel); });
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return adacomp_segment_bytes(l.numel, l.numel); });
   }
 
   //! AdaComp on every layer whose kept fraction is below 1; layers at 1 or more go raw.
   //! \p g, \p e and \p out are device memory. Everything is checked before any memory is
   //! touched. Returns the packet size once the packet, the residue and the statistics are ready.
-  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
-                       std::span<std::byte> out, compress_stats& st) {
+  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
     namespace cd = detail;
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             "adacomp_cuda::compress: buffer size does not match the layout");
-    require(p.kept_fraction.size() == layout_.size(), "adacomp_cuda::compress: one kept fraction per layer is required");
+    require(p.kept_fraction.size() == layout_.size(),
+            "adacomp_cuda::compress: one kept fraction per layer is required");
     require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
             "adacomp_cuda::compress: at most 32 gain candidates");
     // The largest packet this step can produce (every element of a compressed layer sent).
@@ -183,7 +185,8 @@ class adacomp_cuda {
       auto* slot = slots_.data() + i;
       const auto layer = static_cast<std::uint32_t>(i);
       const auto n = static_cast<std::uint32_t>(l.numel);
-      for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      for (int c = 0; c < gains.count; ++c)
+        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       const bool dense = p.kept_fraction[i] >= dense_fraction;
       // The gain curve of u = g + e, as the host skeleton computes it before the layer's
       // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
@@ -213,12 +216,12 @@ class adacomp_cuda {
       cd::begin_adacomp_segment<<<1, 1, 0, s>>>(cursor_.data(), slot);
       GRAVAC_CHECK_CUDA_LAUNCH();
       std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-                                            thrust::make_tabulate_output_iterator(cd::adacomp_index_writer{packet, slot}),
-                                            &sti->selected, static_cast<std::int64_t>(l.numel),
-                                            cd::adacomp_sent{el, gl, gmax_.data(), bin}, s));
-      cd::place_adacomp_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, sti, scales_.data() + i, layer,
-                                                l.numel, bin);
+      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
+          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+          thrust::make_tabulate_output_iterator(cd::adacomp_index_writer{packet, slot}), &sti->selected,
+          static_cast<std::int64_t>(l.numel), cd::adacomp_sent{el, gl, gmax_.data(), bin}, s));
+      cd::place_adacomp_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, sti, scales_.data() + i, layer, l.numel,
+                                                bin);
       GRAVAC_CHECK_CUDA_LAUNCH();
       cd::adacomp_signs<<<blocks_for((l.numel + 31) / 32, cd::adacomp_threads), cd::adacomp_threads, 0, s>>>(
           packet, slot, el, scales_.data() + i);
@@ -235,8 +238,8 @@ class adacomp_cuda {
                                     cudaMemcpyDeviceToHost, s));
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_gain_.data(), gain_out_.data(), host_gain_.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor),
-                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor), cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
     const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
     if (bytes > bound)  // cannot happen: every segment is at most its bound
@@ -271,7 +274,8 @@ class adacomp_cuda {
     cd::check_adacomp_segments<<<dim3(scatter_blocks, grid_y()), cd::packet_threads, 0, s>>>(
         packet.data(), desc(), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_walk_.data(), walk_.data(), sizeof(cd::walk_result), cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_walk_.data(), walk_.data(), sizeof(cd::walk_result), cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
     const std::uint32_t v = host_walk_[0].verdict;
     if (v == cd::v_ok) return {};
@@ -287,9 +291,8 @@ class adacomp_cuda {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "adacomp_cuda::decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::scatter_add_adacomp<<<dim3(scatter_blocks, grid_y()), detail::packet_threads, 0,
-                                       options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
-                                                                out.data(), scale);
+    detail::scatter_add_adacomp<<<dim3(scatter_blocks, grid_y()), detail::packet_threads, 0, options_.stream.get()>>>(
+        packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
@@ -307,9 +310,12 @@ class adacomp_cuda {
 
   [[nodiscard]] std::uint32_t default_bin(std::size_t index) const noexcept {
     switch (layout_[index].kind) {
-      case layer_kind::conv: return options_.bins.conv_bin;
-      case layer_kind::bias_or_norm: return options_.bins.bias_bin;
-      default: return options_.bins.dense_bin;
+      case layer_kind::conv:
+        return options_.bins.conv_bin;
+      case layer_kind::bias_or_norm:
+        return options_.bins.bias_bin;
+      default:
+        return options_.bins.dense_bin;
     }
   }
   static std::size_t bins_of(std::size_t numel, std::uint32_t bin) noexcept { return (numel + bin - 1) / bin; }

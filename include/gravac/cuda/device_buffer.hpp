@@ -5,7 +5,8 @@
 //! storage traits, so the trainer's residual and the collectives' packet buffers live on
 //! the device. Part of target gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
 #include <span>

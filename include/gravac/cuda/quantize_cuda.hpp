@@ -6,7 +6,8 @@
 //! e = u - decompress(packet); see detail/quantize_cuda_kernels.hpp for how. Part of target
 //! gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <algorithm>
 #include <cstddef>
@@ -17,11 +18,8 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
-#include "gravac/packet/quantized_packet.hpp"
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/compress/sign.hpp"
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/concepts.hpp"
@@ -31,6 +29,9 @@
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac {
 
@@ -94,11 +95,11 @@ class basic_quantize_cuda {
   //! the whole workspace.
   basic_quantize_cuda(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
     if constexpr (Q == quantizer_cuda::qsgd) {
-      require(opt.levels >= 1 && opt.levels <= qsgd_max_levels, "qsgd_cuda: levels must be in 1.." +
-                                                                    std::to_string(qsgd_max_levels) + ", got " +
-                                                                    std::to_string(opt.levels));
-      require(opt.bucket % 64 == 0, "qsgd_cuda: bucket must be a multiple of 64 (or 0 for whole layers), got " +
-                                        std::to_string(opt.bucket));
+      require(
+          opt.levels >= 1 && opt.levels <= qsgd_max_levels,
+          "qsgd_cuda: levels must be in 1.." + std::to_string(qsgd_max_levels) + ", got " + std::to_string(opt.levels));
+      require(opt.bucket % 64 == 0,
+              "qsgd_cuda: bucket must be a multiple of 64 (or 0 for whole layers), got " + std::to_string(opt.bucket));
       levels_ = opt.levels;
       bucket_ = opt.bucket;
     } else if constexpr (Q == quantizer_cuda::terngrad) {
@@ -156,15 +157,15 @@ class basic_quantize_cuda {
 
   //! Upper bound of the packet size, as the host quantizer's.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_,
-                              [this](std::size_t, const layer& l) { return sizeof(segment_header) + payload_bytes(l.numel); });
+    return packet_bytes_bound(
+        layout_, [this](std::size_t, const layer& l) { return sizeof(segment_header) + payload_bytes(l.numel); });
   }
 
   //! Quantizes every layer whose kept fraction is below 1 (the others go raw); e = u -
   //! decompress(packet). \p g, \p e and \p out are device memory. Returns the packet size
   //! once the packet, the residual and the statistics are ready.
-  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
-                       std::span<std::byte> out, compress_stats& st) {
+  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
     namespace cd = detail;
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             std::string(name()) + "::compress: buffer size does not match the layout");
@@ -224,8 +225,8 @@ class basic_quantize_cuda {
       ++jobs;
       at += sizeof(segment_header) + d.header.payload_bytes;
     }
-    require(at <= out.size(), std::string(name()) + "::compress: packet buffer too small (needs " +
-                                  std::to_string(at) + " bytes, has " + std::to_string(out.size()) + ")");
+    require(at <= out.size(), std::string(name()) + "::compress: packet buffer too small (needs " + std::to_string(at) +
+                                  " bytes, has " + std::to_string(out.size()) + ")");
     packet_header h;
     h.magic = packet_magic;
     h.version = packet_version;
@@ -240,10 +241,10 @@ class basic_quantize_cuda {
     // The staging is rewritten next step; this call synchronizes before it returns.
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(head_.data(), head_host_.data(), sizeof h, cudaMemcpyHostToDevice, s));
     if (jobs) {
-      GRAVAC_TRY_CUDA(cudaMemcpyAsync(plan_.data(), plan_host_.data(), jobs * sizeof(cd::segment_desc),
-                                      cudaMemcpyHostToDevice, s));
-      GRAVAC_TRY_CUDA(cudaMemcpyAsync(jobs_.data(), jobs_host_.data(), jobs * sizeof(cd::quant_job),
-                                      cudaMemcpyHostToDevice, s));
+      GRAVAC_TRY_CUDA(
+          cudaMemcpyAsync(plan_.data(), plan_host_.data(), jobs * sizeof(cd::segment_desc), cudaMemcpyHostToDevice, s));
+      GRAVAC_TRY_CUDA(
+          cudaMemcpyAsync(jobs_.data(), jobs_host_.data(), jobs * sizeof(cd::quant_job), cudaMemcpyHostToDevice, s));
       GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, jobs * sizeof(cd::quant_sums), s));
     }
     cd::write_packet_headers<<<(jobs + cd::packet_threads) / cd::packet_threads, cd::packet_threads, 0, s>>>(
@@ -260,12 +261,12 @@ class basic_quantize_cuda {
       rq.count = static_cast<int>(p.gain_candidates.size());
       for (std::uint32_t j = 0; j < jobs; ++j) {
         const auto& l = layout_[job_layer_[j]];
-        for (int c = 0; c < rq.count; ++c) rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+        for (int c = 0; c < rq.count; ++c)
+          rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
         const int grid = blocks_for(l.numel, cd::select_threads * cd::fused_items);
-        cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(g.data() + l.offset, e.data() + l.offset, l.numel, 0,
-                                                           states_.data() + j, prev_threshold_.data(), hist_.data(),
-                                                           hist_sq_.data(), cand_.data(), 0, gain_sums_.data(), rq,
-                                                           gain_out_.data());
+        cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(
+            g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + j, prev_threshold_.data(),
+            hist_.data(), hist_sq_.data(), cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data());
         GRAVAC_CHECK_CUDA_LAUNCH();
       }
     }
@@ -275,8 +276,10 @@ class basic_quantize_cuda {
     cd::quant_sums* sd = sums_.data();
     const auto grid_of = [](unsigned long long b) { return static_cast<unsigned>(b); };
     if (blocks[cd::pass_raw]) {
-      if (gains) cd::raw_jobs<true><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
-      else cd::raw_jobs<false><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
+      if (gains)
+        cd::raw_jobs<true><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
+      else
+        cd::raw_jobs<false><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
       GRAVAC_CHECK_CUDA_LAUNCH();
     }
     if (blocks[cd::pass_codes]) {
@@ -286,17 +289,27 @@ class basic_quantize_cuda {
         const std::uint32_t lim = detail::cast16_limit_bits(options_.format, ranks);
         const unsigned grid = grid_of(blocks[cd::pass_codes]);
         if (options_.format == cast16_format::bf16) {
-          if (gains) cd::cast16_codes<true, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
-          else cd::cast16_codes<true, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+          if (gains)
+            cd::cast16_codes<true, true>
+                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+          else
+            cd::cast16_codes<true, false>
+                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
         } else {
-          if (gains) cd::cast16_codes<false, true><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
-          else cd::cast16_codes<false, false><<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+          if (gains)
+            cd::cast16_codes<false, true>
+                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+          else
+            cd::cast16_codes<false, false>
+                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
         }
         GRAVAC_CHECK_CUDA_LAUNCH();
       } else {
         const unsigned ga = grid_of(blocks[cd::pass_accumulate]);
-        if (gains) cd::accumulate_chunks<true><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
-        else cd::accumulate_chunks<false><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
+        if (gains)
+          cd::accumulate_chunks<true><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
+        else
+          cd::accumulate_chunks<false><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
         GRAVAC_CHECK_CUDA_LAUNCH();
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
@@ -306,15 +319,16 @@ class basic_quantize_cuda {
           cd::sign_codes<<<gc, cd::quant_threads, 0, s>>>(ed, jd, jobs, scales_.data(), packet);
           GRAVAC_CHECK_CUDA_LAUNCH();
         } else {
-          cd::bucket_scales<Q == quantizer_cuda::qsgd><<<gs, cd::quant_threads, 0, s>>>(
-              jd, jobs, chunks_.data(), scales_.data(), packet, levels_, bucket_);
+          cd::bucket_scales<Q == quantizer_cuda::qsgd>
+              <<<gs, cd::quant_threads, 0, s>>>(jd, jobs, chunks_.data(), scales_.data(), packet, levels_, bucket_);
           GRAVAC_CHECK_CUDA_LAUNCH();
           launch_codes(gc, ed, packet, jobs);
         }
       }
     }
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(sums_host_.data(), sums_.data(), std::max<std::uint32_t>(jobs, 1) * sizeof(cd::quant_sums),
-                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(sums_host_.data(), sums_.data(),
+                                    std::max<std::uint32_t>(jobs, 1) * sizeof(cd::quant_sums), cudaMemcpyDeviceToHost,
+                                    s));
     if (gains)
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_host_.data(), gain_out_.data(), gain_host_.size() * sizeof(double),
                                       cudaMemcpyDeviceToHost, s));
@@ -341,8 +355,8 @@ class basic_quantize_cuda {
     detail::check_quantized_payloads<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0, s>>>(
         packet.data(), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result),
-                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result), cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
     const std::uint32_t v = walk_host_[0].verdict;
     if (v == detail::v_ok) return {};
@@ -353,13 +367,13 @@ class basic_quantize_cuda {
   //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
   //! arithmetic. The packet must have been validated. Asynchronous on the compressor's stream.
   void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
-    require(out.size() == layout_.numel(), std::string(name()) + "::decompress_add: buffer size does not match the layout");
+    require(out.size() == layout_.numel(),
+            std::string(name()) + "::decompress_add: buffer size does not match the layout");
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::decode_quantized<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0,
-                                    options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
-                                                             out.data(), scale);
+    detail::decode_quantized<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0, options_.stream.get()>>>(
+        packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
@@ -399,22 +413,31 @@ class basic_quantize_cuda {
     return pad8(detail::code_bytes(n, w)) * 8 / w;
   }
   [[nodiscard]] unsigned code_bits() const noexcept {
-    if constexpr (leveled) return code_width(levels_);
-    else if constexpr (Q == quantizer_cuda::sign) return 1;
-    else return 16;
+    if constexpr (leveled)
+      return code_width(levels_);
+    else if constexpr (Q == quantizer_cuda::sign)
+      return 1;
+    else
+      return 16;
   }
 
   [[nodiscard]] std::size_t payload_bytes(std::size_t n) const noexcept {
-    if constexpr (leveled) return leveled_payload_bytes(n, levels_, bucket_);
-    else if constexpr (Q == quantizer_cuda::sign) return sign_payload_bytes(n);
-    else return half_payload_bytes(n);
+    if constexpr (leveled)
+      return leveled_payload_bytes(n, levels_, bucket_);
+    else if constexpr (Q == quantizer_cuda::sign)
+      return sign_payload_bytes(n);
+    else
+      return half_payload_bytes(n);
   }
 
   [[nodiscard]] std::uint8_t encoding_for() const noexcept {
     quant_encoding enc = quant_encoding::fp16;
-    if constexpr (Q == quantizer_cuda::qsgd) enc = quant_encoding::qsgd;
-    else if constexpr (Q == quantizer_cuda::terngrad) enc = quant_encoding::terngrad;
-    else if constexpr (Q == quantizer_cuda::sign) enc = quant_encoding::sign;
+    if constexpr (Q == quantizer_cuda::qsgd)
+      enc = quant_encoding::qsgd;
+    else if constexpr (Q == quantizer_cuda::terngrad)
+      enc = quant_encoding::terngrad;
+    else if constexpr (Q == quantizer_cuda::sign)
+      enc = quant_encoding::sign;
     else if constexpr (Q == quantizer_cuda::cast16)
       enc = options_.format == cast16_format::bf16 ? quant_encoding::bf16 : quant_encoding::fp16;
     return static_cast<std::uint8_t>(enc);
@@ -422,10 +445,14 @@ class basic_quantize_cuda {
 
   static constexpr const char* name() noexcept {
     switch (Q) {
-      case quantizer_cuda::qsgd: return "qsgd_cuda";
-      case quantizer_cuda::terngrad: return "terngrad_cuda";
-      case quantizer_cuda::sign: return "sign_cuda";
-      default: return "cast16_cuda";
+      case quantizer_cuda::qsgd:
+        return "qsgd_cuda";
+      case quantizer_cuda::terngrad:
+        return "terngrad_cuda";
+      case quantizer_cuda::sign:
+        return "sign_cuda";
+      default:
+        return "cast16_cuda";
     }
   }
 
@@ -436,17 +463,29 @@ class basic_quantize_cuda {
     const auto lv = static_cast<std::int32_t>(levels_);
     const cd::quant_job* jd = jobs_.data();
     switch (code_width(levels_)) {
-      case 2: cd::quantize_codes<2><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
-      case 4: cd::quantize_codes<4><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
-      case 8: cd::quantize_codes<8><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
-      default: cd::quantize_codes<16><<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data()); break;
+      case 2:
+        cd::quantize_codes<2>
+            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        break;
+      case 4:
+        cd::quantize_codes<4>
+            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        break;
+      case 8:
+        cd::quantize_codes<8>
+            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        break;
+      default:
+        cd::quantize_codes<16>
+            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        break;
     }
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
   void launch_walk(std::span<const std::byte> packet) const {
     detail::walk_quantized_packet<<<1, 1, 0, options_.stream.get()>>>(packet.data(), packet.size(), desc(), Q,
-                                                                            table_.data(), walk_.data());
+                                                                      table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
   [[nodiscard]] detail::layout_desc desc() const noexcept {

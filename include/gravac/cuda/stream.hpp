@@ -3,7 +3,8 @@
 //! \brief stream_ref: a non-owning handle of a CUDA stream, and stream, an owning one.
 //! Every gravac CUDA operation is ordered on a stream_ref. Part of target gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include "gravac/cuda/cuda_error.hpp"
 

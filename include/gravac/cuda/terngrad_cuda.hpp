@@ -4,6 +4,7 @@
 //! It shares the quantizer machinery of quantize_cuda.hpp and is defined there. Part of
 //! target gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include "gravac/cuda/quantize_cuda.hpp"

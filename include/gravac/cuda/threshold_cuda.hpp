@@ -4,6 +4,7 @@
 //! on the device, the packets of gravac::threshold bit for bit. It shares the radix-select
 //! machinery of topk_cuda and is defined beside it. Part of target gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include "gravac/cuda/topk_cuda.hpp"

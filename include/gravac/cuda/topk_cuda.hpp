@@ -7,33 +7,33 @@
 //! detail/threshold_kernels.hpp): the same packets as gravac::threshold, bit for bit.
 //! Part of target gravac::cuda.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
-
-#include <cub/device/device_select.cuh>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cub/device/device_select.cuh>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/packet/raw_segment.hpp"
-#include "gravac/packet/sparse_packet.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/threshold_kernels.hpp"
 #include "gravac/cuda/detail/whole_select_kernels.hpp"
-#include "gravac/detail/random.hpp"
 #include "gravac/cuda/device_buffer.hpp"
+#include "gravac/detail/random.hpp"
+#include "gravac/packet/packet_bound.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/packet/sparse_packet.hpp"
 
 namespace gravac {
 
@@ -51,11 +51,11 @@ struct topk_cuda_options {
 
 //! Options of threshold_cuda: those of topk_cuda and of gravac::threshold (same meaning).
 struct threshold_cuda_options {
-  stream_ref stream{};                //!< the stream every kernel of the compressor runs on
+  stream_ref stream{};                   //!< the stream every kernel of the compressor runs on
   double candidate_capacity = 1.0 / 16;  //!< see topk_cuda_options
-  std::size_t expected_hits = 1024;   //!< see threshold_options
-  std::size_t run_length = 16;        //!< see threshold_options
-  double full_histogram_above = 0.25; //!< see threshold_options
+  std::size_t expected_hits = 1024;      //!< see threshold_options
+  std::size_t run_length = 16;           //!< see threshold_options
+  double full_histogram_above = 0.25;    //!< see threshold_options
 };
 
 //! Top-k (\p Threshold false: topk_cuda) or threshold (true: threshold_cuda) sparsification
@@ -124,18 +124,19 @@ class basic_select_cuda {
     failure_ = device_buffer<std::uint32_t>(1, s);
     slots_ = device_buffer<detail::segment_slot>(L, s);
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
-    cap_ = static_cast<std::uint32_t>(
-        std::min<std::size_t>(largest, std::max<std::size_t>(65536, static_cast<std::size_t>(
-                                                                        opt.candidate_capacity * static_cast<double>(largest)))));
+    cap_ = static_cast<std::uint32_t>(std::min<std::size_t>(
+        largest,
+        std::max<std::size_t>(65536, static_cast<std::size_t>(opt.candidate_capacity * static_cast<double>(largest)))));
     cand_ = device_buffer<std::uint32_t>(std::max<std::size_t>(cap_, 1), s);
     constexpr std::size_t chunk = static_cast<std::size_t>(detail::select_threads) * detail::tie_items;
     chunk_counts_ = device_buffer<std::uint32_t>(std::max<std::size_t>((largest + chunk - 1) / chunk, 1), s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
-    GRAVAC_TRY_CUDA(cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-                                          thrust::make_tabulate_output_iterator(detail::bounded_index_writer{nullptr, nullptr}),
-                                          static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
-                                          detail::selected_by_threshold{nullptr, nullptr}, s.get()));
+    GRAVAC_TRY_CUDA(
+        cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
+                              thrust::make_tabulate_output_iterator(detail::bounded_index_writer{nullptr, nullptr}),
+                              static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
+                              detail::selected_by_threshold{nullptr, nullptr}, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     if (whole_) {
       concat_ = device_buffer<float>(std::max<std::size_t>(lay.numel(), 1), s);
@@ -154,7 +155,8 @@ class basic_select_cuda {
 
   //! Upper bound of the packet size (every value kept, with indices), as gravac::topk.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! Keeps the top kept_fraction of each layer; e = u - sent. \p g, \p e and \p out are
@@ -162,8 +164,8 @@ class basic_select_cuda {
   //! A layer with fewer finite values than k sends all of its finite values and sets
   //! compress_stats::non_finite (as gravac::topk). Should a kernel ever fail, every layer's
   //! residual is restored to u = g + e_old before the error is thrown: nothing is lost.
-  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
-                       std::span<std::byte> out, compress_stats& st) {
+  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
     namespace cd = detail;
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             "topk_cuda::compress: buffer size does not match the layout");
@@ -210,7 +212,8 @@ class basic_select_cuda {
       if (l.numel == 0) continue;
       float* gl = g.data() + l.offset;
       float* el = e.data() + l.offset;
-      for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      for (int c = 0; c < gains.count; ++c)
+        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       const int grid = blocks_for(l.numel, cd::select_threads * cd::fused_items);
       auto* sti = states_.data() + i;
       auto* slot = slots_.data() + i;
@@ -225,7 +228,7 @@ class basic_select_cuda {
         const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
         const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
         cd::estimate_histogram<<<blocks_for(m, cd::select_threads), cd::select_threads, 0, s>>>(gl, el, rq,
-                                                                                               est_hist_.data());
+                                                                                                est_hist_.data());
         GRAVAC_CHECK_CUDA_LAUNCH();
         cd::estimate_threshold<<<1, cd::select_threads, 0, s>>>(est_hist_.data(), rq, prev_threshold_.data() + i);
         GRAVAC_CHECK_CUDA_LAUNCH();
@@ -256,10 +259,10 @@ class basic_select_cuda {
         GRAVAC_CHECK_CUDA_LAUNCH();
       }
       std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-                                            thrust::make_tabulate_output_iterator(cd::bounded_index_writer{packet, slot}),
-                                            &sti->selected, static_cast<std::int64_t>(l.numel),
-                                            cd::selected_by_threshold{el, sti}, s));
+      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
+          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+          thrust::make_tabulate_output_iterator(cd::bounded_index_writer{packet, slot}), &sti->selected,
+          static_cast<std::int64_t>(l.numel), cd::selected_by_threshold{el, sti}, s));
       cd::gather_pass<<<blocks_for(k, cd::select_threads), cd::select_threads, 0, s>>>(
           packet, slot, el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
       GRAVAC_CHECK_CUDA_LAUNCH();
@@ -273,10 +276,10 @@ class basic_select_cuda {
                                     cudaMemcpyDeviceToHost, s));
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_gain_.data(), gain_out_.data(), host_gain_.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_failure_.data(), failure_.data(), sizeof(std::uint32_t),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor),
-                                    cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_failure_.data(), failure_.data(), sizeof(std::uint32_t), cudaMemcpyDeviceToHost, s));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor), cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
     const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
     if (host_failure_[0] || bytes > bound) {
@@ -298,9 +301,7 @@ class basic_select_cuda {
 
   //! Validates an untrusted packet in device memory (header walk and every index checked
   //! on the device; only the verdict is copied back).
-  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return packets_.validate(packet, kind);
-  }
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const { return packets_.validate(packet, kind); }
   //! Adds scale * the packet's values at their indices to \p out (device memory). The
   //! packet must have been validated. Asynchronous on the compressor's stream.
   void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
@@ -358,11 +359,11 @@ class basic_select_cuda {
     for (std::size_t i = 0; i < layers; ++i) {
       if (!compressed(i)) continue;
       const auto& l = layout_[i];
-      for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      for (int c = 0; c < gains.count; ++c)
+        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
-          g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
-          hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
-          concat_.data() + total);
+          g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(), hist_.data(),
+          hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false, concat_.data() + total);
       GRAVAC_CHECK_CUDA_LAUNCH();
       total += l.numel;
     }
@@ -389,10 +390,10 @@ class basic_select_cuda {
                                                                               chunk_counts_.data());
         GRAVAC_CHECK_CUDA_LAUNCH();
         std::size_t temp = select_temp_.size();
-        GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-                                              thrust::make_tabulate_output_iterator(cd::whole_index_writer{list_.data(), whole}),
-                                              &whole->selected, static_cast<std::int64_t>(total),
-                                              cd::selected_by_threshold{concat_.data(), whole}, s));
+        GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
+            select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+            thrust::make_tabulate_output_iterator(cd::whole_index_writer{list_.data(), whole}), &whole->selected,
+            static_cast<std::int64_t>(total), cd::selected_by_threshold{concat_.data(), whole}, s));
         cd::remember_whole_threshold<<<1, 1, 0, s>>>(whole, whole_threshold_.data());
         GRAVAC_CHECK_CUDA_LAUNCH();
       }
@@ -402,7 +403,8 @@ class basic_select_cuda {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
       if (!compressed(i)) {
-        for (int c = 0; c < gains.count; ++c) gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+        for (int c = 0; c < gains.count; ++c)
+          gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
         queue_raw(i, g, e, packet, gains);
         continue;
       }
@@ -484,14 +486,14 @@ class basic_select_cuda {
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
-  device_buffer<std::uint32_t> est_hist_;  // threshold: the estimate's histogram
-  bool whole_ = false;                       // topk: one selection over the whole buffer
-  device_buffer<float> concat_;              // whole: u of the compressed layers, concatenated
-  device_buffer<std::uint32_t> list_;        // whole: the selected positions in concat_, ascending
+  device_buffer<std::uint32_t> est_hist_;            // threshold: the estimate's histogram
+  bool whole_ = false;                               // topk: one selection over the whole buffer
+  device_buffer<float> concat_;                      // whole: u of the compressed layers, concatenated
+  device_buffer<std::uint32_t> list_;                // whole: the selected positions in concat_, ascending
   device_buffer<detail::select_state> whole_state_;  // whole: the selection's state
-  device_buffer<std::uint32_t> whole_threshold_;  // whole: the previous step's threshold (0: none)
-  device_buffer<std::uint32_t> no_threshold_;     // whole: 0, so the layers' own passes collect nothing
-  device_buffer<std::uint32_t> first_;            // whole: each layer's first entry in list_
+  device_buffer<std::uint32_t> whole_threshold_;     // whole: the previous step's threshold (0: none)
+  device_buffer<std::uint32_t> no_threshold_;        // whole: 0, so the layers' own passes collect nothing
+  device_buffer<std::uint32_t> first_;               // whole: each layer's first entry in list_
   pinned_buffer<detail::select_state> host_states_;
   pinned_buffer<detail::layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;

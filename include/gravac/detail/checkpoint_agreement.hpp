@@ -1,6 +1,7 @@
 #pragma once
 //! \file
-//! \brief How the ranks agree on a checkpoint: a failure on any rank, or ranks at different steps or policy states, ends the save or restore on every rank.
+//! \brief How the ranks agree on a checkpoint: a failure on any rank, or ranks at different steps or policy states,
+//! ends the save or restore on every rank.
 
 #include <algorithm>
 #include <cstddef>
@@ -69,8 +70,7 @@ void agree_on_checkpoint(Comm& comm, const std::string& action, status local_sta
     }
     at += sizes[r];
   }
-  if (!failures.empty())
-    throw error(first, action + " failed on some ranks:" + failures, comm.rank());
+  if (!failures.empty()) throw error(first, action + " failed on some ranks:" + failures, comm.rank());
   if (!differ.empty())
     throw error(status::diverged,
                 action + ": ranks " + differ + " hold a different step counter or policy state than rank 0",

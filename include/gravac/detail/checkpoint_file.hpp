@@ -28,11 +28,11 @@ namespace gravac::detail {
 
 //! Fixed header of a checkpoint file (32 bytes).
 struct checkpoint_header {
-  char magic[8] = {};                //!< checkpoint_magic
-  std::uint32_t version = 0;         //!< checkpoint_version
-  std::uint32_t header_bytes = 0;    //!< sizeof(checkpoint_header)
-  std::uint64_t payload_bytes = 0;   //!< bytes after the header
-  std::uint64_t checksum = 0;        //!< FNV-1a 64 of the payload
+  char magic[8] = {};               //!< checkpoint_magic
+  std::uint32_t version = 0;        //!< checkpoint_version
+  std::uint32_t header_bytes = 0;   //!< sizeof(checkpoint_header)
+  std::uint64_t payload_bytes = 0;  //!< bytes after the header
+  std::uint64_t checksum = 0;       //!< FNV-1a 64 of the payload
 };
 static_assert(sizeof(checkpoint_header) == 32);
 

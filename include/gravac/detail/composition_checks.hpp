@@ -17,76 +17,110 @@ namespace gravac::detail {
 //! One static_assert per requirement of the Compressor concept.
 template <class C>
 consteval bool check_compressor() {
-  static_assert(requires { typename C::compressor_tag; },
-                "gravac::trainer: the compressor is not a gravac::Compressor: it has no opt-in member "
-                "`using compressor_tag = void;` (see docs/concept_compressor.md)");
-  static_assert(requires { typename C::memory_space; },
-                "gravac::trainer: Compressor requirement: a member type memory_space (gravac::host_space or "
-                "gravac::cuda_space)");
-  static_assert(requires { typename C::options; }, "gravac::trainer: Compressor requirement: a member type options");
-  static_assert(requires { requires std::constructible_from<C, const layout&, const typename C::options&>; },
-                "gravac::trainer: Compressor requirement: a constructor C(const gravac::layout&, const C::options&)");
-  static_assert(requires { { C::summable_by_index } -> std::convertible_to<bool>; },
-                "gravac::trainer: Compressor requirement: static constexpr bool summable_by_index");
-  static_assert(requires(const C& c) { { c.max_packet_bytes() } -> std::same_as<std::size_t>; },
-                "gravac::trainer: Compressor requirement: std::size_t max_packet_bytes() const");
-  static_assert(requires(C& c, grad_view<typename C::memory_space> v, const step_params& p, std::span<std::byte> out,
-                         compress_stats& st) {
-                  { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
-                },
-                "gravac::trainer: Compressor requirement: std::size_t compress(grad_view g, grad_view e, const "
-                "step_params&, std::span<std::byte> out, compress_stats&)");
-  static_assert(requires(const C& c, std::span<const std::byte> in) { { c.validate(in) } -> std::same_as<validation>; },
-                "gravac::trainer: Compressor requirement: validation validate(std::span<const std::byte>) const");
-  static_assert(requires(C& c, std::span<const std::byte> in, grad_view<typename C::memory_space> v, float s) {
-                  c.decompress_add(in, v, s);
-                },
-                "gravac::trainer: Compressor requirement: void decompress_add(std::span<const std::byte>, grad_view, "
-                "float scale)");
+  static_assert(
+      requires { typename C::compressor_tag; },
+      "gravac::trainer: the compressor is not a gravac::Compressor: it has no opt-in member "
+      "`using compressor_tag = void;` (see docs/concept_compressor.md)");
+  static_assert(
+      requires { typename C::memory_space; },
+      "gravac::trainer: Compressor requirement: a member type memory_space (gravac::host_space or "
+      "gravac::cuda_space)");
+  static_assert(
+      requires { typename C::options; }, "gravac::trainer: Compressor requirement: a member type options");
+  static_assert(
+      requires { requires std::constructible_from<C, const layout&, const typename C::options&>; },
+      "gravac::trainer: Compressor requirement: a constructor C(const gravac::layout&, const C::options&)");
+  static_assert(
+      requires {
+        { C::summable_by_index } -> std::convertible_to<bool>;
+      },
+      "gravac::trainer: Compressor requirement: static constexpr bool summable_by_index");
+  static_assert(
+      requires(const C& c) {
+        { c.max_packet_bytes() } -> std::same_as<std::size_t>;
+      },
+      "gravac::trainer: Compressor requirement: std::size_t max_packet_bytes() const");
+  static_assert(
+      requires(C & c, grad_view<typename C::memory_space> v, const step_params& p, std::span<std::byte> out,
+               compress_stats& st) {
+        { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
+      },
+      "gravac::trainer: Compressor requirement: std::size_t compress(grad_view g, grad_view e, const "
+      "step_params&, std::span<std::byte> out, compress_stats&)");
+  static_assert(
+      requires(const C& c, std::span<const std::byte> in) {
+        { c.validate(in) } -> std::same_as<validation>;
+      },
+      "gravac::trainer: Compressor requirement: validation validate(std::span<const std::byte>) const");
+  static_assert(
+      requires(C & c, std::span<const std::byte> in, grad_view<typename C::memory_space> v, float s) {
+        c.decompress_add(in, v, s);
+      },
+      "gravac::trainer: Compressor requirement: void decompress_add(std::span<const std::byte>, grad_view, "
+      "float scale)");
   return Compressor<C>;
 }
 
 //! The requirements of the Collective concept.
 template <class K>
 consteval bool check_collective() {
-  static_assert(requires { typename K::collective_tag; },
-                "gravac::trainer: the collective is not a gravac::Collective: it has no opt-in member "
-                "`using collective_tag = void;` (see docs/concept_collective.md)");
-  static_assert(requires { typename K::options; }, "gravac::trainer: Collective requirement: a member type options");
+  static_assert(
+      requires { typename K::collective_tag; },
+      "gravac::trainer: the collective is not a gravac::Collective: it has no opt-in member "
+      "`using collective_tag = void;` (see docs/concept_collective.md)");
+  static_assert(
+      requires { typename K::options; }, "gravac::trainer: Collective requirement: a member type options");
   return Collective<K>;
 }
 
 //! One static_assert per requirement of the Policy concept.
 template <class P>
 consteval bool check_policy() {
-  static_assert(requires { typename P::policy_tag; },
-                "gravac::trainer: the policy is not a gravac::Policy: it has no opt-in member "
-                "`using policy_tag = void;` (see docs/concept_policy.md)");
-  static_assert(requires { typename P::options; }, "gravac::trainer: Policy requirement: a member type options");
-  static_assert(requires { requires std::constructible_from<P, const layout&, const typename P::options&>; },
-                "gravac::trainer: Policy requirement: a constructor P(const gravac::layout&, const P::options&)");
-  static_assert(requires { { P::needs_statistics } -> std::convertible_to<bool>; },
-                "gravac::trainer: Policy requirement: static constexpr bool needs_statistics");
-  static_assert(requires(P& p, step_params& sp) { p.plan(sp); },
-                "gravac::trainer: Policy requirement: void plan(step_params&)");
-  static_assert(requires(P& p, const step_report& r) { p.observe(r); },
-                "gravac::trainer: Policy requirement: void observe(const step_report&)");
-  static_assert(requires(P& p, const interval_info& i) { p.on_interval(i); },
-                "gravac::trainer: Policy requirement: void on_interval(const interval_info&)");
-  static_assert(requires(const P& p, std::vector<std::byte>& out) { p.save(out); },
-                "gravac::trainer: Policy requirement: void save(std::vector<std::byte>&) const");
-  static_assert(requires(P& p, std::span<const std::byte> in) { p.load(in); },
-                "gravac::trainer: Policy requirement: void load(std::span<const std::byte>)");
+  static_assert(
+      requires { typename P::policy_tag; },
+      "gravac::trainer: the policy is not a gravac::Policy: it has no opt-in member "
+      "`using policy_tag = void;` (see docs/concept_policy.md)");
+  static_assert(
+      requires { typename P::options; }, "gravac::trainer: Policy requirement: a member type options");
+  static_assert(
+      requires { requires std::constructible_from<P, const layout&, const typename P::options&>; },
+      "gravac::trainer: Policy requirement: a constructor P(const gravac::layout&, const P::options&)");
+  static_assert(
+      requires {
+        { P::needs_statistics } -> std::convertible_to<bool>;
+      },
+      "gravac::trainer: Policy requirement: static constexpr bool needs_statistics");
+  static_assert(
+      requires(P & p, step_params & sp) { p.plan(sp); },
+      "gravac::trainer: Policy requirement: void plan(step_params&)");
+  static_assert(
+      requires(P & p, const step_report& r) { p.observe(r); },
+      "gravac::trainer: Policy requirement: void observe(const step_report&)");
+  static_assert(
+      requires(P & p, const interval_info& i) { p.on_interval(i); },
+      "gravac::trainer: Policy requirement: void on_interval(const interval_info&)");
+  static_assert(
+      requires(const P& p, std::vector<std::byte>& out) { p.save(out); },
+      "gravac::trainer: Policy requirement: void save(std::vector<std::byte>&) const");
+  static_assert(
+      requires(P & p, std::span<const std::byte> in) { p.load(in); },
+      "gravac::trainer: Policy requirement: void load(std::span<const std::byte>)");
   return Policy<P>;
 }
 
 //! Whether collective \p K declares the requirement named by the member \p flag.
 template <class K>
-inline constexpr bool needs_index_selection_v = requires { requires K::needs_index_selection; };
+inline constexpr bool needs_index_selection_v = requires {
+  requires K::needs_index_selection;
+};
 template <class K>
-inline constexpr bool needs_low_rank_v = requires { requires K::needs_low_rank; };
+inline constexpr bool needs_low_rank_v = requires {
+  requires K::needs_low_rank;
+};
 template <class K>
-inline constexpr bool rejects_low_rank_v = requires { requires K::rejects_low_rank; };
+inline constexpr bool rejects_low_rank_v = requires {
+  requires K::rejects_low_rank;
+};
 
 //! Why collective \p K refuses compressor \p C (composition_verdict's first half).
 template <class C, class K>
@@ -94,9 +128,12 @@ consteval rejection why_refused() {
   if constexpr (K::template accepts<C>) {
     return rejection::none;
   } else if constexpr (needs_index_selection_v<K>) {
-    if constexpr (!static_cast<bool>(C::summable_by_index)) return rejection::not_summable;
-    else if constexpr (!C::memory_space::host_accessible) return rejection::no_device_path;
-    else return rejection::no_index_hook;
+    if constexpr (!static_cast<bool>(C::summable_by_index))
+      return rejection::not_summable;
+    else if constexpr (!C::memory_space::host_accessible)
+      return rejection::no_device_path;
+    else
+      return rejection::no_index_hook;
   } else if constexpr (needs_low_rank_v<K> && !LowRankCompressor<C>) {
     return rejection::not_low_rank;
   } else if constexpr (rejects_low_rank_v<K> && LowRankCompressor<C>) {
@@ -149,9 +186,12 @@ consteval bool check_decisions() {
 template <class C, class K, class P>
 consteval rejection composition_verdict() {
   constexpr rejection r = why_refused<C, K>();
-  if constexpr (r != rejection::none) return r;
-  else if constexpr (!decisions_reach_v<C, P>) return rejection::decisions_ignored;
-  else return rejection::none;
+  if constexpr (r != rejection::none)
+    return r;
+  else if constexpr (!decisions_reach_v<C, P>)
+    return rejection::decisions_ignored;
+  else
+    return rejection::none;
 }
 
 //! Every check of trainer<C, K, P>, in order: each concept's requirements, then what the

@@ -16,8 +16,8 @@
 //! device kernels). Builds that already target AVX2, other architectures and
 //! GRAVAC_PORTABLE_KERNELS run the lambda directly.
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(__AVX2__) && !defined(GRAVAC_PORTABLE_KERNELS) && !defined(__CUDA_ARCH__)
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX2__) && \
+    !defined(GRAVAC_PORTABLE_KERNELS) && !defined(__CUDA_ARCH__)
 #define GRAVAC_ISA_DISPATCH 1
 #else
 #define GRAVAC_ISA_DISPATCH 0

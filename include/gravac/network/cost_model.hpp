@@ -19,8 +19,8 @@ namespace gravac {
 
 //! Latency and inverse bandwidth of a network.
 struct network_params {
-  double alpha = 50e-6;          //!< latency of one message, seconds
-  double beta = 1.0 / 1.25e9;    //!< seconds per byte (1 / bandwidth); default 10 Gbit/s
+  double alpha = 50e-6;        //!< latency of one message, seconds
+  double beta = 1.0 / 1.25e9;  //!< seconds per byte (1 / bandwidth); default 10 Gbit/s
 
   //! Parameters from a latency in seconds and a bandwidth in Gbit/s.
   static network_params from_gbps(double latency_s, double gbit_per_s) {

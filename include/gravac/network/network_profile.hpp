@@ -27,8 +27,8 @@ enum class profile_index : std::uint8_t {
 
 //! One phase of a schedule: \p length steps (or seconds) of network \p net.
 struct network_phase {
-  double length = 1;        //!< how long the phase lasts, in steps or seconds (> 0)
-  network_params net{};     //!< the network during the phase
+  double length = 1;     //!< how long the phase lasts, in steps or seconds (> 0)
+  network_params net{};  //!< the network during the phase
 };
 
 //! A piecewise-constant network over steps or virtual time. Cheap to copy.
@@ -63,8 +63,9 @@ class network_profile {
   //! The schedule of the flexible-communication paper: latency 1 ms and 25 Gbit/s, then
   //! 32 ms and 1 Gbit/s, then back, each for \p phase_steps steps.
   static network_profile fast_slow_schedule(double phase_steps) {
-    return schedule({{phase_steps, network_params::from_gbps(1e-3, 25)}, {phase_steps, network_params::from_gbps(32e-3, 1)}},
-                    profile_index::step, true);
+    return schedule(
+        {{phase_steps, network_params::from_gbps(1e-3, 25)}, {phase_steps, network_params::from_gbps(32e-3, 1)}},
+        profile_index::step, true);
   }
 
   //! Parses a trace: a header naming the columns, then one row per change, e.g.
@@ -96,7 +97,8 @@ class network_profile {
         continue;
       }
       std::string_view cols[3];
-      if (!split3(line, cols)) fail(src, line_no, "expected 3 comma-separated columns, got '" + std::string(line) + "'");
+      if (!split3(line, cols))
+        fail(src, line_no, "expected 3 comma-separated columns, got '" + std::string(line) + "'");
       if (!header) {
         if (cols[0] == "step")
           p.by_ = profile_index::step;
@@ -104,13 +106,22 @@ class network_profile {
           p.by_ = profile_index::time;
         else
           fail(src, line_no, "first column must be 'step' or 'time_s', got '" + std::string(cols[0]) + "'");
-        if (cols[1] == "latency_s") lat_unit = 1;
-        else if (cols[1] == "latency_ms") lat_unit = 1e-3;
-        else if (cols[1] == "latency_us") lat_unit = 1e-6;
-        else fail(src, line_no, "second column must be latency_s, latency_ms or latency_us, got '" + std::string(cols[1]) + "'");
-        if (cols[2] == "bandwidth_gbps") bw_mode = 0;
-        else if (cols[2] == "bandwidth_bytes_per_s") bw_mode = 1;
-        else fail(src, line_no, "third column must be bandwidth_gbps or bandwidth_bytes_per_s, got '" + std::string(cols[2]) + "'");
+        if (cols[1] == "latency_s")
+          lat_unit = 1;
+        else if (cols[1] == "latency_ms")
+          lat_unit = 1e-3;
+        else if (cols[1] == "latency_us")
+          lat_unit = 1e-6;
+        else
+          fail(src, line_no,
+               "second column must be latency_s, latency_ms or latency_us, got '" + std::string(cols[1]) + "'");
+        if (cols[2] == "bandwidth_gbps")
+          bw_mode = 0;
+        else if (cols[2] == "bandwidth_bytes_per_s")
+          bw_mode = 1;
+        else
+          fail(src, line_no,
+               "third column must be bandwidth_gbps or bandwidth_bytes_per_s, got '" + std::string(cols[2]) + "'");
         header = true;
       } else {
         double v[3];

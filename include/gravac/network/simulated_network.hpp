@@ -51,10 +51,10 @@ struct simulated_network_options {
 //! a resumed run continues the modeled clock and the wire-byte counts bit for bit (they are
 //! sums in call order, which a fresh communicator cannot rebuild).
 struct simulated_counters {
-  double clock = 0;          //!< modeled_seconds()
-  double sent = 0;           //!< wire_bytes_sent()
-  double received = 0;       //!< wire_bytes_received()
-  std::uint64_t calls = 0;   //!< calls()
+  double clock = 0;         //!< modeled_seconds()
+  double sent = 0;          //!< wire_bytes_sent()
+  double received = 0;      //!< wire_bytes_received()
+  std::uint64_t calls = 0;  //!< calls()
 };
 
 //! Decorates Communicator \p Inner with a modeled clock. Models Communicator.
@@ -116,7 +116,9 @@ class simulated_communicator {
     broadcast(std::as_writable_bytes(d), root);
   }
   //! Barrier (real), charged as a dissemination barrier.
-  void barrier() { charged(cost_model::barrier(size()), [&] { inner_->barrier(); }); }
+  void barrier() {
+    charged(cost_model::barrier(size()), [&] { inner_->barrier(); });
+  }
 
   //! Seconds charged so far: the virtual clock (identical on every rank).
   [[nodiscard]] double modeled_seconds() const noexcept { return clock_; }
@@ -153,11 +155,8 @@ class simulated_communicator {
   //! The wrapped engine.
   [[nodiscard]] Inner& inner() noexcept { return *inner_; }
   //! Forwards abort to the inner engine when it has one.
-  void abort(const std::string& why) noexcept
-    requires requires(Inner& i) { i.abort(why); }
-  {
-    inner_->abort(why);
-  }
+  void abort(const std::string& why) noexcept requires requires(Inner& i) { i.abort(why); }
+  { inner_->abort(why); }
 
  private:
   template <class T>

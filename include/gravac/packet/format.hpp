@@ -64,9 +64,7 @@ inline constexpr std::uint16_t packet_version = 1;
 constexpr std::size_t pad8(std::size_t n) noexcept { return (n + 7u) & ~std::size_t{7}; }
 
 //! Index width for a layer of \p numel elements: 32-bit where it fits, 64-bit otherwise.
-constexpr std::uint8_t index_width_for(std::size_t numel) noexcept {
-  return numel <= 0xffffffffull ? 4 : 8;
-}
+constexpr std::uint8_t index_width_for(std::size_t numel) noexcept { return numel <= 0xffffffffull ? 4 : 8; }
 
 //! Appends bytes to a caller-provided buffer; never writes past its end.
 class byte_writer {
@@ -163,8 +161,9 @@ struct validation {
 
 //! Throws gravac::error(malformed_packet) when \p v is not ok, naming the sending rank.
 inline void throw_if_invalid(const validation& v, int from_rank = -1) {
-  if (!v) throw error(v.code, "packet" + (from_rank >= 0 ? " from rank " + std::to_string(from_rank) : std::string{}) +
-                                  " rejected: " + v.reason);
+  if (!v)
+    throw error(v.code, "packet" + (from_rank >= 0 ? " from rank " + std::to_string(from_rank) : std::string{}) +
+                            " rejected: " + v.reason);
 }
 
 //! Starts a packet of \p kind; the header is completed by finish_packet().

@@ -9,10 +9,10 @@
 //!
 //! | encoding | prefix (word 0, word 1) | then | codes |
 //! |---|---|---|---|
-//! | qsgd | levels s, bucket B | ceil(numel/B) float bucket norms | numel codes of W bits: sign bit W-1, level in the low bits |
-//! | terngrad | 1, bucket B | ceil(numel/B) float bucket scales (max \|u\|) | numel 2-bit codes: 00 zero, 01 +1, 11 -1 |
-//! | sign | float scale (mean \|u\|), 0 | - | numel sign bits, 1 = negative |
-//! | fp16 / bf16 | float multiplier (the rank count N), 0 | - | numel 16-bit values of u / N |
+//! | qsgd | levels s, bucket B | ceil(numel/B) float bucket norms | numel codes of W bits: sign bit W-1, level in the
+//! low bits | | terngrad | 1, bucket B | ceil(numel/B) float bucket scales (max \|u\|) | numel 2-bit codes: 00 zero, 01
+//! +1, 11 -1 | | sign | float scale (mean \|u\|), 0 | - | numel sign bits, 1 = negative | | fp16 / bf16 | float
+//! multiplier (the rank count N), 0 | - | numel 16-bit values of u / N |
 //!
 //! W = code_width(s) is the smallest of 2, 4, 8, 16 that holds a sign bit and the level s.
 //! Codes are packed little-endian (see detail/bit_codes.hpp); padding bits are zero.
@@ -69,8 +69,6 @@ constexpr std::size_t sign_payload_bytes(std::size_t numel) noexcept {
 }
 
 //! Payload bytes of a cast16 segment.
-constexpr std::size_t half_payload_bytes(std::size_t numel) noexcept {
-  return quant_prefix_bytes + pad8(numel * 2);
-}
+constexpr std::size_t half_payload_bytes(std::size_t numel) noexcept { return quant_prefix_bytes + pad8(numel * 2); }
 
 }  // namespace gravac

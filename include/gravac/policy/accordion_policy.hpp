@@ -63,15 +63,15 @@ namespace gravac {
 //! Options of accordion_policy. Kept fractions are this library's defaults (the authors'
 //! top-k levels keep 99% and 10%); ranks are the authors' PowerSGD levels (2 / 1).
 struct accordion_policy_options {
-  double low_compression = 0.1;     //!< kept fraction in a critical regime, in (0, 1]
-  double high_compression = 0.01;   //!< kept fraction otherwise, in (0, low_compression]
-  std::uint32_t low_rank = 2;       //!< PowerSGD rank in a critical regime, >= 1
-  std::uint32_t high_rank = 1;      //!< PowerSGD rank otherwise, in [1, low_rank]
-  double eta = 0.5;                 //!< eta > 0: relative norm change that marks a critical regime
-  std::uint64_t interval_steps = 0; //!< F: steps per interval; 0 = an interval is an epoch (end_interval)
+  double low_compression = 0.1;      //!< kept fraction in a critical regime, in (0, 1]
+  double high_compression = 0.01;    //!< kept fraction otherwise, in (0, low_compression]
+  std::uint32_t low_rank = 2;        //!< PowerSGD rank in a critical regime, >= 1
+  std::uint32_t high_rank = 1;       //!< PowerSGD rank otherwise, in [1, low_rank]
+  double eta = 0.5;                  //!< eta > 0: relative norm change that marks a critical regime
+  std::uint64_t interval_steps = 0;  //!< F: steps per interval; 0 = an interval is an epoch (end_interval)
   //! C >= 1: intervals between decisions (the authors: 10 epochs for CIFAR, 5 for the language model)
   std::uint64_t compare_every = 10;
-  bool one_dim_dense = true;        //!< send 1-D tensors uncompressed (Accordion compresses only matrices)
+  bool one_dim_dense = true;  //!< send 1-D tensors uncompressed (Accordion compresses only matrices)
   //! learning rate of the first interval (0: unknown, the first end_interval sets it)
   double initial_learning_rate = 0;
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
@@ -87,9 +87,12 @@ enum class accordion_level : std::uint8_t {
 //! Short name of an Accordion level.
 constexpr std::string_view to_string(accordion_level l) noexcept {
   switch (l) {
-    case accordion_level::low: return "low";
-    case accordion_level::high: return "high";
-    case accordion_level::dense: return "dense";
+    case accordion_level::low:
+      return "low";
+    case accordion_level::high:
+      return "high";
+    case accordion_level::dense:
+      return "dense";
   }
   return "unknown";
 }
@@ -143,10 +146,16 @@ class accordion_policy {
     request_.reserve(n);
     learning_rate_ = opt.initial_learning_rate;
     fingerprint_ = detail::fingerprint(lay)
-                       .add(opt.low_compression).add(opt.high_compression).add(opt.eta).add(opt.interval_steps)
-                       .add(std::uint64_t{opt.one_dim_dense}).add(opt.initial_learning_rate)
-                       .add(std::uint64_t(opt.collective)).add(opt.compare_every)
-                       .add(std::uint64_t{opt.low_rank}).add(std::uint64_t{opt.high_rank})
+                       .add(opt.low_compression)
+                       .add(opt.high_compression)
+                       .add(opt.eta)
+                       .add(opt.interval_steps)
+                       .add(std::uint64_t{opt.one_dim_dense})
+                       .add(opt.initial_learning_rate)
+                       .add(std::uint64_t(opt.collective))
+                       .add(opt.compare_every)
+                       .add(std::uint64_t{opt.low_rank})
+                       .add(std::uint64_t{opt.high_rank})
                        .value();
   }
 
@@ -335,7 +344,7 @@ class accordion_policy {
   [[nodiscard]] std::span<const accordion_level> levels() const noexcept { return levels_; }
   //! The kept fraction of a level.
   [[nodiscard]] double fraction(accordion_level l) const noexcept {
-    return l == accordion_level::low ? opt_.low_compression
+    return l == accordion_level::low    ? opt_.low_compression
            : l == accordion_level::high ? opt_.high_compression
                                         : dense_fraction;
   }
@@ -410,10 +419,10 @@ class accordion_policy {
         continue;
       }
       const double prev = norm_prev_[i], cur = avg[i];
-      const double r = prev > 0 ? std::fabs(prev - cur) / prev
-                       : cur > 0 ? std::numeric_limits<double>::infinity()
-                                 : prev == 0 && cur == 0 ? 0.0
-                                                         : std::numeric_limits<double>::quiet_NaN();
+      const double r = prev > 0                ? std::fabs(prev - cur) / prev
+                       : cur > 0               ? std::numeric_limits<double>::infinity()
+                       : prev == 0 && cur == 0 ? 0.0
+                                               : std::numeric_limits<double>::quiet_NaN();
       ratio_[i] = r;
       levels_[i] = hold_low_ || !(r < opt_.eta) ? accordion_level::low : accordion_level::high;
     }
@@ -431,12 +440,12 @@ class accordion_policy {
   int ranks_ = 1;  // from the last plan(); not state: every step plans before it agrees
   // Decision state: save() / load(), but the values of acc_ and request_: save_local() / load_local().
   std::vector<accordion_level> levels_;
-  std::vector<float> acc_;          // A_l of the compressed layers, back to back
-  std::vector<double> norm_prev_;   // rank-averaged n_l of the last decision
-  std::vector<double> ratio_;       // r of the last decision
-  std::vector<double> request_;     // ||A_l|| waiting to be summed over the ranks; empty: none
-  std::uint64_t steps_ = 0;         // steps observed in the interval in progress
-  std::uint64_t accumulated_ = 0;   // accumulate() calls in the interval in progress
+  std::vector<float> acc_;         // A_l of the compressed layers, back to back
+  std::vector<double> norm_prev_;  // rank-averaged n_l of the last decision
+  std::vector<double> ratio_;      // r of the last decision
+  std::vector<double> request_;    // ||A_l|| waiting to be summed over the ranks; empty: none
+  std::uint64_t steps_ = 0;        // steps observed in the interval in progress
+  std::uint64_t accumulated_ = 0;  // accumulate() calls in the interval in progress
   std::uint64_t intervals_ = 0;
   std::uint64_t decisions_ = 0;
   double learning_rate_ = 0;

@@ -32,11 +32,11 @@ namespace gravac {
 
 //! Options of adacomp_policy; defaults are those of docs/algorithms.md, "AdaComp's policy".
 struct adacomp_policy_options {
-  std::uint32_t conv_bin = 50;          //!< L_T of convolution layers, >= 2
-  std::uint32_t dense_bin = 500;        //!< L_T of dense (fully connected) layers, >= 2
-  std::uint32_t recurrent_bin = 500;    //!< L_T of recurrent layers, >= 2
-  std::uint32_t bias_or_norm_bin = 50;  //!< L_T of biases and norms when they are compressed, >= 2
-  bool bias_or_norm_dense = true;       //!< send biases and norms uncompressed
+  std::uint32_t conv_bin = 50;                              //!< L_T of convolution layers, >= 2
+  std::uint32_t dense_bin = 500;                            //!< L_T of dense (fully connected) layers, >= 2
+  std::uint32_t recurrent_bin = 500;                        //!< L_T of recurrent layers, >= 2
+  std::uint32_t bias_or_norm_bin = 50;                      //!< L_T of biases and norms when they are compressed, >= 2
+  bool bias_or_norm_dense = true;                           //!< send biases and norms uncompressed
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
 };
 
@@ -78,9 +78,12 @@ class adacomp_policy {
     last_.assign(n, std::numeric_limits<double>::quiet_NaN());
     sum_.assign(n, 0.0);
     fingerprint_ = detail::fingerprint(lay)
-                       .add(std::uint64_t{opt.conv_bin}).add(std::uint64_t{opt.dense_bin})
-                       .add(std::uint64_t{opt.recurrent_bin}).add(std::uint64_t{opt.bias_or_norm_bin})
-                       .add(std::uint64_t{opt.bias_or_norm_dense}).add(std::uint64_t(opt.collective))
+                       .add(std::uint64_t{opt.conv_bin})
+                       .add(std::uint64_t{opt.dense_bin})
+                       .add(std::uint64_t{opt.recurrent_bin})
+                       .add(std::uint64_t{opt.bias_or_norm_bin})
+                       .add(std::uint64_t{opt.bias_or_norm_dense})
+                       .add(std::uint64_t(opt.collective))
                        .value();
   }
 
@@ -182,10 +185,14 @@ class adacomp_policy {
   }
   std::uint32_t bin_for(layer_kind k) const noexcept {
     switch (k) {
-      case layer_kind::conv: return opt_.conv_bin;
-      case layer_kind::dense: return opt_.dense_bin;
-      case layer_kind::recurrent: return opt_.recurrent_bin;
-      case layer_kind::bias_or_norm: return opt_.bias_or_norm_bin;
+      case layer_kind::conv:
+        return opt_.conv_bin;
+      case layer_kind::dense:
+        return opt_.dense_bin;
+      case layer_kind::recurrent:
+        return opt_.recurrent_bin;
+      case layer_kind::bias_or_norm:
+        return opt_.bias_or_norm_bin;
     }
     return opt_.dense_bin;
   }

@@ -14,8 +14,8 @@ namespace gravac {
 
 //! Options of the fixed policy.
 struct fixed_policy_options {
-  double kept_fraction = 0.01;   //!< fraction kept of each compressed layer, in (0, 1]; 1 = dense
-  bool one_dim_dense = false;    //!< send 1-D tensors (biases, norms) uncompressed
+  double kept_fraction = 0.01;  //!< fraction kept of each compressed layer, in (0, 1]; 1 = dense
+  bool one_dim_dense = false;   //!< send 1-D tensors (biases, norms) uncompressed
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
 };
 
@@ -40,7 +40,8 @@ class fixed_policy {
       for (std::size_t i = 0; i < lay.size(); ++i)
         if (lay[i].rank() <= 1) fractions_[i] = dense_fraction;
     fingerprint_ = detail::fingerprint(lay)
-                       .add(opt.kept_fraction).add(std::uint64_t{opt.one_dim_dense})
+                       .add(opt.kept_fraction)
+                       .add(std::uint64_t{opt.one_dim_dense})
                        .add(std::uint64_t(opt.collective))
                        .value();
   }

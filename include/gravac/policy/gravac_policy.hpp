@@ -56,17 +56,17 @@ namespace gravac {
 
 //! Options of gravac_policy; defaults are those of docs/algorithms.md, "GraVAC".
 struct gravac_policy_options {
-  double cf_min = 10;              //!< CF_min: warm-up and fallback compression factor, >= 1
-  double cf_max = 1000;            //!< CF_max: the last candidate, >= cf_min
-  double scale = 0.5;              //!< s in (0, 1): each candidate is the previous one times 1/s
-  std::uint32_t window = 25;       //!< w >= 1: EWMA window of the gain
-  std::uint32_t warmup_steps = 25; //!< steps sent at CF_min before the search (w in the paper)
-  double epsilon = 0.7;            //!< eps in [0, 1]: the least gain a ratio must keep to be sent
-  double omega = 0.05;             //!< omega in [0, 1): relative CT difference below which the search stops
-  std::uint64_t period_steps = 0;  //!< P: steps per evaluation period; 0 = one interval (an epoch, see end_interval)
-  double samples_per_step = 0;     //!< global batch size; 0 = from interval_info::samples, else 1 (steps per second)
-  time_options time{};             //!< the clock CT is measured with (measured, modeled or simulated)
-  bool one_dim_dense = false;      //!< send 1-D tensors (biases, norms) uncompressed
+  double cf_min = 10;               //!< CF_min: warm-up and fallback compression factor, >= 1
+  double cf_max = 1000;             //!< CF_max: the last candidate, >= cf_min
+  double scale = 0.5;               //!< s in (0, 1): each candidate is the previous one times 1/s
+  std::uint32_t window = 25;        //!< w >= 1: EWMA window of the gain
+  std::uint32_t warmup_steps = 25;  //!< steps sent at CF_min before the search (w in the paper)
+  double epsilon = 0.7;             //!< eps in [0, 1]: the least gain a ratio must keep to be sent
+  double omega = 0.05;              //!< omega in [0, 1): relative CT difference below which the search stops
+  std::uint64_t period_steps = 0;   //!< P: steps per evaluation period; 0 = one interval (an epoch, see end_interval)
+  double samples_per_step = 0;      //!< global batch size; 0 = from interval_info::samples, else 1 (steps per second)
+  time_options time{};              //!< the clock CT is measured with (measured, modeled or simulated)
+  bool one_dim_dense = false;       //!< send 1-D tensors (biases, norms) uncompressed
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
 };
 
@@ -80,9 +80,12 @@ enum class gravac_phase : std::uint8_t {
 //! Short name of a gravac phase.
 constexpr std::string_view to_string(gravac_phase p) noexcept {
   switch (p) {
-    case gravac_phase::warmup: return "warmup";
-    case gravac_phase::searching: return "searching";
-    case gravac_phase::monitoring: return "monitoring";
+    case gravac_phase::warmup:
+      return "warmup";
+    case gravac_phase::searching:
+      return "searching";
+    case gravac_phase::monitoring:
+      return "monitoring";
   }
   return "unknown";
 }
@@ -107,7 +110,8 @@ class gravac_policy {
   //! A policy for \p lay; throws gravac::error on an option out of its domain.
   gravac_policy(const layout& lay, const options& opt = {}) : opt_(opt) {
     const auto num = [](double v) { return std::to_string(v); };
-    require(std::isfinite(opt.cf_min) && opt.cf_min >= 1, "gravac_policy: cf_min must be finite and >= 1, got " + num(opt.cf_min));
+    require(std::isfinite(opt.cf_min) && opt.cf_min >= 1,
+            "gravac_policy: cf_min must be finite and >= 1, got " + num(opt.cf_min));
     require(std::isfinite(opt.cf_max) && opt.cf_max >= opt.cf_min,
             "gravac_policy: cf_max must be finite and >= cf_min, got " + num(opt.cf_max));
     require(opt.scale > 0 && opt.scale < 1, "gravac_policy: scale (s) must be in (0, 1), got " + num(opt.scale));
@@ -120,8 +124,8 @@ class gravac_policy {
     // Candidates: multiply by 1/s while below CF_max (a relative margin absorbs rounding), then CF_max.
     for (double c = opt.cf_min; c < opt.cf_max * (1 - 1e-9); c /= opt.scale) {
       candidates_.push_back(c);
-      require(candidates_.size() < max_candidates,
-              "gravac_policy: cf_min, cf_max and scale give more than " + std::to_string(max_candidates) + " candidates");
+      require(candidates_.size() < max_candidates, "gravac_policy: cf_min, cf_max and scale give more than " +
+                                                       std::to_string(max_candidates) + " candidates");
     }
     candidates_.push_back(opt.cf_max);
     ct_.assign(candidates_.size(), std::numeric_limits<double>::quiet_NaN());
@@ -130,11 +134,20 @@ class gravac_policy {
     alpha_ = 2.0 / (static_cast<double>(opt.window) + 1.0);
     phase_ = opt.warmup_steps > 0 ? gravac_phase::warmup : gravac_phase::searching;
     fingerprint_ = detail::fingerprint(lay)
-                       .add(opt.cf_min).add(opt.cf_max).add(opt.scale).add(std::uint64_t{opt.window})
-                       .add(std::uint64_t{opt.warmup_steps}).add(opt.epsilon).add(opt.omega).add(opt.period_steps)
-                       .add(opt.samples_per_step).add(std::uint64_t(opt.time.source)).add(opt.time.compute_s)
+                       .add(opt.cf_min)
+                       .add(opt.cf_max)
+                       .add(opt.scale)
+                       .add(std::uint64_t{opt.window})
+                       .add(std::uint64_t{opt.warmup_steps})
+                       .add(opt.epsilon)
+                       .add(opt.omega)
+                       .add(opt.period_steps)
+                       .add(opt.samples_per_step)
+                       .add(std::uint64_t(opt.time.source))
+                       .add(opt.time.compute_s)
                        .add(std::uint64_t{opt.time.include_codec})
-                       .add(std::uint64_t{opt.one_dim_dense}).add(std::uint64_t(opt.collective))
+                       .add(std::uint64_t{opt.one_dim_dense})
+                       .add(std::uint64_t(opt.collective))
                        .value();
   }
 
@@ -353,9 +366,9 @@ class gravac_policy {
   };
   // What the evaluation period in progress has accumulated.
   struct period_sums {
-    std::uint64_t steps = 0;      // steps of the period
-    double seconds = 0;           // this rank's seconds of the steps sent at the candidate
-    double gain_sum = 0;          // their gains
+    std::uint64_t steps = 0;  // steps of the period
+    double seconds = 0;       // this rank's seconds of the steps sent at the candidate
+    double gain_sum = 0;      // their gains
     std::uint64_t gain_count = 0;
     std::uint64_t sent_at_c = 0;  // steps sent at the candidate
   };
@@ -366,7 +379,7 @@ class gravac_policy {
     double cf = 0;              // the CF it was sent at (1: dense)
     double gain = 0;            // the candidate's gain (rank average)
     bool has_gain = false;
-    bool searching = false;     // planned during the search
+    bool searching = false;  // planned during the search
     bool valid = false;
   };
 

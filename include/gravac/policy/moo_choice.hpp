@@ -21,9 +21,9 @@ namespace gravac {
 
 //! The point a multi-objective choice picked.
 struct moo_decision {
-  double fraction = 1;      //!< chosen kept fraction
-  double time = 0;          //!< modeled time at that fraction
-  double loss = 1;          //!< fitted information loss 1/gain at that fraction
+  double fraction = 1;         //!< chosen kept fraction
+  double time = 0;             //!< modeled time at that fraction
+  double loss = 1;             //!< fitted information loss 1/gain at that fraction
   std::size_t front_size = 0;  //!< points on the Pareto front of the scan
 };
 

@@ -44,23 +44,23 @@ namespace gravac {
 
 //! Options of moo_policy.
 struct moo_policy_options {
-  std::uint64_t warmup_steps = 100;     //!< warm-up length in steps (used when warmup_intervals is 0)
-  std::uint64_t warmup_intervals = 0;   //!< warm-up length in intervals (epochs); 0: use warmup_steps
-  double warmup_start = 1.0;            //!< kept fraction at the first warm-up step
-  double warmup_end = 0.1;              //!< kept fraction at the last warm-up step
+  std::uint64_t warmup_steps = 100;    //!< warm-up length in steps (used when warmup_intervals is 0)
+  std::uint64_t warmup_intervals = 0;  //!< warm-up length in intervals (epochs); 0: use warmup_steps
+  double warmup_start = 1.0;           //!< kept fraction at the first warm-up step
+  double warmup_end = 0.1;             //!< kept fraction at the last warm-up step
   std::vector<double> candidates{0.1, 0.033, 0.011, 0.004, 0.001};  //!< kept fractions evaluated
-  double weight_time = 0.6;             //!< ASF weight of the communication time
-  double weight_gain = 0.4;             //!< ASF weight of the information loss 1/gain
-  double gain_change = 0.1;             //!< re-decide when the smoothed relative change of gain reaches this
-  double gain_smoothing = 0.2;          //!< EWMA weight of the newest gain curve, in (0, 1]
-  double network_change = 0.2;          //!< re-decide when alpha or beta move by this (relative)
-  network_source source = network_source::measured;  //!< where alpha and beta come from
-  network_params network{};             //!< fixed network, and the prior of the fitted estimate
-  std::shared_ptr<const network_profile> profile{};  //!< step-indexed profile for network_source::profile
+  double weight_time = 0.6;                                         //!< ASF weight of the communication time
+  double weight_gain = 0.4;                                         //!< ASF weight of the information loss 1/gain
+  double gain_change = 0.1;     //!< re-decide when the smoothed relative change of gain reaches this
+  double gain_smoothing = 0.2;  //!< EWMA weight of the newest gain curve, in (0, 1]
+  double network_change = 0.2;  //!< re-decide when alpha or beta move by this (relative)
+  network_source source = network_source::measured;         //!< where alpha and beta come from
+  network_params network{};                                 //!< fixed network, and the prior of the fitted estimate
+  std::shared_ptr<const network_profile> profile{};         //!< step-indexed profile for network_source::profile
   collective_kind collective = collective_kind::automatic;  //!< the collective to use (and to price)
-  bool ar_topk_possible = true;         //!< automatic: the compressor can use AR-Topk
-  std::size_t scan_points = 1001;       //!< points of the dense scan of log f
-  bool one_dim_dense = false;           //!< send 1-D tensors (biases, norms) uncompressed
+  bool ar_topk_possible = true;                             //!< automatic: the compressor can use AR-Topk
+  std::size_t scan_points = 1001;                           //!< points of the dense scan of log f
+  bool one_dim_dense = false;                               //!< send 1-D tensors (biases, norms) uncompressed
 };
 
 //! Multi-objective (time vs information loss) choice of the kept fraction. Models Policy.
@@ -203,10 +203,14 @@ class moo_policy {
     const double fe = d > 0 ? (d_dense_ + f * d_comp_) / d : 1.0;
     const auto c = cost_model::candidate_costs(ranks, d, fe, net, allreduce_algorithm::ring, options_.ar_topk_possible);
     switch (options_.collective) {
-      case collective_kind::dense_allreduce: return c[0];
-      case collective_kind::allreduce_compatible: return c[1];
-      case collective_kind::allgather: return c[2];
-      default: return std::min({c[0], c[1], c[2]});
+      case collective_kind::dense_allreduce:
+        return c[0];
+      case collective_kind::allreduce_compatible:
+        return c[1];
+      case collective_kind::allgather:
+        return c[2];
+      default:
+        return std::min({c[0], c[1], c[2]});
     }
   }
 
@@ -220,7 +224,9 @@ class moo_policy {
     const double a = options_.warmup_start, b = options_.warmup_end;
     double progress = 1;
     if (options_.warmup_intervals > 0) {
-      progress = options_.warmup_intervals > 1 ? static_cast<double>(intervals_) / static_cast<double>(options_.warmup_intervals - 1) : 1.0;
+      progress = options_.warmup_intervals > 1
+                     ? static_cast<double>(intervals_) / static_cast<double>(options_.warmup_intervals - 1)
+                     : 1.0;
     } else if (options_.warmup_steps > 1) {
       progress = static_cast<double>(step) / static_cast<double>(options_.warmup_steps - 1);
     }
@@ -228,9 +234,12 @@ class moo_policy {
   }
   [[nodiscard]] network_params network_at(std::uint64_t step) const {
     switch (options_.source) {
-      case network_source::fixed: return options_.network;
-      case network_source::profile: return options_.profile->at(step, 0.0);
-      default: return estimate_.params();
+      case network_source::fixed:
+        return options_.network;
+      case network_source::profile:
+        return options_.profile->at(step, 0.0);
+      default:
+        return estimate_.params();
     }
   }
   // Feeds the estimate with the step's (rank-synchronised) time and the cost terms of the
@@ -241,9 +250,15 @@ class moo_policy {
     const double fe = d > 0 ? (d_dense_ + last_planned_ * d_comp_) / d : 1.0;
     cost_terms t{};
     switch (r.collective) {
-      case collective_kind::allreduce_compatible: t = cost_model::ar_topk(ranks_, d, fe); break;
-      case collective_kind::allgather: t = cost_model::allgather_topk(ranks_, d, fe); break;
-      default: t = cost_model::dense_allreduce(ranks_, d); break;
+      case collective_kind::allreduce_compatible:
+        t = cost_model::ar_topk(ranks_, d, fe);
+        break;
+      case collective_kind::allgather:
+        t = cost_model::allgather_topk(ranks_, d, fe);
+        break;
+      default:
+        t = cost_model::dense_allreduce(ranks_, d);
+        break;
     }
     if (options_.source == network_source::modeled) {
       estimate_.add(t, r.modeled_communicate_s);
@@ -261,12 +276,14 @@ class moo_policy {
   }
   [[nodiscard]] bool network_moved(const network_params& n) const noexcept {
     auto rel = [](double a, double b) { return b > 0 ? std::fabs(a - b) / b : (a > 0 ? INFINITY : 0.0); };
-    return rel(n.alpha, ref_net_.alpha) >= options_.network_change || rel(n.beta, ref_net_.beta) >= options_.network_change;
+    return rel(n.alpha, ref_net_.alpha) >= options_.network_change ||
+           rel(n.beta, ref_net_.beta) >= options_.network_change;
   }
   void decide(const network_params& net) {
     for (std::size_t c = 0; c < smoothed_.size(); ++c) losses_[c] = smoothed_[c] > 0 ? 1.0 / smoothed_[c] : 1e12;
-    decision_ = chooser_.choose(options_.candidates, losses_, [&](double f) { return modeled_time(f, net, ranks_); },
-                                options_.weight_time, options_.weight_gain);
+    decision_ = chooser_.choose(
+        options_.candidates, losses_, [&](double f) { return modeled_time(f, net, ranks_); }, options_.weight_time,
+        options_.weight_gain);
     chosen_ = decision_.fraction;
     reference_ = smoothed_;  // same size: no allocation
     ref_net_ = net;
@@ -307,7 +324,7 @@ class moo_policy {
   std::uint64_t intervals_ = 0;
   std::uint64_t interval_start_step_ = 0;
   std::uint64_t decisions_ = 0;
-  cost_terms pending_terms_{};   // measured source: the last step's cost terms, until its time arrives
+  cost_terms pending_terms_{};  // measured source: the last step's cost terms, until its time arrives
   bool has_pending_ = false;
 };
 static_assert(Policy<moo_policy>);

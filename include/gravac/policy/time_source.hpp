@@ -31,9 +31,12 @@ enum class time_source : std::uint8_t {
 //! Short name of a time source.
 constexpr std::string_view to_string(time_source s) noexcept {
   switch (s) {
-    case time_source::measured: return "measured";
-    case time_source::modeled: return "modeled";
-    case time_source::simulated: return "simulated";
+    case time_source::measured:
+      return "measured";
+    case time_source::modeled:
+      return "modeled";
+    case time_source::simulated:
+      return "simulated";
   }
   return "unknown";
 }
@@ -41,7 +44,7 @@ constexpr std::string_view to_string(time_source s) noexcept {
 //! Options of a policy's clock.
 struct time_options {
   time_source source = time_source::measured;  //!< which clock
-  double compute_s = 0;  //!< seconds of compute charged per step (time_source::simulated only), >= 0
+  double compute_s = 0;       //!< seconds of compute charged per step (time_source::simulated only), >= 0
   bool include_codec = true;  //!< simulated: charge the measured compress and decompress times too
 
   //! Throws gravac::error when an option is out of its domain; \p who names the owner.
@@ -58,8 +61,10 @@ struct time_options {
 //! agreement_request / agreed hooks), once per decision.
 inline double step_seconds(const step_report& r, const time_options& t) noexcept {
   switch (t.source) {
-    case time_source::measured: return r.iteration_s + r.compress_s + r.communicate_s + r.decompress_s;
-    case time_source::modeled: return r.iteration_s + r.compress_s + r.modeled_communicate_s + r.decompress_s;
+    case time_source::measured:
+      return r.iteration_s + r.compress_s + r.communicate_s + r.decompress_s;
+    case time_source::modeled:
+      return r.iteration_s + r.compress_s + r.modeled_communicate_s + r.decompress_s;
     case time_source::simulated:
       return t.compute_s + r.modeled_communicate_s + (t.include_codec ? r.compress_s + r.decompress_s : 0.0);
   }

@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
+#include "gravac/stats/detail/reference_gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 #include "gravac/step.hpp"
-#include "gravac/stats/detail/reference_gain_curve.hpp"
 
 namespace gravac {
 
@@ -52,4 +52,3 @@ inline void add_gain_curve(const magnitude_histogram& h, std::size_t numel, std:
 }
 
 }  // namespace gravac
-

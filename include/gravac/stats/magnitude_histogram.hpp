@@ -132,10 +132,10 @@ class magnitude_histogram {
 //! Where the k-th largest finite magnitude lies: its bin, and how many values (and how
 //! much energy) lie in the bins above it.
 struct histogram_boundary {
-  std::uint32_t bin = 0;        //!< the bin holding the k-th largest finite magnitude
-  std::uint64_t above = 0;      //!< finite values in bins above `bin`
-  double above_sq = 0;          //!< their energy
-  std::uint64_t need = 0;       //!< values still to take from `bin` (1 .. count(bin)); 0 when k == 0
+  std::uint32_t bin = 0;    //!< the bin holding the k-th largest finite magnitude
+  std::uint64_t above = 0;  //!< finite values in bins above `bin`
+  double above_sq = 0;      //!< their energy
+  std::uint64_t need = 0;   //!< values still to take from `bin` (1 .. count(bin)); 0 when k == 0
 };
 
 //! Locates the k-th largest finite value of \p h; \p k must not exceed h.finite_count().

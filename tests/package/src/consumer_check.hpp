@@ -3,9 +3,8 @@
 // the average there is 1.5 * i and zero below: any other result is a failure.
 #pragma once
 #include <cstdio>
-#include <vector>
-
 #include <gravac/gravac.hpp>
+#include <vector>
 
 namespace consumer {
 

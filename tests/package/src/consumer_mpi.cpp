@@ -2,7 +2,6 @@
 #include <mpi.h>
 
 #include <cstdio>
-
 #include <gravac/comm/mpi_communicator.hpp>
 
 #include "consumer_check.hpp"

@@ -9,9 +9,9 @@
 #include <mpi.h>
 
 #include <climits>
-#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>

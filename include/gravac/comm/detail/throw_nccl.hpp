@@ -2,7 +2,8 @@
 //! \file
 //! \brief The function behind GRAVAC_TRY_NCCL: a failed NCCL call as gravac::error.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <nccl.h>
 

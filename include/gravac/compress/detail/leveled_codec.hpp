@@ -47,10 +47,14 @@ class leveled_codec {
   void write(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e, std::uint64_t stream,
              layer_stats& ls) const {
     switch (code_width(levels_)) {
-      case 2: return write_w<2>(w, index, g, e, stream, ls);
-      case 4: return write_w<4>(w, index, g, e, stream, ls);
-      case 8: return write_w<8>(w, index, g, e, stream, ls);
-      default: return write_w<16>(w, index, g, e, stream, ls);
+      case 2:
+        return write_w<2>(w, index, g, e, stream, ls);
+      case 4:
+        return write_w<4>(w, index, g, e, stream, ls);
+      case 8:
+        return write_w<8>(w, index, g, e, stream, ls);
+      default:
+        return write_w<16>(w, index, g, e, stream, ls);
     }
   }
 
@@ -63,7 +67,8 @@ class leveled_codec {
     const auto levels = load_at<std::uint32_t>(payload, 0);
     const auto bucket = load_at<std::uint32_t>(payload, 1);
     if (levels == 0 || levels > qsgd_max_levels) return validation::fail("quantized segment: level count out of range");
-    if (Scale == level_scale::max_abs && levels != 1) return validation::fail("ternary segment with more than one level");
+    if (Scale == level_scale::max_abs && levels != 1)
+      return validation::fail("ternary segment with more than one level");
     if (bucket % 64 != 0) return validation::fail("quantized segment: bucket not a multiple of 64");
     if (validation v = check_quantized_segment(sh, payload, enc_, leveled_payload_bytes(sh.numel, levels, bucket)); !v)
       return v;
@@ -77,10 +82,14 @@ class leveled_codec {
     if (!code_padding_zero(codes, payload.size() - code_at, sh.numel * width))
       return validation::fail("quantized segment: padding bits set");
     switch (width) {
-      case 2: return check_codes<2>(codes, sh.numel, levels);
-      case 4: return check_codes<4>(codes, sh.numel, levels);
-      case 8: return check_codes<8>(codes, sh.numel, levels);
-      default: return check_codes<16>(codes, sh.numel, levels);
+      case 2:
+        return check_codes<2>(codes, sh.numel, levels);
+      case 4:
+        return check_codes<4>(codes, sh.numel, levels);
+      case 8:
+        return check_codes<8>(codes, sh.numel, levels);
+      default:
+        return check_codes<16>(codes, sh.numel, levels);
     }
   }
 
@@ -88,10 +97,14 @@ class leveled_codec {
   void add(const segment_header& sh, std::span<const std::byte> payload, std::span<float> out, float scale) const {
     const auto levels = load_at<std::uint32_t>(payload, 0);
     switch (code_width(levels)) {
-      case 2: return add_w<2>(sh, payload, out, scale);
-      case 4: return add_w<4>(sh, payload, out, scale);
-      case 8: return add_w<8>(sh, payload, out, scale);
-      default: return add_w<16>(sh, payload, out, scale);
+      case 2:
+        return add_w<2>(sh, payload, out, scale);
+      case 4:
+        return add_w<4>(sh, payload, out, scale);
+      case 8:
+        return add_w<8>(sh, payload, out, scale);
+      default:
+        return add_w<16>(sh, payload, out, scale);
     }
   }
 
@@ -109,12 +122,12 @@ class leveled_codec {
   //! operations only (no float ternaries, which GCC leaves as branches under the default
   //! -ftrapping-math), so the loops around it vectorize. Returns the decoded value squared.
   template <unsigned W>
-  GRAVAC_KERNEL_INLINE static float quantize_one(float* __restrict u, code_type<W>* __restrict code, std::size_t k, std::uint32_t bits,
-                            float inv, float f, std::int32_t lv) noexcept {
+  GRAVAC_KERNEL_INLINE static float quantize_one(float* __restrict u, code_type<W>* __restrict code, std::size_t k,
+                                                 std::uint32_t bits, float inv, float f, std::int32_t lv) noexcept {
     const float x = u[k];
     const std::uint32_t xb = float_bits(x);
     const float a = bits_float(xb & 0x7fffffffu) * inv;  // 0 <= a <= lv (rounding aside)
-    const auto fl = static_cast<std::int32_t>(a);       // a >= 0: truncation is floor
+    const auto fl = static_cast<std::int32_t>(a);        // a >= 0: truncation is floor
     std::int32_t l = fl + static_cast<std::int32_t>(uniform24(bits) < a - static_cast<float>(fl));
     l = l < lv ? l : lv;
     const float v = f * static_cast<float>(l);
@@ -131,9 +144,11 @@ class leveled_codec {
   //! \p g_layer, \p e_layer (\p n elements) and \p codes_layer are the whole layer's, for
   //! stream_prefetch.
   template <unsigned W>
-  GRAVAC_KERNEL_INLINE static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u, std::size_t m, float inv,
-                                float f, std::int32_t lv, code_type<W>* __restrict code, const float* g_layer,
-                                const float* e_layer, std::size_t n, std::byte* codes_layer) noexcept {
+  GRAVAC_KERNEL_INLINE static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u,
+                                                     std::size_t m, float inv, float f, std::int32_t lv,
+                                                     code_type<W>* __restrict code, const float* g_layer,
+                                                     const float* e_layer, std::size_t n,
+                                                     std::byte* codes_layer) noexcept {
     alignas(64) float v2[quant_chunk];
     for (std::size_t at = 0; at < m; at += random_group) {
       stream_prefetch(g_layer, e_layer, n, first + at, codes_layer, W);
@@ -146,7 +161,8 @@ class leveled_codec {
           va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
       } else {
         const auto rest = static_cast<std::uint32_t>(m - at);
-        for (std::uint32_t j = 0; j < rest; ++j) va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
+        for (std::uint32_t j = 0; j < rest; ++j)
+          va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
       }
     }
     const double sq = lane_sum(v2, m);
@@ -208,13 +224,15 @@ class leveled_codec {
           const float f = step_value(scale, levels_);
           // levels / scale, kept finite: a subnormal scale would make it infinite, and 0 * inf
           // a NaN level. Capped, a tiny bucket is merely under-sent (the residual keeps the rest).
-          const float inv = scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
+          const float inv =
+              scale > 0 ? std::min(static_cast<float>(levels_) / scale, std::numeric_limits<float>::max()) : 0.0f;
           // Pass 2 (the bucket is in cache when it is small): draws, levels, codes, residual.
           // Being compute bound, it asks for the lines of the buckets ahead as it goes
           // (stream_prefetch), so that memory streams them meanwhile.
           for (std::size_t c = 0; c < m; c += quant_chunk) {
             const std::size_t mc = std::min(quant_chunk, m - c);
-            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, g.data(), e.data(), n, codes);
+            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, g.data(), e.data(), n,
+                                      codes);
             std::byte* dst = codes + (lo + c) * W / 8;
             if constexpr (W >= 8) {
               std::memcpy(dst, code, mc * sizeof(code[0]));

@@ -9,11 +9,11 @@
 #include <span>
 
 #include "gravac/composition.hpp"
-#include "gravac/packet/packet_bound.hpp"
-#include "gravac/compress/layered.hpp"
 #include "gravac/compress/detail/leveled_codec.hpp"
+#include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/packet/packet_bound.hpp"
 
 namespace gravac::detail {
 
@@ -25,7 +25,8 @@ class leveled_compressor {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
-  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; a quantizer sends every value at its level count.
+  //! What it acts on (composition.hpp): nothing but "kept fraction 1 = raw"; a quantizer sends every value at its level
+  //! count.
   static constexpr decision acts_on = decision::none;
   //! Works on host memory.
   using memory_space = host_space;
@@ -40,19 +41,18 @@ class leveled_compressor {
   }
 
   //! Quantizes u = g + e layer by layer; e = u - decompress(packet).
-  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
-    return compress_layers(layout_, kind, g.span(), e.span(), p, out, st, scratch_,
-                           [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el,
-                               double, layer_stats& ls) {
-                             codec_.write(w, index, gl, el, mix_seed(p.seed, p.step, layout_[index].id), ls);
-                           });
+  std::size_t compress(host_view g, host_view e, const step_params& p, std::span<std::byte> out, compress_stats& st) {
+    return compress_layers(
+        layout_, kind, g.span(), e.span(), p, out, st, scratch_,
+        [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double,
+            layer_stats& ls) { codec_.write(w, index, gl, el, mix_seed(p.seed, p.step, layout_[index].id), ls); });
   }
 
   //! Validates an untrusted packet.
   [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    return validate_layers(packet, layout_, kind,
-                           [&](const segment_header& sh, std::span<const std::byte> pl) { return codec_.check(sh, pl); });
+    return validate_layers(packet, layout_, kind, [&](const segment_header& sh, std::span<const std::byte> pl) {
+      return codec_.check(sh, pl);
+    });
   }
   //! Adds scale * decompress(packet) to \p out.
   void decompress_add(std::span<const std::byte> packet, host_view out, float scale) const {

@@ -61,7 +61,8 @@ constexpr std::uint32_t random_group_key(std::uint64_t stream, std::uint64_t gro
 //! vectorize, any chunking gives the same bits, and a device kernel computes the same draw
 //! per thread. Distinct elements of a group give distinct values (fmix32 is a bijection).
 constexpr std::uint32_t element_bits(std::uint64_t stream, std::uint64_t i) noexcept {
-  return fmix32(random_group_key(stream, i / random_group) + static_cast<std::uint32_t>(i % random_group) * random_step);
+  return fmix32(random_group_key(stream, i / random_group) +
+                static_cast<std::uint32_t>(i % random_group) * random_step);
 }
 
 //! Sum of \p x[0..m) in sum_lanes float lanes (vectorized without -ffast-math), then in double.
@@ -101,7 +102,8 @@ GRAVAC_KERNEL_INLINE void fill_uniforms(std::uint64_t stream, std::size_t first,
 //! three shift-or-mask steps, so no per-code shifting. \p codes must be readable up to
 //! m rounded up to 8, with zeros after m; the first code lands on bit 0 of out[0].
 template <unsigned W>
-GRAVAC_KERNEL_INLINE void pack_code_bytes(const std::uint8_t* __restrict codes, std::size_t m, std::byte* __restrict out) noexcept {
+GRAVAC_KERNEL_INLINE void pack_code_bytes(const std::uint8_t* __restrict codes, std::size_t m,
+                                          std::byte* __restrict out) noexcept {
   static_assert(W == 1 || W == 2 || W == 4);
   constexpr std::uint64_t m1 = W == 1 ? 0x0003000300030003ull : W == 2 ? 0x000f000f000f000full : 0x00ff00ff00ff00ffull;
   constexpr std::uint64_t m2 = W == 1 ? 0x0000000f0000000full : W == 2 ? 0x000000ff000000ffull : 0x0000ffff0000ffffull;
@@ -232,10 +234,10 @@ GRAVAC_KERNEL_INLINE void stream_prefetch(const float* g, const float* e, std::s
 //! Squared norms and max |.| of a block, with sum_lanes independent float partial sums
 //! (then summed in double): vectorizable, and accurate enough for blocks of a few thousand.
 struct block_sums {
-  double g_sq = 0;  //!< sum of g^2
-  double u_sq = 0;  //!< sum of u^2
-  double u_abs = 0; //!< sum of |u|
-  float u_max = 0;  //!< max |u|
+  double g_sq = 0;   //!< sum of g^2
+  double u_sq = 0;   //!< sum of u^2
+  double u_abs = 0;  //!< sum of |u|
+  float u_max = 0;   //!< max |u|
 };
 
 //! A block whose float sum of u^2 is below this (and u not all zero) is summed again in
@@ -271,7 +273,8 @@ inline block_sums exact_block_sums(const float* g, const float* u, std::size_t m
 inline constexpr float max_level_scale = 0x1.fffffcp127f;
 
 //! Computes u = g + e into e over [0, m) and returns its block sums.
-GRAVAC_KERNEL_INLINE block_sums accumulate_block(const float* __restrict g, float* __restrict e, std::size_t m) noexcept {
+GRAVAC_KERNEL_INLINE block_sums accumulate_block(const float* __restrict g, float* __restrict e,
+                                                 std::size_t m) noexcept {
   constexpr std::size_t L = sum_lanes;
   float gs[L] = {}, us[L] = {}, ua[L] = {}, um[L] = {};
   std::size_t i = 0;

@@ -7,10 +7,10 @@
 #include <span>
 #include <vector>
 
-#include "gravac/packet/packet_bound.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/packet/packet_bound.hpp"
 
 namespace gravac::detail {
 

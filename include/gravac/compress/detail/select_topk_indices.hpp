@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 

@@ -29,7 +29,8 @@ class sparse_layers {
   //! Upper bound of the packet size of compress(): every layer at its largest sparse or raw
   //! segment.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(layout_, [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
+    return packet_bytes_bound(layout_,
+                              [](std::size_t, const layer& l) { return sparse_segment_bytes(l.numel, l.numel); });
   }
 
   //! AR-Topk's index selection (compress/index_selection.hpp): one rank chooses the indices

@@ -19,18 +19,18 @@
 //! explicitly rounded IEEE operation (no contraction into an FMA), as on the host.
 //! Also the device validation of AdaComp packets and their scatter-add decompression.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac::detail {
 
@@ -48,8 +48,8 @@ inline constexpr int exponent_slots = 256;
 //! gmax[b] = max over bin b of the magnitude bits of the finite R_i (gmax zeroed before).
 //! A non-finite R_i sets st->non_finite. n < 2^32 (checked at construction).
 static __global__ void __launch_bounds__(adacomp_threads)
-adacomp_bins(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n, std::uint32_t bin, bool u_in_r,
-             std::uint32_t* __restrict__ gmax, layer_sums* __restrict__ sums, select_state* __restrict__ st) {
+    adacomp_bins(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n, std::uint32_t bin, bool u_in_r,
+                 std::uint32_t* __restrict__ gmax, layer_sums* __restrict__ sums, select_state* __restrict__ st) {
   // A tile of adacomp_tile consecutive elements touches at most adacomp_tile + 1 bins.
   __shared__ std::uint32_t sh[adacomp_tile + 1];
   for (std::uint32_t b = threadIdx.x; b <= adacomp_tile; b += adacomp_threads) sh[b] = 0;
@@ -128,8 +128,8 @@ __device__ __forceinline__ double exact_pow2(int k) {
 //! detail::exponent_sum and division bit for bit, into \p scale. \p acc (exponent_slots
 //! integers) is zero on entry and left zero for the next layer.
 static __global__ void __launch_bounds__(adacomp_threads)
-adacomp_scale(const std::uint32_t* __restrict__ gmax, std::uint32_t bins, unsigned long long* __restrict__ acc,
-              select_state* __restrict__ st, float* __restrict__ scale) {
+    adacomp_scale(const std::uint32_t* __restrict__ gmax, std::uint32_t bins, unsigned long long* __restrict__ acc,
+                  select_state* __restrict__ st, float* __restrict__ scale) {
   __shared__ unsigned long long sh[exponent_slots];
   for (int i = static_cast<int>(threadIdx.x); i < exponent_slots; i += adacomp_threads) sh[i] = 0;
   __syncthreads();
@@ -219,8 +219,8 @@ static __global__ void place_adacomp_segment(std::byte* __restrict__ packet, pac
 //! R_i -= sign(R_i) * scale at each of them (R_i - (-scale) is R_i + scale exactly, as on
 //! the host). The kept energy count * scale^2 is computed by the host.
 static __global__ void __launch_bounds__(adacomp_threads)
-adacomp_signs(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ r,
-              const float* __restrict__ scale) {
+    adacomp_signs(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ r,
+                  const float* __restrict__ scale) {
   const unsigned long long count = slot->count;
   const unsigned long long words = pad8((count + 7) / 8) / 4;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot->payload_at + 8);
@@ -255,16 +255,26 @@ enum adacomp_verdict : std::uint32_t {
 //! Human-readable reason of a verdict of an AdaComp packet.
 inline const char* adacomp_reason(std::uint32_t v) {
   switch (v) {
-    case v_width: return "adacomp segment: wrong index width";
-    case v_count: return "adacomp segment: count exceeds numel";
-    case v_adacomp_size: return "adacomp segment: payload size does not match count";
-    case v_adacomp_scale: return "adacomp segment: scale not finite";
-    case v_adacomp_bin: return "adacomp segment: zero bin length";
-    case v_index_range: return "adacomp segment: index out of range";
-    case v_index_order: return "adacomp segment: indices not strictly increasing";
-    case v_adacomp_padding: return "adacomp segment: padding bits set";
-    case v_unknown_encoding: return "adacomp segment: unknown encoding";
-    default: return validation_reason(v);
+    case v_width:
+      return "adacomp segment: wrong index width";
+    case v_count:
+      return "adacomp segment: count exceeds numel";
+    case v_adacomp_size:
+      return "adacomp segment: payload size does not match count";
+    case v_adacomp_scale:
+      return "adacomp segment: scale not finite";
+    case v_adacomp_bin:
+      return "adacomp segment: zero bin length";
+    case v_index_range:
+      return "adacomp segment: index out of range";
+    case v_index_order:
+      return "adacomp segment: indices not strictly increasing";
+    case v_adacomp_padding:
+      return "adacomp segment: padding bits set";
+    case v_unknown_encoding:
+      return "adacomp segment: unknown encoding";
+    default:
+      return validation_reason(v);
   }
 }
 
@@ -296,8 +306,7 @@ static __global__ void walk_adacomp_packet(const std::byte* __restrict__ packet,
 //! Checks every index of every AdaComp segment (in range, strictly increasing) and the
 //! sign region's padding bits and bytes; slot y of the grid takes segments y, y + gridDim.y, ...
 static __global__ void check_adacomp_segments(const std::byte* __restrict__ packet, layout_desc lay,
-                                              const segment_entry* __restrict__ table,
-                                              walk_result* __restrict__ out) {
+                                              const segment_entry* __restrict__ table, walk_result* __restrict__ out) {
   if (out->verdict != v_ok) return;
   const std::uint32_t segs = out->segments;
   const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
@@ -309,7 +318,8 @@ static __global__ void check_adacomp_segments(const std::byte* __restrict__ pack
     const std::uint64_t numel = lay.numel[en.layer];
     for (std::uint64_t i = first; i < en.count; i += step) {
       const std::uint64_t ix = load_index(idx, en.width, i);
-      if (ix >= numel) atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_index_range));
+      if (ix >= numel)
+        atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_index_range));
       else if (i > 0 && ix <= load_index(idx, en.width, i - 1))
         atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_index_order));
     }
@@ -317,7 +327,8 @@ static __global__ void check_adacomp_segments(const std::byte* __restrict__ pack
     const std::uint64_t used = (en.count + 7) / 8, padded = pad8(used);
     for (std::uint64_t q = first; q < padded; q += step) {
       const unsigned v = bits[q];
-      const bool bad = q + 1 < used ? false : (q + 1 == used ? (en.count % 8 != 0 && (v >> (en.count % 8)) != 0) : v != 0);
+      const bool bad =
+          q + 1 < used ? false : (q + 1 == used ? (en.count % 8 != 0 && (v >> (en.count % 8)) != 0) : v != 0);
       if (bad) atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_adacomp_padding));
     }
   }

@@ -4,7 +4,8 @@
 //! header plan, header writing, validation and scatter-add of sparse packets), with its
 //! workspace allocated once for a layout.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <algorithm>
 #include <cstddef>
@@ -13,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "gravac/packet/raw_segment.hpp"
-#include "gravac/packet/sparse_packet.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/layout.hpp"
+#include "gravac/packet/raw_segment.hpp"
+#include "gravac/packet/sparse_packet.hpp"
 
 namespace gravac::detail {
 
@@ -136,7 +137,7 @@ class device_packets {
   }
   void write_headers_kernel(std::byte* packet, unsigned blocks, cudaStream_t s) {
     write_packet_headers<<<blocks, packet_threads, 0, s>>>(packet, head_dev_.data(), plan_dev_.data(),
-                                                    static_cast<std::uint32_t>(planned_));
+                                                           static_cast<std::uint32_t>(planned_));
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
   void launch_walk(std::span<const std::byte> packet, packet_kind kind) {

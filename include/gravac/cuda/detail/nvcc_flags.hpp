@@ -12,8 +12,10 @@
 #error "gravac/cuda headers need C++20: nvcc -std=c++20 (linking gravac::cuda adds it)"
 #endif
 #if defined(__NVCC__) && !defined(__CUDACC_RELAXED_CONSTEXPR__)
-#error "gravac/cuda headers need nvcc's --expt-relaxed-constexpr (the kernels call the core's constexpr helpers); link gravac::cuda, or pass -std=c++20 --extended-lambda --expt-relaxed-constexpr"
+#error \
+    "gravac/cuda headers need nvcc's --expt-relaxed-constexpr (the kernels call the core's constexpr helpers); link gravac::cuda, or pass -std=c++20 --extended-lambda --expt-relaxed-constexpr"
 #endif
 #if defined(__NVCC__) && !defined(__CUDACC_EXTENDED_LAMBDA__)
-#error "gravac/cuda headers need nvcc's --extended-lambda (device code takes lambdas); link gravac::cuda, or pass -std=c++20 --extended-lambda --expt-relaxed-constexpr"
+#error \
+    "gravac/cuda headers need nvcc's --extended-lambda (device code takes lambdas); link gravac::cuda, or pass -std=c++20 --extended-lambda --expt-relaxed-constexpr"
 #endif

@@ -4,13 +4,14 @@
 //! packet (header walk and index checks on the device, one small copy of the verdict to
 //! the host) and the scatter-add decompression. Same wire format as gravac/packet/format.hpp.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac::detail {
 
@@ -27,7 +28,7 @@ struct segment_desc {
 
 //! Writes the packet header (thread 0) and every segment header with its padding words.
 static __global__ void write_packet_headers(std::byte* __restrict__ packet, const packet_header* __restrict__ head,
-                              const segment_desc* __restrict__ segs, std::uint32_t count) {
+                                            const segment_desc* __restrict__ segs, std::uint32_t count) {
   const std::uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t == 0) memcpy(packet, head, sizeof(packet_header));
   if (t >= count) return;
@@ -69,31 +70,56 @@ enum verdict : std::uint32_t {
 //! Human-readable reason of a verdict.
 inline const char* validation_reason(std::uint32_t v) {
   switch (v) {
-    case v_truncated_header: return "truncated header";
-    case v_magic: return "wrong magic";
-    case v_version: return "unsupported version";
-    case v_kind: return "wrong kind";
-    case v_layout: return "packet was built for another layout";
-    case v_payload_size: return "payload size does not match the packet size";
-    case v_segment_count: return "more segments than layers";
-    case v_truncated_segment: return "truncated segment header";
-    case v_layer_range: return "segment layer index out of range";
-    case v_layer_order: return "segment layers not strictly increasing";
-    case v_numel: return "segment numel does not match the layout";
-    case v_padding: return "segment payload not padded";
-    case v_payload_truncated: return "segment payload truncated";
-    case v_trailing: return "trailing bytes after the last segment";
-    case v_raw_indices: return "raw segment with indices";
-    case v_raw_count: return "raw segment count differs from numel";
-    case v_raw_size: return "raw segment payload size wrong";
-    case v_width: return "sparse segment: wrong index width";
-    case v_count: return "sparse segment: count exceeds numel";
-    case v_sparse_size: return "sparse segment: payload size does not match count";
-    case v_index_range: return "sparse segment: index out of range";
-    case v_index_order: return "sparse segment: indices not strictly increasing";
-    case v_misaligned: return "packet not aligned to 8 bytes";
-    case v_unknown_encoding: return "unknown segment encoding";
-    default: return "invalid packet";
+    case v_truncated_header:
+      return "truncated header";
+    case v_magic:
+      return "wrong magic";
+    case v_version:
+      return "unsupported version";
+    case v_kind:
+      return "wrong kind";
+    case v_layout:
+      return "packet was built for another layout";
+    case v_payload_size:
+      return "payload size does not match the packet size";
+    case v_segment_count:
+      return "more segments than layers";
+    case v_truncated_segment:
+      return "truncated segment header";
+    case v_layer_range:
+      return "segment layer index out of range";
+    case v_layer_order:
+      return "segment layers not strictly increasing";
+    case v_numel:
+      return "segment numel does not match the layout";
+    case v_padding:
+      return "segment payload not padded";
+    case v_payload_truncated:
+      return "segment payload truncated";
+    case v_trailing:
+      return "trailing bytes after the last segment";
+    case v_raw_indices:
+      return "raw segment with indices";
+    case v_raw_count:
+      return "raw segment count differs from numel";
+    case v_raw_size:
+      return "raw segment payload size wrong";
+    case v_width:
+      return "sparse segment: wrong index width";
+    case v_count:
+      return "sparse segment: count exceeds numel";
+    case v_sparse_size:
+      return "sparse segment: payload size does not match count";
+    case v_index_range:
+      return "sparse segment: index out of range";
+    case v_index_order:
+      return "sparse segment: indices not strictly increasing";
+    case v_misaligned:
+      return "packet not aligned to 8 bytes";
+    case v_unknown_encoding:
+      return "unknown segment encoding";
+    default:
+      return "invalid packet";
   }
 }
 
@@ -211,7 +237,8 @@ struct sparse_segment_check {
 
 //! Walks an untrusted sparse packet (see walk_packet).
 static __global__ void walk_sparse_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
-                                   std::uint8_t kind, segment_entry* __restrict__ table, walk_result* __restrict__ out) {
+                                          std::uint8_t kind, segment_entry* __restrict__ table,
+                                          walk_result* __restrict__ out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   walk_packet(packet, size, lay, kind, table, out, sparse_segment_check{});
 }
@@ -225,7 +252,7 @@ __device__ __forceinline__ std::uint64_t load_index(const std::byte* payload, st
 //! Checks every index of every sparse segment (in range, strictly increasing); slot y of
 //! the grid takes segments y, y + gridDim.y, ...
 static __global__ void check_sparse_indices(const std::byte* __restrict__ packet, layout_desc lay,
-                                     const segment_entry* __restrict__ table, walk_result* __restrict__ out) {
+                                            const segment_entry* __restrict__ table, walk_result* __restrict__ out) {
   if (out->verdict != v_ok) return;
   const std::uint32_t segs = out->segments;
   for (std::uint32_t s = blockIdx.y; s < segs; s += gridDim.y) {
@@ -236,7 +263,8 @@ static __global__ void check_sparse_indices(const std::byte* __restrict__ packet
     for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < en.count;
          i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
       const std::uint64_t ix = load_index(p, en.width, i);
-      if (ix >= numel) atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_index_range));
+      if (ix >= numel)
+        atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_index_range));
       else if (i > 0 && ix <= load_index(p, en.width, i - 1))
         atomicCAS(&out->verdict, 0u, static_cast<std::uint32_t>(v_index_order));
     }
@@ -246,8 +274,8 @@ static __global__ void check_sparse_indices(const std::byte* __restrict__ packet
 //! out[layer offset + index] += scale * value for every segment of a validated packet
 //! (raw segments add densely). Slot y of the grid takes segments y, y + gridDim.y, ...
 static __global__ void scatter_add_sparse(const std::byte* __restrict__ packet, layout_desc lay,
-                                   const segment_entry* __restrict__ table, const walk_result* __restrict__ walk,
-                                   float* __restrict__ out, float scale) {
+                                          const segment_entry* __restrict__ table, const walk_result* __restrict__ walk,
+                                          float* __restrict__ out, float scale) {
   if (walk->verdict != v_ok) return;
   const std::uint32_t segs = walk->segments;
   for (std::uint32_t s = blockIdx.y; s < segs; s += gridDim.y) {

@@ -22,17 +22,17 @@
 //! The layers of one packet are jobs of one launch per pass: each job owns whole blocks
 //! (quant_job::block_first), so a block never mixes layers and reduces its statistics once.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
-#include "gravac/packet/quantized_packet.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/packet/quantized_packet.hpp"
 
 namespace gravac::detail {
 
@@ -51,19 +51,19 @@ enum quant_pass : int { pass_accumulate = 0, pass_scales = 1, pass_codes = 2, pa
 
 //! One layer of a packet being written (device memory, planned on the host every step).
 struct quant_job {
-  unsigned long long offset = 0;        //!< first element of the layer in g and e
-  unsigned long long numel = 0;         //!< elements
-  unsigned long long payload = 0;       //!< offset of the segment payload in the packet
-  unsigned long long stream = 0;        //!< random stream (mix_seed of seed, step, layer id)
-  unsigned long long bucket = 0;        //!< elements per bucket (numel for one bucket)
-  unsigned long long buckets = 0;       //!< buckets of the layer
+  unsigned long long offset = 0;             //!< first element of the layer in g and e
+  unsigned long long numel = 0;              //!< elements
+  unsigned long long payload = 0;            //!< offset of the segment payload in the packet
+  unsigned long long stream = 0;             //!< random stream (mix_seed of seed, step, layer id)
+  unsigned long long bucket = 0;             //!< elements per bucket (numel for one bucket)
+  unsigned long long buckets = 0;            //!< buckets of the layer
   unsigned long long chunks_per_bucket = 0;  //!< chunks of a full bucket
-  unsigned long long chunks = 0;        //!< chunks of the layer
-  unsigned long long chunk_first = 0;   //!< first chunk record of the layer
-  unsigned long long bucket_first = 0;  //!< first bucket record of the layer
-  unsigned long long block_first[4] = {};  //!< first block of the job in each pass grid
-  std::uint32_t index = 0;              //!< job index (its quant_sums slot)
-  std::uint32_t raw = 0;                //!< sent dense (raw segment)
+  unsigned long long chunks = 0;             //!< chunks of the layer
+  unsigned long long chunk_first = 0;        //!< first chunk record of the layer
+  unsigned long long bucket_first = 0;       //!< first bucket record of the layer
+  unsigned long long block_first[4] = {};    //!< first block of the job in each pass grid
+  std::uint32_t index = 0;                   //!< job index (its quant_sums slot)
+  std::uint32_t raw = 0;                     //!< sent dense (raw segment)
 };
 
 //! Sums of one chunk, in the host's order.
@@ -98,8 +98,10 @@ __device__ __forceinline__ quant_job find_job(const quant_job* __restrict__ jobs
   std::uint32_t lo = 0, hi = count;
   while (hi - lo > 1) {
     const std::uint32_t mid = (lo + hi) / 2;
-    if (jobs[mid].block_first[pass] <= block) lo = mid;
-    else hi = mid;
+    if (jobs[mid].block_first[pass] <= block)
+      lo = mid;
+    else
+      hi = mid;
   }
   return jobs[lo];
 }
@@ -146,8 +148,8 @@ __device__ inline void add_block_sums(quant_sums* __restrict__ sums, double g, d
 //! chunk's first thread, then lane by lane in double. Also ||g||^2, ||u||^2 and non-finite u.
 template <bool UInE>
 __global__ void __launch_bounds__(quant_threads)
-accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-                  std::uint32_t job_count, chunk_sums* __restrict__ chunks, quant_sums* __restrict__ sums) {
+    accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
+                      std::uint32_t job_count, chunk_sums* __restrict__ chunks, quant_sums* __restrict__ sums) {
   const quant_job jb = find_job(jobs, job_count, pass_accumulate, blockIdx.x);
   const unsigned lane = threadIdx.x % quant_lanes;
   const unsigned group_base = (threadIdx.x % 32u) - lane;  // the group's first lane in its warp
@@ -157,7 +159,7 @@ accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quan
   double tg = 0, tu = 0, ta = 0;         // the tail's double sums (lane 0)
   float tm = 0;                          // the tail's max (lane 0)
   bool bad = false;
-  const float* chunk_g = nullptr;        // the chunk's g and u, and its length
+  const float* chunk_g = nullptr;  // the chunk's g and u, and its length
   const float* chunk_u = nullptr;
   unsigned long long chunk_m = 0;
   if (j < jb.chunks) {
@@ -246,9 +248,9 @@ accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quan
 //! padding) into the packet, and keeps scale, inv and step for the code pass.
 template <bool L2>
 __global__ void __launch_bounds__(quant_threads)
-bucket_scales(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
-              bucket_scale* __restrict__ out, std::byte* __restrict__ packet, std::uint32_t levels,
-              std::uint32_t bucket_option) {
+    bucket_scales(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
+                  bucket_scale* __restrict__ out, std::byte* __restrict__ packet, std::uint32_t levels,
+                  std::uint32_t bucket_option) {
   const quant_job jb = find_job(jobs, job_count, pass_scales, blockIdx.x);
   const unsigned long long b = (blockIdx.x - jb.block_first[pass_scales]) * quant_threads + threadIdx.x;
   if (b >= jb.buckets) return;
@@ -288,9 +290,9 @@ bucket_scales(const quant_job* __restrict__ jobs, std::uint32_t job_count, const
 //! written by its first lane. Padding codes are zero. Also ||decompress||^2.
 template <unsigned W>
 __global__ void __launch_bounds__(quant_threads)
-quantize_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
-               const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet, std::int32_t lv,
-               quant_sums* __restrict__ sums) {
+    quantize_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+                   const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet, std::int32_t lv,
+                   quant_sums* __restrict__ sums) {
   constexpr unsigned per = 32 / W;  // codes per 32-bit word
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
@@ -329,8 +331,8 @@ quantize_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::u
 //! Pass 2 of EF-sign: one block per layer, whose first thread adds the chunks' sums of |u|
 //! in order (the host's order), divides by numel in double, and writes the prefix (scale, 0).
 __global__ void __launch_bounds__(quant_threads)
-sign_layer_scale(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
-                 bucket_scale* __restrict__ out, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
+    sign_layer_scale(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
+                     bucket_scale* __restrict__ out, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
   const quant_job jb = find_job(jobs, job_count, pass_scales, blockIdx.x);
   if (threadIdx.x != 0) return;
   double s = 0;
@@ -347,8 +349,8 @@ sign_layer_scale(const quant_job* __restrict__ jobs, std::uint32_t job_count, co
 //! Pass 3 of EF-sign: one thread per element; bit = u < 0 (a warp's 32 bits by ballot),
 //! e = u - (u < 0 ? -scale : scale). Padding bits are zero.
 __global__ void __launch_bounds__(quant_threads)
-sign_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
-           const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet) {
+    sign_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+               const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet) {
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long words = pad8(detail::code_bytes(jb.numel, 1)) / 4;
@@ -376,8 +378,9 @@ __device__ __forceinline__ std::uint32_t fp16_of_magnitude_dev(std::uint32_t a) 
 //! detail::fp16_to_float on the device.
 __device__ __forceinline__ float fp16_to_float_dev(std::uint32_t h) {
   const std::uint32_t m = h & 0x7fffu;
-  const std::uint32_t bits = m < 0x400u ? __float_as_uint(__fmul_rn(__int2float_rn(static_cast<std::int32_t>(m)), 0x1p-24f))
-                                        : (m << 13) + 0x38000000u;
+  const std::uint32_t bits = m < 0x400u
+                                 ? __float_as_uint(__fmul_rn(__int2float_rn(static_cast<std::int32_t>(m)), 0x1p-24f))
+                                 : (m << 13) + 0x38000000u;
   return __uint_as_float(bits | ((h & 0x8000u) << 16));
 }
 
@@ -390,9 +393,9 @@ __device__ __forceinline__ float bf16_to_float_dev(std::uint32_t h) { return __u
 //! per 32-bit word. The job's first thread writes the prefix (N, 0).
 template <bool BF16, bool UInE>
 __global__ void __launch_bounds__(quant_threads)
-cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-             std::uint32_t job_count, std::byte* __restrict__ packet, float ranks, float inv,
-             std::uint32_t limit_bits, quant_sums* __restrict__ sums) {
+    cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
+                 std::uint32_t job_count, std::byte* __restrict__ packet, float ranks, float inv,
+                 std::uint32_t limit_bits, quant_sums* __restrict__ sums) {
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long words = pad8(jb.numel * 2) / 4;
@@ -439,8 +442,8 @@ cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job
 //! padding float of an odd-sized layer is zero. One thread per float of the padded payload.
 template <bool UInE>
 __global__ void __launch_bounds__(quant_threads)
-raw_jobs(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-         std::uint32_t job_count, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
+    raw_jobs(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
+             std::uint32_t job_count, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
   const quant_job jb = find_job(jobs, job_count, pass_raw, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_raw]) * quant_threads + threadIdx.x;
   auto* out = reinterpret_cast<float*>(packet + jb.payload);

@@ -5,16 +5,17 @@
 //! host's validate (leveled_codec::check, sign::validate, cast16::validate) and the same
 //! decoded values bit for bit (every float operation rounded explicitly, no contraction).
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/packet/quantized_packet.hpp"
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/packet/quantized_packet.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac::detail {
 
@@ -45,19 +46,32 @@ enum quant_verdict : std::uint32_t {
 //! Human-readable reason of a verdict of the quantized walk or checks.
 inline const char* quant_validation_reason(std::uint32_t v) {
   switch (v) {
-    case qv_encoding: return "quantized segment: unexpected encoding";
-    case qv_prefix: return "quantized segment: payload truncated";
-    case qv_levels: return "quantized segment: level count out of range";
-    case qv_ternary: return "ternary segment with more than one level";
-    case qv_bucket: return "quantized segment: bucket not a multiple of 64";
-    case qv_indices: return "quantized segment with indices";
-    case qv_count: return "quantized segment: count differs from numel";
-    case qv_size: return "quantized segment: payload size wrong";
-    case qv_scale: return "quantized segment: scale or multiplier not finite, or negative";
-    case qv_code: return "quantized segment: invalid code or level out of range";
-    case qv_padding: return "quantized segment: padding bits set";
-    case qv_special: return "cast16 segment: infinite or NaN value";
-    default: return validation_reason(v);
+    case qv_encoding:
+      return "quantized segment: unexpected encoding";
+    case qv_prefix:
+      return "quantized segment: payload truncated";
+    case qv_levels:
+      return "quantized segment: level count out of range";
+    case qv_ternary:
+      return "ternary segment with more than one level";
+    case qv_bucket:
+      return "quantized segment: bucket not a multiple of 64";
+    case qv_indices:
+      return "quantized segment with indices";
+    case qv_count:
+      return "quantized segment: count differs from numel";
+    case qv_size:
+      return "quantized segment: payload size wrong";
+    case qv_scale:
+      return "quantized segment: scale or multiplier not finite, or negative";
+    case qv_code:
+      return "quantized segment: invalid code or level out of range";
+    case qv_padding:
+      return "quantized segment: padding bits set";
+    case qv_special:
+      return "cast16 segment: infinite or NaN value";
+    default:
+      return validation_reason(v);
   }
 }
 
@@ -93,9 +107,9 @@ __device__ __forceinline__ bool valid_scale_dev(float s) { return s >= 0.0f && s
 //! Walks an untrusted quantized packet (one thread): every header check of validate_packet,
 //! raw segments as validate_raw_segment, quantized segments' encoding, prefix and size as
 //! the host's; fills the segment table. Reads no byte outside [packet, packet + size).
-static __global__ void walk_quantized_packet(const std::byte* __restrict__ packet, std::uint64_t size,
-                                             layout_desc lay, quant_family family,
-                                             quant_segment* __restrict__ table, walk_result* __restrict__ out) {
+static __global__ void walk_quantized_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
+                                             quant_family family, quant_segment* __restrict__ table,
+                                             walk_result* __restrict__ out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   auto fail = [&](std::uint32_t v) { *out = {v, 0}; };
   packet_header h;
@@ -198,8 +212,7 @@ static __global__ void check_quantized_payloads(const std::byte* __restrict__ pa
     const unsigned per = 32 / W;
     const std::uint32_t mask = (1u << W) - 1u;  // W <= 16
     const std::uint32_t sign_bit = 1u << (W - 1);
-    const std::uint16_t special =
-        en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? 0x7f80u : 0x7c00u;
+    const std::uint16_t special = en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16) ? 0x7f80u : 0x7c00u;
     const auto* words = reinterpret_cast<const std::uint32_t*>(pl + code_offset(en));
     const std::uint64_t word_count = pad8(detail::code_bytes(en.numel, W)) / 4;
     for (std::uint64_t w = first; w < word_count; w += step) {
@@ -223,8 +236,8 @@ static __global__ void check_quantized_payloads(const std::byte* __restrict__ pa
 //! packet, in the host decoders' arithmetic. Slot y of the grid takes segments y, y +
 //! gridDim.y, ...
 static __global__ void decode_quantized(const std::byte* __restrict__ packet, layout_desc lay,
-                                        const quant_segment* __restrict__ table,
-                                        const walk_result* __restrict__ walk, float* __restrict__ out, float scale) {
+                                        const quant_segment* __restrict__ table, const walk_result* __restrict__ walk,
+                                        float* __restrict__ out, float scale) {
   if (walk->verdict != v_ok) return;
   const std::uint32_t segs = walk->segments;
   const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;

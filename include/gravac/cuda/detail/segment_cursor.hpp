@@ -7,13 +7,14 @@
 //! round trip between layers, and a count that differs from the planned one (fewer finite
 //! values than k, a threshold's k_hat) never shifts a later layer onto stale offsets.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
 #include <cstdint>
 
-#include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac::detail {
 
@@ -68,8 +69,8 @@ __device__ inline void place_segment_at(std::byte* packet, packet_cursor* cur, s
 
 //! Places a sparse (indices + float values) segment of *count values, or a raw segment.
 static __global__ void place_sparse_segment(std::byte* __restrict__ packet, packet_cursor* __restrict__ cur,
-                                     segment_slot* __restrict__ slot, const std::uint32_t* __restrict__ count,
-                                     std::uint32_t layer, unsigned long long numel, bool raw) {
+                                            segment_slot* __restrict__ slot, const std::uint32_t* __restrict__ count,
+                                            std::uint32_t layer, unsigned long long numel, bool raw) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   payload_shape s;
   if (raw) {
@@ -86,7 +87,7 @@ static __global__ void place_sparse_segment(std::byte* __restrict__ packet, pack
 
 //! Writes the packet header once every segment is placed. One thread.
 static __global__ void finish_device_packet(std::byte* __restrict__ packet, const packet_cursor* __restrict__ cur,
-                                     std::uint8_t kind, std::uint64_t layout_hash) {
+                                            std::uint8_t kind, std::uint64_t layout_hash) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   packet_header h{};
   h.magic = packet_magic;

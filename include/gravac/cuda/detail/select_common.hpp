@@ -1,13 +1,14 @@
 #pragma once
 //! \file
-//! \brief What every pass of the device radix select shares: its constants, the per-layer select state and statistics, the key of a magnitude, warp-aggregated appends, the last-block test and the block-wide boundary search.
+//! \brief What every pass of the device radix select shares: its constants, the per-layer select state and statistics,
+//! the key of a magnitude, warp-aggregated appends, the last-block test and the block-wide boundary search.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "gravac/cuda/detail/segment_cursor.hpp"
 
@@ -35,24 +36,24 @@ inline constexpr int tie_items = 16;
 
 //! The radix-select state of one layer in one step (device memory, reset every layer).
 struct select_state {
-  std::uint32_t blocks_done;   //!< last-block-done counter of the running kernel
-  std::uint32_t done;          //!< the threshold T is determined
-  std::uint32_t prefix;        //!< the high bits of T determined so far
-  std::uint32_t remaining;     //!< values still to take among those that match the prefix
-  std::uint32_t threshold;     //!< T: keep key > T, and key == T as the tie rule says
-  std::uint32_t take_all_ties; //!< every key == T is kept
-  std::uint32_t tie_needed;    //!< the tie pass must find tie_index
-  std::uint32_t tie_index;     //!< keep key == T only at indices <= tie_index
-  std::uint32_t cand_count;    //!< keys appended to the candidate buffer (may exceed its capacity)
-  std::uint32_t cand_valid;    //!< the candidate buffer holds every key that matches the prefix
-  std::uint32_t collect;       //!< collect_pass must gather the boundary bin
+  std::uint32_t blocks_done;     //!< last-block-done counter of the running kernel
+  std::uint32_t done;            //!< the threshold T is determined
+  std::uint32_t prefix;          //!< the high bits of T determined so far
+  std::uint32_t remaining;       //!< values still to take among those that match the prefix
+  std::uint32_t threshold;       //!< T: keep key > T, and key == T as the tie rule says
+  std::uint32_t take_all_ties;   //!< every key == T is kept
+  std::uint32_t tie_needed;      //!< the tie pass must find tie_index
+  std::uint32_t tie_index;       //!< keep key == T only at indices <= tie_index
+  std::uint32_t cand_count;      //!< keys appended to the candidate buffer (may exceed its capacity)
+  std::uint32_t cand_valid;      //!< the candidate buffer holds every key that matches the prefix
+  std::uint32_t collect;         //!< collect_pass must gather the boundary bin
   std::uint32_t boundary_count;  //!< values in the first-digit boundary bin
   unsigned long long selected;   //!< written by the compaction: must equal k
-  std::uint32_t non_finite;    //!< a NaN or infinity was seen in u
+  std::uint32_t non_finite;      //!< a NaN or infinity was seen in u
   std::uint32_t too_few_finite;  //!< fewer finite values than k: every finite value is sent
-  std::uint32_t count;         //!< values this layer sends (k, or the finite count when fewer)
-  std::uint32_t gathered;      //!< e was zeroed at the sent indices (restore_pass undoes it)
-  std::uint32_t all_ties;      //!< threshold mode: every key equal to the k-th largest is sent
+  std::uint32_t count;           //!< values this layer sends (k, or the finite count when fewer)
+  std::uint32_t gathered;        //!< e was zeroed at the sent indices (restore_pass undoes it)
+  std::uint32_t all_ties;        //!< threshold mode: every key equal to the k-th largest is sent
 };
 
 //! Statistics accumulated on the device for one layer.
@@ -64,14 +65,12 @@ struct layer_sums {
 
 //! Kernel parameters of the gain curve (the candidate k's of this layer).
 struct gain_request {
-  int count = 0;                                      //!< number of candidates
-  unsigned long long k[max_gain_candidates] = {};     //!< k of each candidate for this layer
+  int count = 0;                                   //!< number of candidates
+  unsigned long long k[max_gain_candidates] = {};  //!< k of each candidate for this layer
 };
 
 //! The sortable key of a float magnitude: its bits with the sign cleared.
-__device__ __forceinline__ std::uint32_t device_magnitude_key(float u) {
-  return __float_as_uint(u) & 0x7fffffffu;
-}
+__device__ __forceinline__ std::uint32_t device_magnitude_key(float u) { return __float_as_uint(u) & 0x7fffffffu; }
 
 //! Appends \p key to \p buf when \p pred holds, one atomic per warp (warp-aggregated).
 __device__ __forceinline__ void warp_append(bool pred, std::uint32_t key, std::uint32_t* buf, std::uint32_t cap,

@@ -1,13 +1,14 @@
 #pragma once
 //! \file
-//! \brief Pass 1 of the device radix select: the fused error-feedback pass (u = g + e, statistics, first-digit histogram, candidates, first boundary, gain curve).
+//! \brief Pass 1 of the device radix select: the fused error-feedback pass (u = g + e, statistics, first-digit
+//! histogram, candidates, first boundary, gain curve).
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "gravac/cuda/detail/select_common.hpp"
 
@@ -25,11 +26,11 @@ namespace gravac::detail {
 //! concatenation of the compressed layers); with \p g null, u is e as it stands (read only:
 //! the selection over that concatenation).
 static __global__ void __launch_bounds__(select_threads)
-fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
-           select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
-           std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
-           std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
-           bool threshold_mode = false, float* __restrict__ copy = nullptr) {
+    fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
+               select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
+               std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
+               std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
+               bool threshold_mode = false, float* __restrict__ copy = nullptr) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ float sh_sq[max_bins];
   const bool want_sq = gains.count > 0;

@@ -23,7 +23,8 @@
 //! (k is then the finite count, as gravac::topk does). The segment is placed on the device
 //! (segment_cursor.hpp) once the count is known, so such a layer never shifts the others.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include "gravac/cuda/detail/select_common.hpp"
 #include "gravac/cuda/detail/select_fused_pass.hpp"

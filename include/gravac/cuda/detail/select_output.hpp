@@ -1,13 +1,14 @@
 #pragma once
 //! \file
-//! \brief The output of the device radix select: the ordered compaction's predicate and writer, the gather into the packet with the residual update, raw layers, and the undo of a failed step.
+//! \brief The output of the device radix select: the ordered compaction's predicate and writer, the gather into the
+//! packet with the residual update, raw layers, and the undo of a failed step.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "gravac/cuda/detail/select_common.hpp"
 
@@ -15,8 +16,8 @@ namespace gravac::detail {
 
 //! The predicate of the ordered compaction: index i is selected.
 struct selected_by_threshold {
-  const float* u;            //!< u (held in e after the fused pass)
-  const select_state* st;    //!< the resolved threshold
+  const float* u;          //!< u (held in e after the fused pass)
+  const select_state* st;  //!< the resolved threshold
   __device__ __forceinline__ bool operator()(std::uint32_t i) const {
     const std::uint32_t key = device_magnitude_key(u[i]);
     const std::uint32_t t = st->threshold;
@@ -42,9 +43,9 @@ struct bounded_index_writer {
 //! compaction did not select exactly the count (a defect), nothing is zeroed and
 //! \p failure is set: compress() then restores every layer and throws.
 static __global__ void __launch_bounds__(select_threads)
-gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
-            select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold, layer_sums* __restrict__ sums,
-            std::uint32_t* __restrict__ failure) {
+    gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
+                select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold,
+                layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure) {
   double ksq = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   const std::size_t k = st->count;
@@ -66,8 +67,10 @@ gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slo
   if (threadIdx.x == 0) {
     if (s != 0.0) atomicAdd(&sums->kept_sq, s);
     if (blockIdx.x == 0) {
-      if (!ok) atomicExch(failure, 1u);
-      else st->gathered = 1;
+      if (!ok)
+        atomicExch(failure, 1u);
+      else
+        st->gathered = 1;
       // 0 means "none"; a layer that sent nothing keeps its previous threshold.
       if (st->done == 1) *prev_threshold = st->threshold == 0 ? 1u : st->threshold;
     }
@@ -77,9 +80,9 @@ gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slo
 //! u = g + e written raw into the layer's placed segment, e = 0, statistics (a layer sent
 //! dense).
 static __global__ void __launch_bounds__(select_threads)
-raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
-         const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
-         select_state* __restrict__ st, bool u_in_e) {
+    raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
+             const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
+             select_state* __restrict__ st, bool u_in_e) {
   float* out = reinterpret_cast<float*>(packet + slot->payload_at);
   double gsq = 0, usq = 0;
   bool bad = false;
@@ -115,9 +118,9 @@ raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restri
 //! element. Slot y of the grid takes layers y, y + gridDim.y, ... Used only when compress()
 //! fails after some layers were updated, so that e = u = g + e_old: nothing sent, nothing lost.
 static __global__ void __launch_bounds__(select_threads)
-restore_pass(const std::byte* __restrict__ packet, const segment_slot* __restrict__ slots,
-             const select_state* __restrict__ states, const std::uint64_t* __restrict__ offsets,
-             std::uint32_t layers, float* __restrict__ e) {
+    restore_pass(const std::byte* __restrict__ packet, const segment_slot* __restrict__ slots,
+                 const select_state* __restrict__ states, const std::uint64_t* __restrict__ offsets,
+                 std::uint32_t layers, float* __restrict__ e) {
   for (std::uint32_t l = blockIdx.y; l < layers; l += gridDim.y) {
     if (!states[l].gathered || !slots[l].placed) continue;
     const std::size_t k = slots[l].count;

@@ -1,13 +1,14 @@
 #pragma once
 //! \file
-//! \brief Passes 2 to 5 of the device radix select: collecting the boundary bin after a miss, refining the threshold digit by digit, and resolving ties to the lower index.
+//! \brief Passes 2 to 5 of the device radix select: collecting the boundary bin after a miss, refining the threshold
+//! digit by digit, and resolving ties to the lower index.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "gravac/cuda/detail/select_common.hpp"
 
@@ -15,8 +16,8 @@ namespace gravac::detail {
 
 //! Pass 2 (only on a miss): collects the keys of the first-digit boundary bin.
 static __global__ void __launch_bounds__(select_threads)
-collect_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
-             std::uint32_t* __restrict__ cand, std::uint32_t cap) {
+    collect_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
+                 std::uint32_t* __restrict__ cand, std::uint32_t cap) {
   if (st->done || !st->collect) return;
   const std::uint32_t bin = st->prefix;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
@@ -33,8 +34,9 @@ collect_pass(const float* __restrict__ e, std::size_t n, select_state* __restric
 //! above it equal the prefix, over the candidate buffer (or the whole input); the last
 //! block extends the prefix and decides whether the tie pass is needed.
 static __global__ void __launch_bounds__(select_threads)
-refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
-            const std::uint32_t* __restrict__ cand, std::uint32_t cap, std::uint32_t* __restrict__ hist, int shift) {
+    refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
+                const std::uint32_t* __restrict__ cand, std::uint32_t cap, std::uint32_t* __restrict__ hist,
+                int shift) {
   if (st->done) return;
   constexpr int bins = 1 << refine_digit_bits;
   __shared__ std::uint32_t sh_hist[bins];
@@ -72,7 +74,7 @@ refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict
     st->threshold = new_prefix;
     st->take_all_ties = 1;
     st->count = st->count - st->remaining + b.count;  // (keys > T) + (keys == T)
-  } else if (shift == 0) {  // T is exact and has more copies than we may take
+  } else if (shift == 0) {                            // T is exact and has more copies than we may take
     st->done = 1;
     st->threshold = new_prefix;
     st->take_all_ties = 0;
@@ -84,8 +86,8 @@ refine_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict
 //! order. Each chunk of select_threads * tie_items values is counted; the last block
 //! finds the chunk holding that tie and scans it in order.
 static __global__ void __launch_bounds__(select_threads)
-tie_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
-         std::uint32_t* __restrict__ chunk_counts) {
+    tie_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ st,
+             std::uint32_t* __restrict__ chunk_counts) {
   if (!st->tie_needed) return;
   constexpr std::size_t chunk = static_cast<std::size_t>(select_threads) * tie_items;
   const std::uint32_t t = st->threshold;
@@ -97,8 +99,7 @@ tie_pass(const float* __restrict__ e, std::size_t n, select_state* __restrict__ 
   for (std::size_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     std::uint32_t cnt = 0;
     const std::size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-    for (std::size_t i = c * chunk + threadIdx.x; i < end; i += select_threads)
-      cnt += device_magnitude_key(e[i]) == t;
+    for (std::size_t i = c * chunk + threadIdx.x; i < end; i += select_threads) cnt += device_magnitude_key(e[i]) == t;
     const std::uint32_t total = reduce_t(red).Sum(cnt);
     if (threadIdx.x == 0) chunk_counts[c] = total;
     __syncthreads();

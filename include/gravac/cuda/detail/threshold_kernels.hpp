@@ -7,7 +7,8 @@
 //! compiler cannot fuse them into an FMA the host does not use). The low threshold key it
 //! writes is bit for bit the host's, so the selection that follows is the host's too.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cfloat>
 #include <cstdint>
@@ -50,8 +51,8 @@ __device__ __forceinline__ std::uint64_t splitmix64_nth_device(std::uint64_t see
 //! Counts key(g + e) into \p hist (estimate_bins zeroed counters) over the whole layer or
 //! over the sample: run s starts at s * stratum + splitmix64 draw s % room, as the host.
 static __global__ void __launch_bounds__(select_threads)
-estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
-                   std::uint32_t* __restrict__ hist) {
+    estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
+                       std::uint32_t* __restrict__ hist) {
   __shared__ std::uint32_t sh[estimate_bins];
   for (int i = static_cast<int>(threadIdx.x); i < estimate_bins; i += select_threads) sh[i] = 0;
   __syncthreads();
@@ -75,7 +76,7 @@ estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, est
 //! One block: the low threshold key from the histogram (threshold::estimate's last lines
 //! and detail::threshold_key_from_histogram), into \p guess; zeroes \p hist for the next layer.
 static __global__ void __launch_bounds__(select_threads)
-estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, std::uint32_t* __restrict__ guess) {
+    estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, std::uint32_t* __restrict__ guess) {
   __shared__ std::uint32_t sh[estimate_bins];
   std::uint32_t mine = 0;
   for (int i = static_cast<int>(threadIdx.x); i < estimate_bins; i += select_threads) {

@@ -11,12 +11,12 @@
 //! its part of the sorted list (two binary searches), its segment is placed, and
 //! gather_whole_pass writes its indices and values and zeroes e there.
 
-#include "gravac/cuda/detail/nvcc_flags.hpp"  // first: a missing option is one readable error
-
-#include <cub/block/block_reduce.cuh>
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
@@ -26,8 +26,8 @@ namespace gravac::detail {
 //! The compaction's output of the whole-buffer selection: position j of the sorted list,
 //! never past the count (a defence, as bounded_index_writer).
 struct whole_index_writer {
-  std::uint32_t* list;      //!< the selected positions in the concatenation
-  const select_state* st;   //!< the whole-buffer selection (its count)
+  std::uint32_t* list;     //!< the selected positions in the concatenation
+  const select_state* st;  //!< the whole-buffer selection (its count)
   __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t position) const {
     if (j >= 0 && static_cast<unsigned long long>(j) < st->count) list[j] = position;
   }
@@ -39,8 +39,10 @@ __device__ __forceinline__ unsigned long long lower_bound_u32(const std::uint32_
   unsigned long long lo = 0, hi = n;
   while (lo < hi) {
     const unsigned long long mid = lo + (hi - lo) / 2;
-    if (a[mid] < x) lo = mid + 1;
-    else hi = mid;
+    if (a[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -71,10 +73,10 @@ static __global__ void remember_whole_threshold(const select_state* __restrict__
 //! and values into its placed segment, e = 0 there, the kept energy. When the compaction
 //! did not select exactly the count, nothing is written and \p failure is set.
 static __global__ void __launch_bounds__(select_threads)
-gather_whole_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
-                  const std::uint32_t* __restrict__ list, const std::uint32_t* __restrict__ first,
-                  std::uint32_t start, select_state* __restrict__ st, const select_state* __restrict__ whole,
-                  layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure) {
+    gather_whole_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
+                      const std::uint32_t* __restrict__ list, const std::uint32_t* __restrict__ first,
+                      std::uint32_t start, select_state* __restrict__ st, const select_state* __restrict__ whole,
+                      layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure) {
   double ksq = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   const std::size_t k = st->count;
@@ -98,8 +100,10 @@ gather_whole_pass(std::byte* __restrict__ packet, const segment_slot* __restrict
   if (threadIdx.x == 0) {
     if (s != 0.0) atomicAdd(&sums->kept_sq, s);
     if (blockIdx.x == 0) {
-      if (!ok) atomicExch(failure, 1u);
-      else st->gathered = 1;
+      if (!ok)
+        atomicExch(failure, 1u);
+      else
+        st->gathered = 1;
     }
   }
 }

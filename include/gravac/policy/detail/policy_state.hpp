@@ -30,7 +30,7 @@ class state_writer {
 
   //! Appends one value.
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put(const T& v) {
     const auto at = out_.size();
     out_.resize(at + sizeof(T));
@@ -38,7 +38,7 @@ class state_writer {
   }
   //! Appends a length-prefixed array.
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put_vector(const std::vector<T>& v) {
     put<std::uint64_t>(v.size());
     const auto at = out_.size();
@@ -64,8 +64,7 @@ class state_reader {
 
   //! Reads one value.
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  T get() {
+  requires std::is_trivially_copyable_v<T> T get() {
     if (in_.size() - at_ < sizeof(T)) fail("the saved state is truncated");
     T v;
     std::memcpy(&v, in_.data() + at_, sizeof(T));
@@ -74,7 +73,7 @@ class state_reader {
   }
   //! Reads a length-prefixed array that must hold exactly \p expected elements.
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void get_vector(std::vector<T>& v, std::size_t expected) {
     const auto n = get<std::uint64_t>();
     if (n != expected)
@@ -91,8 +90,7 @@ class state_reader {
     const auto v = get<std::uint32_t>();
     if (v != version)
       fail("saved state version " + std::to_string(v) + " is not supported (expected " + std::to_string(version) + ")");
-    if (get<std::uint64_t>() != fingerprint)
-      fail("the saved state was made with other options or another layout");
+    if (get<std::uint64_t>() != fingerprint) fail("the saved state was made with other options or another layout");
   }
   //! Checks that nothing is left over.
   void finish() {
