@@ -16,18 +16,16 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstdlib>
+#include <gravac/comm/mpi_communicator.hpp>
+#include <gravac/comm/mpi_guard.hpp>
+#include <gravac/comm/thread_communicator.hpp>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gravac/comm/mpi_communicator.hpp>
-#include <gravac/comm/mpi_guard.hpp>
-#include <gravac/comm/thread_communicator.hpp>
 
 #include "fmnist/report.hpp"
 #include "fmnist/train.hpp"
@@ -71,12 +69,15 @@ int main(int argc, char** argv) {
   double kept_fraction = 0.01, lr_gamma = 0.1;
   std::vector<std::size_t> milestones;
 
-  app.add_option("--backend", backend, "mpi (one rank per process, under mpiexec), threads (--ranks threads in one "
-                                       "process) or auto (mpi when launched by mpiexec)")
-      ->check(CLI::IsMember({"auto", "mpi", "threads"}))->capture_default_str();
+  app.add_option("--backend", backend,
+                 "mpi (one rank per process, under mpiexec), threads (--ranks threads in one "
+                 "process) or auto (mpi when launched by mpiexec)")
+      ->check(CLI::IsMember({"auto", "mpi", "threads"}))
+      ->capture_default_str();
   app.add_option("--ranks", ranks, "ranks for the threads backend")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX .gz files")->capture_default_str();
-  app.add_option("--out", out_dir, "output directory for CSV files and plots (default out/fashion_mnist-<policy>-<compressor>)");
+  app.add_option("--out", out_dir,
+                 "output directory for CSV files and plots (default out/fashion_mnist-<policy>-<compressor>)");
   app.add_flag("--progress,!--no-progress", progress, "progress bar per epoch (default: when stdout is a terminal)");
   app.add_flag("--no-plots", no_plots, "do not run gnuplot");
 
@@ -84,10 +85,13 @@ int main(int argc, char** argv) {
   tr->add_option("--model", model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
   tr->add_option("--hidden", cfg.mlp_hidden, "hidden layer sizes of the MLP")->delimiter(',')->capture_default_str();
   tr->add_option("--epochs", cfg.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
-  tr->add_option("--batch", cfg.batch, "global batch size (all ranks; divisible by the rank count)")->capture_default_str();
-  tr->add_option("--train-subset", cfg.train_subset, "training samples per epoch, a fresh random subset each epoch (0: all 60000)")
+  tr->add_option("--batch", cfg.batch, "global batch size (all ranks; divisible by the rank count)")
       ->capture_default_str();
-  tr->add_option("--test-subset", cfg.test_subset, "test samples evaluated per epoch (0: all 10000)")->capture_default_str();
+  tr->add_option("--train-subset", cfg.train_subset,
+                 "training samples per epoch, a fresh random subset each epoch (0: all 60000)")
+      ->capture_default_str();
+  tr->add_option("--test-subset", cfg.test_subset, "test samples evaluated per epoch (0: all 10000)")
+      ->capture_default_str();
   tr->add_option("--lr", cfg.lr.base, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   tr->add_option("--lr-gamma", lr_gamma, "step decay factor")->capture_default_str();
   tr->add_option("--lr-milestones", milestones, "epochs (0-based) at which the learning rate is multiplied by gamma")
@@ -104,7 +108,8 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ck->add_option("--checkpoint-every", checkpoint_every,
                  "checkpoint period: N or Ns = every N steps, Ne = every N epochs (after the evaluation)")
-      ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ck->add_flag("--resume", cfg.checkpoint.resume,
                "resume from the newest checkpoint in --checkpoint-dir that every rank can use (a corrupted or "
                "truncated newer one is reported and skipped); start afresh when the directory holds none. With a "
@@ -124,30 +129,39 @@ int main(int argc, char** argv) {
   std::string collective(fmnist::name_of(fmnist::collective_names, m.collective));
   std::string policy(fmnist::name_of(fmnist::policy_names, m.policy));
   me->add_option("--compressor", compressor, "compressor")
-      ->check(CLI::IsMember(names(fmnist::compressor_names)))->capture_default_str();
+      ->check(CLI::IsMember(names(fmnist::compressor_names)))
+      ->capture_default_str();
   me->add_option("--collective", collective, "collective")
-      ->check(CLI::IsMember(names(fmnist::collective_names)))->capture_default_str();
-  me->add_option("--policy", policy, "policy")->check(CLI::IsMember(names(fmnist::policy_names)))->capture_default_str();
+      ->check(CLI::IsMember(names(fmnist::collective_names)))
+      ->capture_default_str();
+  me->add_option("--policy", policy, "policy")
+      ->check(CLI::IsMember(names(fmnist::policy_names)))
+      ->capture_default_str();
   me->add_option("--kept-fraction", kept_fraction, "fixed policy: kept fraction (1 / CF)")->capture_default_str();
   me->add_flag("--topk-whole-buffer", m.topk.whole_buffer, "topk: select over the whole buffer instead of per layer");
   me->add_option("--qsgd-levels", m.qsgd.levels, "qsgd: levels s")->capture_default_str();
   me->add_option("--powersgd-rank", m.powersgd.rank, "powersgd: rank r")->capture_default_str();
   me->add_option("--cast16-format", cast16_format, "cast16: fp16 or bf16")->check(CLI::IsMember({"fp16", "bf16"}));
   me->add_option("--ar-rule", ar_rule, "allreduce_compatible: index rank rule star or var")
-      ->check(CLI::IsMember({"star", "var"}))->capture_default_str();
-  me->add_option("--network-source", network_source, "flexible and moo: where alpha and beta come from "
-                                                     "(measured, modeled, profile, fixed)")
-      ->check(CLI::IsMember({"measured", "modeled", "profile", "fixed"}))->capture_default_str();
+      ->check(CLI::IsMember({"star", "var"}))
+      ->capture_default_str();
+  me->add_option("--network-source", network_source,
+                 "flexible and moo: where alpha and beta come from "
+                 "(measured, modeled, profile, fixed)")
+      ->check(CLI::IsMember({"measured", "modeled", "profile", "fixed"}))
+      ->capture_default_str();
   me->add_option("--gravac-cf-min", m.gravac.cf_min, "gravac: CF_min")->capture_default_str();
   me->add_option("--gravac-cf-max", m.gravac.cf_max, "gravac: CF_max")->capture_default_str();
   me->add_option("--gravac-eps", m.gravac.epsilon, "gravac: least gain sent")->capture_default_str();
-  me->add_option("--gravac-omega", m.gravac.omega, "gravac: CT difference that stops the search")->capture_default_str();
+  me->add_option("--gravac-omega", m.gravac.omega, "gravac: CT difference that stops the search")
+      ->capture_default_str();
   me->add_option("--gravac-window", m.gravac.window, "gravac: gain EWMA window (steps)")->capture_default_str();
   me->add_option("--gravac-warmup", m.gravac.warmup_steps, "gravac: warm-up steps at CF_min")->capture_default_str();
   me->add_option("--gravac-period", m.gravac.period_steps, "gravac: steps per evaluation period (0: one epoch)")
       ->capture_default_str();
   me->add_option("--gravac-time", gravac_time, "gravac: clock of the throughput (measured, modeled, simulated)")
-      ->check(CLI::IsMember({"measured", "modeled", "simulated"}))->capture_default_str();
+      ->check(CLI::IsMember({"measured", "modeled", "simulated"}))
+      ->capture_default_str();
   me->add_option("--accordion-low", m.accordion.low_compression, "accordion: kept fraction when critical")
       ->capture_default_str();
   me->add_option("--accordion-high", m.accordion.high_compression, "accordion: kept fraction otherwise")
@@ -155,14 +169,16 @@ int main(int argc, char** argv) {
   me->add_option("--accordion-eta", m.accordion.eta, "accordion: relative norm change that is critical")
       ->capture_default_str();
   me->add_option("--adacomp-conv-bin", m.adacomp_policy.conv_bin, "adacomp: L_T of conv layers")->capture_default_str();
-  me->add_option("--adacomp-dense-bin", m.adacomp_policy.dense_bin, "adacomp: L_T of dense layers")->capture_default_str();
+  me->add_option("--adacomp-dense-bin", m.adacomp_policy.dense_bin, "adacomp: L_T of dense layers")
+      ->capture_default_str();
   me->add_option("--moo-warmup", m.moo.warmup_steps, "moo: warm-up steps")->capture_default_str();
   me->add_option("--moo-weight-time", m.moo.weight_time, "moo: weight of the time objective (gain: 1 - it)")
       ->capture_default_str();
 
   auto* ne = app.add_option_group("network");
-  ne->add_option("--network", network, "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
-                                       "(25 Gbit/s 1 ms <-> 1 Gbit/s 32 ms) or trace:<file.csv>")
+  ne->add_option("--network", network,
+                 "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
+                 "(25 Gbit/s 1 ms <-> 1 Gbit/s 32 ms) or trace:<file.csv>")
       ->capture_default_str();
   ne->add_option("--compute-s", cfg.compute_s, "modeled compute seconds per step (negative: calibrate at the start)")
       ->capture_default_str();
@@ -205,10 +221,10 @@ int main(int argc, char** argv) {
     m.cast16.format = cast16_format == "bf16" ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16;
     m.allreduce_compatible.rule = ar_rule == "var" ? gravac::index_rank_rule::var : gravac::index_rank_rule::star;
     m.flexible.ar_topk.rule = m.allreduce_compatible.rule;
-    m.gravac.time.source = gravac_time == "measured" ? gravac::time_source::measured
+    m.gravac.time.source = gravac_time == "measured"  ? gravac::time_source::measured
                            : gravac_time == "modeled" ? gravac::time_source::modeled
                                                       : gravac::time_source::simulated;
-    const gravac::network_source src = network_source == "measured" ? gravac::network_source::measured
+    const gravac::network_source src = network_source == "measured"  ? gravac::network_source::measured
                                        : network_source == "profile" ? gravac::network_source::profile
                                        : network_source == "fixed"   ? gravac::network_source::fixed
                                                                      : gravac::network_source::modeled;
@@ -248,11 +264,11 @@ int main(int argc, char** argv) {
         std::printf("  final parameters %s\n", save_params.c_str());
       }
       fmnist::write_csv(*result, out_dir);
-      std::printf("\n  per-step CSV   %s/steps.csv\n  per-epoch CSV  %s/epochs.csv\n", out_dir.c_str(), out_dir.c_str());
-      if (!no_plots &&
-          fmnist::make_plots({{result->method, out_dir}}, out_dir, result->method + " on " + result->model + ", " +
-                                                                       std::to_string(result->ranks) + " ranks, " +
-                                                                       result->network))
+      std::printf("\n  per-step CSV   %s/steps.csv\n  per-epoch CSV  %s/epochs.csv\n", out_dir.c_str(),
+                  out_dir.c_str());
+      if (!no_plots && fmnist::make_plots({{result->method, out_dir}}, out_dir,
+                                          result->method + " on " + result->model + ", " +
+                                              std::to_string(result->ranks) + " ranks, " + result->network))
         std::printf("  plots          %s/{accuracy_vs_epoch,accuracy_vs_time,ratio_vs_step,bytes_vs_step}.png\n",
                     out_dir.c_str());
     }

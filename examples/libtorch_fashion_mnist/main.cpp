@@ -14,7 +14,6 @@
 #include <zlib.h>
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -147,17 +146,17 @@ int main(int argc, char** argv) {
         sgd.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(model->forward(train.images.index_select(0, idx)),
                                                          train.labels.index_select(0, idx));
-        loss.backward();               // LibTorch writes into gravac's buffer
+        loss.backward();                     // LibTorch writes into gravac's buffer
         const auto& report = grads.step(t);  // compress, allgather, average: in place
-        sgd.step();                    // the optimizer reads the averaged gradient
+        sgd.step();                          // the optimizer reads the averaged gradient
         if (sink) sink->write(report);
         sent += report.bytes_sent;
         dense += report.dense_bytes;
         loss_sum += loss.item<double>();
         ++loss_n;
         if (r == 0 && ((s + 1) % log_every == 0 || s + 1 == steps)) {
-          std::printf("step %5d  loss %.4f  sent %9zu B  dense %9zu B  (%.1fx less)\n", s + 1,
-                      loss_sum / loss_n, sent, dense, sent ? double(dense) / double(sent) : 0.0);
+          std::printf("step %5d  loss %.4f  sent %9zu B  dense %9zu B  (%.1fx less)\n", s + 1, loss_sum / loss_n, sent,
+                      dense, sent ? double(dense) / double(sent) : 0.0);
           loss_sum = 0;
           loss_n = 0;
         }

@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
       dense += report.dense_bytes;
       for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.5f * grad[i];
       if (comm.rank() == 0 && (s % 50 == 0 || s == steps - 1))
-        std::printf("step %4d  loss %.4f  bytes sent %9zu  dense would send %9zu  (%.1fx less)\n", s, loss, sent,
-                    dense, sent ? double(dense) / double(sent) : 0.0);
+        std::printf("step %4d  loss %.4f  bytes sent %9zu  dense would send %9zu  (%.1fx less)\n", s, loss, sent, dense,
+                    sent ? double(dense) / double(sent) : 0.0);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

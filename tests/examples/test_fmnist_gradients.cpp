@@ -3,16 +3,10 @@
 // respect to the flat parameters, tensor by tensor (so gravac sees the right layers).
 // Also: the gradient's bits do not depend on where the gradient buffer lies, so a short
 // top-k training on 4 thread ranks repeats bit for bit after other runs in the process.
-#include <catch2/catch.hpp>
-
 #include <array>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <random>
-#include <span>
-#include <string>
-#include <vector>
-
 #include <gravac/collective/allgather.hpp>
 #include <gravac/collective/dense_allreduce.hpp>
 #include <gravac/comm/thread_communicator.hpp>
@@ -20,6 +14,10 @@
 #include <gravac/compress/topk.hpp>
 #include <gravac/policy/fixed_policy.hpp>
 #include <gravac/trainer.hpp>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "fmnist/models.hpp"
 #include "fmnist/sgd.hpp"

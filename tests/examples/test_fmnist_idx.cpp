@@ -1,9 +1,9 @@
 // The Fashion-MNIST IDX reader on small files written here: good files (gzip and plain),
 // truncated ones, corrupted gzip streams, wrong headers and mismatched pairs; and, when
 // Debian's dataset-fashion-mnist is installed, the real files.
-#include <catch2/catch.hpp>
 #include <zlib.h>
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -163,7 +163,8 @@ TEST_CASE("idx: corrupted files are refused") {
   }
   SECTION("wrong number of dimensions") {
     write_plain(dir.file("d.raw"), idx_bytes(0x08, {4}, {1, 2, 3, 4}));
-    CHECK_THAT(error_of([&] { fmnist::read_idx_u8(dir.file("d.raw"), 3); }), Catch::Contains("1 dimensions, expected 3"));
+    CHECK_THAT(error_of([&] { fmnist::read_idx_u8(dir.file("d.raw"), 3); }),
+               Catch::Contains("1 dimensions, expected 3"));
   }
   SECTION("a zero dimension") {
     write_plain(dir.file("z.raw"), idx_bytes(0x08, {3, 0, 2}, {}));

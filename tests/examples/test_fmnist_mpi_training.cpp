@@ -1,7 +1,6 @@
 // Short data-parallel runs of the Fashion-MNIST example on MPI ranks (run under mpiexec):
 // dense SGD and GraVAC with top-k both learn, and GraVAC sends far fewer bytes.
 #include <catch2/catch.hpp>
-
 #include <gravac/comm/mpi_communicator.hpp>
 
 #include "fmnist_training_checks.hpp"

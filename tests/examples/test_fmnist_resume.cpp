@@ -4,18 +4,16 @@
 // or corrupted newest checkpoint is skipped for the previous one; a checkpoint of other
 // settings is refused. (tests/examples/fmnist_fault_kill.sh does the same with a rank
 // killed by SIGKILL under mpiexec.)
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <gravac/comm/thread_communicator.hpp>
 #include <string>
 #include <vector>
-
-#include <gravac/comm/thread_communicator.hpp>
 
 #include "fmnist/checkpoint.hpp"
 #include "fmnist_training_checks.hpp"
@@ -122,8 +120,10 @@ void same_records(const fmnist::run_result& a, const fmnist::run_result& b,
   // Modeled communication: less where a resume left out a times block; elsewhere equal up
   // to the rounding of the clock's differences.
   const auto comm = [&](double x, double y, std::size_t resumes) {
-    if (resumes > 0) CHECK(y <= x * (1 + 1e-12));
-    else CHECK(y == Approx(x).epsilon(1e-9));
+    if (resumes > 0)
+      CHECK(y <= x * (1 + 1e-12));
+    else
+      CHECK(y == Approx(x).epsilon(1e-9));
   };
   REQUIRE(a.steps.size() == b.steps.size());
   std::vector<std::size_t> epoch_resumes(a.epochs.size() + 1, 0);

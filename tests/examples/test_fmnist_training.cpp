@@ -2,7 +2,6 @@
 // GraVAC with top-k both learn (loss falls, accuracy far above chance), and GraVAC sends
 // far fewer bytes than dense.
 #include <catch2/catch.hpp>
-
 #include <gravac/comm/thread_communicator.hpp>
 
 #include "fmnist_training_checks.hpp"

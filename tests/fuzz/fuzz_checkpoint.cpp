@@ -21,7 +21,8 @@ void decode_bytes(const std::vector<std::byte>& bytes) {
 }
 
 int decode(const std::uint8_t* data, std::size_t size) {
-  std::vector<std::byte> bytes(reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + size);
+  std::vector<std::byte> bytes(reinterpret_cast<const std::byte*>(data),
+                               reinterpret_cast<const std::byte*>(data) + size);
   decode_bytes(bytes);
   constexpr std::size_t header = 32;
   if (size >= header) {

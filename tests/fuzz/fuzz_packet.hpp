@@ -115,13 +115,13 @@ void corpus_mode(int* argc, char*** argv, Make&& make) {
 }  // namespace gravac::fuzz
 
 // One fuzz target for compressor type C built with options expression OPT.
-#define GRAVAC_FUZZ_COMPRESSOR(C, OPT)                                                            \
-  extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {                                  \
-    gravac::fuzz::corpus_mode(argc, argv,                                                         \
+#define GRAVAC_FUZZ_COMPRESSOR(C, OPT)                                                                        \
+  extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {                                              \
+    gravac::fuzz::corpus_mode(argc, argv,                                                                     \
                               [](const std::string& dir) { return gravac::fuzz::make_corpus<C>(dir, OPT); }); \
-    return 0;                                                                                     \
-  }                                                                                               \
-  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {            \
-    static C c(gravac::fuzz::fuzz_layout(), OPT);                                                 \
-    return gravac::fuzz::decode_one(c, data, size);                                               \
+    return 0;                                                                                                 \
+  }                                                                                                           \
+  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {                         \
+    static C c(gravac::fuzz::fuzz_layout(), OPT);                                                             \
+    return gravac::fuzz::decode_one(c, data, size);                                                           \
   }

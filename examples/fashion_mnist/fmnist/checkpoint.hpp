@@ -30,12 +30,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <gravac/network/simulated_network.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <gravac/network/simulated_network.hpp>
 
 #include "fmnist/records.hpp"
 
@@ -43,13 +42,13 @@ namespace fmnist {
 
 //! When and where the example writes checkpoints, and whether it resumes from one.
 struct checkpoint_config {
-  std::string dir;             //!< checkpoint directory; empty: no checkpoints
-  std::size_t every = 1;       //!< period, in `unit`s (positive)
+  std::string dir;        //!< checkpoint directory; empty: no checkpoints
+  std::size_t every = 1;  //!< period, in `unit`s (positive)
   //! steps: after every `every` steps (counted from the run's start, at any point of an
   //! epoch); epochs: after every `every` epochs (after the epoch's evaluation).
   enum class unit : std::uint8_t { steps, epochs } every_unit = unit::epochs;
-  bool resume = false;         //!< start from the newest usable checkpoint in `dir`
-  std::size_t keep = 2;        //!< checkpoints kept; older ones are deleted once a newer one is complete
+  bool resume = false;   //!< start from the newest usable checkpoint in `dir`
+  std::size_t keep = 2;  //!< checkpoints kept; older ones are deleted once a newer one is complete
 
   //! Parses a period: "100" or "100s" (steps), "1e" (epochs). Throws gravac::error with
   //! the accepted forms on anything else (0, negative, other suffixes).
@@ -59,38 +58,38 @@ struct checkpoint_config {
 //! Test hook: rank `kill_rank` sends itself SIGKILL just before step `kill_step` (a
 //! process killed without warning: no destructor, no flush, no MPI_Abort).
 struct fault_config {
-  int kill_rank = -1;          //!< the rank to kill (negative: none)
-  std::uint64_t kill_step = 0; //!< the step it dies before (0-based; steps done at that moment)
+  int kill_rank = -1;           //!< the rank to kill (negative: none)
+  std::uint64_t kill_step = 0;  //!< the step it dies before (0-based; steps done at that moment)
 };
 
 //! Everything of a rank's training loop between two steps that is not gravac's trainer
 //! state and not derived from the settings.
 struct run_state {
-  std::string settings;            //!< describe_settings() of the writer's configuration
-  std::int64_t rank = 0;           //!< rank that wrote it
-  std::int64_t ranks = 1;          //!< ranks of the writer's run
-  std::uint64_t step = 0;          //!< steps done
-  std::uint64_t epoch = 0;         //!< the epoch in progress (or the next one, when !epoch_started)
-  std::uint64_t step_in_epoch = 0; //!< steps of `epoch` done
-  bool epoch_started = false;      //!< `epoch`'s permutation has been drawn into `order`
-  std::string data_rng;            //!< the data-order generator (std::mt19937_64 as operator<< writes it)
-  std::vector<std::uint32_t> order;  //!< the permutation of the training set (shuffled in place each epoch)
-  std::vector<float> params;       //!< model parameters
-  std::vector<float> velocity;     //!< SGD momentum buffer
-  double compute_s = 0;            //!< the modeled compute per step (calibrated or given)
-  double modeled_clock = 0;        //!< the primary network's modeled clock as recorded
-  std::vector<double> shadow_clock;  //!< each shadow network's recorded clock
-  double wire_sent_before = 0;     //!< the primary network's wire-bytes counter at the last record
-  double wire_received_before = 0; //!< the same, received
+  std::string settings;                          //!< describe_settings() of the writer's configuration
+  std::int64_t rank = 0;                         //!< rank that wrote it
+  std::int64_t ranks = 1;                        //!< ranks of the writer's run
+  std::uint64_t step = 0;                        //!< steps done
+  std::uint64_t epoch = 0;                       //!< the epoch in progress (or the next one, when !epoch_started)
+  std::uint64_t step_in_epoch = 0;               //!< steps of `epoch` done
+  bool epoch_started = false;                    //!< `epoch`'s permutation has been drawn into `order`
+  std::string data_rng;                          //!< the data-order generator (std::mt19937_64 as operator<< writes it)
+  std::vector<std::uint32_t> order;              //!< the permutation of the training set (shuffled in place each epoch)
+  std::vector<float> params;                     //!< model parameters
+  std::vector<float> velocity;                   //!< SGD momentum buffer
+  double compute_s = 0;                          //!< the modeled compute per step (calibrated or given)
+  double modeled_clock = 0;                      //!< the primary network's modeled clock as recorded
+  std::vector<double> shadow_clock;              //!< each shadow network's recorded clock
+  double wire_sent_before = 0;                   //!< the primary network's wire-bytes counter at the last record
+  double wire_received_before = 0;               //!< the same, received
   std::vector<gravac::simulated_counters> sims;  //!< every simulated network's totals (shadows, primary)
   // The epoch in progress (meaningful when epoch_started).
-  double loss_sum = 0;             //!< sum of the step losses of the epoch so far
-  double correct = 0;              //!< correct training predictions so far
-  double seen = 0;                 //!< training samples so far
-  double frac_sum = 0;             //!< sum of the chosen kept fractions so far
-  double epoch_wall_s = 0;         //!< wall time of the epoch so far
-  epoch_record partial;            //!< the epoch's record so far (its sums)
-  std::vector<step_record> steps;  //!< every step's record so far
+  double loss_sum = 0;               //!< sum of the step losses of the epoch so far
+  double correct = 0;                //!< correct training predictions so far
+  double seen = 0;                   //!< training samples so far
+  double frac_sum = 0;               //!< sum of the chosen kept fractions so far
+  double epoch_wall_s = 0;           //!< wall time of the epoch so far
+  epoch_record partial;              //!< the epoch's record so far (its sums)
+  std::vector<step_record> steps;    //!< every step's record so far
   std::vector<epoch_record> epochs;  //!< every finished epoch's record
 };
 

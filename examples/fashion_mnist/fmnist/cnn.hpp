@@ -21,11 +21,11 @@ namespace fmnist {
 
 //! Shape of the small CNN.
 struct cnn_shape {
-  std::size_t image = 28;     //!< image side (square, one channel)
-  std::size_t channels1 = 8;  //!< filters of the first convolution
-  std::size_t channels2 = 16; //!< filters of the second convolution
-  std::size_t hidden = 64;    //!< units of the hidden dense layer
-  std::size_t classes = 10;   //!< output classes
+  std::size_t image = 28;      //!< image side (square, one channel)
+  std::size_t channels1 = 8;   //!< filters of the first convolution
+  std::size_t channels2 = 16;  //!< filters of the second convolution
+  std::size_t hidden = 64;     //!< units of the hidden dense layer
+  std::size_t classes = 10;    //!< output classes
 };
 
 namespace detail {

@@ -51,8 +51,8 @@ inline dataset load_idx_pair(const std::string& images_path, const std::string& 
   d.labels.resize(d.n);
   for (std::size_t i = 0; i < d.n; ++i) {
     if (lab.data[i] > 9)
-      throw data_error(labels_path, "label " + std::to_string(lab.data[i]) + " of item " + std::to_string(i) +
-                                        " is outside 0..9");
+      throw data_error(labels_path,
+                       "label " + std::to_string(lab.data[i]) + " of item " + std::to_string(i) + " is outside 0..9");
     d.labels[i] = lab.data[i];
   }
   return d;
@@ -70,9 +70,10 @@ inline dataset load_fashion_mnist(const std::string& dir, split s) {
   const std::string labels = dir + "/" + stem + "-labels-idx1-ubyte.gz";
   for (const auto& p : {images, labels})
     if (!std::filesystem::exists(p))
-      throw data_error(p, "missing. Install the data with `sudo apt-get install dataset-fashion-mnist` "
-                          "(or scripts/install-deps), or pass --data-dir to a directory holding the four "
-                          "Fashion-MNIST IDX .gz files");
+      throw data_error(p,
+                       "missing. Install the data with `sudo apt-get install dataset-fashion-mnist` "
+                       "(or scripts/install-deps), or pass --data-dir to a directory holding the four "
+                       "Fashion-MNIST IDX .gz files");
   dataset d = load_idx_pair(images, labels);
   if (d.rows != 28 || d.cols != 28)
     throw data_error(images, "images are " + std::to_string(d.rows) + " x " + std::to_string(d.cols) +

@@ -112,8 +112,8 @@ inline idx_array read_idx_u8(const std::string& path, std::size_t expected_rank)
   if (magic[2] != 0x08)
     throw data_error(path, "IDX data type " + std::to_string(magic[2]) + " is not unsigned byte (0x08)");
   if (magic[3] != expected_rank)
-    throw data_error(path, "IDX file has " + std::to_string(magic[3]) + " dimensions, expected " +
-                               std::to_string(expected_rank));
+    throw data_error(
+        path, "IDX file has " + std::to_string(magic[3]) + " dimensions, expected " + std::to_string(expected_rank));
   idx_array a;
   a.dims.resize(expected_rank);
   std::size_t total = 1;

@@ -6,13 +6,6 @@
 //! translation units (src/method_*.cpp), one per compressor family.
 
 #include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
 #include <gravac/collective/allgather.hpp>
 #include <gravac/collective/allreduce_compatible.hpp>
 #include <gravac/collective/dense_allreduce.hpp>
@@ -35,13 +28,36 @@
 #include <gravac/policy/gravac_policy.hpp>
 #include <gravac/policy/moo_policy.hpp>
 #include <gravac/trainer.hpp>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace fmnist {
 
 //! The compressors the example offers.
-enum class compressor_id : std::uint8_t { identity, topk, randomk, threshold, adacomp, qsgd, terngrad, sign, cast16, powersgd };
+enum class compressor_id : std::uint8_t {
+  identity,
+  topk,
+  randomk,
+  threshold,
+  adacomp,
+  qsgd,
+  terngrad,
+  sign,
+  cast16,
+  powersgd
+};
 //! The collectives the example offers.
-enum class collective_id : std::uint8_t { dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce };
+enum class collective_id : std::uint8_t {
+  dense_allreduce,
+  allgather,
+  allreduce_compatible,
+  flexible,
+  low_rank_allreduce
+};
 //! The policies the example offers.
 enum class policy_id : std::uint8_t { fixed, gravac, accordion, adacomp, moo };
 
@@ -54,10 +70,10 @@ struct named {
 
 //! Every compressor, by its command-line name.
 inline constexpr named<compressor_id> compressor_names[] = {
-    {"identity", compressor_id::identity}, {"topk", compressor_id::topk},         {"randomk", compressor_id::randomk},
-    {"threshold", compressor_id::threshold},
-    {"adacomp", compressor_id::adacomp},   {"qsgd", compressor_id::qsgd},         {"terngrad", compressor_id::terngrad},
-    {"sign", compressor_id::sign},         {"cast16", compressor_id::cast16},     {"powersgd", compressor_id::powersgd}};
+    {"identity", compressor_id::identity},   {"topk", compressor_id::topk},       {"randomk", compressor_id::randomk},
+    {"threshold", compressor_id::threshold}, {"adacomp", compressor_id::adacomp}, {"qsgd", compressor_id::qsgd},
+    {"terngrad", compressor_id::terngrad},   {"sign", compressor_id::sign},       {"cast16", compressor_id::cast16},
+    {"powersgd", compressor_id::powersgd}};
 //! Every collective, by its command-line name.
 inline constexpr named<collective_id> collective_names[] = {
     {"dense_allreduce", collective_id::dense_allreduce},
@@ -83,7 +99,7 @@ constexpr std::string_view name_of(const named<E> (&table)[N], E v) noexcept {
 //! Everything that defines one method: which three parts, and the options of every part
 //! (the library's own option structs, so every knob the library has is reachable).
 struct method_config {
-  compressor_id compressor = compressor_id::topk;      //!< which compressor
+  compressor_id compressor = compressor_id::topk;       //!< which compressor
   collective_id collective = collective_id::allgather;  //!< which collective
   policy_id policy = policy_id::gravac;                 //!< which policy
 
@@ -104,11 +120,11 @@ struct method_config {
   gravac::flexible_options flexible{};                          //!< options of flexible
   gravac::low_rank_allreduce_options low_rank_allreduce{};      //!< options of low_rank_allreduce
 
-  gravac::fixed_policy_options fixed{};          //!< options of fixed_policy
-  gravac::gravac_policy_options gravac{};        //!< options of gravac_policy
-  gravac::accordion_policy_options accordion{};  //!< options of accordion_policy
+  gravac::fixed_policy_options fixed{};             //!< options of fixed_policy
+  gravac::gravac_policy_options gravac{};           //!< options of gravac_policy
+  gravac::accordion_policy_options accordion{};     //!< options of accordion_policy
   gravac::adacomp_policy_options adacomp_policy{};  //!< options of adacomp_policy
-  gravac::moo_policy_options moo{};              //!< options of moo_policy
+  gravac::moo_policy_options moo{};                 //!< options of moo_policy
 
   std::uint64_t seed = 0;  //!< the trainer's shared seed (random-k, stochastic rounding)
   gravac::non_finite_action on_non_finite = gravac::non_finite_action::throw_error;  //!< NaN / inf handling

@@ -21,9 +21,10 @@ class mlp final : public model {
     sizes_.insert(sizes_.end(), hidden.begin(), hidden.end());
     sizes_.push_back(classes);
     for (std::size_t i = 0; i + 1 < sizes_.size(); ++i) {
-      w_.push_back(layout_.add("fc" + std::to_string(i + 1) + ".weight", {sizes_[i + 1], sizes_[i]},
-                               gravac::layer_kind::dense));
-      b_.push_back(layout_.add("fc" + std::to_string(i + 1) + ".bias", {sizes_[i + 1]}, gravac::layer_kind::bias_or_norm));
+      w_.push_back(
+          layout_.add("fc" + std::to_string(i + 1) + ".weight", {sizes_[i + 1], sizes_[i]}, gravac::layer_kind::dense));
+      b_.push_back(
+          layout_.add("fc" + std::to_string(i + 1) + ".bias", {sizes_[i + 1]}, gravac::layer_kind::bias_or_norm));
     }
     act_.resize(sizes_.size());
   }

@@ -5,16 +5,14 @@
 //! buffer gravac's trainer steps on.
 
 #include <Eigen/Core>
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <gravac/layout.hpp>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
-
-#include <gravac/layout.hpp>
 
 namespace fmnist {
 
@@ -31,7 +29,7 @@ using const_vec_map = Eigen::Map<const Eigen::VectorXf>;
 
 //! What a forward pass over some samples measured.
 struct batch_result {
-  double loss_sum = 0;     //!< sum over samples of the cross-entropy loss
+  double loss_sum = 0;      //!< sum over samples of the cross-entropy loss
   std::size_t correct = 0;  //!< samples whose largest logit is the label
   std::size_t samples = 0;  //!< samples seen
 };

@@ -12,14 +12,14 @@ namespace fmnist {
 
 //! One step, averaged (or maximized, for times) over the ranks.
 struct step_record {
-  std::uint64_t step = 0;          //!< global step
-  std::size_t epoch = 0;           //!< 0-based epoch
-  double lr = 0;                   //!< learning rate used
-  double loss = 0;                 //!< mean training loss over the global batch (before the update)
-  double train_acc = 0;            //!< training accuracy over the global batch
-  double kept_fraction = 1;        //!< kept fraction the policy chose (numel-weighted over layers)
-  double bytes_sent = 0;           //!< packet bytes: the size of a rank's own packet (mean over ranks)
-  double dense_bytes = 0;          //!< what a dense fp32 Allreduce would send
+  std::uint64_t step = 0;    //!< global step
+  std::size_t epoch = 0;     //!< 0-based epoch
+  double lr = 0;             //!< learning rate used
+  double loss = 0;           //!< mean training loss over the global batch (before the update)
+  double train_acc = 0;      //!< training accuracy over the global batch
+  double kept_fraction = 1;  //!< kept fraction the policy chose (numel-weighted over layers)
+  double bytes_sent = 0;     //!< packet bytes: the size of a rank's own packet (mean over ranks)
+  double dense_bytes = 0;    //!< what a dense fp32 Allreduce would send
   //! Wire bytes a rank sent since the previous step's record (mean over ranks), as the
   //! primary simulated network counts them: every collective of the step, control traffic
   //! included (0 without a simulated network).
@@ -37,24 +37,24 @@ struct step_record {
 
 //! One epoch.
 struct epoch_record {
-  std::size_t epoch = 0;           //!< 0-based epoch
-  double lr = 0;                   //!< learning rate of the epoch
-  double train_loss = 0;           //!< mean training loss over the epoch
-  double train_acc = 0;            //!< training accuracy over the epoch
-  double test_loss = 0;            //!< test loss after the epoch
-  double test_acc = 0;             //!< test accuracy after the epoch
-  double bytes_per_rank = 0;       //!< packet bytes a rank handed over during the epoch
-  double dense_bytes_per_rank = 0; //!< what dense fp32 Allreduce would have sent
+  std::size_t epoch = 0;                    //!< 0-based epoch
+  double lr = 0;                            //!< learning rate of the epoch
+  double train_loss = 0;                    //!< mean training loss over the epoch
+  double train_acc = 0;                     //!< training accuracy over the epoch
+  double test_loss = 0;                     //!< test loss after the epoch
+  double test_acc = 0;                      //!< test accuracy after the epoch
+  double bytes_per_rank = 0;                //!< packet bytes a rank handed over during the epoch
+  double dense_bytes_per_rank = 0;          //!< what dense fp32 Allreduce would have sent
   double wire_bytes_sent_per_rank = 0;      //!< wire bytes a rank sent during the epoch (mean over ranks)
   double wire_bytes_received_per_rank = 0;  //!< wire bytes a rank received during the epoch (mean over ranks)
-  double kept_fraction = 1;        //!< mean chosen kept fraction over the epoch's steps
-  double compute_s = 0;            //!< measured compute during the epoch
-  double codec_s = 0;              //!< measured compression time during the epoch
-  double modeled_comm_s = 0;       //!< modeled communication time during the epoch
-  double modeled_time_s = 0;       //!< modeled clock at the end of the epoch
-  std::vector<double> shadow_time_s;  //!< modeled clock on each shadow network at the end of the epoch
-  double wall_s = 0;               //!< wall time of the epoch (with evaluation)
-  std::string policy_state;        //!< the policy's state at the end of the epoch
+  double kept_fraction = 1;                 //!< mean chosen kept fraction over the epoch's steps
+  double compute_s = 0;                     //!< measured compute during the epoch
+  double codec_s = 0;                       //!< measured compression time during the epoch
+  double modeled_comm_s = 0;                //!< modeled communication time during the epoch
+  double modeled_time_s = 0;                //!< modeled clock at the end of the epoch
+  std::vector<double> shadow_time_s;        //!< modeled clock on each shadow network at the end of the epoch
+  double wall_s = 0;                        //!< wall time of the epoch (with evaluation)
+  std::string policy_state;                 //!< the policy's state at the end of the epoch
 };
 
 }  // namespace fmnist

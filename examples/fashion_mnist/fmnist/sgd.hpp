@@ -4,7 +4,6 @@
 //! learning-rate schedule.
 
 #include <Eigen/Core>
-
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -14,8 +13,8 @@ namespace fmnist {
 
 //! Learning rate lr0 * gamma^(number of milestones passed): step decay at given epochs.
 struct step_decay {
-  double base = 0.05;                //!< learning rate of the first epochs
-  double gamma = 0.1;                //!< factor applied at each milestone
+  double base = 0.05;                   //!< learning rate of the first epochs
+  double gamma = 0.1;                   //!< factor applied at each milestone
   std::vector<std::size_t> milestones;  //!< epochs (0-based) at which the rate is multiplied by gamma
 
   //! The learning rate of epoch \p epoch (0-based).

@@ -23,10 +23,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <gravac/network/network_profile.hpp>
 #include <string>
 #include <vector>
-
-#include <gravac/network/network_profile.hpp>
 
 #include "fmnist/checkpoint.hpp"
 #include "fmnist/dataset.hpp"
@@ -43,10 +42,10 @@ struct network_config {
   //! and latency; schedule: the flexible-communication paper's schedule (25 Gbit/s, 1 ms
   //! and 1 Gbit/s, 32 ms alternating every `phase_epochs` epochs); trace: a CSV file.
   enum class kind : std::uint8_t { none, constant, schedule, trace } type = kind::constant;
-  double gbps = 1;              //!< constant: bandwidth in Gbit/s
-  double latency_s = 50e-6;     //!< constant: latency of one message in seconds
-  double phase_epochs = 1;      //!< schedule: epochs per phase
-  std::string trace_path;       //!< trace: the CSV file (see gravac::network_profile::parse_csv)
+  double gbps = 1;           //!< constant: bandwidth in Gbit/s
+  double latency_s = 50e-6;  //!< constant: latency of one message in seconds
+  double phase_epochs = 1;   //!< schedule: epochs per phase
+  std::string trace_path;    //!< trace: the CSV file (see gravac::network_profile::parse_csv)
 
   //! Parses "none", "1gbps", "10gbps", "2.5gbps:0.2ms", "schedule", "schedule:2" (epochs
   //! per phase) or "trace:FILE". Throws gravac::error on anything else.
@@ -57,33 +56,33 @@ struct network_config {
 
 //! Everything a training run needs besides the data.
 struct run_config {
-  model_kind model = model_kind::mlp;              //!< which model
-  std::vector<std::size_t> mlp_hidden{256, 128};   //!< hidden layers of the MLP
-  std::size_t epochs = 5;                          //!< epochs to train
-  std::size_t batch = 128;                         //!< global batch (all ranks together); divisible by the rank count
-  std::size_t train_subset = 0;                    //!< samples per epoch (a fresh random subset each epoch); 0 = all
+  model_kind model = model_kind::mlp;             //!< which model
+  std::vector<std::size_t> mlp_hidden{256, 128};  //!< hidden layers of the MLP
+  std::size_t epochs = 5;                         //!< epochs to train
+  std::size_t batch = 128;                        //!< global batch (all ranks together); divisible by the rank count
+  std::size_t train_subset = 0;                   //!< samples per epoch (a fresh random subset each epoch); 0 = all
   //! Test samples evaluated after each epoch (a fixed random subset); 0 = all.
   std::size_t test_subset = 0;
-  step_decay lr{0.05, 0.1, {}};                    //!< learning-rate schedule (per epoch)
-  double momentum = 0.9;                           //!< SGD momentum
-  double weight_decay = 1e-4;                      //!< L2 weight decay
-  std::uint64_t seed = 1;                          //!< data order and initialisation (same on every rank)
-  method_config method;                            //!< compressor, collective, policy and their options
-  network_config network;                          //!< the modeled network (what policies and collectives see)
+  step_decay lr{0.05, 0.1, {}};  //!< learning-rate schedule (per epoch)
+  double momentum = 0.9;         //!< SGD momentum
+  double weight_decay = 1e-4;    //!< L2 weight decay
+  std::uint64_t seed = 1;        //!< data order and initialisation (same on every rank)
+  method_config method;          //!< compressor, collective, policy and their options
+  network_config network;        //!< the modeled network (what policies and collectives see)
   //! Further networks charged for the same calls, whose clocks are only recorded
   //! (epoch_record::shadow_time_s): one run of a method whose decisions do not depend on
   //! the network gives its modeled time on several networks.
   std::vector<network_config> shadow_networks;
-  double compute_s = -1;                           //!< modeled compute per step; < 0 = calibrate at the start
-  bool codec_cpu_time = true;                      //!< compression time as thread CPU time (threads) or wall time (MPI)
+  double compute_s = -1;       //!< modeled compute per step; < 0 = calibrate at the start
+  bool codec_cpu_time = true;  //!< compression time as thread CPU time (threads) or wall time (MPI)
   //! Charge the measured compression time to the modeled clocks (the run's, the simulated
   //! networks', GraVAC's simulated one). Off, every modeled figure and every decision
   //! depends on the data alone, not on the machine: the run is reproducible, and a resumed
   //! run matches an uninterrupted one in everything but the measured times.
   bool charge_codec = true;
-  std::size_t max_steps = 0;                       //!< stop after this many steps (0 = all epochs)
-  checkpoint_config checkpoint;                    //!< checkpoints and resume (off when checkpoint.dir is empty)
-  fault_config fault;                              //!< test hook: a rank that kills itself
+  std::size_t max_steps = 0;     //!< stop after this many steps (0 = all epochs)
+  checkpoint_config checkpoint;  //!< checkpoints and resume (off when checkpoint.dir is empty)
+  fault_config fault;            //!< test hook: a rank that kills itself
 };
 
 //! The settings a checkpoint must have been written with to be resumed (model, data,
@@ -93,19 +92,19 @@ std::string describe_settings(const run_config& cfg, int ranks);
 
 //! What a run recorded (complete on every rank).
 struct run_result {
-  std::string method;              //!< "topk + allgather + gravac"
-  std::string model;               //!< the model's name
-  std::string network;             //!< the network's spelling
-  int ranks = 1;                   //!< ranks that trained
-  std::size_t params = 0;          //!< parameters of the model
-  std::size_t steps_per_epoch = 0; //!< optimizer steps per epoch
-  double compute_per_step_s = 0;   //!< the modeled compute per step
-  std::vector<step_record> steps;  //!< one per step
+  std::string method;                //!< "topk + allgather + gravac"
+  std::string model;                 //!< the model's name
+  std::string network;               //!< the network's spelling
+  int ranks = 1;                     //!< ranks that trained
+  std::size_t params = 0;            //!< parameters of the model
+  std::size_t steps_per_epoch = 0;   //!< optimizer steps per epoch
+  double compute_per_step_s = 0;     //!< the modeled compute per step
+  std::vector<step_record> steps;    //!< one per step
   std::vector<epoch_record> epochs;  //!< one per epoch
-  std::vector<float> final_params; //!< the parameters after the last step (identical on every rank)
+  std::vector<float> final_params;   //!< the parameters after the last step (identical on every rank)
   //! The step the run resumed from (the checkpoint's steps done); 0 when it started afresh.
   std::uint64_t resumed_from_step = 0;
-  bool resumed = false;            //!< the run resumed from a checkpoint
+  bool resumed = false;  //!< the run resumed from a checkpoint
   //! Total packet bytes a rank handed over (step_record::bytes_sent summed).
   [[nodiscard]] double total_bytes_per_rank() const;
   //! Total wire bytes a rank sent (mean over ranks; 0 without a simulated network).

@@ -9,9 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <type_traits>
-
 #include <gravac/error.hpp>
+#include <type_traits>
 
 namespace fmnist {
 
@@ -29,7 +28,7 @@ gravac::error io_error(const std::string& what) {
 class writer {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put(const T& v) {
     const auto* p = reinterpret_cast<const std::byte*>(&v);
     out_.insert(out_.end(), p, p + sizeof v);
@@ -55,7 +54,7 @@ class reader {
  public:
   reader(std::span<const std::byte> in, const std::string& what) : in_(in), what_(what) {}
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void get(T& v, const char* field) {
     need(sizeof v, field);
     std::memcpy(&v, in_.data() + at_, sizeof v);
@@ -117,8 +116,8 @@ void reader::get(step_record& r, const char* field) {
                     &r.wire_bytes_received})
     get(*d, field);
   get(r.collective, field);
-  for (double* d : {&r.gain, &r.compute_s, &r.codec_s, &r.modeled_comm_s, &r.modeled_time_s, &r.bandwidth_gbps,
-                    &r.latency_ms})
+  for (double* d :
+       {&r.gain, &r.compute_s, &r.codec_s, &r.modeled_comm_s, &r.modeled_time_s, &r.bandwidth_gbps, &r.latency_ms})
     get(*d, field);
 }
 
@@ -171,7 +170,8 @@ checkpoint_config checkpoint_config::parse_every(const std::string& spec) {
   if (c.every == 0)
     throw gravac::error(gravac::status::invalid_argument,
                         "--checkpoint-every: expected a positive count of steps (\"100\" or \"100s\") or of epochs "
-                        "(\"1e\"), got '" + spec + "'");
+                        "(\"1e\"), got '" +
+                            spec + "'");
   return c;
 }
 
@@ -221,7 +221,9 @@ std::vector<std::byte> encode_run_state(const run_state& s) {
 }
 
 run_state decode_run_state(std::span<const std::byte> bytes, const std::string& what) {
-  const auto unusable = [&](const std::string& why) { return io_error("checkpoint '" + what + "' is unusable: " + why); };
+  const auto unusable = [&](const std::string& why) {
+    return io_error("checkpoint '" + what + "' is unusable: " + why);
+  };
   if (bytes.size() < header_bytes)
     throw unusable("truncated (" + std::to_string(bytes.size()) + " bytes, the header alone has 32)");
   if (std::memcmp(bytes.data(), run_magic, 8) != 0) throw unusable("not a run-state file (wrong magic)");
@@ -233,8 +235,8 @@ run_state decode_run_state(std::span<const std::byte> bytes, const std::string& 
   if (version != run_version)
     throw unusable("format version " + std::to_string(version) + ", this program reads " + std::to_string(run_version));
   if (payload != bytes.size() - header_bytes)
-    throw unusable("truncated or padded (the header announces " + std::to_string(payload) + " payload bytes, the file has " +
-                   std::to_string(bytes.size() - header_bytes) + ")");
+    throw unusable("truncated or padded (the header announces " + std::to_string(payload) +
+                   " payload bytes, the file has " + std::to_string(bytes.size() - header_bytes) + ")");
   const auto body = bytes.subspan(header_bytes);
   if (fnv1a64(body) != sum) throw unusable("checksum mismatch (the file is corrupted)");
 
@@ -318,7 +320,8 @@ std::vector<std::byte> read_whole_file(const std::string& path) {
 
 std::string checkpoint_file(const std::string& dir, std::uint64_t steps, int rank, const std::string& kind) {
   char name[96];
-  std::snprintf(name, sizeof name, "step-%010llu.rank-%d.%s", static_cast<unsigned long long>(steps), rank, kind.c_str());
+  std::snprintf(name, sizeof name, "step-%010llu.rank-%d.%s", static_cast<unsigned long long>(steps), rank,
+                kind.c_str());
   return (std::filesystem::path(dir) / name).string();
 }
 

@@ -7,9 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
-
 #include <gravac/error.hpp>
+#include <memory>
 
 namespace fmnist {
 
@@ -75,8 +74,8 @@ train_observer console_observer(bool progress, std::FILE* out) {
       std::fprintf(out, "%s\n", epoch_header().c_str());
       *header_done = true;
     }
-    std::fprintf(out, "%5zu   %6.2f%%   %.4f  %8s  %8s  %9.1f  %7.1f  %9.2f  %7.2f  %12.3f  %12.3f  %s\n",
-                 e.epoch + 1, 100 * e.test_acc, e.train_loss, megabytes(e.bytes_per_rank).c_str(),
+    std::fprintf(out, "%5zu   %6.2f%%   %.4f  %8s  %8s  %9.1f  %7.1f  %9.2f  %7.2f  %12.3f  %12.3f  %s\n", e.epoch + 1,
+                 100 * e.test_acc, e.train_loss, megabytes(e.bytes_per_rank).c_str(),
                  megabytes(e.wire_bytes_received_per_rank).c_str(), cf_of(e.kept_fraction),
                  e.bytes_per_rank > 0 ? e.dense_bytes_per_rank / e.bytes_per_rank : 0.0, e.compute_s, e.codec_s,
                  e.modeled_comm_s, e.modeled_time_s, e.policy_state.c_str());
@@ -122,8 +121,8 @@ void write_csv(const run_result& r, const std::string& dir) {
       f << s.step << ',' << s.epoch << ',' << s.lr << ',' << s.loss << ',' << s.train_acc << ',' << s.kept_fraction
         << ',' << cf_of(s.kept_fraction) << ',' << s.bytes_sent << ',' << s.dense_bytes << ',' << s.wire_bytes_sent
         << ',' << s.wire_bytes_received << ',' << s.collective << ',' << s.gain << ',' << s.compute_s << ','
-        << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_time_s << ','
-        << s.bandwidth_gbps << ',' << s.latency_ms << '\n';
+        << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_time_s << ',' << s.bandwidth_gbps << ','
+        << s.latency_ms << '\n';
     if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/steps.csv failed");
   }
   auto f = open_for_writing(dir + "/epochs.csv");
@@ -133,9 +132,9 @@ void write_csv(const run_result& r, const std::string& dir) {
   for (const auto& e : r.epochs)
     f << e.epoch + 1 << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.test_loss << ','
       << e.test_acc << ',' << e.bytes_per_rank << ',' << e.dense_bytes_per_rank << ',' << e.wire_bytes_sent_per_rank
-      << ',' << e.wire_bytes_received_per_rank << ',' << e.kept_fraction << ','
-      << cf_of(e.kept_fraction) << ',' << e.compute_s << ',' << e.codec_s << ',' << e.modeled_comm_s << ','
-      << e.modeled_time_s << ',' << e.wall_s << ",\"" << e.policy_state << "\"\n";
+      << ',' << e.wire_bytes_received_per_rank << ',' << e.kept_fraction << ',' << cf_of(e.kept_fraction) << ','
+      << e.compute_s << ',' << e.codec_s << ',' << e.modeled_comm_s << ',' << e.modeled_time_s << ',' << e.wall_s
+      << ",\"" << e.policy_state << "\"\n";
   if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/epochs.csv failed");
 }
 
@@ -150,7 +149,8 @@ bool make_plots(const std::vector<plot_series>& series, const std::string& dir, 
     const auto plot = [&](const std::string& png, const std::string& file, const std::string& using_,
                           const std::string& xl, const std::string& yl, const std::string& extra) {
       f << "set output " << quoted(dir + "/" + png) << "\nset title " << quoted(title) << "\nset xlabel " << quoted(xl)
-        << "\nset ylabel " << quoted(yl) << "\n" << extra << "plot ";
+        << "\nset ylabel " << quoted(yl) << "\n"
+        << extra << "plot ";
       for (std::size_t i = 0; i < series.size(); ++i)
         f << (i ? ", \\\n     " : "") << quoted(series[i].dir + "/" + file) << " using " << using_
           << " with lines lw 2 dt " << 1 + i / 8  // gnuplot cycles 8 colours: dash the next 8

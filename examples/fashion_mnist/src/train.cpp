@@ -9,14 +9,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <gravac/checkpoint.hpp>
+#include <gravac/network/simulated_network.hpp>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
-
-#include <gravac/checkpoint.hpp>
-#include <gravac/network/simulated_network.hpp>
 
 namespace fmnist {
 
@@ -111,8 +110,8 @@ std::optional<run_state> newest_usable(const checkpoint_config& ck, int rank, in
       if (st.settings != settings || st.ranks != ranks || st.rank != rank)
         throw gravac::error(gravac::status::invalid_argument,
                             "checkpoint '" + run_path + "' was written by another run (rank " +
-                                std::to_string(st.rank) + " of " + std::to_string(st.ranks) + ", settings: " +
-                                st.settings + "); this is rank " + std::to_string(rank) + " of " +
+                                std::to_string(st.rank) + " of " + std::to_string(st.ranks) +
+                                ", settings: " + st.settings + "); this is rank " + std::to_string(rank) + " of " +
                                 std::to_string(ranks) + " with settings: " + settings +
                                 ". Resume with the settings it was written with, or use another --checkpoint-dir");
       // Decoding the trainer's file checks its header, checksum and every field.
@@ -141,16 +140,19 @@ std::optional<run_state> choose_checkpoint(host_comm& comm, const checkpoint_con
     const double cand = min_over_ranks(comm, mine ? static_cast<double>(mine->step) : -1.0);
     if (cand < 0)
       throw gravac::error(gravac::status::io_failure,
-                          "--resume: no checkpoint in '" + ck.dir + "' is usable on every rank (see the messages "
-                          "above); remove the directory to start over",
+                          "--resume: no checkpoint in '" + ck.dir +
+                              "' is usable on every rank (see the messages "
+                              "above); remove the directory to start over",
                           rank, gravac::backend::io);
     const auto c = static_cast<std::uint64_t>(cand);
     // A rank whose newest usable one is newer must have c itself usable too.
     if (mine && mine->step != c) mine = newest_usable(ck, rank, ranks, settings, c);
     const double all_have = min_over_ranks(comm, mine && mine->step == c ? 1.0 : 0.0);
     if (all_have == 1.0) return mine;
-    if (c == 0) mine.reset();
-    else if (mine && mine->step == c) mine = newest_usable(ck, rank, ranks, settings, c - 1);
+    if (c == 0)
+      mine.reset();
+    else if (mine && mine->step == c)
+      mine = newest_usable(ck, rank, ranks, settings, c - 1);
   }
 }
 
@@ -162,12 +164,10 @@ std::string describe_settings(const run_config& cfg, int ranks) {
   o << "model " << (cfg.model == model_kind::cnn ? "cnn" : "mlp") << " hidden";
   for (auto h : cfg.mlp_hidden) o << ' ' << h;
   o << ", ranks " << ranks << ", batch " << cfg.batch << ", train-subset " << cfg.train_subset << ", test-subset "
-    << cfg.test_subset << ", seed " << cfg.seed << ", lr " << cfg.lr.base << " gamma " << cfg.lr.gamma
-    << " milestones";
+    << cfg.test_subset << ", seed " << cfg.seed << ", lr " << cfg.lr.base << " gamma " << cfg.lr.gamma << " milestones";
   for (auto ms : cfg.lr.milestones) o << ' ' << ms;
-  o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method "
-    << method_name(cfg.method) << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network "
-    << cfg.network.describe();
+  o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method " << method_name(cfg.method)
+    << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network " << cfg.network.describe();
   for (const auto& n : cfg.shadow_networks) o << " shadow " << n.describe();
   o << ", compute-s " << cfg.compute_s << ", codec-time " << (cfg.charge_codec ? "on" : "off");
   return o.str();
@@ -188,8 +188,10 @@ network_config network_config::parse(const std::string& spec) {
     n.type = kind::constant;
     const auto colon = spec.find(':');
     const std::string bw = spec.substr(0, colon);
-    gravac::require(ends_with(bw, "gbps"), "network: expected none, <N>gbps[:<L>ms], schedule[:<epochs>] or "
-                                           "trace:<file>, got '" + spec + "'");
+    gravac::require(ends_with(bw, "gbps"),
+                    "network: expected none, <N>gbps[:<L>ms], schedule[:<epochs>] or "
+                    "trace:<file>, got '" +
+                        spec + "'");
     n.gbps = parse_number(bw.substr(0, bw.size() - 4), spec);
     if (colon != std::string::npos) {
       const std::string lat = spec.substr(colon + 1);
@@ -203,10 +205,16 @@ network_config network_config::parse(const std::string& spec) {
 std::string network_config::describe() const {
   char b[128];
   switch (type) {
-    case kind::none: return "none";
-    case kind::schedule: std::snprintf(b, sizeof b, "schedule:%g", phase_epochs); return b;
-    case kind::trace: return "trace:" + trace_path;
-    case kind::constant: std::snprintf(b, sizeof b, "%ggbps:%gms", gbps, latency_s * 1e3); return b;
+    case kind::none:
+      return "none";
+    case kind::schedule:
+      std::snprintf(b, sizeof b, "schedule:%g", phase_epochs);
+      return b;
+    case kind::trace:
+      return "trace:" + trace_path;
+    case kind::constant:
+      std::snprintf(b, sizeof b, "%ggbps:%gms", gbps, latency_s * 1e3);
+      return b;
   }
   return "?";
 }
@@ -314,8 +322,10 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     switch (n.type) {
       case network_config::kind::schedule:
         return gravac::network_profile::fast_slow_schedule(n.phase_epochs * static_cast<double>(steps_per_epoch));
-      case network_config::kind::trace: return gravac::network_profile::from_csv(n.trace_path);
-      default: return gravac::network_profile::constant(gravac::network_params::from_gbps(n.latency_s, n.gbps));
+      case network_config::kind::trace:
+        return gravac::network_profile::from_csv(n.trace_path);
+      default:
+        return gravac::network_profile::constant(gravac::network_params::from_gbps(n.latency_s, n.gbps));
     }
   };
   gravac::require(cfg.shadow_networks.empty() || cfg.network.type != network_config::kind::none,
@@ -531,8 +541,11 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       // wire bytes differ between ranks (a broadcast's root receives nothing), hence the mean.
       const double wire_sent = sim ? sim->wire_bytes_sent() : 0.0;
       const double wire_received = sim ? sim->wire_bytes_received() : 0.0;
-      double sums[6] = {br.loss_sum, static_cast<double>(br.correct), static_cast<double>(br.samples),
-                        static_cast<double>(rep.bytes_sent), wire_sent - wire_sent_before,
+      double sums[6] = {br.loss_sum,
+                        static_cast<double>(br.correct),
+                        static_cast<double>(br.samples),
+                        static_cast<double>(rep.bytes_sent),
+                        wire_sent - wire_sent_before,
                         wire_received - wire_received_before};
       wire_sent_before = wire_sent;
       wire_received_before = wire_received;

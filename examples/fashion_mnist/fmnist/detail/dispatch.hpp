@@ -5,11 +5,10 @@
 //! number of instantiations per translation unit stays small.
 
 #include <cstdio>
+#include <gravac/checkpoint.hpp>
 #include <memory>
 #include <string>
 #include <type_traits>
-
-#include <gravac/checkpoint.hpp>
 
 #include "fmnist/method.hpp"
 
@@ -18,27 +17,48 @@ namespace fmnist::detail {
 // The options of part T inside a method_config.
 template <class T>
 const auto& options_of(const method_config& m) {
-  if constexpr (std::is_same_v<T, gravac::identity>) return m.identity;
-  else if constexpr (std::is_same_v<T, gravac::topk>) return m.topk;
-  else if constexpr (std::is_same_v<T, gravac::randomk>) return m.randomk;
-  else if constexpr (std::is_same_v<T, gravac::threshold>) return m.threshold;
-  else if constexpr (std::is_same_v<T, gravac::adacomp>) return m.adacomp;
-  else if constexpr (std::is_same_v<T, gravac::qsgd>) return m.qsgd;
-  else if constexpr (std::is_same_v<T, gravac::terngrad>) return m.terngrad;
-  else if constexpr (std::is_same_v<T, gravac::sign>) return m.sign;
-  else if constexpr (std::is_same_v<T, gravac::cast16>) return m.cast16;
-  else if constexpr (std::is_same_v<T, gravac::powersgd>) return m.powersgd;
-  else if constexpr (std::is_same_v<T, gravac::dense_allreduce>) return m.dense_allreduce;
-  else if constexpr (std::is_same_v<T, gravac::allgather>) return m.allgather;
-  else if constexpr (std::is_same_v<T, gravac::allreduce_compatible>) return m.allreduce_compatible;
-  else if constexpr (std::is_same_v<T, gravac::flexible>) return m.flexible;
-  else if constexpr (std::is_same_v<T, gravac::low_rank_allreduce>) return m.low_rank_allreduce;
-  else if constexpr (std::is_same_v<T, gravac::fixed_policy>) return m.fixed;
-  else if constexpr (std::is_same_v<T, gravac::gravac_policy>) return m.gravac;
-  else if constexpr (std::is_same_v<T, gravac::accordion_policy>) return m.accordion;
-  else if constexpr (std::is_same_v<T, gravac::adacomp_policy>) return m.adacomp_policy;
-  else if constexpr (std::is_same_v<T, gravac::moo_policy>) return m.moo;
-  else static_assert(sizeof(T) == 0, "fmnist: no options for this part");
+  if constexpr (std::is_same_v<T, gravac::identity>)
+    return m.identity;
+  else if constexpr (std::is_same_v<T, gravac::topk>)
+    return m.topk;
+  else if constexpr (std::is_same_v<T, gravac::randomk>)
+    return m.randomk;
+  else if constexpr (std::is_same_v<T, gravac::threshold>)
+    return m.threshold;
+  else if constexpr (std::is_same_v<T, gravac::adacomp>)
+    return m.adacomp;
+  else if constexpr (std::is_same_v<T, gravac::qsgd>)
+    return m.qsgd;
+  else if constexpr (std::is_same_v<T, gravac::terngrad>)
+    return m.terngrad;
+  else if constexpr (std::is_same_v<T, gravac::sign>)
+    return m.sign;
+  else if constexpr (std::is_same_v<T, gravac::cast16>)
+    return m.cast16;
+  else if constexpr (std::is_same_v<T, gravac::powersgd>)
+    return m.powersgd;
+  else if constexpr (std::is_same_v<T, gravac::dense_allreduce>)
+    return m.dense_allreduce;
+  else if constexpr (std::is_same_v<T, gravac::allgather>)
+    return m.allgather;
+  else if constexpr (std::is_same_v<T, gravac::allreduce_compatible>)
+    return m.allreduce_compatible;
+  else if constexpr (std::is_same_v<T, gravac::flexible>)
+    return m.flexible;
+  else if constexpr (std::is_same_v<T, gravac::low_rank_allreduce>)
+    return m.low_rank_allreduce;
+  else if constexpr (std::is_same_v<T, gravac::fixed_policy>)
+    return m.fixed;
+  else if constexpr (std::is_same_v<T, gravac::gravac_policy>)
+    return m.gravac;
+  else if constexpr (std::is_same_v<T, gravac::accordion_policy>)
+    return m.accordion;
+  else if constexpr (std::is_same_v<T, gravac::adacomp_policy>)
+    return m.adacomp_policy;
+  else if constexpr (std::is_same_v<T, gravac::moo_policy>)
+    return m.moo;
+  else
+    static_assert(sizeof(T) == 0, "fmnist: no options for this part");
 }
 
 // Which (compressor, policy) pairs the example offers. The adaptive policies choose kept
@@ -46,16 +66,16 @@ const auto& options_of(const method_config& m) {
 // itself and pairs with adacomp_policy (bin lengths by layer kind) or fixed; quantizers,
 // PowerSGD and identity have a fixed ratio.
 template <class C, class P>
-inline constexpr bool policy_fits =
-    std::is_same_v<P, gravac::fixed_policy> ||
-    (std::is_same_v<C, gravac::topk> && !std::is_same_v<P, gravac::fixed_policy>) ||
-    ((std::is_same_v<C, gravac::randomk> || std::is_same_v<C, gravac::threshold>) &&
-     (std::is_same_v<P, gravac::gravac_policy> || std::is_same_v<P, gravac::accordion_policy> ||
-      std::is_same_v<P, gravac::moo_policy>)) ||
-    (std::is_same_v<C, gravac::adacomp> && std::is_same_v<P, gravac::adacomp_policy>);
+inline constexpr bool policy_fits = std::is_same_v<P, gravac::fixed_policy> ||
+                                    (std::is_same_v<C, gravac::topk> && !std::is_same_v<P, gravac::fixed_policy>) ||
+                                    ((std::is_same_v<C, gravac::randomk> || std::is_same_v<C, gravac::threshold>)&&(
+                                        std::is_same_v<P, gravac::gravac_policy> ||
+                                        std::is_same_v<P, gravac::accordion_policy> ||
+                                        std::is_same_v<P, gravac::moo_policy>)) ||
+                                    (std::is_same_v<C, gravac::adacomp> && std::is_same_v<P, gravac::adacomp_policy>);
 
 template <class C, class K, class P>
-inline constexpr bool offered = K::template accepts<C> && policy_fits<C, P>;
+inline constexpr bool offered = K::template accepts<C>&& policy_fits<C, P>;
 
 // A short description of a policy's state.
 inline std::string state_of(const gravac::fixed_policy&) { return {}; }
@@ -80,7 +100,8 @@ inline std::string state_of(const gravac::adacomp_policy& p) {
 inline std::string state_of(const gravac::moo_policy& p) {
   char b[96];
   if (!p.decided()) return "warm-up";
-  std::snprintf(b, sizeof b, "f %.4f (%zu decisions)", p.last_decision().fraction, static_cast<std::size_t>(p.decisions()));
+  std::snprintf(b, sizeof b, "f %.4f (%zu decisions)", p.last_decision().fraction,
+                static_cast<std::size_t>(p.decisions()));
   return b;
 }
 
@@ -88,14 +109,11 @@ template <class C, class K, class P>
 class trainer_stepper final : public stepper {
  public:
   using trainer_t = gravac::trainer<C, K, P>;
-  trainer_stepper(const method_config& m, host_comm comm, const gravac::layout& lay)
-      : t_(comm, lay, make_options(m)) {}
+  trainer_stepper(const method_config& m, host_comm comm, const gravac::layout& lay) : t_(comm, lay, make_options(m)) {}
   const gravac::step_report& step(std::span<float> grads) override { return t_.step(grads); }
   void end_interval(const gravac::interval_info& info) override { t_.end_interval(info); }
   [[nodiscard]] const gravac::step_params& last_params() const override { return t_.last_params(); }
-  [[nodiscard]] std::string policy_state() const override {
-    return state_of(const_cast<trainer_t&>(t_).policy());
-  }
+  [[nodiscard]] std::string policy_state() const override { return state_of(const_cast<trainer_t&>(t_).policy()); }
   void save_checkpoint(const std::string& path) override { gravac::save_checkpoint(t_, path, {.collective = false}); }
   void restore_checkpoint(const std::string& path) override {
     gravac::restore_checkpoint(t_, path, {.collective = false});
@@ -115,11 +133,12 @@ class trainer_stepper final : public stepper {
 };
 
 [[noreturn]] inline void not_offered(const method_config& m) {
-  throw gravac::error(gravac::status::invalid_argument,
-                      "the example does not offer " + method_name(m) +
-                          ". Offered: adaptive policies (gravac, accordion, moo) with topk, randomk or threshold; adacomp "
-                          "policy with topk or the adacomp compressor; fixed with every compressor; "
-                          "allreduce_compatible needs topk, randomk or identity; low_rank_allreduce needs powersgd");
+  throw gravac::error(
+      gravac::status::invalid_argument,
+      "the example does not offer " + method_name(m) +
+          ". Offered: adaptive policies (gravac, accordion, moo) with topk, randomk or threshold; adacomp "
+          "policy with topk or the adacomp compressor; fixed with every compressor; "
+          "allreduce_compatible needs topk, randomk or identity; low_rank_allreduce needs powersgd");
 }
 
 template <class C, class K, class P>
@@ -133,11 +152,16 @@ std::unique_ptr<stepper> make_if_offered(const method_config& m, host_comm comm,
 template <class C, class K>
 std::unique_ptr<stepper> dispatch_policy(const method_config& m, host_comm comm, const gravac::layout& lay) {
   switch (m.policy) {
-    case policy_id::fixed: return make_if_offered<C, K, gravac::fixed_policy>(m, comm, lay);
-    case policy_id::gravac: return make_if_offered<C, K, gravac::gravac_policy>(m, comm, lay);
-    case policy_id::accordion: return make_if_offered<C, K, gravac::accordion_policy>(m, comm, lay);
-    case policy_id::adacomp: return make_if_offered<C, K, gravac::adacomp_policy>(m, comm, lay);
-    case policy_id::moo: return make_if_offered<C, K, gravac::moo_policy>(m, comm, lay);
+    case policy_id::fixed:
+      return make_if_offered<C, K, gravac::fixed_policy>(m, comm, lay);
+    case policy_id::gravac:
+      return make_if_offered<C, K, gravac::gravac_policy>(m, comm, lay);
+    case policy_id::accordion:
+      return make_if_offered<C, K, gravac::accordion_policy>(m, comm, lay);
+    case policy_id::adacomp:
+      return make_if_offered<C, K, gravac::adacomp_policy>(m, comm, lay);
+    case policy_id::moo:
+      return make_if_offered<C, K, gravac::moo_policy>(m, comm, lay);
   }
   not_offered(m);
 }
@@ -146,11 +170,16 @@ std::unique_ptr<stepper> dispatch_policy(const method_config& m, host_comm comm,
 template <class C>
 std::unique_ptr<stepper> dispatch_collective(const method_config& m, host_comm comm, const gravac::layout& lay) {
   switch (m.collective) {
-    case collective_id::dense_allreduce: return dispatch_policy<C, gravac::dense_allreduce>(m, comm, lay);
-    case collective_id::allgather: return dispatch_policy<C, gravac::allgather>(m, comm, lay);
-    case collective_id::allreduce_compatible: return dispatch_policy<C, gravac::allreduce_compatible>(m, comm, lay);
-    case collective_id::flexible: return dispatch_policy<C, gravac::flexible>(m, comm, lay);
-    case collective_id::low_rank_allreduce: return dispatch_policy<C, gravac::low_rank_allreduce>(m, comm, lay);
+    case collective_id::dense_allreduce:
+      return dispatch_policy<C, gravac::dense_allreduce>(m, comm, lay);
+    case collective_id::allgather:
+      return dispatch_policy<C, gravac::allgather>(m, comm, lay);
+    case collective_id::allreduce_compatible:
+      return dispatch_policy<C, gravac::allreduce_compatible>(m, comm, lay);
+    case collective_id::flexible:
+      return dispatch_policy<C, gravac::flexible>(m, comm, lay);
+    case collective_id::low_rank_allreduce:
+      return dispatch_policy<C, gravac::low_rank_allreduce>(m, comm, lay);
   }
   not_offered(m);
 }
