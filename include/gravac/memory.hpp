@@ -36,8 +36,13 @@ class grad_view {
   grad_view() = default;
   //! A view of \p size floats at \p data.
   grad_view(float* data, std::size_t size) noexcept : data_(data), size_(size) {}
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
   //! A view of a host span.
-  grad_view(std::span<float> s) noexcept requires Space::host_accessible : data_(s.data()), size_(s.size()) {}
+  grad_view(std::span<float> s) noexcept
+    requires Space::host_accessible
+      : data_(s.data()), size_(s.size()) {}
+  // clang-format on
 
   //! Pointer to the first element.
   [[nodiscard]] float* data() const noexcept { return data_; }
@@ -50,8 +55,15 @@ class grad_view {
     return {data_ + l.offset, l.numel};
   }
 
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
   //! Host access as a span (host spaces only).
-  [[nodiscard]] std::span<float> span() const noexcept requires Space::host_accessible { return {data_, size_}; }
+  [[nodiscard]] std::span<float> span() const noexcept
+    requires Space::host_accessible
+  {
+    return {data_, size_};
+  }
+  // clang-format on
 
  private:
   float* data_ = nullptr;

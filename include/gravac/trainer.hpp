@@ -102,11 +102,16 @@ class trainer {
     stats_.reset(lay.size(), 0);
   }
 
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
   //! Runs one step on host gradients \p grads (the flat buffer of the layout): leaves the
   //! rank-averaged (compressed) gradient in place and returns the step's report.
-  const step_report& step(std::span<float> grads) requires memory_space::host_accessible {
+  const step_report& step(std::span<float> grads)
+    requires memory_space::host_accessible
+  {
     return step(grad_view<memory_space>(grads));
   }
+  // clang-format on
 
   //! Runs one step on the flat gradient buffer \p grads.
   //!
@@ -136,15 +141,25 @@ class trainer {
     residual_zero_ = false;
     return {residual_.data(), residual_.size()};
   }
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
   //! The error-feedback residual (host memory spaces).
-  [[nodiscard]] std::span<const float> residual() const noexcept requires memory_space::host_accessible {
+  [[nodiscard]] std::span<const float> residual() const noexcept
+    requires memory_space::host_accessible
+  {
     return {residual_.data(), residual_.size()};
   }
+  // clang-format on
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
   //! Mutable residual, for checkpoint restore (host memory spaces).
-  [[nodiscard]] std::span<float> residual() noexcept requires memory_space::host_accessible {
+  [[nodiscard]] std::span<float> residual() noexcept
+    requires memory_space::host_accessible
+  {
     residual_zero_ = false;  // the caller may write through it (checkpoint restore)
     return {residual_.data(), residual_.size()};
   }
+  // clang-format on
   //! Steps run so far.
   [[nodiscard]] std::uint64_t steps() const noexcept { return step_; }
   //! Sets the step counter (checkpoint restore).

@@ -154,8 +154,11 @@ class simulated_communicator {
   }
   //! The wrapped engine.
   [[nodiscard]] Inner& inner() noexcept { return *inner_; }
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
   //! Forwards abort to the inner engine when it has one.
-  void abort(const std::string& why) noexcept requires requires(Inner& i) { i.abort(why); }
+  void abort(const std::string& why) noexcept
+    requires requires(Inner& i) { i.abort(why); }
   { inner_->abort(why); }
 
  private:
@@ -163,6 +166,7 @@ class simulated_communicator {
   static double bytes(std::span<T> d) noexcept {
     return static_cast<double>(d.size_bytes());
   }
+  // clang-format on
   // The network is read when the call starts, so a phase change mid-call does not split it.
   template <class Fn>
   void charged(const cost_terms& t, Fn&& fn) {
