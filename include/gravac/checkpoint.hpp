@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/detail/bucket_states.hpp"
 #include "gravac/detail/checkpoint_agreement.hpp"
 #include "gravac/detail/checkpoint_file.hpp"
 #include "gravac/error.hpp"
@@ -244,9 +245,13 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
       s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
     std::as_const(t.policy()).save(s.policy);
     if constexpr (detail::has_state<typename Trainer::compressor_type>)
-      std::as_const(t.compressor()).save(s.compressor);
+      detail::save_bucket_states(t.bucket_count(), s.compressor, [&](std::size_t b, std::vector<std::byte>& out) {
+        std::as_const(t).compressor(b).save(out);
+      });
     if constexpr (detail::has_state<typename Trainer::collective_type>)
-      std::as_const(t.collective()).save(s.collective);
+      detail::save_bucket_states(t.bucket_count(), s.collective, [&](std::size_t b, std::vector<std::byte>& out) {
+        std::as_const(t).collective(b).save(out);
+      });
     if constexpr (detail::has_local_state<typename Trainer::policy_type>)
       std::as_const(t.policy()).save_local(s.policy_local);
     state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
@@ -292,8 +297,12 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
   const bool same_layout = s.layout_hash == lay.hash();
   if (same_layout) {
     t.policy().load(s.policy);
-    if constexpr (detail::has_state<typename Trainer::compressor_type>) t.compressor().load(s.compressor);
-    if constexpr (detail::has_state<typename Trainer::collective_type>) t.collective().load(s.collective);
+    if constexpr (detail::has_state<typename Trainer::compressor_type>)
+      detail::load_bucket_states(t.bucket_count(), s.compressor, "compressor",
+                                 [&](std::size_t b, std::span<const std::byte> in) { t.compressor(b).load(in); });
+    if constexpr (detail::has_state<typename Trainer::collective_type>)
+      detail::load_bucket_states(t.bucket_count(), s.collective, "collective",
+                                 [&](std::size_t b, std::span<const std::byte> in) { t.collective(b).load(in); });
     if constexpr (detail::has_local_state<typename Trainer::policy_type>) t.policy().load_local(s.policy_local);
     rep.policy_restored = true;
   }

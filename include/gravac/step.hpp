@@ -164,6 +164,14 @@ struct step_report {
   double communicate_s = 0;          //!< seconds in the collective (measured)
   double decompress_s = 0;           //!< seconds decompressing and averaging
   double modeled_communicate_s = 0;  //!< seconds charged by a network model (0 without one)
+  //! Of modeled_communicate_s, the part not hidden behind backward: the buckets' modeled
+  //! messages on one communication timeline, each bucket starting once it is ready and the
+  //! previous one is done, minus the backward time (all of it for the synchronous step).
+  double modeled_exposed_s = 0;
+  //! Measured seconds the caller waited for communication after backward: finish()'s wait
+  //! in an asynchronous step, the whole aggregation in the synchronous one.
+  double exposed_communicate_s = 0;
+  std::size_t buckets = 1;  //!< buckets the step was aggregated in (trainer options::bucket_bytes)
   double iteration_s =
       0;  //!< wall time from the previous step's return to this step's call: the caller's compute (0 at first)
   bool skipped = false;                  //!< the step was skipped (non-finite gradient, skip mode)

@@ -3,19 +3,23 @@
 //! \brief trainer<C, K, P>: composes a Compressor, a Collective and a Policy, owns the
 //! residuals and workspaces, and runs one data-parallel step.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "gravac/bucket_plan.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/collective/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/detail/bucket_worker.hpp"
 #include "gravac/detail/composition_checks.hpp"
 #include "gravac/detail/consistency.hpp"
 #include "gravac/error.hpp"
@@ -44,6 +48,20 @@ enum class non_finite_action : std::uint8_t {
 //! gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy> t{comm, lay, {}};
 //! for (...) { backward(grads); t.step(grads); optimizer.step(grads); }
 //! \endcode
+//!
+//! The layout is split into buckets (options::bucket_bytes, bucket_plan.hpp), each with a
+//! compressor and a collective of its own over its layers. `step(grads)` runs them one
+//! after the other once the whole gradient is there; the asynchronous step overlaps them
+//! with backward on a communication thread (host memory):
+//!
+//! \code
+//! t.begin_step(grads);                // the policy fixes the step's decisions here
+//! for (layer from last to first) { backward_layer(); t.ready(layer); }  // buckets start as they fill
+//! const auto& report = t.finish();    // waits for the buckets' collectives
+//! \endcode
+//!
+//! Both run the same code on the same buckets in the same order, so they give the same
+//! bits (averaged gradient, residuals, reports but the measured times).
 //!
 //! A composition that cannot work is a compile error whose first line says why
 //! (detail/composition_checks.hpp): a type that does not model its concept (the
@@ -76,6 +94,10 @@ class trainer {
     //! of a 64-bit hash); a divergence throws gravac::error(diverged) on every rank, naming
     //! the ranks that differ from rank 0.
     bool check_consistency = false;
+    //! Target bucket size in bytes of float gradient (bucket_plan.hpp): one_bucket for a
+    //! single bucket (the step of a release without buckets), bucket_per_layer for one per
+    //! layer. A compressor that selects over the whole buffer selects per bucket.
+    std::size_t bucket_bytes = default_bucket_bytes;
   };
 
   //! A trainer over communicator \p comm (which must outlive it) for the tensors of \p lay.
@@ -83,23 +105,22 @@ class trainer {
   //! fails on every rank if any rank's layout differs.
   template <class M, bool = detail::check_communicator<M, C>()>
   trainer(M& comm, const layout& lay, const options& opt = {})
-      : comm_(comm),
-        layout_(lay),
-        options_(opt),
-        compressor_(lay, opt.compressor),
-        collective_(lay, opt.collective),
-        policy_(lay, opt.policy) {
-    require(lay.numel() > 0, "trainer: the layout has no elements");
+      : comm_(comm), layout_(lay), options_(opt), plan_(checked_plan(lay, opt)), policy_(lay, opt.policy) {
     if (opt.verify_layout) verify_layout_across_ranks();
     residual_ = typename storage_for<memory_space>::type(lay.numel());
-    collective_.prepare(compressor_);
+    for (std::size_t b = 0; b < plan_.size(); ++b) {
+      buckets_.push_back(std::make_unique<bucket_state>(plan_[b].layers, opt));
+      buckets_.back()->collective.prepare(buckets_.back()->compressor);
+    }
     params_.kept_fraction.assign(lay.size(), dense_fraction);
     params_.bin_length.assign(lay.size(), 0);
     params_.ranks = comm_.size();
     params_.seed = opt.seed;
     report_.kept_fraction.assign(lay.size(), 0.0);
     report_.layer_grad_norm.assign(lay.size(), 0.0);
+    report_.buckets = plan_.size();
     stats_.reset(lay.size(), 0);
+    layer_ready_.assign(lay.size(), false);
   }
 
   // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
@@ -113,24 +134,112 @@ class trainer {
   }
   // clang-format on
 
-  //! Runs one step on the flat gradient buffer \p grads.
+  //! Runs one step on the flat gradient buffer \p grads: its buckets one after the other,
+  //! in the calling thread.
   //!
   //! On host memory the step makes no collective besides the gradient's own: the
   //! non-finite flag, the statistics a policy needs and the values it asked to agree on
-  //! ride in that collective (step_control.hpp). Exceptions: `on_non_finite = skip_step`
-  //! agrees on the flag by one small allreduce before anything is sent (a skipped step
-  //! must leave every residual untouched, so the ranks must know before compressing), and
-  //! the `check_consistency` debug option adds its own check.
+  //! ride in that collective (step_control.hpp; in the last bucket's when there are
+  //! several). Exceptions: `on_non_finite = skip_step` agrees on the flag by one small
+  //! allreduce before anything is sent (a skipped step must leave every residual
+  //! untouched, so the ranks must know before compressing), and the `check_consistency`
+  //! debug option adds its own check.
   const step_report& step(grad_view<memory_space> grads) {
-    begin_report(grads);                            // 1. validate; the policy fixes the step's parameters
-    const long bad_layer = screen_gradient(grads);  // 2. non-finite values, by on_non_finite
-    if (report_.skipped) return finish_step();
-    prepare_control(bad_layer);                              // 3. the control values that ride in the collective
-    aggregate(grads);                                        // 4. compress, exchange, decompress
-    if (flag_slot_ != no_slot) throw_if_flagged(bad_layer);  // 5. a rank's non-finite gradient
-    observe_step();                                          // 6. the report, rank-averaged statistics, the policy
-    return finish_step();
+    start_step(grads, false);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      if (skip_agreed_before_sending()) {
+        in_step_ = false;
+        return finish_step();
+      }
+      for (std::size_t b = 0; b < buckets_.size(); ++b) run_bucket(b);
+    } catch (...) {
+      in_step_ = false;
+      throw;
+    }
+    report_.exposed_communicate_s = detail::seconds_since(t0);
+    return complete_step();
   }
+
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
+  //! Starts an asynchronous step on host gradients \p grads, which backward is about to
+  //! fill: the policy plans the step (its decisions are fixed from here on, so every rank
+  //! agrees without a collective) and the communication thread waits for buckets. Until
+  //! finish(), the caller must not touch a layer after marking it ready().
+  //!
+  //! The communication thread calls the communicator while the caller computes: an MPI
+  //! engine needs MPI initialised with MPI_THREAD_SERIALIZED or more (checked here).
+  void begin_step(std::span<float> grads)
+    requires memory_space::host_accessible
+  {
+    if (!comm_.accepts_calls_from_other_threads())
+      throw error(status::invalid_argument,
+                  "trainer::begin_step: the communicator may not be called from the communication thread (an MPI "
+                  "engine needs MPI_Init_thread with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE); use step() or "
+                  "initialise MPI with a thread level",
+                  comm_.rank());
+    start_step(grad_view<memory_space>(grads), true);
+    if (!worker_) worker_ = std::make_unique<detail::bucket_worker>(&trainer::run_bucket_on_worker, this);
+    worker_->begin(buckets_.size(), this);
+    step_began_ = std::chrono::steady_clock::now();
+  }
+
+  //! Marks layer \p layer_index final (backward has produced it); a bucket's compression
+  //! and collective start once all its layers are ready and the buckets before it have
+  //! started. Its ready time on the modeled timeline is the wall time since begin_step().
+  void ready(std::size_t layer_index)
+    requires memory_space::host_accessible
+  {
+    checked_ready(layer_index, detail::seconds_since(step_began_), false);
+  }
+
+  //! ready() with the layer's time on the modeled timeline given: \p ready_s seconds of
+  //! (modeled or measured) backward since begin_step(); backward then ends at the last time
+  //! given (finish() marks the layers left at that time). Communication hides behind
+  //! backward on that timeline (step_report::modeled_exposed_s).
+  void ready(std::size_t layer_index, double ready_s)
+    requires memory_space::host_accessible
+  {
+    checked_ready(layer_index, ready_s, true);
+  }
+
+  //! Ends the asynchronous step: marks every layer not yet ready (backward has ended),
+  //! waits for every bucket's collective and returns the step's report. A failure in a
+  //! bucket (a peer's malformed packet, a failed rank, a non-finite gradient) is thrown
+  //! here; the step is then abandoned (the step counter does not advance).
+  //!
+  //! With `on_non_finite = skip_step` nothing is sent before finish(): the ranks must agree
+  //! to skip before any residual changes, so that mode forgoes the overlap.
+  const step_report& finish()
+    requires memory_space::host_accessible
+  {
+    require(in_step_ && async_, "trainer::finish: no asynchronous step in progress (call begin_step first)");
+    // Backward ends now, or, on a timeline the caller gave, at its last ready time.
+    const double backward_s = given_times_ ? backward_end_s_ : detail::seconds_since(step_began_);
+    for (std::size_t i = layout_.size(); i-- > 0;)
+      if (!layer_ready_[i]) mark_ready(i, backward_s);
+    backward_end_s_ = std::max(backward_end_s_, backward_s);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      if (skip_agreed_before_sending()) {
+        report_.exposed_communicate_s = detail::seconds_since(t0);
+        in_step_ = false;
+        return finish_step();
+      }
+      worker_->release(buckets_.size());
+      worker_->wait();
+    } catch (...) {
+      in_step_ = false;
+      throw;
+    }
+    report_.exposed_communicate_s = detail::seconds_since(t0);
+    return complete_step();
+  }
+  // clang-format on
+
+  //! True between begin_step() and finish().
+  [[nodiscard]] bool step_in_progress() const noexcept { return in_step_; }
 
   //! Marks the end of an interval (an epoch, or every F steps) for the policy.
   void end_interval(const interval_info& info) { policy_.on_interval(info); }
@@ -170,10 +279,18 @@ class trainer {
   [[nodiscard]] const layout& get_layout() const noexcept { return layout_; }
   //! The options.
   [[nodiscard]] const options& get_options() const noexcept { return options_; }
-  //! The compressor.
-  [[nodiscard]] C& compressor() noexcept { return compressor_; }
-  //! The collective.
-  [[nodiscard]] K& collective() noexcept { return collective_; }
+  //! The buckets.
+  [[nodiscard]] const bucket_plan& buckets() const noexcept { return plan_; }
+  //! Number of buckets.
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return plan_.size(); }
+  //! The compressor of bucket \p b (over the bucket's layers; with one bucket, the whole layout).
+  [[nodiscard]] C& compressor(std::size_t b = 0) { return buckets_.at(b)->compressor; }
+  //! The compressor of bucket \p b.
+  [[nodiscard]] const C& compressor(std::size_t b = 0) const { return buckets_.at(b)->compressor; }
+  //! The collective of bucket \p b.
+  [[nodiscard]] K& collective(std::size_t b = 0) { return buckets_.at(b)->collective; }
+  //! The collective of bucket \p b.
+  [[nodiscard]] const K& collective(std::size_t b = 0) const { return buckets_.at(b)->collective; }
   //! The policy.
   [[nodiscard]] P& policy() noexcept { return policy_; }
   //! The last step's report.
@@ -184,6 +301,28 @@ class trainer {
   [[nodiscard]] communicator_ref<memory_space>& communicator() noexcept { return comm_; }
 
  private:
+  // One bucket's compressor and collective (over the bucket's own layout), the slice of
+  // the step's parameters they see, and what they report.
+  struct bucket_state {
+    bucket_state(const layout& lay, const options& opt)
+        : compressor(lay, opt.compressor), collective(lay, opt.collective) {}
+    C compressor;
+    K collective;
+    step_params params;
+    compress_stats stats;
+    step_report report;
+    step_buffers<memory_space> buffers{};
+    std::size_t pending = 0;  // layers not yet ready this step
+    double ready_s = 0;       // when its last layer was ready, seconds since the step began
+    double modeled_s = 0;     // seconds the network model charged for its messages
+  };
+
+  static bucket_plan checked_plan(const layout& lay, const options& opt) {
+    require(lay.numel() > 0, "trainer: the layout has no elements");
+    require(opt.bucket_bytes > 0, "trainer: bucket_bytes must be positive (bucket_per_layer: one bucket per layer)");
+    return bucket_plan(lay, opt.bucket_bytes);
+  }
+
   // Every rank compares its layout hash; a mismatch fails on all ranks, naming the odd ones.
   void verify_layout_across_ranks() {
     const std::string odd = detail::ranks_differing_from_rank0(comm_, layout_.hash());
@@ -194,8 +333,47 @@ class trainer {
 
   static constexpr std::size_t no_slot = step_control::no_slot;
 
-  // Stage 1: checks the buffer, lets the policy plan the step (its decisions are fixed from
-  // here on) and starts the report.
+  // The start of every step, synchronous or not: the buffer is checked, the policy plans
+  // the step (its decisions are fixed from here on), the buckets get their slices of the
+  // parameters and the control slots are laid out.
+  void start_step(grad_view<memory_space> grads, bool async) {
+    require(!in_step_, "trainer: a step is already in progress (call finish() first)");
+    begin_report(grads);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) slice_params(b);
+    bad_layer_ = -1;
+    bad_is_overflow_ = false;
+    prepare_control();
+    grads_ = grads;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto& s = *buckets_[b];
+      s.pending = plan_[b].last_layer - plan_[b].first_layer;
+      s.ready_s = s.modeled_s = 0;
+    }
+    std::fill(layer_ready_.begin(), layer_ready_.end(), false);
+    released_ = 0;
+    backward_end_s_ = 0;
+    given_times_ = false;
+    async_ = async;
+    in_step_ = true;
+  }
+
+  // The end of a step whose buckets all ran: the control values' check, a rank's
+  // non-finite gradient, then the report and the policy.
+  const step_report& complete_step() {
+    in_step_ = false;
+    merge_buckets();
+    // A collective that dropped the control values would leave the ranks deciding on
+    // local numbers (and a failing rank alone): refuse rather than diverge.
+    if (!control_.empty() && !control_.has_sums())
+      throw error(status::invalid_argument,
+                  "trainer::step: the collective did not carry the step's control values (see step_control.hpp)",
+                  comm_.rank());
+    if (flag_slot_ != no_slot) throw_if_flagged();
+    observe_step();
+    return finish_step();
+  }
+
+  // Checks the buffer, lets the policy plan the step and starts the report.
   void begin_report(grad_view<memory_space> grads) {
     // The message is built only on failure: the hot path allocates nothing.
     if (grads.size() != layout_.numel())
@@ -212,43 +390,139 @@ class trainer {
         last_return_ != decltype(last_return_){} ? std::chrono::duration<double>(now - last_return_).count() : 0.0;
     report_.skipped = false;
     report_.previous_times_agreed = false;
-    report_.modeled_communicate_s = 0;
+    report_.modeled_communicate_s = report_.modeled_exposed_s = report_.exposed_communicate_s = 0;
   }
 
-  // Stage 2: the first layer holding NaN or infinity (-1 if none), handled by on_non_finite;
-  // report_.skipped says when every rank skips the step. throw_error leaves this rank's
-  // gradient out (zeroed) and lets the flag ride in the collective; every rank throws after
-  // it, with its residual holding what it did not send. Policies that accumulate the
-  // gradient (Accordion) see it here, after the screening.
-  long screen_gradient(grad_view<memory_space> grads) {
-    const long bad_layer = scan_non_finite(grads);
-    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::zero_values) zero_non_finite(grads);
-    if (options_.on_non_finite == non_finite_action::skip_step && skip_agreed(grads, bad_layer)) return bad_layer;
-    if (bad_layer >= 0 && options_.on_non_finite == non_finite_action::throw_error) zero_all(grads);
-    if constexpr (requires(P & p, std::span<const float> g) { p.accumulate(g); }) {
-      if constexpr (memory_space::host_accessible) policy_.accumulate(std::span<const float>(grads.span()));
+  // Bucket b's view of the step's parameters: the per-layer decisions of its layers.
+  void slice_params(std::size_t b) {
+    step_params& q = buckets_[b]->params;
+    q = params_;  // reuses q's memory after the first step
+    if (buckets_.size() == 1) return;
+    const auto first = static_cast<std::ptrdiff_t>(plan_[b].first_layer);
+    const auto last = static_cast<std::ptrdiff_t>(plan_[b].last_layer);
+    const auto slice = [&](const auto& all, auto& part) {
+      if (all.size() == layout_.size()) part.assign(all.begin() + first, all.begin() + last);
+    };
+    slice(params_.kept_fraction, q.kept_fraction);
+    slice(params_.bin_length, q.bin_length);
+    slice(params_.approximation_rank, q.approximation_rank);
+  }
+
+  // ready(): checks the call, marks the layer and lets the buckets that are complete start.
+  void checked_ready(std::size_t layer_index, double ready_s, bool given) {
+    require(in_step_ && async_, "trainer::ready: no asynchronous step in progress (call begin_step first)");
+    require(layer_index < layout_.size(), "trainer::ready: layer " + std::to_string(layer_index) +
+                                              " is outside the layout (" + std::to_string(layout_.size()) + " layers)");
+    require(!layer_ready_[layer_index],
+            "trainer::ready: layer '" + layout_[layer_index].name + "' was already marked ready this step");
+    given_times_ = given_times_ || given;
+    mark_ready(layer_index, ready_s);
+    if (options_.on_non_finite != non_finite_action::skip_step) worker_->release(released_);
+  }
+
+  // Marks layer i ready at ready_s; the buckets whose layers are all ready, in order from
+  // bucket 0, may start.
+  void mark_ready(std::size_t i, double ready_s) {
+    layer_ready_[i] = true;
+    auto& s = *buckets_[plan_.bucket_of(i)];
+    if (--s.pending == 0) s.ready_s = ready_s;
+    backward_end_s_ = std::max(backward_end_s_, ready_s);
+    while (released_ < buckets_.size() && buckets_[released_]->pending == 0) ++released_;
+  }
+
+  // skip_step: every rank screens its whole gradient and one allreduce of the flag decides
+  // before anything is sent. Returns true when every rank skips the step.
+  bool skip_agreed_before_sending() {
+    if (options_.on_non_finite != non_finite_action::skip_step) return false;
+    bad_layer_ = scan_non_finite(0, layout_.size());
+    return skip_agreed(bad_layer_);
+  }
+
+  static void run_bucket_on_worker(void* self, std::size_t b) { static_cast<trainer*>(self)->run_bucket(b); }
+
+  // One bucket: its layers are screened for non-finite values (by on_non_finite), a policy
+  // that accumulates the gradient sees them, then its collective compresses, exchanges and
+  // decompresses them, carrying the step's control values when it is the last bucket (the
+  // last to run, so every other bucket's statistics are known when it seals them).
+  void run_bucket(std::size_t b) {
+    bucket_state& s = *buckets_[b];
+    const bucket& bk = plan_[b];
+    const grad_view<memory_space> g(grads_.data() + bk.offset, bk.numel);
+    const grad_view<memory_space> e(residual_.data() + bk.offset, bk.numel);
+    screen_bucket(bk, g);
+    if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x, std::size_t{}, std::size_t{}); }) {
+      if constexpr (memory_space::host_accessible)
+        policy_.accumulate(std::span<const float>(grads_.span()), bk.first_layer, bk.last_layer);
+    } else if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x); }) {
+      static_assert(sizeof(P) == 0, "a policy that accumulates the gradient must take a layer range");
     }
-    return bad_layer;
-  }
-
-  // Stage 4: the collective compresses, exchanges and decompresses, carrying the control
-  // values; the averaged gradient is left in \p grads.
-  void aggregate(grad_view<memory_space> grads) {
-    buffers_ = step_buffers<memory_space>{grads, grad_view<memory_space>(residual_.data(), residual_.size()),
-                                          residual_zero_, control_.empty() ? nullptr : &control_};
+    const bool carries_control = b + 1 == buckets_.size() && !control_.empty();
+    s.buffers = step_buffers<memory_space>{g, e, residual_zero_, carries_control ? &control_ : nullptr};
     const double modeled_before = comm_.modeled_seconds();
-    collective_.aggregate(compressor_, comm_, buffers_, params_, stats_, report_);
-    report_.modeled_communicate_s = comm_.modeled_seconds() - modeled_before;
-    // A collective that dropped the control values would leave the ranks deciding on
-    // local numbers (and a failing rank alone): refuse rather than diverge.
-    if (buffers_.control && !control_.has_sums())
-      throw error(status::invalid_argument,
-                  "trainer::step: the collective did not carry the step's control values (see step_control.hpp)",
-                  comm_.rank());
+    s.collective.aggregate(s.compressor, comm_, s.buffers, s.params, s.stats, s.report);
+    s.modeled_s = comm_.modeled_seconds() - modeled_before;
   }
 
-  // Stage 6: the report from the compressor's statistics, their rank averages where the
-  // policy needs them, the values the policy asked to agree on, then the policy observes.
+  // Non-finite values in bucket bk's u = g + e, handled by on_non_finite (skip_step was
+  // decided before anything was sent). The first bad layer is remembered; under
+  // throw_error this rank leaves that bucket and every later one out (zeroed): its flag
+  // rides in the last bucket's collective, and what it already sent of the earlier ones
+  // goes back to its residual when every rank throws.
+  void screen_bucket(const bucket& bk, grad_view<memory_space> g) {
+    const auto action = options_.on_non_finite;
+    if (action == non_finite_action::ignore || action == non_finite_action::skip_step) return;
+    if (bad_layer_ < 0) {
+      const long bad = scan_non_finite(bk.first_layer, bk.last_layer);
+      if (bad < 0) return;
+      bad_layer_ = bad;
+      if (action == non_finite_action::throw_error && flag_slot_ != no_slot) {
+        control_.local(flag_slot_) = 1.0f;
+        control_.local(flag_slot_ + 1) = static_cast<float>(comm_.rank() + 1);
+      }
+    } else if (action == non_finite_action::zero_values && scan_non_finite(bk.first_layer, bk.last_layer) < 0) {
+      return;
+    }
+    if (action == non_finite_action::zero_values) zero_non_finite(bk);
+    if (action == non_finite_action::throw_error) zero_all(g);
+  }
+
+  // The step's statistics and report from its buckets': per-layer statistics in layout
+  // order, gain-curve energies, bytes and times summed, the modeled timeline.
+  void merge_stats() {
+    std::size_t candidates = 0;
+    for (const auto& s : buckets_) candidates = std::max(candidates, s->stats.candidate_kept_sq.size());
+    stats_.reset(layout_.size(), candidates);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const compress_stats& st = buckets_[b]->stats;
+      for (std::size_t i = 0; i < st.layers.size(); ++i) stats_.layers[plan_[b].first_layer + i] = st.layers[i];
+      for (std::size_t c = 0; c < st.candidate_kept_sq.size(); ++c)
+        stats_.candidate_kept_sq[c] += st.candidate_kept_sq[c];
+      stats_.non_finite = stats_.non_finite || st.non_finite;
+    }
+  }
+  void merge_buckets() {
+    merge_stats();
+    report_.compress_s = report_.communicate_s = report_.decompress_s = 0;
+    report_.bytes_sent = 0;
+    std::size_t largest = 0;
+    double timeline = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const bucket_state& s = *buckets_[b];
+      report_.compress_s += s.report.compress_s;
+      report_.communicate_s += s.report.communicate_s;
+      report_.decompress_s += s.report.decompress_s;
+      report_.bytes_sent += s.report.bytes_sent;
+      report_.modeled_communicate_s += s.modeled_s;
+      timeline = std::max(timeline, s.ready_s) + s.modeled_s;
+      if (plan_[b].numel > plan_[largest].numel) largest = b;
+    }
+    report_.collective = buckets_[largest]->report.collective;
+    report_.modeled_exposed_s = std::max(0.0, timeline - backward_end_s_);
+    report_.buckets = buckets_.size();
+  }
+
+  // The report from the compressor's statistics, their rank averages where the policy
+  // needs them, the values the policy asked to agree on, then the policy observes.
   void observe_step() {
     residual_zero_ = params_.all_dense();
     fill_report();
@@ -265,21 +539,20 @@ class trainer {
     return report_;
   }
 
-  // The first layer where this rank's u = g + e holds NaN or infinity, or -1 (also when the
-  // check is off, or on device memory, where the compressors check on the device). u is
-  // what every compressor computes, in float and in the same order, so a gradient finite by
-  // itself whose sum with the residual leaves the float range is caught too;
-  // bad_is_overflow_ then says g itself was finite in that layer. A residual known to be
-  // zero is not read (u = g).
-  long scan_non_finite(grad_view<memory_space> grads) {
-    bad_is_overflow_ = false;
+  // The first layer in [first, last) where this rank's u = g + e holds NaN or infinity,
+  // or -1 (also when the check is off, or on device memory, where the compressors check on
+  // the device). u is what every compressor computes, in float and in the same order, so a
+  // gradient finite by itself whose sum with the residual leaves the float range is caught
+  // too; bad_is_overflow_ then says g itself was finite in that layer. A residual known to
+  // be zero is not read (u = g).
+  long scan_non_finite(std::size_t first, std::size_t last) {
     if (options_.on_non_finite == non_finite_action::ignore) return -1;
     if constexpr (!memory_space::host_accessible) {
       return -1;
     } else {
-      const float* g = grads.span().data();
+      const float* g = grads_.data();
       const float* e = residual_.data();
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
+      for (std::size_t i = first; i < last; ++i) {
         const auto& l = layout_[i];
         bool bad = false;
         if (residual_zero_) {
@@ -288,9 +561,11 @@ class trainer {
           for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) bad |= !std::isfinite(g[j] + e[j]);
         }
         if (!bad) continue;
-        bad_is_overflow_ = true;
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j)
-          bad_is_overflow_ = bad_is_overflow_ && std::isfinite(g[j]) && std::isfinite(e[j]);
+        if (bad_layer_ < 0) {
+          bad_is_overflow_ = true;
+          for (std::size_t j = l.offset; j < l.offset + l.numel; ++j)
+            bad_is_overflow_ = bad_is_overflow_ && std::isfinite(g[j]) && std::isfinite(e[j]);
+        }
         return static_cast<long>(i);
       }
       return -1;
@@ -298,28 +573,28 @@ class trainer {
   }
   // zero_values: g is zeroed wherever u = g + e is not finite (a non-finite g, or a sum that
   // overflows), so u there is the residual alone and the step goes on.
-  void zero_non_finite(grad_view<memory_space> grads) const {
+  void zero_non_finite(const bucket& bk) const {
     if constexpr (memory_space::host_accessible) {
-      auto g = grads.span();
+      float* g = grads_.data();
       const float* e = residual_.data();
-      for (std::size_t j = 0; j < g.size(); ++j)
+      for (std::size_t j = bk.offset; j < bk.offset + bk.numel; ++j)
         if (!std::isfinite(residual_zero_ ? g[j] : g[j] + e[j])) g[j] = 0.0f;
     }
   }
-  void zero_all(grad_view<memory_space> grads) const {
-    if constexpr (memory_space::host_accessible) std::fill(grads.span().begin(), grads.span().end(), 0.0f);
+  void zero_all(grad_view<memory_space> g) const {
+    if constexpr (memory_space::host_accessible) std::fill(g.span().begin(), g.span().end(), 0.0f);
   }
 
   // skip_step: one allreduce of a flag, so that every rank skips together before anything
   // touches a residual. Returns true when the step is skipped.
-  bool skip_agreed(grad_view<memory_space> grads, long bad_layer) {
+  bool skip_agreed(long bad_layer) {
     if constexpr (!memory_space::host_accessible) {
       return false;
     } else {
       double flag = bad_layer >= 0 ? comm_.rank() + 1.0 : 0.0;
       comm_.allreduce_max(std::span<double>(&flag, 1));
       if (flag == 0) return false;
-      zero_all(grads);
+      zero_all(grads_);
       report_.skipped = true;
       report_.bytes_sent = 0;
       return true;
@@ -327,20 +602,15 @@ class trainer {
   }
 
   // Slots of this step's control plane (host memory only): the non-finite flag (count of
-  // failing ranks, sum of their rank + 1), the statistics a policy needs, and the values
-  // the policy asked to agree on. The collective may add slots of its own.
-  void prepare_control(long bad_layer) {
+  // failing ranks, sum of their rank + 1; set when a bucket finds one), the statistics a
+  // policy needs, and the values the policy asked to agree on. The collective may add
+  // slots of its own.
+  void prepare_control() {
     control_.clear();
     flag_slot_ = stats_slot_ = agree_slot_ = times_slot_ = no_slot;
     agree_count_ = 0;
     if constexpr (memory_space::host_accessible) {
-      if (options_.on_non_finite == non_finite_action::throw_error) {
-        flag_slot_ = control_.reserve(2);
-        if (bad_layer >= 0) {
-          control_.local(flag_slot_) = 1.0f;
-          control_.local(flag_slot_ + 1) = static_cast<float>(comm_.rank() + 1);
-        }
-      }
+      if (options_.on_non_finite == non_finite_action::throw_error) flag_slot_ = control_.reserve(2);
       if constexpr (P::needs_statistics) {
         stats_slot_ = control_.reserve(1 + params_.gain_candidates.size() + 2 * layout_.size());
         control_.on_seal(&trainer::seal_statistics, this);
@@ -363,10 +633,13 @@ class trainer {
     }
   }
 
-  // Runs when the collective has compressed: this rank's gain, gain curve, layer norms and
-  // kept fractions go into the statistics slots.
-  static void seal_statistics(void* self, const compress_stats& st) {
+  // Runs when the last bucket's collective has compressed (every other bucket has run): this
+  // rank's gain, gain curve, layer norms and kept fractions over all buckets go into the
+  // statistics slots.
+  static void seal_statistics(void* self, const compress_stats&) {
     auto& t = *static_cast<trainer*>(self);
+    t.merge_stats();
+    const compress_stats& st = t.stats_;
     std::size_t at = t.stats_slot_;
     const double in = st.input_sq();
     t.control_.local(at++) = static_cast<float>(gain_from_sq(st.kept_sq(), in));
@@ -381,20 +654,22 @@ class trainer {
     }
   }
 
-  // After the collective: when any rank flagged a non-finite gradient, every rank gives
-  // back what it sent to its residual (so nothing is lost: the finite ranks' residuals hold
-  // u = g + e, the failing rank's its old residual) and throws, naming its own layer or a
-  // failing rank. The step counter does not advance.
-  void throw_if_flagged(long bad_layer) {
+  // After the collectives: when any rank flagged a non-finite gradient, every rank gives
+  // back what it sent to its residual (so nothing is lost: the residuals hold u = g + e
+  // where the rank sent, and the failing rank's buckets from its bad layer on hold their
+  // old residual) and throws, naming its own layer or a failing rank. The step counter
+  // does not advance.
+  void throw_if_flagged() {
     if (!control_.has_sums()) return;
     const float failing = control_.sum(flag_slot_);
     if (failing == 0.0f) return;
-    if constexpr (requires { collective_.return_sent(compressor_, buffers_); })
-      collective_.return_sent(compressor_, buffers_);
+    if constexpr (requires(K & k, C & c, step_buffers<memory_space> & sb) { k.return_sent(c, sb); }) {
+      for (auto& s : buckets_) s->collective.return_sent(s->compressor, s->buffers);
+    }
     residual_zero_ = false;
     std::string where;
-    if (bad_layer >= 0) {
-      where = "layer '" + layout_[static_cast<std::size_t>(bad_layer)].name + "'";
+    if (bad_layer_ >= 0) {
+      where = "layer '" + layout_[static_cast<std::size_t>(bad_layer_)].name + "'";
       if (bad_is_overflow_)
         throw error(status::non_finite,
                     "gradient + residual overflows the float range in " + where +
@@ -499,16 +774,16 @@ class trainer {
   communicator_ref<memory_space> comm_;
   layout layout_;
   options options_;
-  C compressor_;
-  K collective_;
+  bucket_plan plan_;
   P policy_;
+  std::vector<std::unique_ptr<bucket_state>> buckets_;
   typename storage_for<memory_space>::type residual_;
   bool residual_zero_ = true;
   bool bad_is_overflow_ = false;  // the last screened bad layer had finite g and e, and g + e overflowed
   step_params params_;
   compress_stats stats_;
   step_report report_;
-  step_buffers<memory_space> buffers_{};  // the buffers of the step in flight
+  grad_view<memory_space> grads_{};  // the gradient of the step in flight
   std::vector<double> sync_;
   std::vector<double> agreed_;
   step_control control_;
@@ -519,6 +794,18 @@ class trainer {
   detail::consistency_checker consistency_;
   std::uint64_t step_ = 0;
   std::chrono::steady_clock::time_point last_return_{};
+  // The step in flight: which layers are ready, how many buckets may start, whether the
+  // asynchronous step runs it, where this rank's first bad layer is.
+  std::vector<bool> layer_ready_;
+  std::size_t released_ = 0;
+  double backward_end_s_ = 0;  // the last ready time: when backward ended
+  bool given_times_ = false;   // the caller gave ready times (a modeled timeline), not the wall clock
+  bool in_step_ = false;
+  bool async_ = false;
+  long bad_layer_ = -1;
+  std::chrono::steady_clock::time_point step_began_{};
+  // Last: its destructor joins the communication thread before anything it uses goes.
+  std::unique_ptr<detail::bucket_worker> worker_;
 };
 
 }  // namespace gravac

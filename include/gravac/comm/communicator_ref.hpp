@@ -65,6 +65,11 @@ class communicator_ref {
   //! Seconds a network model has charged so far (a simulated network's virtual clock);
   //! 0 for engines without a model, which provide no `modeled_seconds()`.
   [[nodiscard]] double modeled_seconds() const { return vt_->modeled(self_); }
+  //! Whether the engine may be called from a thread other than the one that made it, one
+  //! call at a time (what an asynchronous step's communication thread does). True for
+  //! engines without `accepts_calls_from_other_threads()`; an MPI engine says so only when
+  //! MPI was initialised with MPI_THREAD_SERIALIZED or more.
+  [[nodiscard]] bool accepts_calls_from_other_threads() const { return vt_->other_threads(self_); }
 
  private:
   struct vtable {
@@ -77,6 +82,7 @@ class communicator_ref {
     void (*bcast)(void*, std::span<std::byte>, int);
     void (*barrier)(void*);
     double (*modeled)(const void*);
+    bool (*other_threads)(const void*);
   };
   template <class M>
   static constexpr vtable table{
@@ -95,6 +101,12 @@ class communicator_ref {
           return static_cast<const M*>(s)->modeled_seconds();
         else
           return 0.0;
+      },
+      [](const void* s) -> bool {
+        if constexpr (requires(const M& m) { m.accepts_calls_from_other_threads(); })
+          return static_cast<const M*>(s)->accepts_calls_from_other_threads();
+        else
+          return true;
       },
   };
 

@@ -75,6 +75,13 @@ class mpi_communicator {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
+  //! Whether MPI was initialised with at least MPI_THREAD_SERIALIZED, so that an
+  //! asynchronous step's communication thread may call it while the caller computes.
+  [[nodiscard]] bool accepts_calls_from_other_threads() const noexcept {
+    int level = MPI_THREAD_SINGLE;
+    if (MPI_Query_thread(&level) != MPI_SUCCESS) return false;
+    return level >= MPI_THREAD_SERIALIZED;
+  }
   //! The underlying (duplicated) MPI communicator.
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
 

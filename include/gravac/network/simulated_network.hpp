@@ -120,6 +120,10 @@ class simulated_communicator {
     charged(cost_model::barrier(size()), [&] { inner_->barrier(); });
   }
 
+  //! Whether the inner engine may be called from another thread (communicator_ref).
+  [[nodiscard]] bool accepts_calls_from_other_threads() const {
+    return communicator_ref<memory_space>(*inner_).accepts_calls_from_other_threads();
+  }
   //! Seconds charged so far: the virtual clock (identical on every rank).
   [[nodiscard]] double modeled_seconds() const noexcept { return clock_; }
   //! Advances the clock by \p seconds of modeled computation (time-indexed profiles see it).

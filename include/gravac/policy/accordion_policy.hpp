@@ -183,17 +183,23 @@ class accordion_policy {
 
   //! Trainer hook, every step before aggregation: adds this rank's flat local gradient
   //! (layout order) to the accumulators of the compressed layers.
-  void accumulate(std::span<const float> local_grad) {
+  void accumulate(std::span<const float> local_grad) { accumulate(local_grad, 0, numel_.size()); }
+  //! Trainer hook of a bucketed step: adds the layers [\p first_layer, \p last_layer) of
+  //! this rank's flat local gradient (layout order; only those layers are read). The trainer
+  //! hands a step's buckets from the last layer to the first, so the step is counted once,
+  //! by the range that holds layer 0.
+  void accumulate(std::span<const float> local_grad, std::size_t first_layer, std::size_t last_layer) {
     if (local_grad.size() != numel_total_)
       throw error(status::invalid_argument, "accordion_policy::accumulate: the gradient has " +
                                                 std::to_string(local_grad.size()) + " elements, the layout " +
                                                 std::to_string(numel_total_));
     for (const auto& s : segments_) {
+      if (s.layer < first_layer || s.layer >= last_layer) continue;
       float* a = acc_.data() + s.acc_at;
       const float* g = local_grad.data() + s.offset;
       for (std::size_t j = 0; j < s.numel; ++j) a[j] += g[j];
     }
-    ++accumulated_;
+    if (first_layer == 0) ++accumulated_;
   }
 
   //! Trainer hook, before each step's collective: the per-layer ||A_l|| of a decision
