@@ -23,8 +23,11 @@
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
+#include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/raw_segment.hpp"
@@ -77,9 +80,7 @@ class adacomp_cuda {
       most_bins = std::max(most_bins, bins_of(l.numel, default_bin(i)));
     }
     const stream_ref s = opt.stream;
-    int dev = 0;
-    GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
-    GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    launch_ = detail::launch_config::current_device();
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
     sums_ = device_buffer<detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
@@ -138,128 +139,11 @@ class adacomp_cuda {
   //! touched. Returns the packet size once the packet, the residue and the statistics are ready.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    namespace cd = detail;
-    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
-            "adacomp_cuda::compress: buffer size does not match the layout");
-    require(p.kept_fraction.size() == layout_.size(),
-            "adacomp_cuda::compress: one kept fraction per layer is required");
-    require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
-            "adacomp_cuda::compress: at most 32 gain candidates");
-    // The largest packet this step can produce (every element of a compressed layer sent).
-    std::size_t bound = sizeof(packet_header), most_bins = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      if (p.kept_fraction[i] >= dense_fraction) {
-        bound += raw_segment_bytes(l.numel);
-      } else {
-        bound += adacomp_segment_bytes(l.numel, l.numel);
-        most_bins = std::max(most_bins, bins_of(l.numel, bin_length(i, p)));
-      }
-    }
-    require(bound <= out.size(), "adacomp_cuda::compress: packet buffer too small (needs up to " +
-                                     std::to_string(bound) + " bytes, has " + std::to_string(out.size()) + ")");
-    const cudaStream_t s = options_.stream.get();
-    gmax_.reserve(most_bins);  // grows only for a bin length shorter than any before
-    st.reset(layout_.size(), p.gain_candidates.size());
-    const std::size_t L = layout_.size();
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(states_.data(), 0, states_.size() * sizeof(cd::select_state), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(slots_.data(), 0, slots_.size() * sizeof(cd::segment_slot), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(cursor_.data(), 0, sizeof(cd::packet_cursor), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, sums_.size() * sizeof(cd::layer_sums), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(gain_out_.data(), 0, gain_out_.size() * sizeof(double), s));
-    // Kernels leave these zero; a step interrupted by an error might not have.
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(exponent_acc_.data(), 0, exponent_acc_.size() * sizeof(unsigned long long), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(hist_.data(), 0, hist_.size() * sizeof(std::uint32_t), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(hist_sq_.data(), 0, hist_sq_.size() * sizeof(double), s));
-
-    cd::gain_request gains;
-    gains.count = static_cast<int>(p.gain_candidates.size());
-    std::byte* packet = out.data();
-    for (std::size_t i = 0; i < L; ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      float* gl = g.data() + l.offset;
-      float* el = e.data() + l.offset;
-      auto* sti = states_.data() + i;
-      auto* slot = slots_.data() + i;
-      const auto layer = static_cast<std::uint32_t>(i);
-      const auto n = static_cast<std::uint32_t>(l.numel);
-      for (int c = 0; c < gains.count; ++c)
-        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      const bool dense = p.kept_fraction[i] >= dense_fraction;
-      // The gain curve of u = g + e, as the host skeleton computes it before the layer's
-      // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
-      if (gains.count > 0) {
-        cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
-            gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(), hist_sq_.data(), nullptr, 0,
-            sums_.data() + (dense ? L : i), gains, gain_out_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
-      }
-      if (dense) {
-        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, true);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-        cd::raw_pass<<<blocks_for(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
-            gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-        continue;
-      }
-      const std::uint32_t bin = bin_length(i, p);
-      const std::size_t bins = bins_of(l.numel, bin);
-      GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
-      cd::adacomp_bins<<<blocks_for(l.numel, static_cast<int>(cd::adacomp_tile)), cd::adacomp_threads, 0, s>>>(
-          gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::adacomp_scale<<<blocks_for(bins, cd::adacomp_threads * 4), cd::adacomp_threads, 0, s>>>(
-          gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::begin_adacomp_segment<<<1, 1, 0, s>>>(cursor_.data(), slot);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
-          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-          thrust::make_tabulate_output_iterator(cd::adacomp_index_writer{packet, slot}), &sti->selected,
-          static_cast<std::int64_t>(l.numel), cd::adacomp_sent{el, gl, gmax_.data(), bin}, s));
-      cd::place_adacomp_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, sti, scales_.data() + i, layer, l.numel,
-                                                bin);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::adacomp_signs<<<blocks_for((l.numel + 31) / 32, cd::adacomp_threads), cd::adacomp_threads, 0, s>>>(
-          packet, slot, el, scales_.data() + i);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-    }
-    cd::finish_device_packet<<<1, 1, 0, s>>>(packet, cursor_.data(), static_cast<std::uint8_t>(kind), layout_.hash());
-    GRAVAC_CHECK_CUDA_LAUNCH();
-    // One copy of the statistics back, then the packet and the residue are final.
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_states_.data(), states_.data(), states_.size() * sizeof(cd::select_state),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_sums_.data(), sums_.data(), sums_.size() * sizeof(cd::layer_sums),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_scales_.data(), scales_.data(), scales_.size() * sizeof(float),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_gain_.data(), gain_out_.data(), host_gain_.size() * sizeof(double),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor), cudaMemcpyDeviceToHost, s));
-    options_.stream.synchronize();
-    const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
-    if (bytes > bound)  // cannot happen: every segment is at most its bound
-      throw error(status::backend_failure, "adacomp_cuda: the packet outgrew its bound", -1, backend::cuda);
-    for (std::size_t i = 0; i < L; ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      const auto& sm = host_sums_[i];
-      if (p.kept_fraction[i] >= dense_fraction) {
-        // As the host's raw segments: every value kept; non-finite values are not reported.
-        st.layers[i] = {l.numel, sm.grad_sq, sm.input_sq, sm.kept_sq};
-        continue;
-      }
-      const auto count = static_cast<std::size_t>(host_states_[i].selected);
-      const float scale = host_scales_[i];
-      st.layers[i] = {count, sm.grad_sq, sm.input_sq, static_cast<double>(count) * scale * scale};
-      st.non_finite |= host_states_[i].non_finite != 0;
-    }
-    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
-    return bytes;
+    std::size_t most_bins = 0;  // bins of the longest compressed layer at this step's bin lengths
+    return detail::compress_on_device(
+        {"adacomp_cuda", layout_, options_.stream}, g, e, p, out, st, [&] { return step_bound(p, most_bins); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, most_bins); },
+        [&](std::size_t bound) { return finish_step(p, st, bound); });
   }
 
   //! Validates an untrusted packet in device memory: the header walk, every index and the
@@ -271,7 +155,7 @@ class adacomp_cuda {
       return validation::fail(cd::validation_reason(cd::v_misaligned));
     const cudaStream_t s = options_.stream.get();
     launch_walk(packet);
-    cd::check_adacomp_segments<<<dim3(scatter_blocks, grid_y()), cd::packet_threads, 0, s>>>(
+    cd::check_adacomp_segments<<<detail::launch_config::per_layer(layout_.size()), cd::packet_threads, 0, s>>>(
         packet.data(), desc(), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
     GRAVAC_TRY_CUDA(
@@ -291,8 +175,9 @@ class adacomp_cuda {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "adacomp_cuda::decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::scatter_add_adacomp<<<dim3(scatter_blocks, grid_y()), detail::packet_threads, 0, options_.stream.get()>>>(
-        packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
+    detail::scatter_add_adacomp<<<detail::launch_config::per_layer(layout_.size()), detail::packet_threads, 0,
+                                  options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
+                                                           out.data(), scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
@@ -306,7 +191,123 @@ class adacomp_cuda {
   [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
 
  private:
-  static constexpr unsigned scatter_blocks = 64;
+  // The largest packet this step can produce (every element of a compressed layer sent),
+  // and the most bins of any compressed layer (into \p most_bins).
+  [[nodiscard]] std::size_t step_bound(const step_params& p, std::size_t& most_bins) const {
+    std::size_t bound = sizeof(packet_header);
+    most_bins = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      if (p.kept_fraction[i] >= dense_fraction) {
+        bound += raw_segment_bytes(l.numel);
+      } else {
+        bound += adacomp_segment_bytes(l.numel, l.numel);
+        most_bins = std::max(most_bins, bins_of(l.numel, bin_length(i, p)));
+      }
+    }
+    return bound;
+  }
+
+  // The step's kernels and the copies of its statistics, in order on the stream.
+  void queue_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet,
+                  std::size_t most_bins) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    gmax_.reserve(most_bins);  // grows only for a bin length shorter than any before
+    const std::size_t L = layout_.size();
+    cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_);
+    // Kernels leave these zero; a step interrupted by an error might not have.
+    cd::clear_async(s, exponent_acc_, hist_, hist_sq_);
+
+    cd::gain_request gains;
+    gains.count = static_cast<int>(p.gain_candidates.size());
+    for (std::size_t i = 0; i < L; ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      float* gl = g.data() + l.offset;
+      float* el = e.data() + l.offset;
+      auto* sti = states_.data() + i;
+      auto* slot = slots_.data() + i;
+      const auto layer = static_cast<std::uint32_t>(i);
+      const auto n = static_cast<std::uint32_t>(l.numel);
+      for (int c = 0; c < gains.count; ++c)
+        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      const bool dense = p.kept_fraction[i] >= dense_fraction;
+      // The gain curve of u = g + e, as the host skeleton computes it before the layer's
+      // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
+      if (gains.count > 0) {
+        cd::fused_pass<<<launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0,
+                         s>>>(gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(), hist_sq_.data(), nullptr, 0,
+                              sums_.data() + (dense ? L : i), gains, gain_out_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+      if (dense) {
+        cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
+                                                                          layer, l.numel, true);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        cd::raw_pass<<<launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
+            gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        continue;
+      }
+      const std::uint32_t bin = bin_length(i, p);
+      const std::size_t bins = bins_of(l.numel, bin);
+      GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
+      cd::adacomp_bins<<<launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)), cd::adacomp_threads, 0, s>>>(
+          gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::adacomp_scale<<<launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, 0, s>>>(
+          gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::begin_adacomp_segment<<<cd::one_block, cd::one_thread, 0, s>>>(cursor_.data(), slot);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      std::size_t temp = select_temp_.size();
+      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
+          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+          thrust::make_tabulate_output_iterator(cd::adacomp_index_writer{packet, slot}), &sti->selected,
+          static_cast<std::int64_t>(l.numel), cd::adacomp_sent{el, gl, gmax_.data(), bin}, s));
+      cd::place_adacomp_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, sti,
+                                                                         scales_.data() + i, layer, l.numel, bin);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      cd::adacomp_signs<<<launch_.grid_stride((l.numel + 31) / 32, cd::adacomp_threads), cd::adacomp_threads, 0, s>>>(
+          packet, slot, el, scales_.data() + i);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    cd::finish_device_packet<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(),
+                                                                      static_cast<std::uint8_t>(kind), layout_.hash());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    // One copy of the statistics back, then the packet and the residue are final.
+    cd::copy_to_host_async(s, host_states_, states_);
+    cd::copy_to_host_async(s, host_sums_, sums_);
+    cd::copy_to_host_async(s, host_scales_, scales_);
+    cd::copy_to_host_async(s, host_gain_, gain_out_);
+    cd::copy_to_host_async(s, host_cursor_, cursor_);
+  }
+
+  // After the stream finished: the packet size, and the statistics into st.
+  std::size_t finish_step(const step_params& p, compress_stats& st, std::size_t bound) const {
+    const std::size_t L = layout_.size();
+    const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
+    if (bytes > bound)  // cannot happen: every segment is at most its bound
+      detail::throw_device_failure("adacomp_cuda", "the packet outgrew its bound");
+    for (std::size_t i = 0; i < L; ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      const auto& sm = host_sums_[i];
+      if (p.kept_fraction[i] >= dense_fraction) {
+        // As the host's raw segments: every value kept; non-finite values are not reported.
+        st.layers[i] = {l.numel, sm.grad_sq, sm.input_sq, sm.kept_sq};
+        continue;
+      }
+      const auto count = static_cast<std::size_t>(host_states_[i].selected);
+      const float scale = host_scales_[i];
+      st.layers[i] = {count, sm.grad_sq, sm.input_sq, static_cast<double>(count) * scale * scale};
+      st.non_finite |= host_states_[i].non_finite != 0;
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    return bytes;
+  }
 
   [[nodiscard]] std::uint32_t default_bin(std::size_t index) const noexcept {
     switch (layout_[index].kind) {
@@ -320,26 +321,19 @@ class adacomp_cuda {
   }
   static std::size_t bins_of(std::size_t numel, std::uint32_t bin) noexcept { return (numel + bin - 1) / bin; }
 
-  [[nodiscard]] int blocks_for(std::size_t n, int per_block) const noexcept {
-    const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
-    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
-  }
-  [[nodiscard]] unsigned grid_y() const noexcept {
-    return static_cast<unsigned>(std::clamp<std::size_t>(layout_.size(), 1, 65535));
-  }
   [[nodiscard]] detail::layout_desc desc() const noexcept {
     const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
     return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
   }
   void launch_walk(std::span<const std::byte> packet) const {
-    detail::walk_adacomp_packet<<<1, 1, 0, options_.stream.get()>>>(
+    detail::walk_adacomp_packet<<<detail::one_block, detail::one_thread, 0, options_.stream.get()>>>(
         packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
   layout layout_;
   options options_;
-  int sms_ = 1;
+  detail::launch_config launch_;  // the grids of this device
   device_buffer<detail::select_state> states_;
   device_buffer<detail::layer_sums> sums_;
   device_buffer<detail::segment_slot> slots_;

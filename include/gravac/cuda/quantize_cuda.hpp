@@ -23,10 +23,13 @@
 #include "gravac/compress/sign.hpp"
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
@@ -111,9 +114,7 @@ class basic_quantize_cuda {
       require(opt.format == cast16_format::fp16 || opt.format == cast16_format::bf16, "cast16_cuda: unknown format");
     }
     const stream_ref s = opt.stream;
-    int dev = 0;
-    GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
-    GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    launch_ = detail::launch_config::current_device();
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     // Worst case of the per-chunk and per-bucket records: every layer quantized.
     std::size_t chunks = 0, buckets = 0;
@@ -166,19 +167,76 @@ class basic_quantize_cuda {
   //! once the packet, the residual and the statistics are ready.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
+    step_plan plan;
+    return detail::compress_on_device(
+        {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return plan_step(p, plan); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, plan); },
+        [&](std::size_t bytes) { return finish_step(p, st, plan, bytes); });
+  }
+
+  //! Validates an untrusted packet in device memory: the header walk, then every scale,
+  //! code and padding bit, on the device; only the verdict is copied back.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    if (packet.size() < sizeof(packet_header))
+      return validation::fail(detail::validation_reason(detail::v_truncated_header));
+    if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      return validation::fail(detail::validation_reason(detail::v_misaligned));
+    const cudaStream_t s = options_.stream.get();
+    launch_walk(packet);
+    detail::
+        check_quantized_payloads<<<detail::launch_config::per_layer(layout_.size()), detail::packet_threads, 0, s>>>(
+            packet.data(), table_.data(), walk_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result), cudaMemcpyDeviceToHost, s));
+    options_.stream.synchronize();
+    const std::uint32_t v = walk_host_[0].verdict;
+    if (v == detail::v_ok) return {};
+    if (v == detail::v_layout) return {status::layout_mismatch, detail::quant_validation_reason(v)};
+    return validation::fail(detail::quant_validation_reason(v));
+  }
+
+  //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
+  //! arithmetic. The packet must have been validated. Asynchronous on the compressor's stream.
+  void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
+    require(out.size() == layout_.numel(),
+            std::string(name()) + "::decompress_add: buffer size does not match the layout");
+    if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      throw error(status::malformed_packet, "decompress_add: packet was not validated");
+    launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
+    detail::decode_quantized<<<detail::launch_config::per_layer(layout_.size()), detail::packet_threads, 0,
+                               options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(), out.data(),
+                                                        scale);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+  }
+
+  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
+  void zero(grad_view<cuda_space> v) const {
+    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
+  }
+  //! Waits for the compressor's queued work (decoding) to finish.
+  void synchronize() const { options_.stream.synchronize(); }
+  //! The compressor's stream.
+  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
+  //! The options it was built with.
+  [[nodiscard]] const options& get_options() const noexcept { return options_; }
+
+ private:
+  // What plan_step works out on the host for the step's launches.
+  struct step_plan {
+    std::uint32_t jobs = 0;                       // layers with a segment
+    unsigned long long blocks[4] = {0, 0, 0, 0};  // blocks of each pass (pass_raw, ...)
+  };
+
+  // The plan of the step on the host, into the pinned staging and \p plan: every segment's
+  // size follows from the layout, the options and which layers go raw, so the packet size
+  // is exact; returns it.
+  [[nodiscard]] std::size_t plan_step(const step_params& p, step_plan& plan) {
     namespace cd = detail;
-    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
-            std::string(name()) + "::compress: buffer size does not match the layout");
-    require(p.kept_fraction.size() == layout_.size(),
-            std::string(name()) + "::compress: one kept fraction per layer is required");
-    require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
-            std::string(name()) + "::compress: at most 32 gain candidates");
-    st.reset(layout_.size(), p.gain_candidates.size());
-    // The plan: segment headers, jobs and each pass's blocks, on the host.
     std::size_t at = sizeof(packet_header);
-    unsigned long long blocks[4] = {0, 0, 0, 0};
+    auto& blocks = plan.blocks;
     unsigned long long chunk_at = 0, bucket_at = 0;
-    std::uint32_t jobs = 0;
+    std::uint32_t& jobs = plan.jobs;
     const std::uint8_t encoding = encoding_for();
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
@@ -202,7 +260,7 @@ class basic_quantize_cuda {
       for (int k = 0; k < 4; ++k) jb.block_first[k] = blocks[k];
       const auto T = static_cast<unsigned long long>(cd::quant_threads);
       if (raw) {
-        blocks[cd::pass_raw] += (pad8(l.numel * sizeof(float)) / sizeof(float) + T - 1) / T;
+        blocks[cd::pass_raw] += cd::blocks_covering(pad8(l.numel * sizeof(float)) / sizeof(float), T);
       } else {
         const auto sh = shape_of(l.numel);
         jb.stream = detail::mix_seed(p.seed, p.step, l.id);
@@ -215,18 +273,16 @@ class basic_quantize_cuda {
         chunk_at += sh.chunks;
         bucket_at += sh.buckets;
         const unsigned long long slots = code_slots(l.numel);
-        blocks[cd::pass_codes] += (slots + T - 1) / T;
+        blocks[cd::pass_codes] += cd::blocks_covering(slots, T);
         if constexpr (Q != quantizer_cuda::cast16) {
-          blocks[cd::pass_accumulate] += (sh.chunks + cd::chunks_per_block - 1) / cd::chunks_per_block;
-          blocks[cd::pass_scales] += leveled ? (sh.buckets + T - 1) / T : 1;
+          blocks[cd::pass_accumulate] += cd::blocks_covering(sh.chunks, cd::chunks_per_block);
+          blocks[cd::pass_scales] += leveled ? cd::blocks_covering(sh.buckets, T) : cd::one_block;
         }
       }
       job_layer_[jobs] = i;
       ++jobs;
       at += sizeof(segment_header) + d.header.payload_bytes;
     }
-    require(at <= out.size(), std::string(name()) + "::compress: packet buffer too small (needs " + std::to_string(at) +
-                                  " bytes, has " + std::to_string(out.size()) + ")");
     packet_header h;
     h.magic = packet_magic;
     h.version = packet_version;
@@ -235,11 +291,19 @@ class basic_quantize_cuda {
     h.layout_hash = layout_.hash();
     h.payload_bytes = at - sizeof(packet_header);
     head_host_[0] = h;
+    return at;
+  }
 
+  // The plan uploaded, the step's kernels and the copies of its statistics, in order on
+  // the stream.
+  void queue_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet,
+                  const step_plan& plan) {
+    namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
-    std::byte* packet = out.data();
+    const auto& blocks = plan.blocks;
+    const std::uint32_t jobs = plan.jobs;
     // The staging is rewritten next step; this call synchronizes before it returns.
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(head_.data(), head_host_.data(), sizeof h, cudaMemcpyHostToDevice, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(head_.data(), head_host_.data(), sizeof(packet_header), cudaMemcpyHostToDevice, s));
     if (jobs) {
       GRAVAC_TRY_CUDA(
           cudaMemcpyAsync(plan_.data(), plan_host_.data(), jobs * sizeof(cd::segment_desc), cudaMemcpyHostToDevice, s));
@@ -247,7 +311,7 @@ class basic_quantize_cuda {
           cudaMemcpyAsync(jobs_.data(), jobs_host_.data(), jobs * sizeof(cd::quant_job), cudaMemcpyHostToDevice, s));
       GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, jobs * sizeof(cd::quant_sums), s));
     }
-    cd::write_packet_headers<<<(jobs + cd::packet_threads) / cd::packet_threads, cd::packet_threads, 0, s>>>(
+    cd::write_packet_headers<<<cd::table_blocks(jobs, cd::packet_threads), cd::packet_threads, 0, s>>>(
         packet, head_.data(), plan_.data(), jobs);
     GRAVAC_CHECK_CUDA_LAUNCH();
 
@@ -255,15 +319,14 @@ class basic_quantize_cuda {
     // pass with k = 0 writes e = u, so the passes below read u from e.
     const bool gains = !p.gain_candidates.empty();
     if (gains) {
-      GRAVAC_TRY_CUDA(cudaMemsetAsync(gain_out_.data(), 0, gain_out_.size() * sizeof(double), s));
-      GRAVAC_TRY_CUDA(cudaMemsetAsync(states_.data(), 0, states_.size() * sizeof(cd::select_state), s));
+      cd::clear_async(s, gain_out_, states_);
       cd::gain_request rq;
       rq.count = static_cast<int>(p.gain_candidates.size());
       for (std::uint32_t j = 0; j < jobs; ++j) {
         const auto& l = layout_[job_layer_[j]];
         for (int c = 0; c < rq.count; ++c)
           rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-        const int grid = blocks_for(l.numel, cd::select_threads * cd::fused_items);
+        const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
         cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(
             g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + j, prev_threshold_.data(),
             hist_.data(), hist_sq_.data(), cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data());
@@ -326,13 +389,14 @@ class basic_quantize_cuda {
         }
       }
     }
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(sums_host_.data(), sums_.data(),
-                                    std::max<std::uint32_t>(jobs, 1) * sizeof(cd::quant_sums), cudaMemcpyDeviceToHost,
-                                    s));
-    if (gains)
-      GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_host_.data(), gain_out_.data(), gain_host_.size() * sizeof(double),
-                                      cudaMemcpyDeviceToHost, s));
-    options_.stream.synchronize();
+    cd::copy_to_host_async(s, sums_host_, sums_, std::max<std::uint32_t>(jobs, 1));
+    if (gains) cd::copy_to_host_async(s, gain_host_, gain_out_);
+  }
+
+  // After the stream finished: the statistics into st; the packet is \p bytes long, as planned.
+  std::size_t finish_step(const step_params& p, compress_stats& st, const step_plan& plan, std::size_t bytes) const {
+    const std::uint32_t jobs = plan.jobs;
+    const bool gains = !p.gain_candidates.empty();
     for (std::uint32_t j = 0; j < jobs; ++j) {
       const auto& sm = sums_host_[j];
       st.layers[job_layer_[j]] = {static_cast<std::size_t>(jobs_host_[j].numel), sm.grad_sq, sm.input_sq, sm.kept_sq};
@@ -340,56 +404,8 @@ class basic_quantize_cuda {
     }
     if (gains)
       for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = gain_host_[c];
-    return at;
+    return bytes;
   }
-
-  //! Validates an untrusted packet in device memory: the header walk, then every scale,
-  //! code and padding bit, on the device; only the verdict is copied back.
-  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    if (packet.size() < sizeof(packet_header))
-      return validation::fail(detail::validation_reason(detail::v_truncated_header));
-    if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
-      return validation::fail(detail::validation_reason(detail::v_misaligned));
-    const cudaStream_t s = options_.stream.get();
-    launch_walk(packet);
-    detail::check_quantized_payloads<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0, s>>>(
-        packet.data(), table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result), cudaMemcpyDeviceToHost, s));
-    options_.stream.synchronize();
-    const std::uint32_t v = walk_host_[0].verdict;
-    if (v == detail::v_ok) return {};
-    if (v == detail::v_layout) return {status::layout_mismatch, detail::quant_validation_reason(v)};
-    return validation::fail(detail::quant_validation_reason(v));
-  }
-
-  //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
-  //! arithmetic. The packet must have been validated. Asynchronous on the compressor's stream.
-  void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
-    require(out.size() == layout_.numel(),
-            std::string(name()) + "::decompress_add: buffer size does not match the layout");
-    if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
-      throw error(status::malformed_packet, "decompress_add: packet was not validated");
-    launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::decode_quantized<<<dim3(payload_blocks, grid_y()), detail::packet_threads, 0, options_.stream.get()>>>(
-        packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
-    GRAVAC_CHECK_CUDA_LAUNCH();
-  }
-
-  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
-  void zero(grad_view<cuda_space> v) const {
-    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
-  }
-  //! Waits for the compressor's queued work (decoding) to finish.
-  void synchronize() const { options_.stream.synchronize(); }
-  //! The compressor's stream.
-  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
-  //! The options it was built with.
-  [[nodiscard]] const options& get_options() const noexcept { return options_; }
-
- private:
-  static constexpr unsigned payload_blocks = 64;
 
   // The chunks and buckets of a quantized layer of n elements, as the host walks them.
   struct layer_shape {
@@ -484,27 +500,20 @@ class basic_quantize_cuda {
   }
 
   void launch_walk(std::span<const std::byte> packet) const {
-    detail::walk_quantized_packet<<<1, 1, 0, options_.stream.get()>>>(packet.data(), packet.size(), desc(), Q,
-                                                                      table_.data(), walk_.data());
+    detail::walk_quantized_packet<<<detail::one_block, detail::one_thread, 0, options_.stream.get()>>>(
+        packet.data(), packet.size(), desc(), Q, table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
   [[nodiscard]] detail::layout_desc desc() const noexcept {
     const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
     return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
   }
-  [[nodiscard]] unsigned grid_y() const noexcept {
-    return static_cast<unsigned>(std::clamp<std::size_t>(layout_.size(), 1, 65535));
-  }
-  [[nodiscard]] int blocks_for(std::size_t n, int per_block) const noexcept {
-    const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
-    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
-  }
 
   layout layout_;
   options options_;
   std::uint32_t levels_ = 1;
   std::uint32_t bucket_ = 0;
-  int sms_ = 1;
+  detail::launch_config launch_;  // the grids of this device
   device_buffer<std::uint64_t> layer_info_;
   device_buffer<detail::quant_job> jobs_;
   device_buffer<detail::quant_sums> sums_;

@@ -24,9 +24,12 @@
 #include <vector>
 
 #include "gravac/concepts.hpp"
+#include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/detail/threshold_kernels.hpp"
 #include "gravac/cuda/detail/whole_select_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -110,9 +113,7 @@ class basic_select_cuda {
       largest = lay.numel();
     }
     const stream_ref s = opt.stream;
-    int dev = 0;
-    GRAVAC_TRY_CUDA(cudaGetDevice(&dev));
-    GRAVAC_TRY_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    launch_ = detail::launch_config::current_device();
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(L, s);
@@ -166,137 +167,11 @@ class basic_select_cuda {
   //! residual is restored to u = g + e_old before the error is thrown: nothing is lost.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    namespace cd = detail;
-    require(g.size() == layout_.numel() && e.size() == layout_.numel(),
-            "topk_cuda::compress: buffer size does not match the layout");
-    require(p.kept_fraction.size() == layout_.size(), "topk_cuda::compress: one kept fraction per layer is required");
-    require(p.gain_candidates.size() <= static_cast<std::size_t>(cd::max_gain_candidates),
-            "topk_cuda::compress: at most 32 gain candidates");
-    // The largest packet this step can produce: k values per layer (a top-k layer sends at
-    // most k), every value for threshold (ties may exceed k).
-    // Whole buffer: k over the compressed layers together, at most min(numel, k) in each.
-    std::size_t bound = sizeof(packet_header), whole_k = 0;
-    if (whole_) {
-      std::size_t total = 0;
-      for (std::size_t i = 0; i < layout_.size(); ++i)
-        if (p.kept_fraction[i] < dense_fraction) total += layout_[i].numel;
-      whole_k = kept_count(total, p.global_fraction);
-    }
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      bound += p.kept_fraction[i] >= dense_fraction
-                   ? raw_segment_bytes(l.numel)
-                   : sparse_segment_bytes(l.numel, Threshold ? l.numel
-                                                   : whole_  ? std::min(l.numel, whole_k)
-                                                             : kept_count(l.numel, p.kept_fraction[i]));
-    }
-    require(bound <= out.size(), "topk_cuda::compress: packet buffer too small (needs up to " + std::to_string(bound) +
-                                     " bytes, has " + std::to_string(out.size()) + ")");
-    const cudaStream_t s = options_.stream.get();
-    st.reset(layout_.size(), p.gain_candidates.size());
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(states_.data(), 0, states_.size() * sizeof(cd::select_state), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(slots_.data(), 0, slots_.size() * sizeof(cd::segment_slot), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(cursor_.data(), 0, sizeof(cd::packet_cursor), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, sums_.size() * sizeof(cd::layer_sums), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(gain_out_.data(), 0, gain_out_.size() * sizeof(double), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(failure_.data(), 0, sizeof(std::uint32_t), s));
-
-    cd::gain_request gains;
-    gains.count = static_cast<int>(p.gain_candidates.size());
-    std::byte* packet = out.data();
-    if (whole_) queue_whole(g, e, p, packet, gains, whole_k);
-    // Per layer (the loop runs only without whole_buffer).
-    for (std::size_t i = 0; !whole_ && i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      float* gl = g.data() + l.offset;
-      float* el = e.data() + l.offset;
-      for (int c = 0; c < gains.count; ++c)
-        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      const int grid = blocks_for(l.numel, cd::select_threads * cd::fused_items);
-      auto* sti = states_.data() + i;
-      auto* slot = slots_.data() + i;
-      const auto layer = static_cast<std::uint32_t>(i);
-      if (p.kept_fraction[i] >= dense_fraction) {
-        queue_raw(i, g, e, packet, gains);
-        continue;
-      }
-      const auto k = static_cast<std::uint32_t>(kept_count(l.numel, p.kept_fraction[i]));
-      const std::uint32_t cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, l.numel));
-      if constexpr (Threshold) {  // the low threshold t into prev_threshold_[i]
-        const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
-        const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
-        cd::estimate_histogram<<<blocks_for(m, cd::select_threads), cd::select_threads, 0, s>>>(gl, el, rq,
-                                                                                                est_hist_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
-        cd::estimate_threshold<<<1, cd::select_threads, 0, s>>>(est_hist_.data(), rq, prev_threshold_.data() + i);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-      }
-      cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(gl, el, l.numel, k, sti, prev_threshold_.data() + i,
-                                                         hist_.data(), hist_sq_.data(), cand_.data(), cap,
-                                                         sums_.data() + i, gains, gain_out_.data(), Threshold);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      // Top-k: the count (k, or the finite count when smaller) is known on the device now.
-      if (!Threshold || k == 0) {
-        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, false);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-      }
-      if (k == 0) continue;
-      const int grid1 = blocks_for(l.numel, cd::select_threads);
-      cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      for (int shift : {cd::refine_digit_bits, 0}) {
-        // Over the candidates when they are valid; the grid covers the whole input otherwise.
-        cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap, hist_.data(), shift);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-      }
-      if constexpr (Threshold) {  // the count (ties included) is known once the threshold is
-        cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, layer, l.numel, false);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-      } else {
-        cd::tie_pass<<<std::min(grid1, 4 * sms_), cd::select_threads, 0, s>>>(el, l.numel, sti, chunk_counts_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
-      }
-      std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
-          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-          thrust::make_tabulate_output_iterator(cd::bounded_index_writer{packet, slot}), &sti->selected,
-          static_cast<std::int64_t>(l.numel), cd::selected_by_threshold{el, sti}, s));
-      cd::gather_pass<<<blocks_for(k, cd::select_threads), cd::select_threads, 0, s>>>(
-          packet, slot, el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
-    }
-    cd::finish_device_packet<<<1, 1, 0, s>>>(packet, cursor_.data(), static_cast<std::uint8_t>(kind), layout_.hash());
-    GRAVAC_CHECK_CUDA_LAUNCH();
-    // One copy of the statistics back, then the packet and the residual are final.
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_states_.data(), states_.data(), states_.size() * sizeof(cd::select_state),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_sums_.data(), sums_.data(), sums_.size() * sizeof(cd::layer_sums),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_gain_.data(), gain_out_.data(), host_gain_.size() * sizeof(double),
-                                    cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(host_failure_.data(), failure_.data(), sizeof(std::uint32_t), cudaMemcpyDeviceToHost, s));
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(host_cursor_.data(), cursor_.data(), sizeof(cd::packet_cursor), cudaMemcpyDeviceToHost, s));
-    options_.stream.synchronize();
-    const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
-    if (host_failure_[0] || bytes > bound) {
-      restore(packet, e);
-      throw error(status::backend_failure,
-                  host_failure_[0] ? "topk_cuda: the compaction did not select exactly the values counted"
-                                   : "topk_cuda: the packet outgrew its bound",
-                  -1, backend::cuda);
-    }
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      if (layout_[i].numel == 0) continue;
-      const auto& sm = host_sums_[i];
-      st.layers[i] = {static_cast<std::size_t>(host_states_[i].count), sm.grad_sq, sm.input_sq, sm.kept_sq};
-      st.non_finite |= host_states_[i].non_finite != 0;
-    }
-    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
-    return bytes;
+    std::size_t whole_k = 0;  // whole buffer: k over the compressed layers together
+    return detail::compress_on_device(
+        {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return step_bound(p, whole_k); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, whole_k); },
+        [&](std::size_t bound) { return finish_step(p, st, bound, out.data(), e); });
   }
 
   //! Validates an untrusted packet in device memory (header walk and every index checked
@@ -319,6 +194,134 @@ class basic_select_cuda {
   [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
 
  private:
+  // The largest packet this step can produce: k values per layer (a top-k layer sends at
+  // most k), every value for threshold (ties may exceed k). Whole buffer: k over the
+  // compressed layers together (into \p whole_k), at most min(numel, k) in each.
+  [[nodiscard]] std::size_t step_bound(const step_params& p, std::size_t& whole_k) const {
+    std::size_t bound = sizeof(packet_header);
+    whole_k = 0;
+    if (whole_) {
+      std::size_t total = 0;
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (p.kept_fraction[i] < dense_fraction) total += layout_[i].numel;
+      whole_k = kept_count(total, p.global_fraction);
+    }
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      bound += p.kept_fraction[i] >= dense_fraction
+                   ? raw_segment_bytes(l.numel)
+                   : sparse_segment_bytes(l.numel, Threshold ? l.numel
+                                                   : whole_  ? std::min(l.numel, whole_k)
+                                                             : kept_count(l.numel, p.kept_fraction[i]));
+    }
+    return bound;
+  }
+
+  // The step's kernels and the copies of its statistics, in order on the stream.
+  void queue_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet,
+                  std::size_t whole_k) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_, failure_);
+    cd::gain_request gains;
+    gains.count = static_cast<int>(p.gain_candidates.size());
+    if (whole_) queue_whole(g, e, p, packet, gains, whole_k);
+    // Per layer (the loop runs only without whole_buffer).
+    for (std::size_t i = 0; !whole_ && i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0) continue;
+      float* gl = g.data() + l.offset;
+      float* el = e.data() + l.offset;
+      for (int c = 0; c < gains.count; ++c)
+        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
+      auto* sti = states_.data() + i;
+      auto* slot = slots_.data() + i;
+      const auto layer = static_cast<std::uint32_t>(i);
+      if (p.kept_fraction[i] >= dense_fraction) {
+        queue_raw(i, g, e, packet, gains);
+        continue;
+      }
+      const auto k = static_cast<std::uint32_t>(kept_count(l.numel, p.kept_fraction[i]));
+      const std::uint32_t cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, l.numel));
+      if constexpr (Threshold) {  // the low threshold t into prev_threshold_[i]
+        const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
+        const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
+        cd::estimate_histogram<<<launch_.grid_stride(m, cd::select_threads), cd::select_threads, 0, s>>>(
+            gl, el, rq, est_hist_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+        cd::estimate_threshold<<<cd::one_block, cd::select_threads, 0, s>>>(est_hist_.data(), rq,
+                                                                            prev_threshold_.data() + i);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+      cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(gl, el, l.numel, k, sti, prev_threshold_.data() + i,
+                                                         hist_.data(), hist_sq_.data(), cand_.data(), cap,
+                                                         sums_.data() + i, gains, gain_out_.data(), Threshold);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      // Top-k: the count (k, or the finite count when smaller) is known on the device now.
+      if (!Threshold || k == 0) {
+        cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
+                                                                          layer, l.numel, false);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+      if (k == 0) continue;
+      const int grid1 = launch_.grid_stride(l.numel, cd::select_threads);
+      cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      for (int shift : {cd::refine_digit_bits, 0}) {
+        // Over the candidates when they are valid; the grid covers the whole input otherwise.
+        cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap, hist_.data(), shift);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+      if constexpr (Threshold) {  // the count (ties included) is known once the threshold is
+        cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
+                                                                          layer, l.numel, false);
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      } else {
+        cd::tie_pass<<<launch_.tie_search(grid1), cd::select_threads, 0, s>>>(el, l.numel, sti, chunk_counts_.data());
+        GRAVAC_CHECK_CUDA_LAUNCH();
+      }
+      std::size_t temp = select_temp_.size();
+      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
+          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+          thrust::make_tabulate_output_iterator(cd::bounded_index_writer{packet, slot}), &sti->selected,
+          static_cast<std::int64_t>(l.numel), cd::selected_by_threshold{el, sti}, s));
+      cd::gather_pass<<<launch_.grid_stride(k, cd::select_threads), cd::select_threads, 0, s>>>(
+          packet, slot, el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    cd::finish_device_packet<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(),
+                                                                      static_cast<std::uint8_t>(kind), layout_.hash());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    // One copy of the statistics back, then the packet and the residual are final.
+    cd::copy_to_host_async(s, host_states_, states_);
+    cd::copy_to_host_async(s, host_sums_, sums_);
+    cd::copy_to_host_async(s, host_gain_, gain_out_);
+    cd::copy_to_host_async(s, host_failure_, failure_);
+    cd::copy_to_host_async(s, host_cursor_, cursor_);
+  }
+
+  // After the stream finished: the packet size, or (a failed compaction, a packet over its
+  // bound) the residual restored to u = g + e_old and an error; the statistics into st.
+  std::size_t finish_step(const step_params& p, compress_stats& st, std::size_t bound, const std::byte* packet,
+                          grad_view<cuda_space> e) {
+    const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
+    if (host_failure_[0] || bytes > bound) {
+      restore(packet, e);
+      detail::throw_device_failure(name(), host_failure_[0] ? "the compaction did not select exactly the values counted"
+                                                            : "the packet outgrew its bound");
+    }
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      if (layout_[i].numel == 0) continue;
+      const auto& sm = host_sums_[i];
+      st.layers[i] = {static_cast<std::size_t>(host_states_[i].count), sm.grad_sq, sm.input_sq, sm.kept_sq};
+      st.non_finite |= host_states_[i].non_finite != 0;
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    return bytes;
+  }
+
   // A layer sent dense: its gain curve (as the host skeleton, the curve covers dense layers
   // too), its segment placed, u written raw and e = 0.
   void queue_raw(std::size_t i, grad_view<cuda_space> g, grad_view<cuda_space> e, std::byte* packet,
@@ -331,15 +334,15 @@ class basic_select_cuda {
     auto* sti = states_.data() + i;
     auto* slot = slots_.data() + i;
     if (gains.count > 0) {
-      cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+      cd::fused_pass<<<launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
           gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), 0,
           sums_.data() + layout_.size(), gains, gain_out_.data());
       GRAVAC_CHECK_CUDA_LAUNCH();
     }
-    cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, static_cast<std::uint32_t>(i),
-                                             l.numel, true);
+    cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
+                                                                      static_cast<std::uint32_t>(i), l.numel, true);
     GRAVAC_CHECK_CUDA_LAUNCH();
-    cd::raw_pass<<<blocks_for(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
+    cd::raw_pass<<<launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
         gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
@@ -361,7 +364,7 @@ class basic_select_cuda {
       const auto& l = layout_[i];
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      cd::fused_pass<<<blocks_for(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+      cd::fused_pass<<<launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
           g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(), hist_.data(),
           hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false, concat_.data() + total);
       GRAVAC_CHECK_CUDA_LAUNCH();
@@ -373,12 +376,12 @@ class basic_select_cuda {
       const auto kk = static_cast<std::uint32_t>(k);
       const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, total));
       cd::gain_request none;
-      cd::fused_pass<<<blocks_for(total, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+      cd::fused_pass<<<launch_.grid_stride(total, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
           nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(), hist_.data(), hist_sq_.data(),
           cand_.data(), cap, sums_.data() + layers + 1, none, gain_out_.data());
       GRAVAC_CHECK_CUDA_LAUNCH();
       if (k > 0) {
-        const int grid1 = blocks_for(total, cd::select_threads);
+        const int grid1 = launch_.grid_stride(total, cd::select_threads);
         cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(concat_.data(), total, whole, cand_.data(), cap);
         GRAVAC_CHECK_CUDA_LAUNCH();
         for (int shift : {cd::refine_digit_bits, 0}) {
@@ -386,7 +389,7 @@ class basic_select_cuda {
                                                                hist_.data(), shift);
           GRAVAC_CHECK_CUDA_LAUNCH();
         }
-        cd::tie_pass<<<std::min(grid1, 4 * sms_), cd::select_threads, 0, s>>>(concat_.data(), total, whole,
+        cd::tie_pass<<<launch_.tie_search(grid1), cd::select_threads, 0, s>>>(concat_.data(), total, whole,
                                                                               chunk_counts_.data());
         GRAVAC_CHECK_CUDA_LAUNCH();
         std::size_t temp = select_temp_.size();
@@ -394,7 +397,7 @@ class basic_select_cuda {
             select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
             thrust::make_tabulate_output_iterator(cd::whole_index_writer{list_.data(), whole}), &whole->selected,
             static_cast<std::int64_t>(total), cd::selected_by_threshold{concat_.data(), whole}, s));
-        cd::remember_whole_threshold<<<1, 1, 0, s>>>(whole, whole_threshold_.data());
+        cd::remember_whole_threshold<<<cd::one_block, cd::one_thread, 0, s>>>(whole, whole_threshold_.data());
         GRAVAC_CHECK_CUDA_LAUNCH();
       }
     }
@@ -410,18 +413,21 @@ class basic_select_cuda {
       }
       auto* sti = states_.data() + i;
       auto* slot = slots_.data() + i;
-      cd::split_whole_selection<<<1, 1, 0, s>>>(list_.data(), whole, start, l.numel, sti, first_.data() + i);
+      cd::split_whole_selection<<<cd::one_block, cd::one_thread, 0, s>>>(list_.data(), whole, start, l.numel, sti,
+                                                                         first_.data() + i);
       GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::place_sparse_segment<<<1, 1, 0, s>>>(packet, cursor_.data(), slot, &sti->count, static_cast<std::uint32_t>(i),
-                                               l.numel, false);
+      cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
+                                                                        static_cast<std::uint32_t>(i), l.numel, false);
       GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::gather_whole_pass<<<blocks_for(std::min(l.numel, k), cd::select_threads), cd::select_threads, 0, s>>>(
-          packet, slot, e.data() + l.offset, list_.data(), first_.data() + i, static_cast<std::uint32_t>(start), sti,
-          whole, sums_.data() + i, failure_.data());
+      cd::gather_whole_pass<<<launch_.grid_stride(std::min(l.numel, k), cd::select_threads), cd::select_threads, 0,
+                              s>>>(packet, slot, e.data() + l.offset, list_.data(), first_.data() + i,
+                                   static_cast<std::uint32_t>(start), sti, whole, sums_.data() + i, failure_.data());
       GRAVAC_CHECK_CUDA_LAUNCH();
       start += l.numel;
     }
   }
+
+  static constexpr const char* name() noexcept { return Threshold ? "threshold_cuda" : "topk_cuda"; }
 
   // The estimate's parameters of a layer, computed as threshold::estimate does (they do
   // not depend on the data; the histogram and the boundary are the device's part).
@@ -457,22 +463,17 @@ class basic_select_cuda {
   void restore(const std::byte* packet, grad_view<cuda_space> e) {
     const auto layers = static_cast<std::uint32_t>(layout_.size());
     if (layers == 0) return;
-    const dim3 grid(static_cast<unsigned>(sms_) * 2, std::min<std::uint32_t>(layers, 65535));
+    const dim3 grid = launch_.repair(layers);
     detail::restore_pass<<<grid, detail::select_threads, 0, options_.stream.get()>>>(
         packet, slots_.data(), states_.data(), packets_.desc().offset, layers, e.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
     options_.stream.synchronize();
   }
 
-  [[nodiscard]] int blocks_for(std::size_t n, int per_block) const noexcept {
-    const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
-    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
-  }
-
   layout layout_;
   options options_;
   mutable detail::device_packets packets_;
-  int sms_ = 1;
+  detail::launch_config launch_;  // the grids of this device
   std::uint32_t cap_ = 0;
   device_buffer<detail::select_state> states_;
   device_buffer<std::uint32_t> prev_threshold_;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
@@ -34,12 +35,6 @@
 
 namespace gravac::detail {
 
-//! Threads per block of the AdaComp kernels.
-inline constexpr int adacomp_threads = 256;
-//! Elements per thread and tile of adacomp_bins.
-inline constexpr int adacomp_items = 8;
-//! Elements of one tile of adacomp_bins.
-inline constexpr std::uint32_t adacomp_tile = static_cast<std::uint32_t>(adacomp_threads) * adacomp_items;
 //! Integers of the exponent sum (detail::exponent_sum::at).
 inline constexpr int exponent_slots = 256;
 

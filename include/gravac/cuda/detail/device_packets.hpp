@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/layout.hpp"
@@ -94,7 +95,7 @@ class device_packets {
     if (planned_)
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(plan_dev_.data(), plan_host_.data(), planned_ * sizeof(segment_desc),
                                       cudaMemcpyHostToDevice, s));
-    const auto blocks = static_cast<unsigned>((planned_ + packet_threads) / packet_threads);
+    const unsigned blocks = table_blocks(planned_, packet_threads);
     write_headers_kernel(packet, blocks, s);
   }
 
@@ -119,7 +120,7 @@ class device_packets {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "decompress_add: packet was not validated");
     launch_walk(packet, kind);  // rebuilds the segment table on the device (no host round trip)
-    scatter_add_sparse<<<dim3(scatter_blocks, grid_y()), packet_threads, 0, stream_.get()>>>(
+    scatter_add_sparse<<<launch_config::per_layer(layers_), packet_threads, 0, stream_.get()>>>(
         packet.data(), desc(), table_.data(), walk_.data(), out, scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
@@ -130,23 +131,18 @@ class device_packets {
   }
 
  private:
-  static constexpr unsigned scatter_blocks = 64;
-
-  [[nodiscard]] unsigned grid_y() const noexcept {
-    return static_cast<unsigned>(std::clamp<std::size_t>(layers_, 1, 65535));
-  }
   void write_headers_kernel(std::byte* packet, unsigned blocks, cudaStream_t s) {
     write_packet_headers<<<blocks, packet_threads, 0, s>>>(packet, head_dev_.data(), plan_dev_.data(),
                                                            static_cast<std::uint32_t>(planned_));
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
   void launch_walk(std::span<const std::byte> packet, packet_kind kind) {
-    walk_sparse_packet<<<1, 1, 0, stream_.get()>>>(packet.data(), packet.size(), desc(),
-                                                   static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
+    walk_sparse_packet<<<one_block, one_thread, 0, stream_.get()>>>(
+        packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
   void launch_index_check(std::span<const std::byte> packet) {
-    check_sparse_indices<<<dim3(scatter_blocks, grid_y()), packet_threads, 0, stream_.get()>>>(
+    check_sparse_indices<<<launch_config::per_layer(layers_), packet_threads, 0, stream_.get()>>>(
         packet.data(), desc(), table_.data(), walk_.data());
     GRAVAC_CHECK_CUDA_LAUNCH();
   }

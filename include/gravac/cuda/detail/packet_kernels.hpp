@@ -10,13 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/raw_segment.hpp"
 
 namespace gravac::detail {
-
-//! Threads per block of the packet kernels.
-inline constexpr int packet_threads = 256;
 
 //! One segment to write: where its header goes, the header, and the two payload regions
 //! whose last 8-byte word must be zeroed (padding) before the data kernels fill them.

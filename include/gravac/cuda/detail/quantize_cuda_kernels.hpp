@@ -31,13 +31,12 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 
 namespace gravac::detail {
 
-//! Threads per block of the quantizer kernels.
-inline constexpr int quant_threads = 256;
 //! Elements per host chunk (detail::quant_chunk) and float lanes per chunk (detail::sum_lanes).
 inline constexpr unsigned long long quant_chunk_elems = detail::quant_chunk;
 //! Float partial sums per chunk, as on the host.

@@ -10,12 +10,11 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 
 namespace gravac::detail {
 
-//! Threads per block of every selection kernel.
-inline constexpr int select_threads = 256;
 //! Bits of the first digit (bits 30..20 of the key).
 inline constexpr int first_digit_bits = 11;
 //! Bits of the second and third digits (19..10 and 9..0).
@@ -29,10 +28,6 @@ inline constexpr int max_gain_candidates = 32;
 inline constexpr std::uint32_t candidate_margin = 2u << 20;
 //! Keys at or above this are infinity or NaN.
 inline constexpr std::uint32_t non_finite_key = 0x7f800000u;
-//! Values per thread and round of the fused pass.
-inline constexpr int fused_items = 4;
-//! Elements per chunk of the ordered tie search.
-inline constexpr int tie_items = 16;
 
 //! The radix-select state of one layer in one step (device memory, reset every layer).
 struct select_state {

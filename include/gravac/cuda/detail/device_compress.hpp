@@ -1,0 +1,75 @@
+#pragma once
+//! \file
+//! \brief detail::compress_on_device: the skeleton of every device compressor's compress(),
+//! as compress_layers (compress/layered.hpp) is for the host compressors. The steps that
+//! every device compressor takes the same way are here, once: the step is checked before
+//! any memory is touched, the packet's bound for this step is checked against the output
+//! buffer, the statistics are reset, the compressor's work is queued on its stream (no
+//! host round trip inside it), and the host waits once. A compressor supplies the bound,
+//! its kernels and the reading of its statistics.
+
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "gravac/cuda/detail/select_common.hpp"
+#include "gravac/cuda/stream.hpp"
+#include "gravac/error.hpp"
+#include "gravac/layout.hpp"
+#include "gravac/memory.hpp"
+#include "gravac/step.hpp"
+
+namespace gravac::detail {
+
+//! The compressor that runs a compress_on_device step.
+struct device_step {
+  const char* who;    //!< its name, which starts every error message
+  const layout& lay;  //!< its layout
+  stream_ref stream;  //!< the stream all its work is ordered on
+};
+
+//! Throws gravac::error(backend_failure, backend::cuda) for a step whose device work failed
+//! a check, naming the compressor \p who.
+[[noreturn]] inline void throw_device_failure(const char* who, const char* what) {
+  throw error(status::backend_failure, std::string(who) + ": " + what, -1, backend::cuda);
+}
+
+//! Runs one device compress() step of the compressor \p step on g (gradient), e (residual)
+//! and \p out (the packet), all device memory:
+//! 1. checks the buffers against the layout, one kept fraction per layer and at most
+//!    max_gain_candidates gain candidates (gravac::error, nothing touched);
+//! 2. `plan()` returns the largest packet this step can produce (host arithmetic only; it
+//!    may stage the step's plan in pinned memory); it must fit in \p out;
+//! 3. resets \p st for the layout and the step's gain candidates;
+//! 4. `queue(packet)` queues every kernel of the step and the copies of its statistics
+//!    into pinned memory on the stream;
+//! 5. waits for the stream once;
+//! 6. `finish(bound)` reads the copied statistics into \p st, checks what the device
+//!    reported (throwing, after any repair of the residual, on a failure) and returns the
+//!    packet size.
+//! The messages are built only on failure: a step allocates nothing on the host.
+template <class Plan, class Queue, class Finish>
+std::size_t compress_on_device(const device_step& step, grad_view<cuda_space> g, grad_view<cuda_space> e,
+                               const step_params& p, std::span<std::byte> out, compress_stats& st, Plan&& plan,
+                               Queue&& queue, Finish&& finish) {
+  const auto fail = [&](const std::string& what) {
+    throw error(status::invalid_argument, std::string(step.who) + "::compress: " + what);
+  };
+  if (g.size() != step.lay.numel() || e.size() != step.lay.numel()) fail("buffer size does not match the layout");
+  if (p.kept_fraction.size() != step.lay.size()) fail("one kept fraction per layer is required");
+  if (p.gain_candidates.size() > static_cast<std::size_t>(max_gain_candidates))
+    fail("at most " + std::to_string(max_gain_candidates) + " gain candidates");
+  const std::size_t bound = plan();
+  if (bound > out.size())
+    fail("packet buffer too small (needs up to " + std::to_string(bound) + " bytes, has " + std::to_string(out.size()) +
+         ")");
+  st.reset(step.lay.size(), p.gain_candidates.size());
+  queue(out.data());
+  step.stream.synchronize();
+  return finish(bound);
+}
+
+}  // namespace gravac::detail
