@@ -240,6 +240,55 @@ TEST_CASE("torch_gradients: the trainer's average on 2 ranks equals the serial r
   }
 }
 
+TEST_CASE("torch_backward_hooks: backward drives the asynchronous step, with the synchronous step's bits",
+          "[torch][threads][async]") {
+  torch::set_num_threads(1);
+  constexpr int ranks = 2, steps = 3;
+  std::vector<mixed_net> nets(2 * ranks);  // per rank: one for the hooked run, one for step()
+  for (int r = 1; r < 2 * ranks; ++r) copy_parameters(*nets[0], *nets[r]);
+  std::vector<std::vector<batch>> data(ranks);
+  for (int r = 0; r < ranks; ++r)
+    for (int s = 0; s < steps; ++s) data[r].push_back(make_batch(500 * s + r));
+  std::vector<std::vector<std::vector<float>>> hooked(steps, std::vector<std::vector<float>>(ranks)), plain = hooked;
+  using T = trainer<topk, allgather, fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.2;
+  opt.bucket_bytes = bucket_per_layer;
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    const int r = comm.rank();
+    torch_gradients hg(*nets[r]), pg(*nets[ranks + r]);
+    T ht(comm, hg.get_layout(), opt), pt(comm, pg.get_layout(), opt);
+    torch_backward_hooks<T> hooks(hg, ht);
+    torch::optim::SGD hsgd(nets[r]->parameters(), 0.05), psgd(nets[ranks + r]->parameters(), 0.05);
+    for (int s = 0; s < steps; ++s) {
+      hsgd.zero_grad();
+      hooks.begin_step();
+      loss_of(nets[r], data[r][s]).backward();
+      // The hooks marked every trainable parameter during backward (layer 0, "scale", too).
+      CHECK_THROWS_WITH(ht.ready(0), Catch::Contains("already marked ready"));
+      const auto& rep = hooks.finish();
+      CHECK(rep.buckets == ht.bucket_count());
+      hooked[s][r] = flat_grads(hg.parameters());
+      hsgd.step();
+
+      psgd.zero_grad();
+      loss_of(nets[ranks + r], data[r][s]).backward();
+      pg.step(pt);
+      plain[s][r] = flat_grads(pg.parameters());
+      psgd.step();
+    }
+    // Backward outside a step is ignored by the hooks.
+    hsgd.zero_grad();
+    CHECK_NOTHROW(loss_of(nets[r], data[r][0]).backward());
+    CHECK_FALSE(ht.step_in_progress());
+  });
+  for (int s = 0; s < steps; ++s)
+    for (int r = 0; r < ranks; ++r) {
+      INFO("step " << s << " rank " << r);
+      CHECK(hooked[s][r] == plain[s][r]);
+    }
+}
+
 TEST_CASE("torch_gradients: a short data-parallel training run lowers the loss", "[torch][threads]") {
   torch::set_num_threads(1);
   torch::manual_seed(1);  // the networks' initial weights: the same run every time

@@ -19,12 +19,17 @@
 //! Link gravac::torch (created when CMake finds LibTorch). Host (CPU) float32
 //! parameters only: LibTorch's CUDA tensors would need gravac's device compressors.
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -174,6 +179,101 @@ class torch_gradients {
   layout layout_;
   std::vector<torch::Tensor> params_;
   torch::Tensor flat_;
+};
+
+//! Overlaps a trainer's step with LibTorch's backward, as PyTorch DDP does: a hook on every
+//! parameter's gradient accumulator tells the trainer that the parameter's gradient is
+//! final (trainer::ready), so each bucket is compressed and aggregated on the trainer's
+//! communication thread while backward goes on with the layers below.
+//!
+//! \code
+//! gravac::torch_gradients grads(*net);
+//! gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy> t{comm, grads.get_layout(), opt};
+//! gravac::torch_backward_hooks<decltype(t)> hooks(grads, t);
+//! for (...) {
+//!   sgd.zero_grad();
+//!   hooks.begin_step();                        // the policy fixes the step's decisions
+//!   loss_fn(net->forward(x), y).backward();    // buckets start as their gradients are final
+//!   hooks.finish();                            // waits for the last buckets
+//!   sgd.step();
+//! }
+//! \endcode
+//!
+//! A parameter that gets no gradient in a backward is marked ready by finish(). With
+//! gradient accumulation over several backward passes, call begin_step() before the last
+//! one only. The hooks are removed when this object goes; it must not outlive the model,
+//! \p grads or the trainer.
+template <class Trainer>
+class torch_backward_hooks {
+ public:
+  //! Installs the hooks on the gradient accumulators of \p grads' parameters.
+  torch_backward_hooks(torch_gradients& grads, Trainer& t) : grads_(grads), trainer_(t) {
+    require(t.get_layout().hash() == grads.get_layout().hash(),
+            "torch_backward_hooks: the trainer's layout is not the gradients' layout");
+    const auto& params = grads.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      // The accumulator is held here: the parameter keeps only a weak reference, so a
+      // hook on an accumulator nobody holds could vanish between backward passes.
+      auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+      require(acc != nullptr, "torch_backward_hooks: parameter '" + grads.get_layout()[i].name +
+                                  "' has no gradient accumulator (not a leaf that requires grad)");
+      const auto key = acc->add_post_hook(std::make_unique<ready_hook>(this, i));
+      hooks_.push_back({std::move(acc), key});
+    }
+  }
+  torch_backward_hooks(const torch_backward_hooks&) = delete;
+  torch_backward_hooks& operator=(const torch_backward_hooks&) = delete;
+  //! Removes the hooks.
+  ~torch_backward_hooks() {
+    for (auto& h : hooks_) h.accumulator->del_post_hook(h.key);
+  }
+
+  //! Starts the trainer's asynchronous step on the flat buffer (call after zero_grad,
+  //! before backward). Throws gravac::error when a gradient left the buffer (attach()).
+  void begin_step() {
+    if (!grads_.attached())
+      throw error(status::invalid_argument,
+                  "torch_backward_hooks::begin_step: a parameter's gradient no longer lives in the flat buffer "
+                  "(zero_grad(set_to_none) or an assignment replaced it); call attach() after such calls");
+    std::lock_guard lock(m_);
+    trainer_.begin_step(grads_.grads());
+    active_ = true;
+  }
+  //! Ends the step after backward: waits for every bucket and returns the step's report.
+  const step_report& finish() {
+    std::lock_guard lock(m_);
+    active_ = false;
+    return trainer_.finish();
+  }
+
+ private:
+  // Runs after AccumulateGrad has added the parameter's gradient into its slice.
+  struct ready_hook final : torch::autograd::FunctionPostHook {
+    ready_hook(torch_backward_hooks* owner, std::size_t layer) noexcept : owner(owner), layer(layer) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      owner->on_ready(layer);
+      return outputs;
+    }
+    torch_backward_hooks* owner;
+    std::size_t layer;
+  };
+  struct installed {
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    std::uintptr_t key;
+  };
+
+  // Backward outside a step (evaluation with grad, a warm-up) is not the step's.
+  void on_ready(std::size_t layer) {
+    std::lock_guard lock(m_);  // autograd may run hooks on its own threads
+    if (active_) trainer_.ready(layer);
+  }
+
+  torch_gradients& grads_;
+  Trainer& trainer_;
+  std::vector<installed> hooks_;
+  std::mutex m_;
+  bool active_ = false;
 };
 
 }  // namespace gravac
