@@ -7,6 +7,7 @@
 //   ./fashion_mnist --help                            # every compressor, collective, policy and knob
 //   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100   # checkpoint every 100 steps
 //   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100 --resume  # after a crash
+//   mpiexec -n 4 ./fashion_mnist --model cnn --overlap on --bucket-mb 0.05   # buckets overlapped with backward
 //
 // Each rank trains on its shard of every global batch; gravac turns the local gradients
 // into their (compressed) average; every rank applies the same SGD step. Rank 0 prints a
@@ -66,7 +67,8 @@ int main(int argc, char** argv) {
   std::string gravac_time = "simulated", network_source = "modeled", ar_rule = "star", cast16_format = "fp16";
   int ranks = 4;
   bool progress = isatty(STDOUT_FILENO) != 0, no_plots = false;
-  double kept_fraction = 0.01, lr_gamma = 0.1;
+  double kept_fraction = 0.01, lr_gamma = 0.1, bucket_mb = 25;
+  std::string overlap = "off";
   std::vector<std::size_t> milestones;
 
   app.add_option("--backend", backend,
@@ -187,6 +189,19 @@ int main(int argc, char** argv) {
                "times and GraVAC's decisions depend on the data alone, so runs repeat exactly and a resumed run "
                "matches an uninterrupted one)")
       ->capture_default_str();
+  auto* ov = app.add_option_group("overlap");
+  ov->add_option("--overlap", overlap,
+                 "on: gravac's buckets are compressed and aggregated on a communication thread while backward "
+                 "goes on (each layer announced as its gradient is final); the modeled clock charges only the "
+                 "communication backward does not hide. Same parameters and records as off, times aside. Not with "
+                 "shadow networks")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  ov->add_option("--bucket-mb", bucket_mb,
+                 "gravac's bucket size in MiB of float gradient, formed from the last layer to the first (0: one "
+                 "bucket per layer; anything at least the model's size: one bucket)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   {
     try {
@@ -205,11 +220,32 @@ int main(int argc, char** argv) {
   m.compressor = value_of(fmnist::compressor_names, compressor);
   m.collective = value_of(fmnist::collective_names, collective);
   m.policy = value_of(fmnist::policy_names, policy);
+  cfg.overlap = overlap == "on";
+  {
+    // MiB, as the library's default (25 MiB); 0 is one bucket per layer.
+    const double bytes = bucket_mb * 1048576.0;
+    m.bucket_bytes = bytes < 1       ? gravac::bucket_per_layer
+                     : bytes >= 1e18 ? gravac::one_bucket
+                                     : static_cast<std::size_t>(bytes);
+  }
 
   bool use_mpi = backend == "mpi" || (backend == "auto" && launched_by_mpi());
-  if (use_mpi) MPI_Init(&argc, &argv);
+  // The asynchronous step's communication thread calls MPI while the main thread computes,
+  // one call at a time: MPI_THREAD_SERIALIZED. Asked for always (the synchronous step
+  // needs less); refused below only when --overlap on needs it.
+  int provided = MPI_THREAD_SINGLE;
+  if (use_mpi) MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int world_rank = 0;
   if (use_mpi) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (use_mpi && cfg.overlap && provided < MPI_THREAD_SERIALIZED) {
+    if (world_rank == 0)
+      std::fprintf(stderr,
+                   "fashion_mnist: --overlap on needs MPI initialised with MPI_THREAD_SERIALIZED, but this MPI "
+                   "provides only level %d (%s); use --overlap off, or an MPI library built with thread support\n",
+                   provided, provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED");
+    MPI_Finalize();
+    return world_rank == 0 ? 2 : 0;
+  }
   int rc = 0;
   try {
     cfg.model = model == "cnn" ? fmnist::model_kind::cnn : fmnist::model_kind::mlp;

@@ -5,11 +5,16 @@
 # damaged on one rank (truncated), and --resume must report it, fall back to the previous
 # checkpoint and end with the final parameters of a run that never stopped, bit for bit,
 # and the same records (times and wire bytes aside; test_fmnist_resume compares those).
-#   fmnist_fault_kill.sh <fashion_mnist> <mpiexec> <work-dir>
+#   fmnist_fault_kill.sh <fashion_mnist> <mpiexec> <work-dir> [<more example options>...]
+# The options after the work directory are given to every run (test_fmnist_fault_kill_overlap:
+# --overlap on --bucket-mb 0, so that the surviving ranks wait inside an asynchronous step,
+# their communication threads in a collective with the dead rank).
 # The kill is deterministic: the example's --fault-kill-rank 2 --fault-kill-step 30 makes
 # rank 2 send itself SIGKILL just before step 30 (checkpoints every 7 steps: 21 and 28 kept).
 set -euo pipefail
 exe=$1 mpiexec=$2 work=$3
+shift 3
+extra=("$@")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 rm -rf "$work"
 mkdir -p "$work"
@@ -25,7 +30,7 @@ fail() {
 # decision depends on the data alone.
 args=(--backend mpi --hidden 32 --batch 64 --train-subset 1280 --test-subset 500 --epochs 3 --seed 7
       --compute-s 0.001 --no-codec-time --policy gravac --compressor topk --collective allgather
-      --gravac-period 10 --gravac-warmup 5 --no-plots --no-progress)
+      --gravac-period 10 --gravac-warmup 5 --no-plots --no-progress "${extra[@]}")
 run() {  # run <log> <args...>: 4 ranks, at most 90 s (a backstop: the checks below are tighter)
   local log=$1
   shift

@@ -65,18 +65,21 @@ struct fault_config {
 //! Everything of a rank's training loop between two steps that is not gravac's trainer
 //! state and not derived from the settings.
 struct run_state {
-  std::string settings;                          //!< describe_settings() of the writer's configuration
-  std::int64_t rank = 0;                         //!< rank that wrote it
-  std::int64_t ranks = 1;                        //!< ranks of the writer's run
-  std::uint64_t step = 0;                        //!< steps done
-  std::uint64_t epoch = 0;                       //!< the epoch in progress (or the next one, when !epoch_started)
-  std::uint64_t step_in_epoch = 0;               //!< steps of `epoch` done
-  bool epoch_started = false;                    //!< `epoch`'s permutation has been drawn into `order`
-  std::string data_rng;                          //!< the data-order generator (std::mt19937_64 as operator<< writes it)
-  std::vector<std::uint32_t> order;              //!< the permutation of the training set (shuffled in place each epoch)
-  std::vector<float> params;                     //!< model parameters
-  std::vector<float> velocity;                   //!< SGD momentum buffer
-  double compute_s = 0;                          //!< the modeled compute per step (calibrated or given)
+  std::string settings;              //!< describe_settings() of the writer's configuration
+  std::int64_t rank = 0;             //!< rank that wrote it
+  std::int64_t ranks = 1;            //!< ranks of the writer's run
+  std::uint64_t step = 0;            //!< steps done
+  std::uint64_t epoch = 0;           //!< the epoch in progress (or the next one, when !epoch_started)
+  std::uint64_t step_in_epoch = 0;   //!< steps of `epoch` done
+  bool epoch_started = false;        //!< `epoch`'s permutation has been drawn into `order`
+  std::string data_rng;              //!< the data-order generator (std::mt19937_64 as operator<< writes it)
+  std::vector<std::uint32_t> order;  //!< the permutation of the training set (shuffled in place each epoch)
+  std::vector<float> params;         //!< model parameters
+  std::vector<float> velocity;       //!< SGD momentum buffer
+  double compute_s = 0;              //!< the modeled compute per step (calibrated or given)
+  //! With --overlap on: each layer's ready time as a share of compute_s, as the run uses
+  //! it (measured with a calibrated compute_s, given, or modeled); empty without overlap.
+  std::vector<double> ready_share;
   double modeled_clock = 0;                      //!< the primary network's modeled clock as recorded
   std::vector<double> shadow_clock;              //!< each shadow network's recorded clock
   double wire_sent_before = 0;                   //!< the primary network's wire-bytes counter at the last record

@@ -147,15 +147,23 @@ class cnn final : public model {
   }
 
   batch_result forward_backward(std::span<const float> params, const float* x, const int* y, std::size_t n,
-                                std::span<float> grads) override {
+                                std::span<float> grads, const gradient_final_fn& on_final = {}) override {
     batch_result r;
     forward(params, x, n);
+    const auto announce = [&](std::size_t w, std::size_t b) {
+      if (on_final) {
+        on_final(w);
+        on_final(b);
+      }
+    };
     detail::softmax_cross_entropy(logits_, y, r, &dlogits_);
     // Dense part: logits = h fc2^T + b, h = relu(feat fc1^T + b).
     dense_grads(grads, f2w_, f2b_, dlogits_, hidden_);
+    announce(f2w_, f2b_);
     dhidden_.noalias() = dlogits_ * weights(params, f2w_);
     dhidden_ = (hidden_.array() > 0.0f).select(dhidden_, 0.0f);
     dense_grads(grads, f1w_, f1b_, dhidden_, feat_);
+    announce(f1w_, f1b_);
     dfeat_.noalias() = dhidden_ * weights(params, f1w_);
     // Un-flatten into CNHW, through pool 2 and ReLU 2.
     const std::size_t q = s_.image / 4, hw2 = g2_.plane();
@@ -167,6 +175,7 @@ class cnn final : public model {
     detail::max_unpool(pooled2_.data(), s_.channels2 * n, g2_.side, arg2_, dconv_.data());
     dconv_ = (conv2_.array() > 0.0f).select(dconv_, 0.0f);
     conv_grads(grads, c2w_, c2b_, dconv_, cols2_);
+    announce(c2w_, c2b_);
     // Into the first block: dcols = W2^T dY2, col2im, pool 1, ReLU 1.
     dcols_.noalias() = weights(params, c2w_).transpose() * dconv_;
     dpool1_.resize(static_cast<Eigen::Index>(s_.channels1), static_cast<Eigen::Index>(n * g2_.plane()));
@@ -175,6 +184,7 @@ class cnn final : public model {
     detail::max_unpool(dpool1_.data(), s_.channels1 * n, g1_.side, arg1_, dconv_.data());
     dconv_ = (conv1_.array() > 0.0f).select(dconv_, 0.0f);
     conv_grads(grads, c1w_, c1b_, dconv_, cols1_);
+    announce(c1w_, c1b_);
     return r;
   }
 

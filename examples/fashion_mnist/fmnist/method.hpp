@@ -127,6 +127,9 @@ struct method_config {
   gravac::moo_policy_options moo{};                 //!< options of moo_policy
 
   std::uint64_t seed = 0;  //!< the trainer's shared seed (random-k, stochastic rounding)
+  //! The trainer's bucket size in bytes of float gradient (trainer options::bucket_bytes):
+  //! gravac::bucket_per_layer, gravac::one_bucket or anything between.
+  std::size_t bucket_bytes = gravac::default_bucket_bytes;
   gravac::non_finite_action on_non_finite = gravac::non_finite_action::throw_error;  //!< NaN / inf handling
 };
 
@@ -142,6 +145,18 @@ class stepper {
   virtual ~stepper() = default;
   //! Runs one gravac step on the flat gradient buffer (left holding the rank average).
   virtual const gravac::step_report& step(std::span<float> grads) = 0;
+  //! Starts an asynchronous step on \p grads, which backward is about to fill
+  //! (trainer::begin_step): the buckets run on the trainer's communication thread as
+  //! ready() fills them.
+  virtual void begin_step(std::span<float> grads) = 0;
+  //! Layer \p layer's gradient is final, at \p ready_s seconds on the modeled timeline of
+  //! the step (from begin_step) (trainer::ready).
+  virtual void ready(std::size_t layer, double ready_s) = 0;
+  //! Ends the asynchronous step: waits for every bucket, leaves the rank average in the
+  //! buffer given to begin_step and returns the step's report (trainer::finish).
+  virtual const gravac::step_report& finish() = 0;
+  //! Buckets the trainer aggregates a step in.
+  [[nodiscard]] virtual std::size_t buckets() const = 0;
   //! Marks the end of an interval (an epoch) for the policy.
   virtual void end_interval(const gravac::interval_info& info) = 0;
   //! The parameters the policy chose for the last step.

@@ -36,7 +36,7 @@ class mlp final : public model {
   }
 
   batch_result forward_backward(std::span<const float> params, const float* x, const int* y, std::size_t n,
-                                std::span<float> grads) override {
+                                std::span<float> grads, const gradient_final_fn& on_final = {}) override {
     batch_result r;
     forward(params, x, n);
     detail::softmax_cross_entropy(act_.back(), y, r, &delta_);
@@ -54,6 +54,10 @@ class mlp final : public model {
         dw.noalias() = delta_.transpose() * xin;
       }
       detail::column_sums(delta_, db);  // not colwise().sum(): its bits depend on db's address
+      if (on_final) {
+        on_final(w_[i]);
+        on_final(b_[i]);
+      }
       if (i == 0) break;
       const_row_map w(params.data() + wl.offset, static_cast<Eigen::Index>(wl.rows()),
                       static_cast<Eigen::Index>(wl.cols()));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <gravac/layout.hpp>
 #include <memory>
 #include <random>
@@ -33,6 +34,13 @@ struct batch_result {
   std::size_t correct = 0;  //!< samples whose largest logit is the label
   std::size_t samples = 0;  //!< samples seen
 };
+
+//! Called by forward_backward with a layer's index in the layout as soon as backward has
+//! written that layer's gradient for good (weights and biases each), in backward order:
+//! what an asynchronous gravac step needs (trainer::ready), so that a bucket's compression
+//! and communication start while backward goes on below it. The model does not touch a
+//! layer's gradient after announcing it.
+using gradient_final_fn = std::function<void(std::size_t layer)>;
 
 //! A classifier over flat parameters: forward, backward into a flat gradient, evaluation.
 //! One object per rank (it owns activation workspaces, sized for the largest batch seen).
@@ -65,9 +73,10 @@ class model {
 
   //! Forward and backward over \p n samples (\p x: n images back to back, \p y: labels).
   //! Overwrites \p grads with the gradient of the mean loss over these samples and
-  //! returns the loss sum and accuracy counts.
+  //! returns the loss sum and accuracy counts. \p on_final, when set, is called for every
+  //! layer once, as soon as its gradient is final (gradient_final_fn), last layers first.
   virtual batch_result forward_backward(std::span<const float> params, const float* x, const int* y, std::size_t n,
-                                        std::span<float> grads) = 0;
+                                        std::span<float> grads, const gradient_final_fn& on_final = {}) = 0;
 
   //! Forward only over \p n samples, in chunks, returning loss sum and correct count.
   virtual batch_result evaluate(std::span<const float> params, const float* x, const int* y, std::size_t n) = 0;

@@ -30,9 +30,12 @@ struct step_record {
   double compute_s = 0;            //!< measured compute (slowest rank)
   double codec_s = 0;              //!< measured compression + decompression (slowest rank)
   double modeled_comm_s = 0;       //!< communication time charged by the simulated network
-  double modeled_time_s = 0;       //!< modeled clock after this step
-  double bandwidth_gbps = 0;       //!< modeled bandwidth during the step (0 without a network)
-  double latency_ms = 0;           //!< modeled latency during the step
+  //! Of modeled_comm_s, the part not hidden behind backward (step_report::modeled_exposed_s
+  //! with --overlap on; all of it for the synchronous step).
+  double modeled_exposed_s = 0;
+  double modeled_time_s = 0;  //!< modeled clock after this step
+  double bandwidth_gbps = 0;  //!< modeled bandwidth during the step (0 without a network)
+  double latency_ms = 0;      //!< modeled latency during the step
 };
 
 //! One epoch.
@@ -51,6 +54,7 @@ struct epoch_record {
   double compute_s = 0;                     //!< measured compute during the epoch
   double codec_s = 0;                       //!< measured compression time during the epoch
   double modeled_comm_s = 0;                //!< modeled communication time during the epoch
+  double modeled_exposed_s = 0;             //!< of modeled_comm_s, the part not hidden behind backward
   double modeled_time_s = 0;                //!< modeled clock at the end of the epoch
   std::vector<double> shadow_time_s;        //!< modeled clock on each shadow network at the end of the epoch
   double wall_s = 0;                        //!< wall time of the epoch (with evaluation)

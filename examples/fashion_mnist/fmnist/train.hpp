@@ -73,7 +73,20 @@ struct run_config {
   //! (epoch_record::shadow_time_s): one run of a method whose decisions do not depend on
   //! the network gives its modeled time on several networks.
   std::vector<network_config> shadow_networks;
-  double compute_s = -1;       //!< modeled compute per step; < 0 = calibrate at the start
+  double compute_s = -1;  //!< modeled compute per step; < 0 = calibrate at the start
+  //! Overlap gravac's buckets with backward (--overlap on): each step is
+  //! begin_step, forward_backward announcing each layer's gradient as it is final
+  //! (trainer::ready with the layer's modeled ready time), finish. The parameters and
+  //! every record but the times are those of the synchronous step with the same buckets;
+  //! the modeled clock charges only the exposed communication (step_report::modeled_exposed_s).
+  //! A layer's modeled ready time is compute_s times its share of the step's compute:
+  //! measured (median of the calibration runs) when compute_s is calibrated, else the
+  //! deterministic model of ready_share_model(). Not with shadow networks (refused).
+  bool overlap = false;
+  //! With overlap: each layer's ready time as a share of compute_s (layout order), given
+  //! (e.g. run_result::ready_share of a calibrated run, so that several runs share one
+  //! modeled timeline); empty: measured or modeled as described above.
+  std::vector<double> ready_share;
   bool codec_cpu_time = true;  //!< compression time as thread CPU time (threads) or wall time (MPI)
   //! Charge the measured compression time to the modeled clocks (the run's, the simulated
   //! networks', GraVAC's simulated one). Off, every modeled figure and every decision
@@ -92,13 +105,17 @@ std::string describe_settings(const run_config& cfg, int ranks);
 
 //! What a run recorded (complete on every rank).
 struct run_result {
-  std::string method;                //!< "topk + allgather + gravac"
-  std::string model;                 //!< the model's name
-  std::string network;               //!< the network's spelling
-  int ranks = 1;                     //!< ranks that trained
-  std::size_t params = 0;            //!< parameters of the model
-  std::size_t steps_per_epoch = 0;   //!< optimizer steps per epoch
-  double compute_per_step_s = 0;     //!< the modeled compute per step
+  std::string method;               //!< "topk + allgather + gravac"
+  std::string model;                //!< the model's name
+  std::string network;              //!< the network's spelling
+  int ranks = 1;                    //!< ranks that trained
+  std::size_t params = 0;           //!< parameters of the model
+  std::size_t steps_per_epoch = 0;  //!< optimizer steps per epoch
+  double compute_per_step_s = 0;    //!< the modeled compute per step
+  bool overlap = false;             //!< buckets overlapped with backward (run_config::overlap)
+  std::size_t buckets = 1;          //!< buckets of a step
+  //! With overlap: each layer's modeled ready time as a share of compute_per_step_s.
+  std::vector<double> ready_share;
   std::vector<step_record> steps;    //!< one per step
   std::vector<epoch_record> epochs;  //!< one per epoch
   std::vector<float> final_params;   //!< the parameters after the last step (identical on every rank)
@@ -115,6 +132,23 @@ struct run_result {
   //! \p shadow selects a shadow network's clock (-1: the primary network).
   [[nodiscard]] double modeled_time_to(double target, int shadow = -1) const;
 };
+
+//! The deterministic model of the layers' ready times used with --overlap on and a given
+//! --compute-s: forward takes a third of the step's compute, backward the rest, each
+//! layer's backward in proportion to its parameter count, in the order \p backward_order
+//! (the order the model announces its layers in). Returns each layer's ready time as a
+//! share of the step's compute (layout order); the last layer announced ends at 1.
+std::vector<double> ready_share_model(const gravac::layout& lay, const std::vector<std::size_t>& backward_order);
+
+//! Total modeled communication and its exposed part of a run (per-rank sums of the
+//! epochs), and their ratio (1 without communication).
+struct exposure {
+  double total_s = 0;    //!< modeled communication
+  double exposed_s = 0;  //!< of it, not hidden behind backward
+  [[nodiscard]] double ratio() const { return total_s > 0 ? exposed_s / total_s : 1.0; }
+};
+//! The exposure of \p r (its epochs summed).
+exposure exposure_of(const run_result& r);
 
 //! Rank-0 callbacks while training (progress bar, per-epoch lines); may be empty.
 struct train_observer {

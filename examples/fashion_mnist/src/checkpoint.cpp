@@ -17,7 +17,8 @@ namespace fmnist {
 namespace {
 
 constexpr char run_magic[8] = {'F', 'M', 'N', 'R', 'U', 'N', '\0', '\0'};
-constexpr std::uint32_t run_version = 1;
+// 2: the records' modeled_exposed_s and the run's ready_share (--overlap on).
+constexpr std::uint32_t run_version = 2;
 constexpr std::size_t header_bytes = 32;
 
 gravac::error io_error(const std::string& what) {
@@ -103,7 +104,8 @@ void put_record(writer& w, const step_record& r) {
                    r.wire_bytes_received})
     w.put(d);
   w.put(r.collective);
-  for (double d : {r.gain, r.compute_s, r.codec_s, r.modeled_comm_s, r.modeled_time_s, r.bandwidth_gbps, r.latency_ms})
+  for (double d : {r.gain, r.compute_s, r.codec_s, r.modeled_comm_s, r.modeled_exposed_s, r.modeled_time_s,
+                   r.bandwidth_gbps, r.latency_ms})
     w.put(d);
 }
 
@@ -116,8 +118,8 @@ void reader::get(step_record& r, const char* field) {
                     &r.wire_bytes_received})
     get(*d, field);
   get(r.collective, field);
-  for (double* d :
-       {&r.gain, &r.compute_s, &r.codec_s, &r.modeled_comm_s, &r.modeled_time_s, &r.bandwidth_gbps, &r.latency_ms})
+  for (double* d : {&r.gain, &r.compute_s, &r.codec_s, &r.modeled_comm_s, &r.modeled_exposed_s, &r.modeled_time_s,
+                    &r.bandwidth_gbps, &r.latency_ms})
     get(*d, field);
 }
 
@@ -125,7 +127,7 @@ void put_record(writer& w, const epoch_record& r) {
   w.put<std::uint64_t>(r.epoch);
   for (double d : {r.lr, r.train_loss, r.train_acc, r.test_loss, r.test_acc, r.bytes_per_rank, r.dense_bytes_per_rank,
                    r.wire_bytes_sent_per_rank, r.wire_bytes_received_per_rank, r.kept_fraction, r.compute_s, r.codec_s,
-                   r.modeled_comm_s, r.modeled_time_s})
+                   r.modeled_comm_s, r.modeled_exposed_s, r.modeled_time_s})
     w.put(d);
   w.put_vector(r.shadow_time_s);
   w.put(r.wall_s);
@@ -136,9 +138,10 @@ void reader::get(epoch_record& r, const char* field) {
   std::uint64_t epoch = 0;
   get(epoch, field);
   r.epoch = static_cast<std::size_t>(epoch);
-  for (double* d : {&r.lr, &r.train_loss, &r.train_acc, &r.test_loss, &r.test_acc, &r.bytes_per_rank,
-                    &r.dense_bytes_per_rank, &r.wire_bytes_sent_per_rank, &r.wire_bytes_received_per_rank,
-                    &r.kept_fraction, &r.compute_s, &r.codec_s, &r.modeled_comm_s, &r.modeled_time_s})
+  for (double* d :
+       {&r.lr, &r.train_loss, &r.train_acc, &r.test_loss, &r.test_acc, &r.bytes_per_rank, &r.dense_bytes_per_rank,
+        &r.wire_bytes_sent_per_rank, &r.wire_bytes_received_per_rank, &r.kept_fraction, &r.compute_s, &r.codec_s,
+        &r.modeled_comm_s, &r.modeled_exposed_s, &r.modeled_time_s})
     get(*d, field);
   get_vector(r.shadow_time_s, field, sizeof(double));
   get(r.wall_s, field);
@@ -190,6 +193,7 @@ std::vector<std::byte> encode_run_state(const run_state& s) {
   w.put_vector(s.params);
   w.put_vector(s.velocity);
   w.put(s.compute_s);
+  w.put_vector(s.ready_share);
   w.put(s.modeled_clock);
   w.put_vector(s.shadow_clock);
   w.put(s.wire_sent_before);
@@ -256,6 +260,7 @@ run_state decode_run_state(std::span<const std::byte> bytes, const std::string& 
   r.get_vector(s.params, "params", 4);
   r.get_vector(s.velocity, "velocity", 4);
   r.get(s.compute_s, "compute_s");
+  r.get_vector(s.ready_share, "ready_share", 8);
   r.get(s.modeled_clock, "modeled_clock");
   r.get_vector(s.shadow_clock, "shadow_clock", 8);
   r.get(s.wire_sent_before, "wire_sent_before");

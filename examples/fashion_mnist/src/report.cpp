@@ -46,9 +46,11 @@ std::string shell_quoted(const std::string& s) {
 }  // namespace
 
 std::string epoch_header() {
-  // pkt MB: the rank's own packets; wire MB: what it received on the simulated wire.
+  // pkt MB: the rank's own packets; wire MB: what it received on the simulated wire;
+  // model comm s: the modeled communication, exposed s: the part of it not hidden behind
+  // backward (all of it without --overlap on), exp/comm: their ratio.
   return "epoch   test acc   loss      pkt MB   wire MB  CF chosen   pkt CF  compute s  codec s  model comm s  "
-         "model time s  policy";
+         "exposed s  exp/comm  model time s  policy";
 }
 
 train_observer console_observer(bool progress, std::FILE* out) {
@@ -74,11 +76,14 @@ train_observer console_observer(bool progress, std::FILE* out) {
       std::fprintf(out, "%s\n", epoch_header().c_str());
       *header_done = true;
     }
-    std::fprintf(out, "%5zu   %6.2f%%   %.4f  %8s  %8s  %9.1f  %7.1f  %9.2f  %7.2f  %12.3f  %12.3f  %s\n", e.epoch + 1,
-                 100 * e.test_acc, e.train_loss, megabytes(e.bytes_per_rank).c_str(),
+    std::fprintf(out,
+                 "%5zu   %6.2f%%   %.4f  %8s  %8s  %9.1f  %7.1f  %9.2f  %7.2f  %12.3f  %9.3f  %7.1f%%  %12.3f  %s\n",
+                 e.epoch + 1, 100 * e.test_acc, e.train_loss, megabytes(e.bytes_per_rank).c_str(),
                  megabytes(e.wire_bytes_received_per_rank).c_str(), cf_of(e.kept_fraction),
                  e.bytes_per_rank > 0 ? e.dense_bytes_per_rank / e.bytes_per_rank : 0.0, e.compute_s, e.codec_s,
-                 e.modeled_comm_s, e.modeled_time_s, e.policy_state.c_str());
+                 e.modeled_comm_s, e.modeled_exposed_s,
+                 e.modeled_comm_s > 0 ? 100 * e.modeled_exposed_s / e.modeled_comm_s : 100.0, e.modeled_time_s,
+                 e.policy_state.c_str());
     std::fflush(out);
   };
   return o;
@@ -108,7 +113,11 @@ void print_summary(const run_result& r, std::FILE* out) {
                  megabytes(r.total_wire_bytes_sent_per_rank()).c_str());
   std::fprintf(out, "  measured compute       %.2f s (+ %.2f s compression); modeled compute %.2f ms per step\n",
                compute, codec, 1e3 * r.compute_per_step_s);
-  std::fprintf(out, "  modeled time           %.2f s (of which communication %.2f s)\n", last.modeled_time_s, comm);
+  const exposure x = exposure_of(r);
+  std::fprintf(
+      out, "  modeled time           %.2f s (communication %.2f s, of which exposed %.2f s: %.1f%%; %s, %zu %s)\n",
+      last.modeled_time_s, comm, x.exposed_s, 100 * x.ratio(),
+      r.overlap ? "overlapped with backward" : "after backward", r.buckets, r.buckets == 1 ? "bucket" : "buckets");
 }
 
 void write_csv(const run_result& r, const std::string& dir) {
@@ -116,25 +125,26 @@ void write_csv(const run_result& r, const std::string& dir) {
   {
     auto f = open_for_writing(dir + "/steps.csv");
     f << "step,epoch,lr,loss,train_acc,kept_fraction,cf,bytes_sent,dense_bytes,wire_bytes_sent,wire_bytes_received,"
-         "collective,gain,compute_s,codec_s,modeled_comm_s,modeled_time_s,bandwidth_gbps,latency_ms\n";
+         "collective,gain,compute_s,codec_s,modeled_comm_s,modeled_exposed_s,modeled_time_s,bandwidth_gbps,latency_"
+         "ms\n";
     for (const auto& s : r.steps)
       f << s.step << ',' << s.epoch << ',' << s.lr << ',' << s.loss << ',' << s.train_acc << ',' << s.kept_fraction
         << ',' << cf_of(s.kept_fraction) << ',' << s.bytes_sent << ',' << s.dense_bytes << ',' << s.wire_bytes_sent
         << ',' << s.wire_bytes_received << ',' << s.collective << ',' << s.gain << ',' << s.compute_s << ','
-        << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_time_s << ',' << s.bandwidth_gbps << ','
-        << s.latency_ms << '\n';
+        << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_exposed_s << ',' << s.modeled_time_s << ','
+        << s.bandwidth_gbps << ',' << s.latency_ms << '\n';
     if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/steps.csv failed");
   }
   auto f = open_for_writing(dir + "/epochs.csv");
   f << "epoch,lr,train_loss,train_acc,test_loss,test_acc,bytes_per_rank,dense_bytes_per_rank,"
        "wire_bytes_sent_per_rank,wire_bytes_received_per_rank,kept_fraction,cf,"
-       "compute_s,codec_s,modeled_comm_s,modeled_time_s,wall_s,policy_state\n";
+       "compute_s,codec_s,modeled_comm_s,modeled_exposed_s,modeled_time_s,wall_s,policy_state\n";
   for (const auto& e : r.epochs)
     f << e.epoch + 1 << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.test_loss << ','
       << e.test_acc << ',' << e.bytes_per_rank << ',' << e.dense_bytes_per_rank << ',' << e.wire_bytes_sent_per_rank
       << ',' << e.wire_bytes_received_per_rank << ',' << e.kept_fraction << ',' << cf_of(e.kept_fraction) << ','
-      << e.compute_s << ',' << e.codec_s << ',' << e.modeled_comm_s << ',' << e.modeled_time_s << ',' << e.wall_s
-      << ",\"" << e.policy_state << "\"\n";
+      << e.compute_s << ',' << e.codec_s << ',' << e.modeled_comm_s << ',' << e.modeled_exposed_s << ','
+      << e.modeled_time_s << ',' << e.wall_s << ",\"" << e.policy_state << "\"\n";
   if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/epochs.csv failed");
 }
 

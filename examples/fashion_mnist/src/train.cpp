@@ -169,7 +169,12 @@ std::string describe_settings(const run_config& cfg, int ranks) {
   o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method " << method_name(cfg.method)
     << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network " << cfg.network.describe();
   for (const auto& n : cfg.shadow_networks) o << " shadow " << n.describe();
-  o << ", compute-s " << cfg.compute_s << ", codec-time " << (cfg.charge_codec ? "on" : "off");
+  if (!cfg.ready_share.empty()) {
+    o << ", ready-share";
+    for (double x : cfg.ready_share) o << ' ' << x;
+  }
+  o << ", compute-s " << cfg.compute_s << ", codec-time " << (cfg.charge_codec ? "on" : "off") << ", bucket-bytes "
+    << cfg.method.bucket_bytes << ", overlap " << (cfg.overlap ? "on" : "off");
   return o.str();
 }
 
@@ -237,6 +242,30 @@ double run_result::total_wire_bytes_received_per_rank() const {
   return s;
 }
 
+std::vector<double> ready_share_model(const gravac::layout& lay, const std::vector<std::size_t>& backward_order) {
+  gravac::require(backward_order.size() == lay.size(), "ready_share_model: the model announced " +
+                                                           std::to_string(backward_order.size()) +
+                                                           " layers, its layout has " + std::to_string(lay.size()));
+  std::vector<double> share(lay.size(), 0.0);
+  const double total = static_cast<double>(lay.numel());
+  std::size_t done = 0;
+  for (const std::size_t i : backward_order) {
+    gravac::require(i < lay.size(), "ready_share_model: the model announced a layer outside its layout");
+    done += lay[i].numel;
+    share.at(i) = 1.0 / 3.0 + (2.0 / 3.0) * (static_cast<double>(done) / total);
+  }
+  return share;
+}
+
+exposure exposure_of(const run_result& r) {
+  exposure x;
+  for (const auto& e : r.epochs) {
+    x.total_s += e.modeled_comm_s;
+    x.exposed_s += e.modeled_exposed_s;
+  }
+  return x;
+}
+
 double run_result::modeled_time_to(double target, int shadow) const {
   for (const auto& e : epochs)
     if (e.test_acc >= target)
@@ -296,22 +325,64 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     order = resume_from->order;
   }
 
+  // Overlap charges each bucket from its modeled ready time, which only the primary network
+  // sees (the trainer's communicator); a shadow network's clock would charge the whole
+  // communication, so the two cannot be recorded side by side.
+  gravac::require(!cfg.overlap || cfg.shadow_networks.empty(),
+                  "train: --overlap on does not model shadow networks (their clocks would charge the communication "
+                  "that overlap hides on the primary network); run each network on its own, or --overlap off");
+
   // Calibrate the modeled compute per step: the slowest rank's median thread CPU time of
   // forward + backward + optimizer-sized work on a real shard (parameters untouched).
   // A resumed run keeps the first run's figure: the policies' simulated clocks read it.
+  // With overlap, the same runs measure when each layer's gradient is final, as a share of
+  // the run's time (median over the runs; the slowest rank's, i.e. the latest share over
+  // the ranks, so that every rank's modeled timeline is the same).
   double compute_s = resume_from ? resume_from->compute_s : cfg.compute_s;
+  std::vector<double> ready_share = resume_from ? resume_from->ready_share : cfg.ready_share;
+  gravac::require(!cfg.overlap || ready_share.empty() || ready_share.size() == lay.size(),
+                  "train: the ready shares given are " + std::to_string(ready_share.size()) + ", the model has " +
+                      std::to_string(lay.size()) + " layers");
+  const bool measure_shares = cfg.overlap && ready_share.empty();
   if (compute_s < 0) {
     gather_samples(train_set, order.data() + static_cast<std::size_t>(rank) * local, local, xb, yb);
     std::vector<double> t;
+    std::vector<std::vector<double>> at(lay.size());  // at[layer][run]: seconds from the run's start
     for (int i = 0; i < 7; ++i) {
       const double t0 = thread_cpu_seconds();
-      net->forward_backward(params, xb.data(), yb.data(), local, grads);
+      if (measure_shares)
+        net->forward_backward(params, xb.data(), yb.data(), local, grads,
+                              [&](std::size_t layer) { at.at(layer).push_back(thread_cpu_seconds() - t0); });
+      else
+        net->forward_backward(params, xb.data(), yb.data(), local, grads);
       t.push_back(thread_cpu_seconds() - t0);
+      if (measure_shares)
+        for (auto& a : at)
+          if (a.size() == static_cast<std::size_t>(i) + 1) a.back() /= t.back() > 0 ? t.back() : 1.0;
     }
     std::sort(t.begin(), t.end());
     double med = t[t.size() / 2];
     comm.allreduce_max(std::span<double>(&med, 1));
     compute_s = med;
+    if (measure_shares) {
+      ready_share.assign(lay.size(), 1.0);
+      for (std::size_t i = 0; i < lay.size(); ++i) {
+        gravac::require(at[i].size() == 7, "train: the model did not announce layer '" + lay[i].name +
+                                               "' once per backward (gradient_final_fn)");
+        std::sort(at[i].begin(), at[i].end());
+        ready_share[i] = std::min(1.0, at[i][at[i].size() / 2]);
+      }
+      comm.allreduce_max(std::span<double>(ready_share));
+    }
+  }
+  if (cfg.overlap && ready_share.empty()) {
+    // A given --compute-s: the deterministic model, in the order the model announces its
+    // layers (one backward on a real shard, parameters untouched), so that runs repeat.
+    gather_samples(train_set, order.data() + static_cast<std::size_t>(rank) * local, local, xb, yb);
+    std::vector<std::size_t> backward_order;
+    net->forward_backward(params, xb.data(), yb.data(), local, grads,
+                          [&](std::size_t layer) { backward_order.push_back(layer); });
+    ready_share = ready_share_model(lay, backward_order);
   }
 
   // The modeled networks wrap this rank's engine, shadows innermost, the primary network
@@ -365,6 +436,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     if (m.gravac.time.source != gravac::time_source::measured) m.gravac.time.source = gravac::time_source::measured;
   }
   m.seed = m.seed ? m.seed : cfg.seed;
+  gravac::require(m.bucket_bytes > 0,
+                  "train: the bucket size must be positive (gravac::bucket_per_layer: one a layer)");
   std::unique_ptr<stepper> st = sim ? make_stepper(m, host_comm(*sim), lay) : make_stepper(m, comm, lay);
 
   run_result res;
@@ -375,6 +448,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   res.params = net->num_params();
   res.steps_per_epoch = steps_per_epoch;
   res.compute_per_step_s = compute_s;
+  res.overlap = cfg.overlap;
+  res.buckets = st->buckets();
+  res.ready_share = ready_share;
 
   // Fixed test subset, evaluated in shards.
   std::vector<std::uint32_t> test_idx(test_set.n);
@@ -457,6 +533,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       rs.params = params;
       rs.velocity.assign(opt.velocity().begin(), opt.velocity().end());
       rs.compute_s = compute_s;
+      rs.ready_share = ready_share;
       rs.modeled_clock = modeled_clock;
       rs.shadow_clock = shadow_clock;
       rs.wire_sent_before = wire_sent_before;
@@ -524,16 +601,40 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       }
       const std::uint32_t* shard = order.data() + s * cfg.batch + static_cast<std::size_t>(rank) * local;
       gather_samples(train_set, shard, local, xb, yb);
-      const double c0 = thread_cpu_seconds();
-      const batch_result br = net->forward_backward(params, xb.data(), yb.data(), local, grads);
-      const double c1 = thread_cpu_seconds();
-      const double clock0 = sim ? sim->modeled_seconds() : 0.0;
-      for (std::size_t k = 0; k < shadows; ++k) shadow_before[k] = sims[k]->modeled_seconds();
-      for (auto& sm : sims) sm->set_step(step);
-      const gravac::network_params now = sim ? sim->current() : gravac::network_params{};
-      const auto& rep = st->step(grads);
+      double c0 = 0, c1 = 0, clock0 = 0;
+      batch_result br;
+      gravac::network_params now{};
+      const auto before_comm = [&] {
+        clock0 = sim ? sim->modeled_seconds() : 0.0;
+        for (std::size_t k = 0; k < shadows; ++k) shadow_before[k] = sims[k]->modeled_seconds();
+        for (auto& sm : sims) sm->set_step(step);
+        now = sim ? sim->current() : gravac::network_params{};
+      };
+      const gravac::step_report* rep_p = nullptr;
+      if (cfg.overlap) {
+        // Buckets start on the trainer's communication thread as backward announces their
+        // layers; each layer is ready at compute_s times its share on the modeled timeline.
+        before_comm();
+        c0 = thread_cpu_seconds();
+        st->begin_step(grads);
+        br = net->forward_backward(params, xb.data(), yb.data(), local, grads,
+                                   [&](std::size_t layer) { st->ready(layer, compute_s * ready_share[layer]); });
+        c1 = thread_cpu_seconds();
+        rep_p = &st->finish();
+      } else {
+        c0 = thread_cpu_seconds();
+        br = net->forward_backward(params, xb.data(), yb.data(), local, grads);
+        c1 = thread_cpu_seconds();
+        before_comm();
+        rep_p = &st->step(grads);
+      }
+      const auto& rep = *rep_p;
       const double c2 = thread_cpu_seconds();
       const double comm_s = sim ? sim->modeled_seconds() - clock0 : 0.0;
+      // What backward hid of the buckets' modeled communication (0 for the synchronous
+      // step): the rest, and any communication outside the buckets, is exposed.
+      const double hidden =
+          cfg.overlap ? std::clamp(rep.modeled_communicate_s - rep.modeled_exposed_s, 0.0, comm_s) : 0.0;
       opt.step(params, grads, lr);
       const double c3 = thread_cpu_seconds();
 
@@ -549,7 +650,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
                         wire_received - wire_received_before};
       wire_sent_before = wire_sent;
       wire_received_before = wire_received;
-      const double codec = cfg.codec_cpu_time ? c2 - c1 : rep.compress_s + rep.decompress_s;
+      // With overlap the codec runs on the communication thread: its measured wall times.
+      const double codec = cfg.codec_cpu_time && !cfg.overlap ? c2 - c1 : rep.compress_s + rep.decompress_s;
       double maxes[2] = {(c1 - c0) + (c3 - c2), codec};
       comm.allreduce_sum(std::span<double>(sums, 6));
       comm.allreduce_max(std::span<double>(maxes, 2));
@@ -570,11 +672,15 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.compute_s = maxes[0];
       r.codec_s = maxes[1];
       r.modeled_comm_s = comm_s;
+      r.modeled_exposed_s = comm_s - hidden;
       const double charged_codec = cfg.charge_codec ? r.codec_s : 0.0;
-      modeled_clock += compute_s + charged_codec + comm_s;
+      // The step's modeled time is compute + codec + the exposed communication; the
+      // networks' clocks already hold all of the communication, so they advance by the
+      // rest of the step less what backward hid (no shadows with overlap: hidden is 0 there).
+      modeled_clock += compute_s + charged_codec + r.modeled_exposed_s;
       for (std::size_t k = 0; k < shadows; ++k)
         shadow_clock[k] += compute_s + charged_codec + (sims[k]->modeled_seconds() - shadow_before[k]);
-      for (auto& sm : sims) sm->add_compute_seconds(compute_s + charged_codec);
+      for (auto& sm : sims) sm->add_compute_seconds(compute_s + charged_codec - hidden);
       r.modeled_time_s = modeled_clock;
       if (sim) {
         r.bandwidth_gbps = 8.0 / now.beta / 1e9;
@@ -591,6 +697,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       er.compute_s += r.compute_s;
       er.codec_s += r.codec_s;
       er.modeled_comm_s += comm_s;
+      er.modeled_exposed_s += r.modeled_exposed_s;
       res.steps.push_back(std::move(r));
       ++step;
       ++done;

@@ -111,6 +111,10 @@ class trainer_stepper final : public stepper {
   using trainer_t = gravac::trainer<C, K, P>;
   trainer_stepper(const method_config& m, host_comm comm, const gravac::layout& lay) : t_(comm, lay, make_options(m)) {}
   const gravac::step_report& step(std::span<float> grads) override { return t_.step(grads); }
+  void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
+  void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
+  const gravac::step_report& finish() override { return t_.finish(); }
+  [[nodiscard]] std::size_t buckets() const override { return t_.buckets().size(); }
   void end_interval(const gravac::interval_info& info) override { t_.end_interval(info); }
   [[nodiscard]] const gravac::step_params& last_params() const override { return t_.last_params(); }
   [[nodiscard]] std::string policy_state() const override { return state_of(const_cast<trainer_t&>(t_).policy()); }
@@ -126,6 +130,7 @@ class trainer_stepper final : public stepper {
     o.collective = options_of<K>(m);
     o.policy = options_of<P>(m);
     o.seed = m.seed;
+    o.bucket_bytes = m.bucket_bytes;
     o.on_non_finite = m.on_non_finite;
     return o;
   }
