@@ -227,6 +227,7 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
   static_assert(Trainer::memory_space::host_accessible,
                 "gravac::save_checkpoint: device-memory trainers are not supported yet (copy the residual "
                 "to the host first)");
+  detail::require_between_steps(t, "save_checkpoint");
   std::string failure;
   status failed = status::ok;
   std::uint64_t state_hash = 0;
@@ -271,6 +272,7 @@ template <class Trainer>
 restore_report restore_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
   static_assert(Trainer::memory_space::host_accessible,
                 "gravac::restore_checkpoint: device-memory trainers are not supported yet");
+  detail::require_between_steps(t, "restore_checkpoint");
   const layout& lay = t.get_layout();
   const int rank = t.communicator().rank();
   std::string failure;

@@ -238,6 +238,26 @@ class trainer {
   }
   // clang-format on
 
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+  //! Moves a trainer between steps.
+  trainer(trainer&&) noexcept = default;
+  //! Moves a trainer between steps.
+  trainer& operator=(trainer&&) noexcept = default;
+  //! Destroying a trainer between begin_step() and finish() (an exception in backward)
+  //! abandons the step: the other ranks are or will be in its collectives, which can never
+  //! complete, so the communicator is told (communicator_ref::abandon: a thread team is
+  //! aborted with a message naming this rank, an MPI job ends) rather than leave them waiting.
+  ~trainer() {
+    if (!(in_step_ && async_)) return;
+    try {
+      comm_.abandon("rank " + std::to_string(comm_.rank()) +
+                    " abandoned an asynchronous step (its trainer was destroyed between begin_step and finish)");
+    } catch (...) {  // building the message failed: abandon without it
+      comm_.abandon("a rank abandoned an asynchronous step");
+    }
+  }
+
   //! True between begin_step() and finish().
   [[nodiscard]] bool step_in_progress() const noexcept { return in_step_; }
 

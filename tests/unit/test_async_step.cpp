@@ -3,10 +3,12 @@
 // every rank with the residual invariant kept, checkpoints hold every bucket's state, and
 // the modeled timeline hides communication behind backward.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -234,4 +236,51 @@ TEST_CASE("async step: the modeled timeline hides communication behind backward"
     CHECK(exposed_spread[r] < 0.5 * total_spread[r]);  // 5 buckets, one exposed
     CHECK(exposed_spread[r] == exposed_spread[0]);     // every rank models the same
   }
+}
+
+TEST_CASE("async step: a rank that fails in backward ends every rank with an error naming it", "[buckets][async]") {
+  const auto lay = test::mixed_layout();
+  constexpr int ranks = 4;
+  std::vector<std::string> what(ranks);
+  try {
+    // A short team timeout: without the abandon, the others would report a timeout instead.
+    run_ranks(
+        ranks,
+        [&](thread_communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          trainer<topk, allgather, fixed_policy> t(comm, lay, {.bucket_bytes = bucket_per_layer});
+          auto g = test::rank_gradient(lay, 0, comm.rank());
+          t.begin_step(std::span<float>(g));
+          t.ready(5);  // the first bucket starts on every rank
+          t.ready(4);
+          if (comm.rank() == 2) throw std::runtime_error("backward failed on rank 2");
+          try {
+            t.finish();
+          } catch (const error& e) {
+            CHECK(e.code() == status::aborted);
+            what[r] = e.what();
+          }
+        },
+        std::chrono::seconds(60));
+    FAIL("run_ranks should rethrow rank 2's failure");
+  } catch (const std::runtime_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("backward failed on rank 2"));
+  }
+  for (int r : {0, 1, 3}) {
+    INFO("rank " << r);
+    CHECK_THAT(what[static_cast<std::size_t>(r)], Catch::Contains("rank 2") && Catch::Contains("abandoned"));
+  }
+}
+
+TEST_CASE("async step: checkpoints are taken between steps, never inside one", "[buckets][async][checkpoint]") {
+  const auto lay = test::mixed_layout();
+  run_ranks(1, [&](thread_communicator& comm) {
+    trainer<topk, allgather, fixed_policy> t(comm, lay, {.bucket_bytes = bucket_per_layer});
+    auto g = test::rank_gradient(lay, 0, 0);
+    t.begin_step(std::span<float>(g));
+    CHECK_THROWS_WITH(save_checkpoint(t, "never_written.ckpt"), Catch::Contains("between steps"));
+    CHECK_THROWS_WITH(restore_checkpoint(t, "never_written.ckpt"), Catch::Contains("between steps"));
+    CHECK_FALSE(std::filesystem::exists("never_written.ckpt"));
+    t.finish();
+  });
 }

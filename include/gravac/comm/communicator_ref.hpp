@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gravac/concepts.hpp"
@@ -70,6 +71,10 @@ class communicator_ref {
   //! engines without `accepts_calls_from_other_threads()`; an MPI engine says so only when
   //! MPI was initialised with MPI_THREAD_SERIALIZED or more.
   [[nodiscard]] bool accepts_calls_from_other_threads() const { return vt_->other_threads(self_); }
+  //! This rank gives up a step whose collectives the other ranks may already be in: an
+  //! engine with `abandon(why)` makes them fail instead of waiting forever (a thread team
+  //! is aborted; an MPI job ends). Returns false for engines without it (nothing done).
+  bool abandon(const std::string& why) noexcept { return vt_->abandon(self_, why); }
 
  private:
   struct vtable {
@@ -83,6 +88,7 @@ class communicator_ref {
     void (*barrier)(void*);
     double (*modeled)(const void*);
     bool (*other_threads)(const void*);
+    bool (*abandon)(void*, const std::string&) noexcept;
   };
   template <class M>
   static constexpr vtable table{
@@ -107,6 +113,14 @@ class communicator_ref {
           return static_cast<const M*>(s)->accepts_calls_from_other_threads();
         else
           return true;
+      },
+      [](void* s, const std::string& why) noexcept -> bool {
+        if constexpr (requires(M & m) { m.abandon(why); }) {
+          static_cast<M*>(s)->abandon(why);
+          return true;
+        } else {
+          return false;
+        }
       },
   };
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/detail/mpi_error.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
@@ -82,6 +83,10 @@ class mpi_communicator {
     if (MPI_Query_thread(&level) != MPI_SUCCESS) return false;
     return level >= MPI_THREAD_SERIALIZED;
   }
+  //! Ends the job (MPI_Abort, after printing \p why with the rank): called when this rank
+  //! abandons a step whose collectives the other ranks are already in, which can never
+  //! match again, so that no rank hangs.
+  [[noreturn]] void abandon(const std::string& why) noexcept { detail::abort_job(comm_, why.c_str(), mpi_abort_code); }
   //! The underlying (duplicated) MPI communicator.
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
 

@@ -28,9 +28,6 @@
 
 namespace gravac {
 
-//! Exit status run_or_abort hands to MPI_Abort by default.
-inline constexpr int mpi_abort_code = 3;
-
 //! Runs \p body on this rank. If it throws, prints the exception with the rank and ends the
 //! whole MPI job with MPI_Abort(comm, \p code) so that no other rank hangs waiting for this
 //! one. Returns what \p body returns otherwise.

@@ -118,6 +118,9 @@ class thread_communicator {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   //! Number of ranks.
   [[nodiscard]] int size() const noexcept { return team_->size(); }
+  //! Aborts the team with \p why (every rank waiting in a collective, or arriving later,
+  //! throws): called when this rank abandons a step the others are already in.
+  void abandon(const std::string& why) noexcept { team_->abort(rank_, why); }
 
   //! Sums \p data over all ranks, in place (summed in rank order: identical on every rank).
   void allreduce_sum(std::span<float> data) {

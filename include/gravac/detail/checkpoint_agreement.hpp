@@ -19,6 +19,18 @@
 
 namespace gravac::detail {
 
+//! Throws gravac::error when trainer \p t is inside an asynchronous step: a checkpoint is
+//! taken between steps (after finish()), when every bucket's residual is settled.
+template <class Trainer>
+void require_between_steps(const Trainer& t, const char* what) {
+  if constexpr (requires { t.step_in_progress(); }) {
+    if (t.step_in_progress())
+      throw error(status::invalid_argument, std::string("gravac::") + what +
+                                                ": a step is in progress; checkpoints are taken between steps "
+                                                "(after finish())");
+  }
+}
+
 template <class T>
 concept has_state = requires(T& t, const T& ct, std::vector<std::byte>& out, std::span<const std::byte> in) {
   ct.save(out);

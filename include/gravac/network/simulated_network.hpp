@@ -120,6 +120,8 @@ class simulated_communicator {
     charged(cost_model::barrier(size()), [&] { inner_->barrier(); });
   }
 
+  //! Abandons the step in flight through the inner engine (communicator_ref::abandon).
+  void abandon(const std::string& why) noexcept { communicator_ref<memory_space>(*inner_).abandon(why); }
   //! Whether the inner engine may be called from another thread (communicator_ref).
   [[nodiscard]] bool accepts_calls_from_other_threads() const {
     return communicator_ref<memory_space>(*inner_).accepts_calls_from_other_threads();

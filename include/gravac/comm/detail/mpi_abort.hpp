@@ -2,14 +2,20 @@
 //! \file
 //! \brief Ending an MPI job from a destructor or a terminate handler, where throwing is not possible.
 
+#include <mpi.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
 #include <utility>
 
-#include "gravac/comm/mpi_communicator.hpp"
-#include "gravac/error.hpp"
+namespace gravac {
+
+//! Exit status run_or_abort (and an abandoned asynchronous step) hands to MPI_Abort by default.
+inline constexpr int mpi_abort_code = 3;
+
+}  // namespace gravac
 
 namespace gravac::detail {
 
