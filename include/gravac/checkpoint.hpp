@@ -18,7 +18,10 @@
 //! record per layer (stable id, numel, shape), the residual of every layer, and the
 //! state blobs of the policy, the compressor and the collective (the last two only when
 //! they have `save`/`load` members), and the policy's rank-local state (only when it has
-//! `save_local`/`load_local`: e.g. an accumulator of this rank's gradients). The policy
+//! `save_local`/`load_local`: e.g. an accumulator of this rank's gradients), and the
+//! trainer's own step state (version 3: the last step's times, which ride in the next
+//! step's collective, so a resumed run sends what an uninterrupted one sends; a version 2
+//! file is read without it). The policy
 //! blob is the decision state every rank shares (compared across ranks on save and
 //! restore); the local blob is this rank's own, like its residual. Every field is 8-byte aligned and bounds-checked on
 //! reading: a truncated, corrupted or foreign file is rejected with a clear error before
@@ -54,7 +57,9 @@ namespace gravac {
 //! Magic bytes at the start of a checkpoint file.
 inline constexpr char checkpoint_magic[8] = {'G', 'R', 'V', 'C', 'K', 'P', 'T', '\0'};
 //! Current checkpoint format version.
-inline constexpr std::uint32_t checkpoint_version = 2;
+inline constexpr std::uint32_t checkpoint_version = 3;
+//! The oldest format version read (2: without the trainer's step state).
+inline constexpr std::uint32_t checkpoint_oldest_version = 2;
 
 //! Options of save_checkpoint / restore_checkpoint.
 struct checkpoint_options {
@@ -101,6 +106,7 @@ struct checkpoint_state {
   std::vector<std::byte> compressor;     //!< Compressor::save output (empty when it has none)
   std::vector<std::byte> collective;     //!< Collective::save output (empty when it has none)
   std::vector<std::byte> policy_local;   //!< Policy::save_local output: rank-local state (empty when it has none)
+  std::vector<std::byte> trainer;        //!< trainer::save_step_state output (empty in a version 2 file)
 };
 
 //! Serializes \p s into the checkpoint file format (header, payload, checksum).
@@ -109,7 +115,8 @@ inline std::vector<std::byte> encode_checkpoint(const checkpoint_state& s) {
   for (const auto& l : s.layers) payload += 8 * 3 + 8 * l.shape.size();
   payload += pad8(s.residual.size() * sizeof(float));
   payload += detail::blob_bytes(s.policy.size()) + detail::blob_bytes(s.compressor.size()) +
-             detail::blob_bytes(s.collective.size()) + detail::blob_bytes(s.policy_local.size());
+             detail::blob_bytes(s.collective.size()) + detail::blob_bytes(s.policy_local.size()) +
+             detail::blob_bytes(s.trainer.size());
   std::vector<std::byte> out(sizeof(detail::checkpoint_header) + payload);
   byte_writer w(std::span<std::byte>(out).subspan(sizeof(detail::checkpoint_header)));
   w.put(s.layout_hash);
@@ -129,6 +136,7 @@ inline std::vector<std::byte> encode_checkpoint(const checkpoint_state& s) {
   detail::put_blob(w, s.compressor);
   detail::put_blob(w, s.collective);
   detail::put_blob(w, s.policy_local);
+  detail::put_blob(w, s.trainer);
   detail::checkpoint_header h;
   std::memcpy(h.magic, checkpoint_magic, sizeof h.magic);
   h.version = checkpoint_version;
@@ -153,9 +161,9 @@ inline checkpoint_state decode_checkpoint(std::span<const std::byte> bytes, cons
                std::to_string(sizeof h) + ")");
   std::memcpy(&h, bytes.data(), sizeof h);
   if (std::memcmp(h.magic, checkpoint_magic, sizeof h.magic) != 0) throw fail("not a gravac checkpoint (wrong magic)");
-  if (h.version != checkpoint_version)
-    throw fail("unsupported checkpoint version " + std::to_string(h.version) + " (this gravac reads version " +
-               std::to_string(checkpoint_version) + ")");
+  if (h.version < checkpoint_oldest_version || h.version > checkpoint_version)
+    throw fail("unsupported checkpoint version " + std::to_string(h.version) + " (this gravac reads versions " +
+               std::to_string(checkpoint_oldest_version) + " to " + std::to_string(checkpoint_version) + ")");
   if (h.header_bytes != sizeof h) throw fail("header size " + std::to_string(h.header_bytes) + " is wrong");
   const std::size_t have = bytes.size() - sizeof h;
   if (h.payload_bytes != have)
@@ -200,7 +208,7 @@ inline checkpoint_state decode_checkpoint(std::span<const std::byte> bytes, cons
   s.residual.resize(static_cast<std::size_t>(total));
   if (total) std::memcpy(s.residual.data(), res.data(), res.size());
   if (!detail::get_blob(r, s.policy) || !detail::get_blob(r, s.compressor) || !detail::get_blob(r, s.collective) ||
-      !detail::get_blob(r, s.policy_local))
+      !detail::get_blob(r, s.policy_local) || (h.version >= 3 && !detail::get_blob(r, s.trainer)))
     throw fail("state blobs truncated");
   if (r.remaining() != 0) throw fail("trailing bytes inside the payload");
   for (float x : s.residual)
@@ -255,6 +263,8 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
       });
     if constexpr (detail::has_local_state<typename Trainer::policy_type>)
       std::as_const(t.policy()).save_local(s.policy_local);
+    if constexpr (requires(std::vector<std::byte> & out) { std::as_const(t).save_step_state(out); })
+      std::as_const(t).save_step_state(s.trainer);
     state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
     write_checkpoint(path, s);
   });
@@ -306,6 +316,8 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
       detail::load_bucket_states(t.bucket_count(), s.collective, "collective",
                                  [&](std::size_t b, std::span<const std::byte> in) { t.collective(b).load(in); });
     if constexpr (detail::has_local_state<typename Trainer::policy_type>) t.policy().load_local(s.policy_local);
+    if constexpr (requires(std::span<const std::byte> in) { t.load_step_state(in); })
+      t.load_step_state(std::span<const std::byte>(s.trainer));
     rep.policy_restored = true;
   }
   auto res = t.residual();  // the non-const accessor: the trainer knows the residual changed

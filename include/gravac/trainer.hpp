@@ -289,6 +289,31 @@ class trainer {
     return {residual_.data(), residual_.size()};
   }
   // clang-format on
+  //! Appends the trainer's own state between steps to \p out (checkpoint.hpp): this
+  //! rank's times of the last step, which ride in the next step's collective for a policy
+  //! that needs statistics. Restored by load_step_state, so that a resumed run sends and
+  //! decides what an uninterrupted one does.
+  void save_step_state(std::vector<std::byte>& out) const {
+    const double v[5] = {has_pending_times_ ? 1.0 : 0.0, pending_times_.compress_s, pending_times_.communicate_s,
+                         pending_times_.decompress_s, pending_times_.iteration_s};
+    const auto* b = reinterpret_cast<const std::byte*>(v);
+    out.insert(out.end(), b, b + sizeof v);
+  }
+  //! Restores what save_step_state wrote; an empty \p in (a checkpoint without it) means
+  //! no times are pending. Throws gravac::error for any other length.
+  void load_step_state(std::span<const std::byte> in) {
+    if (in.empty()) {
+      has_pending_times_ = false;
+      return;
+    }
+    double v[5];
+    require(in.size() == sizeof v, "trainer::load_step_state: the step state has " + std::to_string(in.size()) +
+                                       " bytes, not " + std::to_string(sizeof v));
+    std::memcpy(v, in.data(), sizeof v);
+    for (double x : v) require(std::isfinite(x), "trainer::load_step_state: a time is not finite");
+    has_pending_times_ = v[0] != 0.0;
+    pending_times_ = {v[1], v[2], v[3], v[4]};
+  }
   //! Steps run so far.
   [[nodiscard]] std::uint64_t steps() const noexcept { return step_; }
   //! Sets the step counter (checkpoint restore).

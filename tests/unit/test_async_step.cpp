@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <span>
@@ -283,4 +284,49 @@ TEST_CASE("async step: checkpoints are taken between steps, never inside one", "
     CHECK_FALSE(std::filesystem::exists("never_written.ckpt"));
     t.finish();
   });
+}
+
+TEST_CASE("checkpoint: the trainer's step state travels, so a resumed run sends what an uninterrupted one does",
+          "[checkpoint]") {
+  const auto lay = test::mixed_layout();
+  const std::string dir = "step_state_ckpt";
+  std::filesystem::create_directories(dir);
+  run_ranks(2, [&](thread_communicator& comm) {
+    const std::string path = dir + "/rank" + std::to_string(comm.rank());
+    using T = trainer<topk, allgather, gravac_policy>;  // needs statistics: the last step's times ride along
+    const auto opt = test::determinism_options<topk, allgather, gravac_policy>();
+    T a(comm, lay, opt);
+    for (int s = 0; s < 3; ++s) {
+      auto g = test::rank_gradient(lay, s, comm.rank());
+      a.step(std::span<float>(g));
+    }
+    save_checkpoint(a, path);
+    T b(comm, lay, opt);
+    restore_checkpoint(b, path);
+    std::vector<std::byte> sa, sb;
+    a.save_step_state(sa);
+    b.save_step_state(sb);
+    CHECK(sa == sb);
+    auto g = test::rank_gradient(lay, 3, comm.rank());
+    CHECK(b.step(std::span<float>(g)).previous_times_agreed);  // as the uninterrupted run's step 3
+    CHECK_THROWS_WITH(b.load_step_state(std::span<const std::byte>(sa).first(8)), Catch::Contains("has 8 bytes"));
+  });
+  // A version 2 file (no step state) is still read: its steps start without pending times.
+  auto s = read_checkpoint(dir + "/rank0");
+  s.trainer.clear();
+  auto bytes = encode_checkpoint(s);
+  detail::checkpoint_header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  bytes.resize(bytes.size() - 8);  // drop the empty trainer blob (its length word)
+  h.version = 2;
+  h.payload_bytes -= 8;
+  h.checksum = detail::fnv1a(bytes.data() + sizeof h, bytes.size() - sizeof h);
+  std::memcpy(bytes.data(), &h, sizeof h);
+  const auto v2 = decode_checkpoint(bytes, "v2");
+  CHECK(v2.steps == 3);
+  CHECK(v2.trainer.empty());
+  h.version = 1;
+  std::memcpy(bytes.data(), &h, sizeof h);
+  CHECK_THROWS_WITH(decode_checkpoint(bytes, "v1"), Catch::Contains("unsupported checkpoint version 1"));
+  std::filesystem::remove_all(dir);
 }
