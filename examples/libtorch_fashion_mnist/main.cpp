@@ -1,12 +1,19 @@
 // libtorch_fashion_mnist: a LibTorch CNN trained data-parallel through gravac.
 //
 // Every rank (a thread here, through gravac::run_ranks) holds its own replica of a small
-// CNN and its own shard of a Fashion-MNIST subset. After LibTorch's backward pass the
-// gradients already sit in gravac's flat buffer (gravac::torch_gradients); one call
+// CNN and its own shard of a Fashion-MNIST subset. LibTorch's backward writes the
+// gradients straight into gravac's flat buffer (gravac::torch_gradients); gravac
 // compresses them with top-k and error feedback, allgathers the packets and leaves the
 // average in place, where torch::optim::SGD reads it.
 //
+// By default the aggregation overlaps backward, as PyTorch DDP's does: hooks on the
+// parameters' gradient accumulators (gravac::torch_backward_hooks) tell the trainer when
+// each gradient is final, and a bucket (--bucket-mb, from the last layer to the first)
+// is compressed and allgathered on gravac's communication thread while backward goes on.
+// --overlap off runs the synchronous step after backward instead (same bits).
+//
 //   ./libtorch_fashion_mnist --ranks 2 --steps 300 --fraction 0.05 [--telemetry steps.csv]
+//   ./libtorch_fashion_mnist --bucket-mb 0 --overlap on     # one bucket per parameter
 //
 // The Debian package dataset-fashion-mnist provides the data; the gzip'd IDX files are
 // read with zlib (LibTorch's own MNIST reader wants them uncompressed).
@@ -18,6 +25,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,7 +94,8 @@ int main(int argc, char** argv) {
   int ranks = 2, steps = 300, batch = 32, log_every = 50;
   std::int64_t train_n = 6000, test_n = 1000;
   double fraction = 0.05, lr = 0.05;
-  std::string data_dir = "/usr/share/datasets/fashion-mnist", telemetry;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist", telemetry, overlap = "on";
+  double bucket_mb = 25;
   app.add_option("--ranks", ranks, "thread ranks")->check(CLI::Range(1, 64));
   app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "samples per rank and step")->check(CLI::PositiveNumber);
@@ -97,6 +106,14 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", data_dir, "directory of the gzip'd IDX files");
   app.add_option("--telemetry", telemetry, "write rank 0's step reports to this CSV file");
   app.add_option("--log-every", log_every, "print every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--overlap", overlap,
+                 "on: backward hooks start each bucket's aggregation as its gradients are final; off: one "
+                 "synchronous step after backward")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--bucket-mb", bucket_mb, "bucket size in MiB of float gradient (0: one bucket per parameter)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -120,12 +137,20 @@ int main(int argc, char** argv) {
     trainer_t::options opt;
     opt.policy.kept_fraction = fraction;
     opt.policy.one_dim_dense = true;  // biases are tiny: send them whole
+    const double bucket_bytes = bucket_mb * 1048576.0;
+    opt.bucket_bytes = bucket_bytes < 1 ? gravac::bucket_per_layer : static_cast<std::size_t>(bucket_bytes);
+    const bool overlapped = overlap == "on";
 
     gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
       const int r = comm.rank();
       auto& model = models[static_cast<std::size_t>(r)];
       gravac::torch_gradients grads(*model);  // .grad() of every parameter lives in one buffer
       trainer_t t(comm, grads.get_layout(), opt);
+      std::optional<gravac::torch_backward_hooks<trainer_t>> hooks;
+      if (overlapped) hooks.emplace(grads, t);  // each gradient accumulator calls t.ready()
+      if (r == 0)
+        std::printf("%s: %zu bucket%s, aggregation %s\n", overlapped ? "overlap on" : "overlap off", t.buckets().size(),
+                    t.buckets().size() == 1 ? "" : "s", overlapped ? "during backward" : "after backward");
       torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
 
       std::ofstream csv_file;
@@ -138,17 +163,21 @@ int main(int argc, char** argv) {
       const auto shard = torch::arange(r, train.images.size(0), ranks);
       const auto shard_n = shard.size(0);
       std::size_t sent = 0, dense = 0;
-      double loss_sum = 0;
+      double loss_sum = 0, exposed_s = 0, communicate_s = 0;
       int loss_n = 0;
       for (int s = 0; s < steps; ++s) {
         const auto first = (static_cast<std::int64_t>(s) * batch) % std::max<std::int64_t>(1, shard_n - batch);
         const auto idx = shard.narrow(0, first, std::min<std::int64_t>(batch, shard_n));
         sgd.zero_grad();
+        if (hooks) hooks->begin_step();  // the policy fixes the step's decisions
         auto loss = torch::nn::functional::cross_entropy(model->forward(train.images.index_select(0, idx)),
                                                          train.labels.index_select(0, idx));
-        loss.backward();                     // LibTorch writes into gravac's buffer
-        const auto& report = grads.step(t);  // compress, allgather, average: in place
-        sgd.step();                          // the optimizer reads the averaged gradient
+        loss.backward();  // LibTorch writes into gravac's buffer; with hooks, buckets start as they fill
+        // Compress, allgather, average, in place: after backward, or waiting for the last buckets.
+        const auto& report = hooks ? hooks->finish() : grads.step(t);
+        sgd.step();  // the optimizer reads the averaged gradient
+        exposed_s += report.exposed_communicate_s;
+        communicate_s += report.communicate_s;
         if (sink) sink->write(report);
         sent += report.bytes_sent;
         dense += report.dense_bytes;
@@ -161,6 +190,9 @@ int main(int argc, char** argv) {
           loss_n = 0;
         }
       }
+      if (r == 0)
+        std::printf("rank 0 waited %.3f s for communication after backward (%.3f s in the collectives in all)\n",
+                    exposed_s, communicate_s);
       if (r == 0) {
         torch::NoGradGuard no_grad;
         model->eval();
