@@ -179,9 +179,14 @@ class trainer {
                   "engine needs MPI_Init_thread with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE); use step() or "
                   "initialise MPI with a thread level",
                   comm_.rank());
-    start_step(grad_view<memory_space>(grads), true);
     if (!worker_) worker_ = std::make_unique<detail::bucket_worker>(&trainer::run_bucket_on_worker, this);
-    worker_->begin(buckets_.size(), this);
+    start_step(grad_view<memory_space>(grads), true);
+    try {
+      worker_->begin(buckets_.size(), this);  // starts the thread on the first step
+    } catch (...) {
+      in_step_ = false;
+      throw;
+    }
     step_began_ = std::chrono::steady_clock::now();
   }
 
