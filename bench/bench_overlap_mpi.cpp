@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
 
     using dense_trainer = trainer<identity, dense_allreduce, fixed_policy>;
     dense_trainer::options topt;
+    topt.policy.kept_fraction = 1.0;  // dense: identity's fast path, one Allreduce per bucket
     topt.bucket_bytes = bucket_bytes;
     if (!check_non_finite) topt.on_non_finite = non_finite_action::ignore;
     dense_trainer t(comm, lay, topt);
