@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/atomic_file.hpp"
 #include "gravac/detail/bucket_states.hpp"
 #include "gravac/detail/checkpoint_agreement.hpp"
 #include "gravac/detail/checkpoint_file.hpp"
@@ -223,7 +224,7 @@ inline checkpoint_state read_checkpoint(const std::string& path) {
 
 //! Writes \p s to \p path atomically (temporary file, flush, rename).
 inline void write_checkpoint(const std::string& path, const checkpoint_state& s) {
-  detail::write_file_atomically(path, encode_checkpoint(s));
+  write_file_atomically(path, encode_checkpoint(s));
 }
 
 //! Saves trainer \p t's state (this rank's residual, the policy state, the step counter,

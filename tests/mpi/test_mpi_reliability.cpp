@@ -112,7 +112,7 @@ TEST_CASE("MPI: checkpoint, restore and resume are bit-identical; a bad file fai
   if (comm.rank() == 1) {
     auto bytes = detail::read_file(path);
     bytes.resize(bytes.size() - 5);
-    detail::write_file_atomically(path, bytes);
+    write_file_atomically(path, bytes);
   }
   topk_trainer t(comm, resumed.lay, {.policy = pol});
   try {

@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <gravac/atomic_file.hpp>
 #include <gravac/network/simulated_network.hpp>
 #include <optional>
 #include <span>
@@ -102,10 +103,9 @@ std::vector<std::byte> encode_run_state(const run_state& s);
 //! truncated, not a run file, another format version, checksum mismatch, malformed.
 run_state decode_run_state(std::span<const std::byte> bytes, const std::string& what);
 
-//! Writes \p bytes to \p path atomically: a temporary file in the same directory, flushed
-//! and fsync'ed, renamed over \p path, and the directory fsync'ed. Throws gravac::error
-//! (io_failure) naming the file on any failure, leaving no temporary behind.
-void write_file_atomically(const std::string& path, std::span<const std::byte> bytes);
+//! Writes \p bytes to \p path atomically (gravac::write_file_atomically: a crash leaves
+//! the old file or the new one, never a torn one).
+using gravac::write_file_atomically;
 //! The whole file at \p path. Throws gravac::error(io_failure) if it cannot be read.
 std::vector<std::byte> read_whole_file(const std::string& path);
 

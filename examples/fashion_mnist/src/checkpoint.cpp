@@ -1,9 +1,6 @@
 // The example's run-state files (see fmnist/checkpoint.hpp).
 #include "fmnist/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -273,41 +270,6 @@ run_state decode_run_state(std::span<const std::byte> bytes, const std::string& 
   if (!r.done()) throw unusable("malformed (bytes after the last field)");
   if (s.velocity.size() != s.params.size()) throw unusable("malformed (velocity and parameters differ in size)");
   return s;
-}
-
-void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw io_error("cannot create '" + tmp + "': " + std::strerror(errno));
-  std::size_t at = 0;
-  bool ok = true;
-  while (ok && at < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) at += static_cast<std::size_t>(n);
-  }
-  const int err = ok ? 0 : errno;
-  // fsync before rename: otherwise a crash of the machine can leave the new name on a file
-  // whose data never reached the disk.
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    throw io_error("cannot write '" + tmp + "': " + std::strerror(err ? err : errno) + " (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw io_error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(e));
-  }
-  // The rename itself is durable once the directory is synced.
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 std::vector<std::byte> read_whole_file(const std::string& path) {

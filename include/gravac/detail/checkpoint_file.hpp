@@ -1,6 +1,7 @@
 #pragma once
 //! \file
-//! \brief The checkpoint file's framing: its header, length-prefixed blobs, and atomic whole-file writes and reads.
+//! \brief The checkpoint file's framing: its header, length-prefixed blobs, and whole-file reads
+//! (writes: atomic_file.hpp).
 
 #include <algorithm>
 #include <cmath>
@@ -8,17 +9,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
-
-#if __has_include(<unistd.h>)
-#include <unistd.h>
-#define GRAVAC_HAVE_FSYNC 1
-#endif
 
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
@@ -54,30 +48,6 @@ inline bool get_blob(byte_reader& r, std::vector<std::byte>& out) {
 }
 
 inline std::size_t blob_bytes(std::size_t n) { return 8 + pad8(n); }
-
-//! Writes \p bytes to \p path atomically: a temporary file in the same directory is
-//! written, flushed to disk and renamed over \p path, so a crash leaves either the old
-//! checkpoint or the new one, never a torn file.
-inline void write_file_atomically(const std::string& path, std::span<const std::byte> bytes) {
-  const std::string tmp =
-      path + ".tmp-" + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) & 0xffffffu);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw error(status::io_failure, "cannot create '" + tmp + "'", -1, backend::io);
-  const bool wrote = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  bool flushed = std::fflush(f) == 0;
-#ifdef GRAVAC_HAVE_FSYNC
-  flushed = flushed && ::fsync(::fileno(f)) == 0;
-#endif
-  const bool closed = std::fclose(f) == 0;
-  if (!wrote || !flushed || !closed) {
-    std::remove(tmp.c_str());
-    throw error(status::io_failure, "cannot write '" + tmp + "' (disk full?)", -1, backend::io);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw error(status::io_failure, "cannot rename '" + tmp + "' to '" + path + "'", -1, backend::io);
-  }
-}
 
 //! Reads the whole file at \p path.
 inline std::vector<std::byte> read_file(const std::string& path) {
