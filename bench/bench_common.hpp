@@ -1,7 +1,7 @@
 #pragma once
 // What the CPU benchmarks share: the generated data, and the baselines a kernel is timed
 // against call by call (paired_ratio) in the same process:
-//   memcpy_of       a memcpy of the gradient buffer (N floats), the yardstick;
+//   memcpy_of       a memcpy of the gradient buffer (N floats), the common yardstick;
 //   ef_floor_of     the traffic every error-feedback compressor must generate: read g and
 //                   e, write e, and write a packet of the kernel's size. A kernel's ratio to
 //                   it says how much of its time is computation that did not overlap memory;

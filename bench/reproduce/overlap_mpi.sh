@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's overlap target on MPI: the example's CNN on 4 MPI processes under a modeled
+# The overlap run on MPI: the example's CNN on 4 MPI processes under a modeled
 # 1 Gbit/s network, gravac's buckets (BUCKET_MB MiB, default 0.1: the CNN's fc layers in
 # one bucket, its convolutions in another; 0 for one per layer) aggregated after backward
 # (--overlap off) and overlapped with it (--overlap on, MPI_THREAD_SERIALIZED), from the

@@ -28,14 +28,14 @@
 //   reproduce                 # MLP (3 seeds) + CNN (3 seeds): see README.md for the time it takes
 //   reproduce --quick         # MLP, one seed: for development
 //   reproduce --only gravac   # one method
-//   reproduce --overlap-only  # issue 17's overlap run: the CNN, 4 ranks, 1 Gbit/s, --overlap off vs on
+//   reproduce --overlap-only  # the overlap run: the CNN, 4 ranks, 1 Gbit/s, --overlap off vs on
 //
 // --overlap (or --overlap-only) adds the overlap run: each of --overlap-methods trains the
 // CNN with gravac's buckets aggregated after backward (the synchronous step) and overlapped
 // with it (fmnist::run_config::overlap), from the same seed, with the same modeled compute
 // and per-layer ready times (calibrated by the first run), plus the synchronous step with
 // one bucket (the step before buckets existed). It prints the exposed communication over
-// the total from the same run and checks issue 17's target (at most 30%).
+// the total from the same run and checks the target (at most 30%).
 #include <sys/utsname.h>
 
 #include <CLI/CLI.hpp>
@@ -568,7 +568,7 @@ void run_pass(pass& p, const fmnist::dataset& train, const fmnist::dataset& test
   p.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Issue 17's overlap run: every method of `chosen` trains `base` (the CNN at 1 Gbit/s) with
+// The overlap run: every method of `chosen` trains `base` (the CNN at 1 Gbit/s) with
 // its buckets overlapped with backward, then after backward with the same buckets (the
 // same bits: checked), then after backward in one bucket. The first run calibrates the
 // modeled compute and the layers' ready shares (unless --compute-s is given); every other
@@ -624,7 +624,7 @@ std::string run_overlap(fmnist::run_config base, const std::vector<const method_
 
   const auto& first = rows.front().on;
   std::ostringstream md;
-  md << "## Overlap with backward (issue 17)\n\n"
+  md << "## Overlap with backward\n\n"
      << "Fashion-MNIST, " << first.model << " (" << first.params << " parameters), " << ranks
      << " thread ranks, network " << first.network << ", global batch " << base.batch << ", " << base.epochs
      << " epochs of " << (base.train_subset ? std::to_string(base.train_subset) : std::string("60000"))
@@ -747,7 +747,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--data-dir", data_dir, "Fashion-MNIST directory")->capture_default_str();
   app.add_flag("--overlap", overlap,
-               "after the passes, the overlap run (issue 17): the CNN at 1 Gbit/s, each of --overlap-methods with "
+               "after the passes, the overlap run: the CNN at 1 Gbit/s, each of --overlap-methods with "
                "its buckets aggregated after backward and overlapped with it");
   app.add_flag("--overlap-only", overlap_only, "the overlap run alone (no MLP or CNN pass)");
   app.add_option("--overlap-epochs", overlap_epochs, "epochs of each overlap run (of --cnn-train-subset samples)")

@@ -1,4 +1,4 @@
-// The Fashion-MNIST example with --overlap on (issue 17), on 4 thread ranks: gravac's
+// The Fashion-MNIST example with --overlap on, on 4 thread ranks: gravac's
 // buckets are aggregated on the trainer's communication thread while the models' backward
 // announces each layer's final gradient. With a fixed compute time and no measured time in
 // the modeled clocks, the overlapped run ends with the parameters of the synchronous run
