@@ -76,7 +76,7 @@ run_hashes bucketed_run(M& comm, const layout& lay, int steps, std::size_t bucke
 }
 
 constexpr int bucket_ranks = 4;
-constexpr int bucket_steps = 12;
+constexpr int bucket_steps = 10;  // two interval ends (steps_per_epoch = 5): Accordion and GraVAC decide
 
 //! Synchronous and asynchronous runs with the same buckets: identical on every rank.
 template <class C, class K, class P>
@@ -89,9 +89,12 @@ void check_async_matches_sync(std::size_t bucket_bytes, const char* policy_name)
     });
     return out;
   };
+  // The scrambled order (ready() in layout order) matters most with one bucket per layer;
+  // larger buckets are checked in backward order only, to keep the sanitizer stages short.
+  const bool scramble = bucket_bytes == bucket_per_layer;
   const auto sync = run(step_mode::synchronous);
   const auto overlapped = run(step_mode::overlapped);
-  const auto scrambled = run(step_mode::scrambled);
+  const auto scrambled = scramble ? run(step_mode::scrambled) : sync;
   INFO("collective " << typeid(K).name() << ", policy " << policy_name << ", bucket_bytes " << bucket_bytes);
   for (std::size_t r = 0; r < bucket_ranks; ++r) {
     INFO("rank " << r);
