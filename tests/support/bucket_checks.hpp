@@ -62,13 +62,7 @@ run_hashes bucketed_run(M& comm, const layout& lay, int steps, std::size_t bucke
     }
     h.kind.push_back(r->collective);
     h.step.push_back(fnv1a_floats(g, params_hash(t.last_params()) ^ report_hash(*r)));
-    if ((s + 1) % steps_per_epoch == 0) {
-      const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
-      t.end_interval({.step = static_cast<std::uint64_t>(s + 1),
-                      .epoch = epoch,
-                      .learning_rate = learning_rate_of(static_cast<int>(epoch)),
-                      .samples = 32.0 * steps_per_epoch});
-    }
+    end_interval_after(t, s);
   }
   const auto& ct = t;
   h.residual = fnv1a_floats(std::span<const float>(ct.residual().data(), ct.residual().size()));

@@ -106,6 +106,17 @@ inline double amplitude_at(int step) {
   return a[e < 7 ? e : 7];
 }
 inline double learning_rate_of(int epoch) { return epoch < 3 ? 0.1 : 0.01; }
+// The schedule's interval end after step s (0-based): every steps_per_epoch steps, with
+// the epoch's learning rate and 32 samples per step.
+template <class Trainer>
+void end_interval_after(Trainer& t, int s) {
+  if ((s + 1) % steps_per_epoch != 0) return;
+  const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
+  t.end_interval({.step = static_cast<std::uint64_t>(s + 1),
+                  .epoch = epoch,
+                  .learning_rate = learning_rate_of(static_cast<int>(epoch)),
+                  .samples = 32.0 * steps_per_epoch});
+}
 
 // What one rank saw: the parameters of every step, its output, and its final residual.
 struct rank_log {
@@ -122,13 +133,7 @@ void run_schedule(T& t, int rank, int from, int to, rank_log& log) {
     t.step(std::span<float>(g));
     log.params.push_back(recorded_params::of(t.last_params()));
     log.out.push_back(std::move(g));
-    if ((s + 1) % steps_per_epoch == 0) {
-      const auto epoch = static_cast<std::uint64_t>((s + 1) / steps_per_epoch);
-      t.end_interval({.step = static_cast<std::uint64_t>(s + 1),
-                      .epoch = epoch,
-                      .learning_rate = learning_rate_of(static_cast<int>(epoch)),
-                      .samples = 32.0 * steps_per_epoch});
-    }
+    end_interval_after(t, s);
   }
   const auto& ct = t;  // read without marking the residual as written
   log.residual.assign(ct.residual().begin(), ct.residual().end());
