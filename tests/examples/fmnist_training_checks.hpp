@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <numeric>
 #include <string>
+#include <vector>
 
 #include "fmnist/train.hpp"
+#include "gravac/comm/thread_communicator.hpp"
 
 namespace fmnist_test {
 
@@ -22,6 +24,17 @@ inline const fmnist::dataset& data(fmnist::split s) {
   static const fmnist::dataset train = load(fmnist::split::train);
   static const fmnist::dataset test = load(fmnist::split::test);
   return s == fmnist::split::train ? train : test;
+}
+
+// Trains \p cfg on \p ranks thread ranks of this process; every rank's result, rank order.
+inline std::vector<fmnist::run_result> train_on_threads(const fmnist::run_config& cfg, int ranks = 4) {
+  const auto& train = data(fmnist::split::train);
+  const auto& test = data(fmnist::split::test);
+  std::vector<fmnist::run_result> per_rank(static_cast<std::size_t>(ranks));
+  gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
+    per_rank[static_cast<std::size_t>(comm.rank())] = fmnist::train(comm, train, test, cfg);
+  });
+  return per_rank;
 }
 
 // 4 ranks x 16 samples, 100 steps per epoch, 3 epochs: 300 steps of a small MLP.

@@ -24,12 +24,7 @@ namespace fs = std::filesystem;
 
 // Every rank's result; every rank must end with the same parameters.
 fmnist::run_result run4(const fmnist::run_config& cfg) {
-  const auto& train = fmnist_test::data(fmnist::split::train);
-  const auto& test = fmnist_test::data(fmnist::split::test);
-  std::vector<fmnist::run_result> per_rank(4);
-  gravac::run_ranks(4, [&](gravac::thread_communicator& comm) {
-    per_rank[static_cast<std::size_t>(comm.rank())] = fmnist::train(comm, train, test, cfg);
-  });
+  const auto per_rank = fmnist_test::train_on_threads(cfg);
   for (const auto& r : per_rank) REQUIRE(r.final_params == per_rank[0].final_params);
   return per_rank[0];
 }

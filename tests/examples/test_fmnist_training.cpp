@@ -8,12 +8,7 @@
 
 namespace {
 fmnist::run_result run_on_threads(const fmnist::run_config& cfg) {
-  const auto& train = fmnist_test::data(fmnist::split::train);
-  const auto& test = fmnist_test::data(fmnist::split::test);
-  std::vector<fmnist::run_result> per_rank(4);
-  gravac::run_ranks(4, [&](gravac::thread_communicator& comm) {
-    per_rank[static_cast<std::size_t>(comm.rank())] = fmnist::train(comm, train, test, cfg);
-  });
+  const auto per_rank = fmnist_test::train_on_threads(cfg);
   // Every rank recorded the same (rank-averaged) history.
   for (const auto& r : per_rank) {
     REQUIRE(r.epochs.size() == per_rank[0].epochs.size());
