@@ -42,6 +42,19 @@ concept Communicator = requires {
   m.barrier();
 };
 
+//! A Communicator with a personalised all-to-all of variable-length blocks:
+//! `alltoallv(send, send_sizes, out, recv_sizes)` sends block j of \p send (send_sizes[j]
+//! bytes, blocks back to back in rank order) to rank j, and fills \p out with the blocks
+//! addressed to this rank, back to back in source-rank order (recv_sizes[i] bytes from
+//! rank i). The compressed allreduce's reduce-scatter needs it; other collectives do not,
+//! so it is not part of Communicator.
+template <class M>
+concept AlltoallCommunicator = Communicator<M> &&
+    requires(M& m, std::span<const std::byte> in, std::span<const std::size_t> send_sizes, typename M::byte_buffer& out,
+             std::vector<std::size_t>& recv_sizes) {
+  m.alltoallv(in, send_sizes, out, recv_sizes);
+};
+
 //! Turns `u = g + e` into a packet and back, updating the residual `e` (error feedback).
 //!
 //! - `compress(g, e, params, out, stats)` computes u = g + e, writes the packet into

@@ -6,6 +6,7 @@
 
 #include "gravac/collective/allgather.hpp"
 #include "gravac/collective/allreduce_compatible.hpp"
+#include "gravac/collective/compressed_allreduce.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/collective/flexible.hpp"
 #include "gravac/collective/low_rank_allreduce.hpp"

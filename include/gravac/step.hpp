@@ -19,6 +19,7 @@ enum class collective_kind : std::uint8_t {
   dense_allreduce = 1,       //!< decompress locally, Allreduce the dense buffer
   allgather = 2,             //!< Allgather variable-length packets
   allreduce_compatible = 3,  //!< AR-Topk: shared indices, Allreduce of the values
+  compressed_allreduce = 4,  //!< reduce-scatter of compressed shards, recompression, Allgather
 };
 
 //! Short name of a collective kind.
@@ -32,6 +33,8 @@ constexpr std::string_view to_string(collective_kind k) noexcept {
       return "allgather";
     case collective_kind::allreduce_compatible:
       return "allreduce_compatible";
+    case collective_kind::compressed_allreduce:
+      return "compressed_allreduce";
   }
   return "unknown";
 }
@@ -155,9 +158,15 @@ struct step_report {
   std::vector<double> gain_candidates;  //!< the candidate kept fractions of gain_curve (step_params order)
   //! gain_curve[i]: the gain at gain_candidates[i] (averaged over ranks when the policy asks).
   std::vector<double> gain_curve;
-  double gain = 1;                                                //!< ||C(u)|| / ||u|| of what was sent
-  std::size_t bytes_sent = 0;                                     //!< bytes this rank put on the wire
-  std::size_t dense_bytes = 0;                                    //!< bytes a dense fp32 Allreduce would have sent
+  double gain = 1;              //!< ||C(u)|| / ||u|| of what was sent
+  std::size_t bytes_sent = 0;   //!< bytes this rank put on the wire
+  std::size_t dense_bytes = 0;  //!< bytes a dense fp32 Allreduce would have sent
+  //! Bytes this rank sent on the wire by the algorithm of the collective used (a ring
+  //! Allreduce's 2(N-1)/N of the buffer, an Allgather's forwarding of the N-1 other
+  //! packets, an all-to-all's blocks to the others; the rules of simulated_network.hpp).
+  //! 0 where a collective does not count them.
+  double wire_bytes_sent = 0;
+  double wire_bytes_received = 0;  //!< bytes this rank received on the wire (as wire_bytes_sent)
   collective_kind collective = collective_kind::dense_allreduce;  //!< the aggregation used
   fallback_reason fallback = fallback_reason::none;               //!< why the policy sent this step less compressed
   double compress_s = 0;             //!< seconds spent compressing (this rank's; times are not agreed per step)

@@ -509,6 +509,7 @@ class trainer {
     const bool carries_control = b + 1 == buckets_.size() && !control_.empty();
     s.buffers = step_buffers<memory_space>{g, e, residual_zero_, carries_control ? &control_ : nullptr};
     const double modeled_before = comm_.modeled_seconds();
+    s.report.wire_bytes_sent = s.report.wire_bytes_received = 0;  // a collective that counts them sets them
     s.collective.aggregate(s.compressor, comm_, s.buffers, s.params, s.stats, s.report);
     s.modeled_s = comm_.modeled_seconds() - modeled_before;
   }
@@ -554,6 +555,7 @@ class trainer {
     merge_stats();
     report_.compress_s = report_.communicate_s = report_.decompress_s = 0;
     report_.bytes_sent = 0;
+    report_.wire_bytes_sent = report_.wire_bytes_received = 0;
     std::size_t largest = 0;
     double timeline = 0;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -562,6 +564,8 @@ class trainer {
       report_.communicate_s += s.report.communicate_s;
       report_.decompress_s += s.report.decompress_s;
       report_.bytes_sent += s.report.bytes_sent;
+      report_.wire_bytes_sent += s.report.wire_bytes_sent;
+      report_.wire_bytes_received += s.report.wire_bytes_received;
       report_.modeled_communicate_s += s.modeled_s;
       timeline = std::max(timeline, s.ready_s) + s.modeled_s;
       if (plan_[b].numel > plan_[largest].numel) largest = b;
@@ -647,6 +651,7 @@ class trainer {
       zero_all(grads_);
       report_.skipped = true;
       report_.bytes_sent = 0;
+      report_.wire_bytes_sent = report_.wire_bytes_received = 0;
       return true;
     }
   }

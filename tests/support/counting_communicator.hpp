@@ -16,13 +16,15 @@ namespace gravac::test {
 struct collective_counts {
   std::uint64_t allreduce = 0;  //!< allreduce_sum and allreduce_max, any element type
   std::uint64_t allgather = 0;  //!< allgatherv
+  std::uint64_t alltoall = 0;   //!< alltoallv
   std::uint64_t broadcast = 0;  //!< broadcast
   std::uint64_t barrier = 0;    //!< barrier
   //! All of them.
-  [[nodiscard]] std::uint64_t total() const noexcept { return allreduce + allgather + broadcast + barrier; }
+  [[nodiscard]] std::uint64_t total() const noexcept { return allreduce + allgather + alltoall + broadcast + barrier; }
   friend collective_counts operator-(collective_counts a, const collective_counts& b) noexcept {
     a.allreduce -= b.allreduce;
     a.allgather -= b.allgather;
+    a.alltoall -= b.alltoall;
     a.broadcast -= b.broadcast;
     a.barrier -= b.barrier;
     return a;
@@ -55,6 +57,11 @@ class counting_communicator {
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
     ++counts_.allgather;
     inner_.allgatherv(in, out, sizes);
+  }
+  void alltoallv(std::span<const std::byte> in, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes) requires AlltoallCommunicator<Inner> {
+    ++counts_.alltoall;
+    inner_.alltoallv(in, send_sizes, out, recv_sizes);
   }
   void broadcast(std::span<std::byte> d, int root) {
     ++counts_.broadcast;

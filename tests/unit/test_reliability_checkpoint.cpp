@@ -92,6 +92,9 @@ TEST_CASE("checkpoint: 100 + restore + 100 steps equal 200 steps bit for bit", "
   SECTION("random-k, dense allreduce, fixed policy (indices drawn from the restored seed and step)") {
     check_resume<randomk, dense_allreduce, fixed_policy>({.policy = {.kept_fraction = 0.1}, .seed = 21}, "randomk");
   }
+  SECTION("QSGD, compressed allreduce (both residuals: the rank's and its shard's server residual)") {
+    check_resume<qsgd, compressed_allreduce, fixed_policy>({.seed = 41}, "compressed");
+  }
   SECTION("top-k, allgather, gravac_policy mid-search (policy state restored)") {
     gravac_policy_options p;
     p.cf_min = 2;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gravac/concepts.hpp"
+#include "gravac/error.hpp"
 
 namespace gravac {
 
@@ -54,6 +55,18 @@ class communicator_ref {
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
     vt_->gather(self_, in, out, sizes);
   }
+  //! Whether the referenced engine has alltoallv (models AlltoallCommunicator).
+  [[nodiscard]] bool has_alltoallv() const noexcept { return vt_->alltoall != nullptr; }
+  //! Personalised all-to-all (AlltoallCommunicator); throws gravac::error (invalid_argument)
+  //! when the referenced engine has none (has_alltoallv() is false).
+  void alltoallv(std::span<const std::byte> in, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes) {
+    if (!vt_->alltoall)
+      throw error(status::invalid_argument,
+                  "alltoallv: this communicator has none (the compressed allreduce needs an AlltoallCommunicator: "
+                  "mpi_communicator, thread_communicator or a decorator of one)");
+    vt_->alltoall(self_, in, send_sizes, out, recv_sizes);
+  }
   //! Broadcast from \p root.
   void broadcast(std::span<std::byte> d, int root) { vt_->bcast(self_, d, root); }
   //! Broadcast of typed values from \p root.
@@ -84,12 +97,26 @@ class communicator_ref {
     void (*sum_d)(void*, std::span<double>);
     void (*max_d)(void*, std::span<double>);
     void (*gather)(void*, std::span<const std::byte>, byte_buffer&, std::vector<std::size_t>&);
+    void (*alltoall)(void*, std::span<const std::byte>, std::span<const std::size_t>, byte_buffer&,
+                     std::vector<std::size_t>&);  // null when the engine has no alltoallv
     void (*bcast)(void*, std::span<std::byte>, int);
     void (*barrier)(void*);
     double (*modeled)(const void*);
     bool (*other_threads)(const void*);
     bool (*abandon)(void*, const std::string&) noexcept;
   };
+  template <class M>
+  static constexpr auto alltoall_entry() noexcept {
+    using fn = void (*)(void*, std::span<const std::byte>, std::span<const std::size_t>, byte_buffer&,
+                        std::vector<std::size_t>&);
+    if constexpr (AlltoallCommunicator<M>)
+      return static_cast<fn>([](void* s, std::span<const std::byte> in, std::span<const std::size_t> ss,
+                                byte_buffer& out,
+                                std::vector<std::size_t>& rs) { static_cast<M*>(s)->alltoallv(in, ss, out, rs); });
+    else
+      return static_cast<fn>(nullptr);
+  }
+
   template <class M>
   static constexpr vtable table{
       [](const void* s) { return static_cast<const M*>(s)->rank(); },
@@ -100,6 +127,7 @@ class communicator_ref {
       [](void* s, std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sz) {
         static_cast<M*>(s)->allgatherv(in, out, sz);
       },
+      alltoall_entry<M>(),
       [](void* s, std::span<std::byte> d, int root) { static_cast<M*>(s)->broadcast(d, root); },
       [](void* s) { static_cast<M*>(s)->barrier(); },
       [](const void* s) -> double {

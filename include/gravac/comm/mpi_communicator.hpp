@@ -123,6 +123,27 @@ class mpi_communicator {
                                   displs_.data(), MPI_BYTE, comm_));
   }
 
+  //! Personalised all-to-all of variable-length blocks (thread_communicator::alltoallv):
+  //! the block sizes are exchanged first (MPI_Alltoall), then one MPI_Alltoallv moves
+  //! exactly those bytes.
+  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes) {
+    const auto n = static_cast<std::size_t>(size_);
+    require(send_sizes.size() == n, "alltoallv: send_sizes needs one entry per rank");
+    sizes64_.assign(send_sizes.begin(), send_sizes.end());
+    recv64_.resize(n);
+    GRAVAC_TRY_MPI(MPI_Alltoall(sizes64_.data(), 1, MPI_UINT64_T, recv64_.data(), 1, MPI_UINT64_T, comm_));
+    to_counts(sizes64_, counts_, displs_, "alltoallv: more than 2 GiB sent in one call");
+    require(static_cast<std::size_t>(displs_.back()) + static_cast<std::size_t>(counts_.back()) == send.size(),
+            "alltoallv: the blocks' sizes do not add up to the send buffer");
+    const std::size_t total =
+        to_counts(recv64_, recv_counts_, recv_displs_, "alltoallv: more than 2 GiB received in one call");
+    recv_sizes.assign(recv64_.begin(), recv64_.end());
+    out.resize(total);
+    GRAVAC_TRY_MPI(MPI_Alltoallv(send.data(), counts_.data(), displs_.data(), MPI_BYTE, out.data(), recv_counts_.data(),
+                                 recv_displs_.data(), MPI_BYTE, comm_));
+  }
+
   //! Copies \p root's bytes into every rank's \p data.
   void broadcast(std::span<std::byte> data, int root) {
     require(root >= 0 && root < size_, "broadcast: root out of range");
@@ -153,12 +174,31 @@ class mpi_communicator {
     GRAVAC_TRY_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), type, op, comm_));
   }
 
+  // MPI's int counts and displacements for \p sizes; returns the total. Throws past INT_MAX.
+  std::size_t to_counts(const std::vector<std::uint64_t>& sizes, std::vector<int>& counts, std::vector<int>& displs,
+                        const char* too_large) const {
+    counts.resize(sizes.size());
+    displs.resize(sizes.size());
+    std::uint64_t total = 0;
+    for (std::size_t r = 0; r < sizes.size(); ++r) {
+      if (sizes[r] > static_cast<std::uint64_t>(INT_MAX) || total > static_cast<std::uint64_t>(INT_MAX) - sizes[r])
+        throw error(status::invalid_argument, too_large, rank_, backend::mpi);
+      counts[r] = static_cast<int>(sizes[r]);
+      displs[r] = static_cast<int>(total);
+      total += sizes[r];
+    }
+    return static_cast<std::size_t>(total);
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::uint64_t> sizes64_;
   std::vector<int> counts_;
   std::vector<int> displs_;
+  std::vector<std::uint64_t> recv64_;
+  std::vector<int> recv_counts_;
+  std::vector<int> recv_displs_;
 };
 static_assert(Communicator<mpi_communicator>);
 

@@ -157,6 +157,40 @@ class thread_communicator {
     team_->arrive_and_wait(rank_);  // nobody reuses its buffer while others still read it
   }
 
+  //! Personalised all-to-all of variable-length blocks: rank r's block for rank j reaches
+  //! rank j, which receives the blocks addressed to it back to back in source-rank order.
+  //! \param send        this rank's blocks, back to back in destination-rank order
+  //! \param send_sizes  the byte count of each destination's block (size() entries)
+  //! \param out         receives the blocks addressed to this rank (resized; capacity kept)
+  //! \param recv_sizes  receives the byte count from each source rank
+  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes) {
+    const auto n = static_cast<std::size_t>(size());
+    require(send_sizes.size() == n, "alltoallv: send_sizes needs one entry per rank");
+    // Each rank posts its blocks with their offsets, so a reader finds its block in O(1).
+    post_.data = send.data();
+    post_.sizes = send_sizes.data();
+    post_.offsets.resize(n + 1);
+    post_.offsets[0] = 0;
+    for (std::size_t j = 0; j < n; ++j) post_.offsets[j + 1] = post_.offsets[j] + send_sizes[j];
+    require(post_.offsets[n] == send.size(), "alltoallv: the blocks' sizes do not add up to the send buffer");
+    team_->slot(rank_) = &post_;
+    team_->arrive_and_wait(rank_);
+    const auto me = static_cast<std::size_t>(rank_);
+    recv_sizes.resize(n);
+    std::size_t total = 0;
+    for (int r = 0; r < size(); ++r) total += recv_sizes[static_cast<std::size_t>(r)] = peer_post(r).sizes[me];
+    out.resize(total);
+    std::size_t at = 0;
+    for (int r = 0; r < size(); ++r) {
+      const block_post& peer = peer_post(r);
+      const std::size_t sz = recv_sizes[static_cast<std::size_t>(r)];
+      if (sz) std::memcpy(out.data() + at, peer.data + peer.offsets[me], sz);
+      at += sz;
+    }
+    team_->arrive_and_wait(rank_);  // nobody reuses its buffers while others still read them
+  }
+
   //! Copies \p root's bytes into every rank's \p data (all ranks pass the same size).
   void broadcast(std::span<std::byte> data, int root) {
     require(root >= 0 && root < size(), "broadcast: root out of range");
@@ -214,8 +248,17 @@ class thread_communicator {
       return scratch_d_;
   }
 
+  // What a rank posts for alltoallv: its blocks, their sizes and their offsets.
+  struct block_post {
+    const std::byte* data = nullptr;
+    const std::size_t* sizes = nullptr;
+    std::vector<std::size_t> offsets;
+  };
+  const block_post& peer_post(int r) { return *static_cast<const block_post*>(team_->slot(r)); }
+
   thread_team* team_;
   int rank_;
+  block_post post_;
   std::vector<float> scratch_f_;
   std::vector<double> scratch_d_;
 };

@@ -63,6 +63,9 @@ class cast16 {
     require(opt.format == cast16_format::fp16 || opt.format == cast16_format::bf16, "cast16: unknown format");
   }
 
+  //! The options it was built with.
+  [[nodiscard]] const options& get_options() const noexcept { return options_; }
+
   //! Upper bound of the packet size.
   [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
     return packet_bytes_bound(

@@ -90,6 +90,13 @@ inline cost_terms allgather(int n, double total_bytes) noexcept {
   if (n <= 1) return {};
   return {log_ranks(n), static_cast<double>(n - 1) / n * total_bytes};
 }
+//! Personalised all-to-all by pairwise exchange (N-1 rounds, one partner each):
+//! `(N-1) alpha + busiest beta`, with \p busiest_bytes the most any one rank sends or
+//! receives (excluding its block to itself).
+inline cost_terms alltoall(int n, double busiest_bytes) noexcept {
+  if (n <= 1) return {};
+  return {static_cast<double>(n - 1), busiest_bytes};
+}
 //! Dissemination barrier: `L alpha`.
 inline cost_terms barrier(int n) noexcept { return {log_ranks(n), 0.0}; }
 

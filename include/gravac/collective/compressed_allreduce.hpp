@@ -1,0 +1,445 @@
+#pragma once
+//! \file compressed_allreduce.hpp
+//! \brief An Allreduce in the compressed domain: a reduce-scatter of compressed shards, an
+//! fp32 sum per shard, a second compression of each shard with an error-feedback residual
+//! of its own, and an Allgather of the recompressed shards. What a rank sends and receives
+//! stays about 2(N-1)/N times the compressed gradient, whatever the number of ranks N,
+//! where an Allgather of whole packets brings N-1 of them to every rank.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gravac/collective/dense_allreduce.hpp"
+#include "gravac/collective/detail/shard_plan.hpp"
+#include "gravac/collective/step_buffers.hpp"
+#include "gravac/comm/communicator_ref.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/detail/bucket_states.hpp"
+#include "gravac/detail/random.hpp"
+#include "gravac/packet/format.hpp"
+
+namespace gravac {
+
+//! Options of the compressed allreduce.
+struct compressed_allreduce_options {
+  //! Keep the second stage's own residual (1-bit Adam's "server" error): what the second
+  //! compression of a shard's average leaves out is added to that shard's next average.
+  //! Off, the second quantization's error is dropped every step (for ablations).
+  bool server_error_feedback = true;
+};
+
+//! Compressors the compressed allreduce can run on shards: host memory, one packet per
+//! compress (not low-rank), and options it can copy for the shards' own compressors
+//! (`get_options()`, or options without members).
+template <class C>
+concept ShardableCompressor = Compressor<C> && !LowRankCompressor<C> && C::memory_space::host_accessible &&
+                              (std::is_empty_v<typename C::options> || requires(const C& c) {
+                                { c.get_options() } -> std::convertible_to<const typename C::options&>;
+                              });
+
+//! The seed of the second compression: its random draws (stochastic rounding) must not
+//! repeat the first stage's, which used the same shard layout.
+constexpr std::uint64_t server_seed(std::uint64_t seed) noexcept {
+  return detail::mix_seed(seed, 0x5345525645520001ull);
+}
+
+//! Reduce-scatter + Allgather of compressed shards with two-stage error feedback. Models Collective.
+//!
+//! With N ranks every layer is split into N contiguous shards (sizes differ by at most one;
+//! a layer smaller than N leaves some shards empty), and shard j of every layer belongs to
+//! rank j. One step on rank r:
+//! 1. u = g + e is compressed shard by shard, by N compressors of the same kind and options
+//!    over the shard layouts; each shard's residual goes back into e, so e = u - decompress
+//!    of everything this rank sent (the invariant of error feedback).
+//! 2. An alltoallv brings rank r the N packets of shard r; every one is validated before
+//!    anything is decoded (a bad one throws naming its sender, the gradient intact).
+//! 3. They are decoded and summed in fp32, in rank order, and divided by N.
+//! 4. The average plus the shard's server residual is compressed again (seed
+//!    server_seed(seed)), and the server residual keeps what that compression left out.
+//! 5. An Allgather brings every rank the N recompressed shards (the step's control values
+//!    ride as a trailer, as in allgather); all are validated, then decoded into the gradient.
+//!
+//! Every rank decodes the same packets in the same order, so the averaged gradient has the
+//! same bits everywhere. A step that sends every layer dense is one dense Allreduce.
+//! The communicator must have alltoallv (AlltoallCommunicator): mpi_communicator,
+//! thread_communicator and their decorators do. The server residual is state: it is saved
+//! and restored with the trainer's checkpoint (save/load), keyed by layer id and shard.
+class compressed_allreduce {
+ public:
+  //! Opt-in tag for the Collective concept.
+  using collective_tag = void;
+  //! Options (see compressed_allreduce_options).
+  using options = compressed_allreduce_options;
+  //! Host compressors with one packet per compress whose options it can copy.
+  template <class C>
+  static constexpr bool accepts = ShardableCompressor<C>;
+  //! Why it may refuse a compressor (the trainer's message).
+  static constexpr bool rejects_low_rank = true;
+
+  //! A collective for \p lay.
+  compressed_allreduce(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt), dense_(lay) {}
+
+  //! Sizes the dense path for compressor \p c and keeps a factory for the shards' compressors.
+  template <Compressor C>
+  void prepare(const C& c) {
+    static_assert(ShardableCompressor<C>, "compressed_allreduce: the compressor cannot run on shards");
+    dense_.prepare(c);
+    typename C::options opt{};
+    if constexpr (requires { c.get_options(); }) opt = c.get_options();
+    codec_ = std::make_unique<codec_of<C>>(opt);
+  }
+
+  //! Gives back what the last step sent, when the trainer abandons it after the collective:
+  //! this rank's shard packets return to its residual and the server residual is as before.
+  template <Compressor C>
+  void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
+    if (last_dense_) return dense_.return_sent(c, buf);
+    if (!codec_ || !codec_->has_sent()) return;
+    codec_->return_sent(plan_, buf.residual.span(), stage_);
+    server_residual_ = server_before_;
+  }
+
+  //! Runs one step: leaves the rank average of the recompressed shards in buf.grad.
+  template <Compressor C, Communicator M>
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
+    static_assert(CommunicatorFor<M, C>, "compressed_allreduce: the communicator must carry the compressor's memory");
+    static_assert(AlltoallCommunicator<M>, "compressed_allreduce: the communicator needs alltoallv");
+    last_dense_ = p.all_dense();
+    if (last_dense_) return dense_.aggregate(c, comm, buf, p, st, r);
+    if constexpr (requires { comm.has_alltoallv(); })
+      require(comm.has_alltoallv(),
+              "compressed_allreduce: the communicator has no alltoallv (it needs an "
+              "AlltoallCommunicator: mpi_communicator, thread_communicator or a decorator)");
+    ensure_plan(comm.size(), comm.rank());
+    const auto n = static_cast<std::size_t>(comm.size());
+    const auto me = static_cast<std::size_t>(comm.rank());
+    auto g = buf.grad.span();
+    auto e = buf.residual.span();
+
+    // 1. Compress u = g + e shard by shard; the shards' residuals go back into e.
+    const auto t0 = std::chrono::steady_clock::now();
+    st.reset(layout_.size(), p.gain_candidates.size());
+    send_sizes_.resize(n);
+    send_.resize(codec_->max_send_bytes());
+    std::size_t at = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t b =
+          codec_->compress_shard(plan_, j, g, e, p, std::span<std::byte>(send_).subspan(at), stage_, st);
+      send_sizes_[j] = b;
+      at += b;
+    }
+    r.compress_s = detail::seconds_since(t0);
+
+    // 2. The N packets of this rank's shard.
+    auto t1 = std::chrono::steady_clock::now();
+    comm.alltoallv(std::span<const std::byte>(send_.data(), at), send_sizes_, received_, recv_sizes_);
+    r.communicate_s = detail::seconds_since(t1);
+    auto t2 = std::chrono::steady_clock::now();
+    std::size_t from = 0;
+    for (std::size_t rank = 0; rank < n; ++rank) {
+      throw_if_invalid(codec_->validate(me, std::span<const std::byte>(received_.data() + from, recv_sizes_[rank])),
+                       static_cast<int>(rank));
+      from += recv_sizes_[rank];
+    }
+    // 3. Their fp32 average, in rank order.
+    const std::size_t mine = plan_.numel(me);
+    average_.assign(mine, 0.0f);
+    const float inv = 1.0f / static_cast<float>(n);
+    from = 0;
+    for (std::size_t rank = 0; rank < n; ++rank) {
+      codec_->decode(me, std::span<const std::byte>(received_.data() + from, recv_sizes_[rank]), average_, inv);
+      from += recv_sizes_[rank];
+    }
+    // 4. Compress the average again, with the shard's own residual.
+    server_before_ = server_residual_;
+    if (!options_.server_error_feedback) std::fill(server_residual_.begin(), server_residual_.end(), 0.0f);
+    server_params_ = p;
+    server_params_.seed = server_seed(p.seed);
+    server_packet_.resize(codec_->max_server_bytes() + (buf.control ? buf.control->trailer_bytes() : 0));
+    const std::size_t own = codec_->compress_server(average_, server_residual_, server_params_,
+                                                    std::span<std::byte>(server_packet_), server_stats_);
+    std::size_t trailer = 0;
+    if (step_control* ctl = buf.control) {
+      ctl->seal(st);
+      trailer = ctl->trailer_bytes();
+      if (server_packet_.size() < own + trailer) server_packet_.resize(own + trailer);
+      ctl->write_trailer(std::span<std::byte>(server_packet_.data() + own, trailer));
+    }
+    r.decompress_s = detail::seconds_since(t2);
+
+    // 5. Every rank's recompressed shard, validated, then decoded into the gradient.
+    const auto t3 = std::chrono::steady_clock::now();
+    comm.allgatherv(std::span<const std::byte>(server_packet_.data(), own + trailer), gathered_, gathered_sizes_);
+    r.communicate_s += detail::seconds_since(t3);
+    const auto t4 = std::chrono::steady_clock::now();
+    from = 0;
+    for (std::size_t rank = 0; rank < n; ++rank) {
+      if (gathered_sizes_[rank] < trailer)
+        throw_if_invalid(validation{status::malformed_packet, "the packet is shorter than the step's control trailer"},
+                         static_cast<int>(rank));
+      throw_if_invalid(
+          codec_->validate(rank, std::span<const std::byte>(gathered_.data() + from, gathered_sizes_[rank] - trailer)),
+          static_cast<int>(rank));
+      from += gathered_sizes_[rank];
+    }
+    if (step_control* ctl = buf.control) {
+      ctl->begin_sums();
+      from = 0;
+      for (std::size_t rank = 0; rank < n; ++rank) {
+        from += gathered_sizes_[rank];
+        ctl->add_trailer(std::span<const std::byte>(gathered_.data() + from - trailer, trailer));
+      }
+    }
+    from = 0;
+    for (std::size_t rank = 0; rank < n; ++rank) {
+      std::span<float> shard(stage_.data() + plan_.start(rank), plan_.numel(rank));
+      std::fill(shard.begin(), shard.end(), 0.0f);
+      codec_->decode(rank, std::span<const std::byte>(gathered_.data() + from, gathered_sizes_[rank] - trailer), shard,
+                     1.0f);
+      plan_.scatter(rank, shard.data(), g.data());
+      from += gathered_sizes_[rank];
+    }
+    r.decompress_s += detail::seconds_since(t4);
+
+    // What went on the wire: the other ranks' shards out and in, then the Allgather
+    // (counted as a ring forwards it: every block but the own, each way).
+    double out = 0, in = 0, total = 0;
+    for (std::size_t rank = 0; rank < n; ++rank) {
+      if (rank != me) {
+        out += static_cast<double>(send_sizes_[rank]);
+        in += static_cast<double>(recv_sizes_[rank]);
+      }
+      total += static_cast<double>(gathered_sizes_[rank]);
+    }
+    const double gather_wire = n > 1 ? total - static_cast<double>(own + trailer) : 0.0;
+    r.bytes_sent = static_cast<std::size_t>(out) + own + trailer;
+    r.wire_bytes_sent = out + gather_wire;
+    r.wire_bytes_received = in + gather_wire;
+    r.collective = collective_kind::compressed_allreduce;
+  }
+
+  //! The server residual of this rank's shard, in shard order (layer by layer).
+  [[nodiscard]] std::span<const float> server_residual() const noexcept { return server_residual_; }
+  //! The shard split of the last step (empty before the first).
+  [[nodiscard]] const detail::shard_plan& plan() const noexcept { return plan_; }
+
+  //! Saves the server residual with its key: rank count, shard, and each layer's id and
+  //! piece length.
+  void save(std::vector<std::byte>& out) const {
+    out.clear();
+    if (plan_.size() == 0) return;  // before the first step: nothing
+    detail::put_u64(out, state_magic);
+    detail::put_u64(out, plan_.size());
+    detail::put_u64(out, shard_);
+    const layout& mine = plan_.shard_layout(shard_);
+    detail::put_u64(out, mine.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      detail::put_u64(out, layout_[i].id);
+      detail::put_u64(out, mine[i].numel);
+    }
+    const std::size_t at = out.size();
+    out.resize(at + server_residual_.size() * sizeof(float));
+    if (!server_residual_.empty())
+      std::memcpy(out.data() + at, server_residual_.data(), server_residual_.size() * sizeof(float));
+  }
+  //! Restores what save() wrote; checks every key against this layout and rejects a blob of
+  //! another layout, rank count or length before changing anything.
+  void load(std::span<const std::byte> in) {
+    if (in.empty()) {
+      plan_ = {};
+      server_residual_.clear();
+      return;
+    }
+    const auto fail = [](const std::string& why) {
+      throw error(status::invalid_argument, "compressed_allreduce: the server residual " + why);
+    };
+    std::size_t at = 0;
+    const auto u64 = [&]() {
+      if (in.size() - at < 8) fail("is truncated");
+      std::uint64_t v = 0;
+      std::memcpy(&v, in.data() + at, 8);
+      at += 8;
+      return v;
+    };
+    if (u64() != state_magic) fail("has no header");
+    const std::uint64_t ranks = u64(), shard = u64(), layers = u64();
+    if (ranks == 0 || ranks > (1u << 24) || shard >= ranks)
+      fail("names shard " + std::to_string(shard) + " of " + std::to_string(ranks));
+    if (layers != layout_.size())
+      fail("has " + std::to_string(layers) + " layers, the layout " + std::to_string(layout_.size()));
+    std::size_t floats = 0;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const std::uint64_t id = u64(), numel = u64();
+      const std::size_t want =
+          detail::shard_begin(layout_[i].numel, shard + 1, ranks) - detail::shard_begin(layout_[i].numel, shard, ranks);
+      if (id != layout_[i].id || numel != want)
+        fail("does not match layer '" + layout_[i].name + "' (another layout or rank count)");
+      floats += want;
+    }
+    if (in.size() - at != floats * sizeof(float)) fail("has the wrong length");
+    std::vector<float> values(floats);
+    if (floats) std::memcpy(values.data(), in.data() + at, floats * sizeof(float));
+    plan_ = detail::shard_plan(layout_, static_cast<std::size_t>(ranks));
+    shard_ = static_cast<std::size_t>(shard);
+    server_residual_ = std::move(values);
+    if (codec_) codec_->build(plan_, shard_);
+    built_ = codec_ != nullptr;
+    stage_.assign(layout_.numel(), 0.0f);
+  }
+
+ private:
+  static constexpr std::uint64_t state_magic = 0x5245565245535643ull;  // "CVSERVER"
+
+  // The type-erased codecs of one compressor type: N shard compressors (stage 1 and the
+  // decoders) and this rank's server compressor (stage 2).
+  struct codec_base {
+    virtual ~codec_base() = default;
+    virtual void build(const detail::shard_plan& plan, std::size_t mine) = 0;
+    [[nodiscard]] virtual std::size_t max_send_bytes() const = 0;
+    [[nodiscard]] virtual std::size_t max_server_bytes() const = 0;
+    virtual std::size_t compress_shard(const detail::shard_plan& plan, std::size_t j, std::span<const float> g,
+                                       std::span<float> e, const step_params& p, std::span<std::byte> out,
+                                       std::vector<float>& stage, compress_stats& st) = 0;
+    virtual std::size_t compress_server(std::vector<float>& average, std::vector<float>& residual, const step_params& p,
+                                        std::span<std::byte> out, compress_stats& st) = 0;
+    [[nodiscard]] virtual validation validate(std::size_t shard, std::span<const std::byte> packet) const = 0;
+    virtual void decode(std::size_t shard, std::span<const std::byte> packet, std::span<float> out, float scale) = 0;
+    virtual void return_sent(const detail::shard_plan& plan, std::span<float> e, std::vector<float>& stage) = 0;
+    [[nodiscard]] virtual bool has_sent() const = 0;
+  };
+  template <class C>
+  struct codec_of final : codec_base {
+    explicit codec_of(const typename C::options& o) : opt(o) {}
+    typename C::options opt;
+    std::vector<std::unique_ptr<C>> shards;  // one per shard: compresses this rank's piece, decodes anyone's
+    std::unique_ptr<C> server;               // compresses this rank's shard average
+    std::vector<std::size_t> sent_at, sent_bytes;
+    std::vector<std::byte> sent;  // this rank's last shard packets (for return_sent)
+    compress_stats piece;         // one shard's statistics
+
+    void build(const detail::shard_plan& plan, std::size_t mine) override {
+      shards.clear();
+      for (std::size_t j = 0; j < plan.size(); ++j) shards.push_back(std::make_unique<C>(plan.shard_layout(j), opt));
+      server = std::make_unique<C>(plan.shard_layout(mine), opt);
+      server_layers = plan.shard_layout(mine).size();
+      sent_at.assign(plan.size(), 0);
+      sent_bytes.assign(plan.size(), 0);
+      sent.clear();
+    }
+    [[nodiscard]] std::size_t max_send_bytes() const override {
+      std::size_t b = 0;
+      for (const auto& s : shards) b += s->max_packet_bytes();
+      return b;
+    }
+    [[nodiscard]] std::size_t max_server_bytes() const override { return server->max_packet_bytes(); }
+    std::size_t compress_shard(const detail::shard_plan& plan, std::size_t j, std::span<const float> g,
+                               std::span<float> e, const step_params& p, std::span<std::byte> out,
+                               std::vector<float>& stage, compress_stats& st) override {
+      // stage holds g's shard, then e's shard (after the g piece) while compressing.
+      const std::size_t m = plan.numel(j);
+      const std::size_t start = plan.start(j);
+      if (j == 0 && sent.size() < max_send_bytes()) sent.resize(max_send_bytes());
+      float* gs = stage.data() + start;
+      plan.gather(j, g.data(), gs);
+      e_piece.resize(m);
+      plan.gather(j, e.data(), e_piece.data());
+      piece.reset(plan.shard_layout(j).size(), p.gain_candidates.size());
+      const std::size_t bytes =
+          shards[j]->compress(grad_view<host_space>(gs, m), grad_view<host_space>(e_piece.data(), m), p, out, piece);
+      plan.scatter(j, e_piece.data(), e.data());
+      add_stats(piece, st);
+      sent_at[j] = j == 0 ? 0 : sent_at[j - 1] + sent_bytes[j - 1];
+      sent_bytes[j] = bytes;
+      std::memcpy(sent.data() + sent_at[j], out.data(), bytes);
+      has = true;
+      return bytes;
+    }
+    std::size_t compress_server(std::vector<float>& average, std::vector<float>& residual, const step_params& p,
+                                std::span<std::byte> out, compress_stats& st) override {
+      residual.resize(average.size(), 0.0f);
+      st.reset(server_layers, p.gain_candidates.size());
+      return server->compress(grad_view<host_space>(average.data(), average.size()),
+                              grad_view<host_space>(residual.data(), residual.size()), p, out, st);
+    }
+    [[nodiscard]] validation validate(std::size_t shard, std::span<const std::byte> packet) const override {
+      return shards[shard]->validate(packet);
+    }
+    void decode(std::size_t shard, std::span<const std::byte> packet, std::span<float> out, float scale) override {
+      shards[shard]->decompress_add(packet, grad_view<host_space>(out.data(), out.size()), scale);
+    }
+    void return_sent(const detail::shard_plan& plan, std::span<float> e, std::vector<float>& stage) override {
+      for (std::size_t j = 0; j < plan.size(); ++j) {
+        const std::size_t m = plan.numel(j);
+        e_piece.resize(m);
+        plan.gather(j, e.data(), e_piece.data());
+        shards[j]->decompress_add(std::span<const std::byte>(sent.data() + sent_at[j], sent_bytes[j]),
+                                  grad_view<host_space>(e_piece.data(), m), 1.0f);
+        plan.scatter(j, e_piece.data(), e.data());
+      }
+      (void)stage;
+      has = false;
+    }
+    [[nodiscard]] bool has_sent() const override { return has; }
+
+   private:
+    static void add_stats(const compress_stats& from, compress_stats& to) {
+      for (std::size_t i = 0; i < from.layers.size() && i < to.layers.size(); ++i) {
+        to.layers[i].kept += from.layers[i].kept;
+        to.layers[i].grad_sq += from.layers[i].grad_sq;
+        to.layers[i].input_sq += from.layers[i].input_sq;
+        to.layers[i].kept_sq += from.layers[i].kept_sq;
+      }
+      for (std::size_t k = 0; k < from.candidate_kept_sq.size() && k < to.candidate_kept_sq.size(); ++k)
+        to.candidate_kept_sq[k] += from.candidate_kept_sq[k];
+      to.non_finite = to.non_finite || from.non_finite;
+    }
+    std::vector<float> e_piece;
+    std::size_t server_layers = 0;
+    bool has = false;
+  };
+
+  void ensure_plan(int n, int rank) {
+    require(codec_ != nullptr, "compressed_allreduce: prepare() was not called");
+    const auto ranks = static_cast<std::size_t>(n), mine = static_cast<std::size_t>(rank);
+    if (plan_.size() == ranks && shard_ == mine && built_) return;
+    if (plan_.size() != ranks || shard_ != mine) {
+      require(plan_.size() == 0, "compressed_allreduce: the server residual was saved for shard " +
+                                     std::to_string(shard_) + " of " + std::to_string(plan_.size()) +
+                                     " ranks; this is rank " + std::to_string(rank) + " of " + std::to_string(n));
+      plan_ = detail::shard_plan(layout_, ranks);
+      shard_ = mine;
+      server_residual_.assign(plan_.numel(mine), 0.0f);
+    }
+    codec_->build(plan_, shard_);
+    stage_.assign(layout_.numel(), 0.0f);
+    built_ = true;
+  }
+
+  layout layout_;
+  options options_;
+  dense_allreduce dense_;  // all-dense steps
+  std::unique_ptr<codec_base> codec_;
+  detail::shard_plan plan_;
+  std::size_t shard_ = 0;
+  bool built_ = false;
+  bool last_dense_ = false;
+  std::vector<float> stage_;            // shard-major staging of the gradient
+  std::vector<float> average_;          // this rank's shard: the average of the N packets
+  std::vector<float> server_residual_;  // this rank's shard: the second stage's residual
+  std::vector<float> server_before_;    // the server residual before the last step (return_sent)
+  step_params server_params_;
+  compress_stats server_stats_;
+  std::vector<std::byte> send_, received_, server_packet_, gathered_;
+  std::vector<std::size_t> send_sizes_, recv_sizes_, gathered_sizes_;
+};
+static_assert(Collective<compressed_allreduce>);
+
+}  // namespace gravac
