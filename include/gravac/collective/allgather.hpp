@@ -16,6 +16,7 @@
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {
 
@@ -139,6 +140,10 @@ class allgather {
     ops::finish(c);
     r.decompress_s = detail::seconds_since(t2);
     r.bytes_sent = bytes;
+    // Every block with its trailer: the other ranks' in, as many forwarded out.
+    double total = 0;
+    for (const std::size_t s : sizes_) total += static_cast<double>(s);
+    set_wire_bytes(r, wire_bytes::allgather(comm.size(), total, static_cast<double>(bytes + trailer)));
     r.collective = collective_kind::allgather;
   }
 

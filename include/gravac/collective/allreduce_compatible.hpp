@@ -24,6 +24,7 @@
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/network/wire_bytes.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
@@ -148,6 +149,7 @@ class allreduce_compatible {
           p.kept_fraction[i] >= dense_fraction ? layout_[i].numel : kept_count(layout_[i].numel, p.kept_fraction[i]);
     std::size_t n_idx = 0;  // indices on the wire
     double bcast_s = 0;
+    wire_bytes wire_total{};  // the broadcast's and the Allreduce's, as called
     if constexpr (hook::shared_indices) {
       total = 0;
       offsets_.assign(layout_.size() + 1, 0);
@@ -188,8 +190,10 @@ class allreduce_compatible {
       }
       if (n > 1 && n_idx > 0) {
         const auto tb = std::chrono::steady_clock::now();
-        comm.broadcast(index_bytes(n_idx), root_);
+        const std::span<std::byte> indices = index_bytes(n_idx);
+        comm.broadcast(indices, root_);
         bcast_s = detail::seconds_since(tb);
+        wire_total += wire_bytes::broadcast(n, static_cast<double>(indices.size()), me == root_);
         comm_s += bcast_s;
       }
       // Every rank validates the same broadcast bytes (the root included), so a bad list
@@ -234,7 +238,11 @@ class allreduce_compatible {
     values_.resize(total + ctl.size());
     ctl.write_local(std::span<float>(values_.data() + total, ctl.size()));
     const auto t4 = std::chrono::steady_clock::now();
-    if (n > 1 && values_.size() > 0) comm.allreduce_sum(std::span<float>(values_.data(), values_.size()));
+    if (n > 1 && values_.size() > 0) {
+      comm.allreduce_sum(std::span<float>(values_.data(), values_.size()));
+      // The buffer as sent: the values and the control floats after them.
+      wire_total += wire_bytes::allreduce(n, static_cast<double>(values_.size() * sizeof(float)));
+    }
     comm_s += detail::seconds_since(t4);
     ctl.set_summed(std::span<const float>(values_.data() + total, ctl.size()));
     if constexpr (!hook::shared_indices) {
@@ -258,6 +266,7 @@ class allreduce_compatible {
     r.decompress_s = detail::seconds_since(t5);
     r.communicate_s = comm_s;
     r.bytes_sent = total * sizeof(float) + (!hook::shared_indices && me == root_ ? n_idx * index_width() : 0);
+    set_wire_bytes(r, wire_total);
     r.collective = collective_kind::allreduce_compatible;
     last_indices_ = hook::shared_indices ? 0 : n_idx;
     last_values_ = total;

@@ -15,6 +15,7 @@
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {
 
@@ -129,6 +130,8 @@ class dense_allreduce {
       r.decompress_s = detail::seconds_since(t2);
     }
     r.bytes_sent = d * sizeof(float);
+    // The wire carries the whole reduced buffer, control floats included.
+    set_wire_bytes(r, wire_bytes::allreduce(comm.size(), static_cast<double>(reduced.size_bytes())));
     r.collective = collective_kind::dense_allreduce;
   }
 

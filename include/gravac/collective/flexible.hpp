@@ -93,6 +93,8 @@ class flexible {
   }
 
   //! Runs one step with the cheapest collective (or the one params.collective forces).
+  //! The report's bytes, wire bytes included, are those of the path that ran: the choice
+  //! and the network fit make no call of their own (their values ride in the step's).
   template <Compressor C, Communicator M>
   void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
                  step_report& r) {
@@ -150,6 +152,12 @@ class flexible {
         }
         terms = cost_model::dense_allreduce(n, d);
         break;
+      case collective_kind::compressed_allreduce:
+        // Not one of its three paths: a step that ran none would leave the gradient unaveraged.
+        throw error(status::invalid_argument,
+                    "flexible: compressed_allreduce was forced but is not one of its paths (dense, AR-Topk, "
+                    "Allgather); use the compressed_allreduce collective",
+                    comm.rank());
     }
     if (codec_slot != step_control::no_slot && ctl.has_sums()) {
       const double mean = static_cast<double>(ctl.sum(codec_slot)) / n;

@@ -12,6 +12,7 @@
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/collective/step_control.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {
 
@@ -24,7 +25,8 @@ struct low_rank_allreduce_options {};
 //! the raw values, `factor` (orthonormalize P, Q_local = M^T P^, e = u - P^ Q_local^T),
 //! Allreduce-sum of Q, `reconstruct` (grad = P^ Q^T / N). Both reductions are identical on
 //! every rank, so every rank reconstructs the same bits. The report's collective is
-//! dense_allreduce (these are allreduces), bytes_sent the floats of both reductions.
+//! dense_allreduce (these are allreduces), bytes_sent the floats of both reductions and
+//! the wire bytes those of both allreduces as called (the control floats included).
 class low_rank_allreduce {
  public:
   //! Opt-in tag for the Collective concept.
@@ -54,7 +56,11 @@ class low_rank_allreduce {
     const std::span<float> first = c.project(buf.grad, buf.residual, p, st);
     r.compress_s = detail::seconds_since(t);
     t = std::chrono::steady_clock::now();
-    if (!first.empty()) comm.allreduce_sum(first);
+    wire_bytes wire_total{};  // both allreduces, as called
+    if (!first.empty()) {
+      comm.allreduce_sum(first);
+      wire_total += wire_bytes::allreduce(comm.size(), static_cast<double>(first.size_bytes()));
+    }
     r.communicate_s = detail::seconds_since(t);
     t = std::chrono::steady_clock::now();
     const std::span<float> second = c.factor(buf.residual, p, st);
@@ -70,16 +76,19 @@ class low_rank_allreduce {
       std::copy(second.begin(), second.end(), sum_.begin());
       ctl->write_local(std::span<float>(sum_.data() + second.size(), ctl->size()));
       comm.allreduce_sum(std::span<float>(sum_));
+      wire_total += wire_bytes::allreduce(comm.size(), static_cast<double>(sum_.size() * sizeof(float)));
       std::copy(sum_.begin(), sum_.begin() + static_cast<std::ptrdiff_t>(second.size()), second.begin());
       ctl->set_summed(std::span<const float>(sum_.data() + second.size(), ctl->size()));
     } else if (!second.empty()) {
       comm.allreduce_sum(second);
+      wire_total += wire_bytes::allreduce(comm.size(), static_cast<double>(second.size_bytes()));
     }
     r.communicate_s += detail::seconds_since(t);
     t = std::chrono::steady_clock::now();
     c.reconstruct(buf.grad, 1.0f / static_cast<float>(comm.size()));
     r.decompress_s = detail::seconds_since(t);
     r.bytes_sent = (first.size() + second.size()) * sizeof(float);
+    set_wire_bytes(r, wire_total);
     r.collective = collective_kind::dense_allreduce;
   }
 

@@ -13,7 +13,8 @@
 //! Beside the clock it counts the bytes this rank sends and receives on the wire under the
 //! algorithm each call is charged as (wire_bytes_sent(), wire_bytes_received()). A packet's
 //! own size understates what an Allgather moves (every rank receives the N-1 others'
-//! packets), so byte comparisons between collectives should use these counts:
+//! packets), so byte comparisons between collectives should use these counts. The rules
+//! live in wire_bytes.hpp, which the collectives use for step_report's wire bytes too:
 //!
 //! - Allreduce of B bytes: sent = received = 2(N-1)/N B. Exact for the ring (reduce-scatter
 //!   and allgather, 2(N-1) blocks of B/N); for the tree it is the per-rank average of its
@@ -39,6 +40,7 @@
 #include "gravac/concepts.hpp"
 #include "gravac/network/cost_model.hpp"
 #include "gravac/network/network_profile.hpp"
+#include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {
 
@@ -102,13 +104,13 @@ class simulated_communicator {
     std::size_t total = 0;
     for (auto s : sizes) total += s;
     charge(cost_model::allgather(size(), static_cast<double>(total)), net);
-    if (size() > 1) count(static_cast<double>(total) - own, static_cast<double>(total) - own);
+    count(wire_bytes::allgather(size(), static_cast<double>(total), own));
   }
   //! Broadcast from \p root (real), charged as a binomial tree.
   void broadcast(std::span<std::byte> d, int root) {
     const double b = static_cast<double>(d.size());
     charged(cost_model::broadcast(size(), b), [&] { inner_->broadcast(d, root); });
-    if (size() > 1) count(static_cast<double>(size() - 1) / size() * b, rank() == root ? 0.0 : b);
+    count(wire_bytes::broadcast(size(), b, rank() == root));
   }
   //! Broadcast of typed values from \p root.
   template <class T>
@@ -188,10 +190,8 @@ class simulated_communicator {
   }
 
   // Ring Allreduce of b bytes: 2(N-1) blocks of b/N each way (the tree's per-rank average too).
-  void count_allreduce(double b) noexcept {
-    const int n = size();
-    if (n > 1) count(2.0 * (n - 1) / n * b, 2.0 * (n - 1) / n * b);
-  }
+  void count_allreduce(double b) noexcept { count(wire_bytes::allreduce(size(), b)); }
+  void count(const wire_bytes& w) noexcept { count(w.sent, w.received); }
   void count(double sent, double received) noexcept {
     sent_ += sent;
     received_ += received;
