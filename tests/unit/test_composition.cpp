@@ -42,6 +42,7 @@ GRAVAC_TEST_NAME(allgather)
 GRAVAC_TEST_NAME(allreduce_compatible)
 GRAVAC_TEST_NAME(flexible)
 GRAVAC_TEST_NAME(low_rank_allreduce)
+GRAVAC_TEST_NAME(compressed_allreduce)
 GRAVAC_TEST_NAME(fixed_policy)
 GRAVAC_TEST_NAME(gravac_policy)
 GRAVAC_TEST_NAME(accordion_policy)
@@ -50,7 +51,8 @@ GRAVAC_TEST_NAME(moo_policy)
 #undef GRAVAC_TEST_NAME
 
 using compressors = type_list<identity, topk, threshold, randomk, adacomp, qsgd, terngrad, sign, cast16, powersgd>;
-using collectives = type_list<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce>;
+using collectives =
+    type_list<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce, compressed_allreduce>;
 using policies = type_list<fixed_policy, gravac_policy, accordion_policy, adacomp_policy, moo_policy>;
 
 template <class C, class K, class... P>
