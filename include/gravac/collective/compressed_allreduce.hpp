@@ -23,6 +23,7 @@
 #include "gravac/concepts.hpp"
 #include "gravac/detail/bucket_states.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/network/wire_bytes.hpp"
 #include "gravac/packet/format.hpp"
 
 namespace gravac {
@@ -209,8 +210,7 @@ class compressed_allreduce {
     }
     r.decompress_s += detail::seconds_since(t4);
 
-    // What went on the wire: the other ranks' shards out and in, then the Allgather
-    // (counted as a ring forwards it: every block but the own, each way).
+    // What went on the wire: the other ranks' shards out and in, then the Allgather.
     double out = 0, in = 0, total = 0;
     for (std::size_t rank = 0; rank < n; ++rank) {
       if (rank != me) {
@@ -219,10 +219,9 @@ class compressed_allreduce {
       }
       total += static_cast<double>(gathered_sizes_[rank]);
     }
-    const double gather_wire = n > 1 ? total - static_cast<double>(own + trailer) : 0.0;
     r.bytes_sent = static_cast<std::size_t>(out) + own + trailer;
-    r.wire_bytes_sent = out + gather_wire;
-    r.wire_bytes_received = in + gather_wire;
+    set_wire_bytes(r, wire_bytes::alltoall(comm.size(), out, in) +
+                          wire_bytes::allgather(comm.size(), total, static_cast<double>(own + trailer)));
     r.collective = collective_kind::compressed_allreduce;
   }
 

@@ -27,8 +27,15 @@
 //! - Broadcast of B: received = B on every rank but the root, 0 on the root; sent = the
 //!   per-rank average (N-1)/N B of the binomial tree's N-1 messages (the tree's inner
 //!   ranks send more than its leaves).
+//! - Alltoallv: sent = the blocks addressed to the other ranks, received = the blocks from
+//!   them (exact: a pairwise exchange sends each block once, directly). It is charged as N-1
+//!   rounds over the busiest rank's bytes (cost_model::alltoall); the busiest rank's count
+//!   comes from a small max-Allreduce of (sent, received) through the inner engine, which is
+//!   neither charged nor counted (a real alltoallv exchanges its sizes too), so the clock
+//!   stays identical on every rank.
 //! - Barrier: no payload, 0.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -106,6 +113,28 @@ class simulated_communicator {
     charge(cost_model::allgather(size(), static_cast<double>(total)), net);
     count(wire_bytes::allgather(size(), static_cast<double>(total), own));
   }
+  // clang-format off
+  //! Personalised all-to-all (real), charged as a pairwise exchange over the busiest
+  //! rank's bytes (see the file comment). Present when the inner engine has alltoallv.
+  void alltoallv(std::span<const std::byte> in, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes)
+    requires AlltoallCommunicator<Inner>
+  {
+    const network_params net = current();
+    inner_->alltoallv(in, send_sizes, out, recv_sizes);
+    const auto me = static_cast<std::size_t>(rank());
+    double sent = 0, received = 0;
+    for (std::size_t r = 0; r < send_sizes.size(); ++r)
+      if (r != me) sent += static_cast<double>(send_sizes[r]);
+    for (std::size_t r = 0; r < recv_sizes.size(); ++r)
+      if (r != me) received += static_cast<double>(recv_sizes[r]);
+    busiest_[0] = sent;
+    busiest_[1] = received;
+    if (size() > 1) inner_->allreduce_max(std::span<double>(busiest_));
+    charge(cost_model::alltoall(size(), std::max(busiest_[0], busiest_[1])), net);
+    count(wire_bytes::alltoall(size(), sent, received));
+  }
+  // clang-format on
   //! Broadcast from \p root (real), charged as a binomial tree.
   void broadcast(std::span<std::byte> d, int root) {
     const double b = static_cast<double>(d.size());
@@ -207,6 +236,7 @@ class simulated_communicator {
   std::uint64_t calls_ = 0;
   double sent_ = 0;
   double received_ = 0;
+  double busiest_[2] = {0, 0};
 };
 static_assert(Communicator<simulated_communicator<communicator_ref<host_space>>>);
 
