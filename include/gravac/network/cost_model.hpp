@@ -117,6 +117,21 @@ inline cost_terms ar_topk_shared_indices(int n, double d, double f,
 //! Allgather of top-k values and indices: `L alpha + 2(N-1) 4 d f beta`.
 inline cost_terms allgather_topk(int n, double d, double f) noexcept { return allgather(n, n * 8.0 * d * f); }
 
+//! Allgather of one packet of \p packet_bytes (P) from every rank: `L alpha + (N-1) P beta`.
+//! What an Allgather of quantized packets costs: their size is set by the layout and the
+//! codec's options, not by a kept fraction.
+inline cost_terms allgather_packets(int n, double packet_bytes) noexcept {
+  return allgather(n, static_cast<double>(n) * packet_bytes);
+}
+//! The compressed allreduce of one rank's whole compressed gradient of \p packet_bytes (P):
+//! an alltoall in which each rank sends and receives the N-1 shards that are not its own,
+//! (N-1)/N P, then an Allgather of the N recompressed shards, P in all:
+//! `(N-1) alpha + (N-1)/N P beta` plus `L alpha + (N-1)/N P beta`.
+inline cost_terms compressed_allreduce(int n, double packet_bytes) noexcept {
+  if (n <= 1) return {};
+  return alltoall(n, static_cast<double>(n - 1) / n * packet_bytes) + allgather(n, packet_bytes);
+}
+
 //! Modeled seconds of the flexible collective's three candidates for N ranks, d parameters
 //! and kept fraction f under \p net, in the order dense Allreduce, AR-Topk (by algorithm
 //! \p a), Allgather top-k. AR-Topk is +infinity when the compressor has no index-selection
@@ -127,6 +142,44 @@ inline std::array<double, 3> candidate_costs(int n, double d, double f, const ne
                                              bool ar_possible = true) noexcept {
   return {dense_allreduce(n, d).seconds(net), ar_possible ? ar_topk(n, d, f, a).seconds(net) : INFINITY,
           allgather_topk(n, d, f).seconds(net)};
+}
+
+//! What the flexible collective's four paths depend on besides N, d and f: which of them the
+//! compressor and the communicator allow, and how a packet is sized.
+struct path_pricing {
+  allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how AR-Topk's value Allreduce runs
+  bool ar_possible = true;                                    //!< the compressor has an index-selection hook (AR-Topk)
+  bool compressed_possible = false;  //!< shardable compressor and a communicator with alltoallv
+  bool allgather_by_packet = false;  //!< price the Allgather by packet_bytes, not 8 bytes per kept value
+  double packet_bytes = 0;           //!< one rank's whole packet (the Allgather's and the compressed allreduce's P)
+};
+
+//! The cost terms of the flexible collective's path \p k (0 dense Allreduce, 1 AR-Topk,
+//! 2 Allgather, 3 compressed allreduce) for N ranks, d parameters and kept fraction f;
+//! paths \p how does not allow are not priced here (see path_costs).
+inline cost_terms path_terms(std::size_t k, int n, double d, double f, const path_pricing& how) noexcept {
+  switch (k) {
+    case 0:
+      return dense_allreduce(n, d);
+    case 1:
+      return ar_topk(n, d, f, how.allreduce);
+    case 2:
+      return how.allgather_by_packet ? allgather_packets(n, how.packet_bytes) : allgather_topk(n, d, f);
+    default:
+      return compressed_allreduce(n, how.packet_bytes);
+  }
+}
+
+//! Modeled seconds of the flexible collective's four paths under \p net, in the order dense
+//! Allreduce, AR-Topk, Allgather, compressed allreduce; a path \p how does not allow is
+//! +infinity. With `compressed_possible` and `allgather_by_packet` false the first three are
+//! candidate_costs' (top-k compressors are priced as before).
+inline std::array<double, 4> path_costs(int n, double d, double f, const network_params& net,
+                                        const path_pricing& how) noexcept {
+  return {path_terms(0, n, d, f, how).seconds(net),
+          how.ar_possible ? path_terms(1, n, d, f, how).seconds(net) : INFINITY,
+          path_terms(2, n, d, f, how).seconds(net),
+          how.compressed_possible ? path_terms(3, n, d, f, how).seconds(net) : INFINITY};
 }
 
 }  // namespace cost_model
