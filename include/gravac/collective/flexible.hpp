@@ -1,8 +1,8 @@
 #pragma once
 //! \file flexible.hpp
-//! \brief The flexible collective: each step runs the cheapest of dense Allreduce, AR-Topk
-//! and Allgather top-k for that step's kept fraction under the current network estimate,
-//! with each path's measured compression time added (charge_codec)
+//! \brief The flexible collective: each step runs the cheapest of dense Allreduce, AR-Topk,
+//! Allgather and the compressed allreduce for that step's kept fraction under the current
+//! network estimate, with each path's measured compression time added (charge_codec)
 //! (docs/algorithms.md, "Flexible communication"). A policy can force one through
 //! step_params::collective; the choice made is reported in step_report::collective.
 //!
@@ -23,6 +23,7 @@
 
 #include "gravac/collective/allgather.hpp"
 #include "gravac/collective/allreduce_compatible.hpp"
+#include "gravac/collective/compressed_allreduce.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/concepts.hpp"
@@ -41,9 +42,10 @@ struct flexible_options {
   allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how AR-Topk's value Allreduce is priced
   //! Measured source: timings per batch, averaged over the ranks inside a later step's collective.
   std::size_t sync_interval = 8;
-  std::size_t window = 64;                 //!< samples in the fitted estimate
-  allreduce_compatible_options ar_topk{};  //!< options of the AR-Topk path
-  bool dense_sends_everything = true;      //!< a dense step sends u = g + e whole (it costs the same)
+  std::size_t window = 64;                    //!< samples in the fitted estimate
+  allreduce_compatible_options ar_topk{};     //!< options of the AR-Topk path
+  compressed_allreduce_options compressed{};  //!< options of the compressed-allreduce path
+  bool dense_sends_everything = true;         //!< a dense step sends u = g + e whole (it costs the same)
   //! Add to each path's modeled communication its measured compression and decompression
   //! time (the ranks' average, smoothed): on a fast network the codec, not the wire, decides
   //! whether compression pays. A path not run yet counts as free, so it is tried once.
@@ -51,7 +53,14 @@ struct flexible_options {
   double codec_smoothing = 0.2;  //!< weight of the newest codec time in its EWMA, in (0, 1]
 };
 
-//! Picks dense Allreduce, AR-Topk or Allgather per step by the cost model. Models Collective.
+//! Picks dense Allreduce, AR-Topk, Allgather or the compressed allreduce per step by the
+//! cost model. Models Collective.
+//!
+//! AR-Topk is a candidate for compressors with an index hook (IndexSelector), the
+//! compressed allreduce for ShardableCompressor ones on a communicator with alltoallv.
+//! Compressors with an index hook price the Allgather at 8 bytes per kept value (top-k);
+//! shardable ones without it (the quantizers, sign, cast16) price it and the compressed
+//! allreduce by their packet size.
 class flexible {
  public:
   //! Opt-in tag for the Collective concept.
@@ -65,6 +74,17 @@ class flexible {
   //! The three candidates in the order of costs(): dense, AR-Topk, Allgather.
   static constexpr std::array<collective_kind, 3> candidates{
       collective_kind::dense_allreduce, collective_kind::allreduce_compatible, collective_kind::allgather};
+  //! The four paths in the order of path_costs() and last_path_costs(): candidates, then
+  //! the compressed allreduce (last, so that a tie keeps the three's choice).
+  static constexpr std::array<collective_kind, 4> paths{
+      collective_kind::dense_allreduce, collective_kind::allreduce_compatible, collective_kind::allgather,
+      collective_kind::compressed_allreduce};
+
+  //! Whether the Allgather and the compressed allreduce are priced by \p C's packet size
+  //! rather than by 8 bytes per kept value: compressors that can run on shards and have no
+  //! index hook, whose packets are sized by the layout and their options alone.
+  template <class C>
+  static constexpr bool priced_by_packet = ShardableCompressor<C> && !IndexSelector<C>;
 
   //! A collective for \p lay; rejects a profile source without a profile and a zero interval.
   flexible(const layout& lay, const options& opt = {})
@@ -73,6 +93,7 @@ class flexible {
         dense_(lay),
         allgather_(lay),
         ar_(lay, opt.ar_topk),
+        compressed_(lay, opt.compressed),
         estimate_(network_estimate_options{.window = std::max<std::size_t>(opt.window, 2), .prior = opt.network}) {
     require(opt.source != network_source::profile || opt.profile != nullptr,
             "flexible: network_source::profile needs options.profile");
@@ -83,12 +104,19 @@ class flexible {
     pending_seconds_.reserve(4 * opt.sync_interval);
   }
 
-  //! Sizes the workspaces of the three paths once.
+  //! Sizes the workspaces of the paths \p c can take once.
   template <Compressor C>
   void prepare(const C& c) {
     dense_.prepare(c);
     allgather_.prepare(c);
     if constexpr (IndexSelector<C>) ar_.prepare(c);
+    if constexpr (ShardableCompressor<C>) {
+      compressed_.prepare(c);
+      // P, the bytes of one rank's whole packet. max_packet_bytes() of the whole-layout
+      // compressor is the exact size for the quantizers, sign and cast16 (at most a layer
+      // sent raw changes it), and it is the same on every rank, so the choice stays shared.
+      packet_bytes_ = static_cast<double>(c.max_packet_bytes());
+    }
     dense_params_.kept_fraction.assign(layout_.size(), dense_fraction);
   }
 
@@ -102,12 +130,13 @@ class flexible {
     const double d = static_cast<double>(layout_.numel());
     const double f = kept_fraction_of(p);
     net_ = network_now(comm, p.step);
-    costs_ = costs(n, d, f, net_, IndexSelector<C> ? options_.allreduce : allreduce_algorithm::ring, IndexSelector<C>);
+    const cost_model::path_pricing how = pricing<C>(comm);
+    costs_ = path_costs(n, d, f, net_, how);
     for (std::size_t k = 0; k < costs_.size(); ++k) totals_[k] = costs_[k] + (options_.charge_codec ? codec_[k] : 0.0);
     collective_kind kind = p.collective;
     if (kind == collective_kind::automatic) {
       const auto cheapest = std::min_element(totals_.begin(), totals_.end()) - totals_.begin();
-      kind = f >= 1 ? collective_kind::dense_allreduce : candidates[static_cast<std::size_t>(cheapest)];
+      kind = f >= 1 ? collective_kind::dense_allreduce : paths[static_cast<std::size_t>(cheapest)];
     }
     const double modeled0 = modeled(comm);
     step_control& ctl = control_or_own(buf.control, own_control_);
@@ -140,7 +169,7 @@ class flexible {
         break;
       case collective_kind::allgather:
         allgather_.aggregate(c, comm, b, p, st, r);
-        terms = cost_model::allgather_topk(n, d, f);
+        terms = cost_model::path_terms(2, n, d, f, how);
         break;
       case collective_kind::dense_allreduce:
       case collective_kind::automatic:
@@ -153,12 +182,23 @@ class flexible {
         terms = cost_model::dense_allreduce(n, d);
         break;
       case collective_kind::compressed_allreduce:
-        // Not one of its three paths: a step that ran none would leave the gradient unaveraged.
+        if constexpr (ShardableCompressor<C> && AlltoallCommunicator<M>) {
+          if (how.compressed_possible) {
+            compressed_.aggregate(c, comm, b, p, st, r);
+            terms = cost_model::path_terms(3, n, d, f, how);
+            break;
+          }
+        }
+        // A step that ran no path would leave the gradient unaveraged.
         throw error(status::invalid_argument,
-                    "flexible: compressed_allreduce was forced but is not one of its paths (dense, AR-Topk, "
-                    "Allgather); use the compressed_allreduce collective",
+                    ShardableCompressor<C>
+                        ? "flexible: compressed_allreduce was forced but the communicator has no alltoallv (it "
+                          "needs an AlltoallCommunicator: mpi_communicator, thread_communicator or a decorator)"
+                        : "flexible: compressed_allreduce was forced but the compressor cannot run on shards "
+                          "(ShardableCompressor: host memory, one packet per compress, copyable options)",
                     comm.rank());
     }
+    ran_ = kind == collective_kind::automatic ? collective_kind::dense_allreduce : kind;
     if (codec_slot != step_control::no_slot && ctl.has_sums()) {
       const double mean = static_cast<double>(ctl.sum(codec_slot)) / n;
       double& e = codec_[index_of(last_)];
@@ -180,12 +220,17 @@ class flexible {
   //! Gives what the last step sent back to the residual (see allgather::return_sent).
   template <Compressor C>
   void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
-    switch (last_) {
+    // By the path that ran, not the kind it reported: a compressed allreduce of an
+    // all-dense step reports a dense Allreduce but keeps what it sent itself.
+    switch (ran_) {
       case collective_kind::allreduce_compatible:
         if constexpr (IndexSelector<C>) ar_.return_sent(c, buf);
         break;
       case collective_kind::allgather:
         allgather_.return_sent(c, buf);
+        break;
+      case collective_kind::compressed_allreduce:
+        if constexpr (ShardableCompressor<C>) compressed_.return_sent(c, buf);
         break;
       default:
         dense_.return_sent(c, buf);
@@ -200,6 +245,25 @@ class flexible {
                                      allreduce_algorithm a = allreduce_algorithm::ring, bool ar_possible = true) {
     return cost_model::candidate_costs(n, d, f, net, a, ar_possible);
   }
+  //! Modeled seconds of the four paths (dense, AR-Topk, Allgather, compressed allreduce)
+  //! for N ranks, d parameters, kept fraction f under \p net, priced as \p how says; a path
+  //! it does not allow is +infinity. Same as cost_model::path_costs.
+  static std::array<double, 4> path_costs(int n, double d, double f, const network_params& net,
+                                          const cost_model::path_pricing& how) {
+    return cost_model::path_costs(n, d, f, net, how);
+  }
+  //! How a step with compressor \p C on communicator \p comm is priced (path_pricing):
+  //! what flexible passes to path_costs, after prepare().
+  template <Compressor C, class M>
+  [[nodiscard]] cost_model::path_pricing pricing(const M& comm) const {
+    cost_model::path_pricing how;
+    how.ar_possible = IndexSelector<C>;
+    how.allreduce = IndexSelector<C> ? options_.allreduce : allreduce_algorithm::ring;
+    how.compressed_possible = ShardableCompressor<C> && has_alltoallv(comm);
+    how.allgather_by_packet = priced_by_packet<C>;
+    how.packet_bytes = packet_bytes_;
+    return how;
+  }
 
   //! The kept fraction of the whole buffer that \p p sends: sum of kept counts over d.
   [[nodiscard]] double kept_fraction_of(const step_params& p) const {
@@ -212,21 +276,55 @@ class flexible {
 
   //! The collective used by the last step.
   [[nodiscard]] collective_kind last_choice() const noexcept { return last_; }
-  //! The modeled communication costs the last step compared (dense, AR-Topk, Allgather).
-  [[nodiscard]] const std::array<double, 3>& last_costs() const noexcept { return costs_; }
+  //! The modeled communication costs the last step compared (dense, AR-Topk, Allgather);
+  //! last_path_costs() adds the compressed allreduce.
+  [[nodiscard]] std::array<double, 3> last_costs() const noexcept { return {costs_[0], costs_[1], costs_[2]}; }
+  //! The modeled communication costs of the four paths the last step compared, in the
+  //! order of paths (+infinity for a path it could not take).
+  [[nodiscard]] const std::array<double, 4>& last_path_costs() const noexcept { return costs_; }
   //! The smoothed codec seconds of each path (dense, AR-Topk, Allgather; 0 until it ran),
   //! the ranks' average, added to last_costs() when charge_codec is set.
-  [[nodiscard]] const std::array<double, 3>& codec_seconds() const noexcept { return codec_; }
+  [[nodiscard]] std::array<double, 3> codec_seconds() const noexcept { return {codec_[0], codec_[1], codec_[2]}; }
+  //! codec_seconds() of the four paths, in the order of paths.
+  [[nodiscard]] const std::array<double, 4>& path_codec_seconds() const noexcept { return codec_; }
   //! The network the last step was priced with.
   [[nodiscard]] const network_params& last_network() const noexcept { return net_; }
   //! The fitted estimate (measured and modeled sources).
   [[nodiscard]] const network_estimate& estimate() const noexcept { return estimate_; }
   //! The AR-Topk path (index rank of the last AR-Topk step, ...).
   [[nodiscard]] const allreduce_compatible& ar_topk() const noexcept { return ar_; }
+  //! The compressed-allreduce path (its server residual, ...).
+  [[nodiscard]] const compressed_allreduce& compressed() const noexcept { return compressed_; }
+
+  //! Saves the compressed-allreduce path's server residual (nothing before it first ran):
+  //! the one state of a path that outlives its step, carried by the trainer's checkpoint.
+  void save(std::vector<std::byte>& out) const { compressed_.save(out); }
+  //! Restores what save() wrote (see compressed_allreduce::load).
+  void load(std::span<const std::byte> in) { compressed_.load(in); }
 
  private:
   static std::size_t index_of(collective_kind k) noexcept {
-    return k == collective_kind::allreduce_compatible ? 1 : k == collective_kind::allgather ? 2 : 0;
+    switch (k) {
+      case collective_kind::allreduce_compatible:
+        return 1;
+      case collective_kind::allgather:
+        return 2;
+      case collective_kind::compressed_allreduce:
+        return 3;
+      default:
+        return 0;
+    }
+  }
+  // Whether \p comm can run an alltoallv: by its type, and at run time for engines that may
+  // lack one (communicator_ref). The same on every rank: they share the engine type.
+  template <class M>
+  static bool has_alltoallv(const M& comm) {
+    if constexpr (!AlltoallCommunicator<M>)
+      return false;
+    else if constexpr (requires { comm.has_alltoallv(); })
+      return comm.has_alltoallv();
+    else
+      return true;
   }
   template <class M>
   static double modeled(M& comm) {
@@ -277,19 +375,22 @@ class flexible {
   dense_allreduce dense_;
   allgather allgather_;
   allreduce_compatible ar_;
+  compressed_allreduce compressed_;
   network_estimate estimate_;
   step_params dense_params_;
   std::vector<cost_terms> pending_terms_;
   std::vector<double> pending_seconds_;
   step_control own_control_;  // used when the caller passes no step_control
-  std::array<double, 3> costs_{};
-  std::array<double, 3> totals_{};  // costs_ plus the codec times
-  std::array<double, 3> codec_{};   // smoothed codec seconds per path (ranks' average)
-  std::array<bool, 3> codec_known_{};
+  std::array<double, 4> costs_{};
+  std::array<double, 4> totals_{};  // costs_ plus the codec times
+  std::array<double, 4> codec_{};   // smoothed codec seconds per path (ranks' average)
+  std::array<bool, 4> codec_known_{};
+  double packet_bytes_ = 0;  // P of a shardable compressor (prepare)
   double last_codec_s_ = 0;  // this rank's codec seconds of the last step
   bool has_last_codec_ = false;
   network_params net_{};
-  collective_kind last_ = collective_kind::dense_allreduce;
+  collective_kind last_ = collective_kind::dense_allreduce;  // what the last step reported
+  collective_kind ran_ = collective_kind::dense_allreduce;   // the path the last step ran
 };
 static_assert(Collective<flexible>);
 
