@@ -31,6 +31,7 @@
 #include "gravac/network/network_estimate.hpp"
 #include "gravac/network/network_profile.hpp"
 #include "gravac/network/network_source.hpp"
+#include "gravac/packet/raw_segment.hpp"
 
 namespace gravac {
 
@@ -112,10 +113,7 @@ class flexible {
     if constexpr (IndexSelector<C>) ar_.prepare(c);
     if constexpr (ShardableCompressor<C>) {
       compressed_.prepare(c);
-      // P, the bytes of one rank's whole packet. max_packet_bytes() of the whole-layout
-      // compressor is the exact size for the quantizers, sign and cast16 (at most a layer
-      // sent raw changes it), and it is the same on every rank, so the choice stays shared.
-      packet_bytes_ = static_cast<double>(c.max_packet_bytes());
+      measure_segments(c);
     }
     dense_params_.kept_fraction.assign(layout_.size(), dense_fraction);
   }
@@ -130,7 +128,7 @@ class flexible {
     const double d = static_cast<double>(layout_.numel());
     const double f = kept_fraction_of(p);
     net_ = network_now(comm, p.step);
-    const cost_model::path_pricing how = pricing<C>(comm);
+    const cost_model::path_pricing how = pricing<C>(comm, p);
     costs_ = path_costs(n, d, f, net_, how);
     for (std::size_t k = 0; k < costs_.size(); ++k) totals_[k] = costs_[k] + (options_.charge_codec ? codec_[k] : 0.0);
     collective_kind kind = p.collective;
@@ -252,17 +250,30 @@ class flexible {
                                           const cost_model::path_pricing& how) {
     return cost_model::path_costs(n, d, f, net, how);
   }
-  //! How a step with compressor \p C on communicator \p comm is priced (path_pricing):
-  //! what flexible passes to path_costs, after prepare().
+  //! How a step \p p with compressor \p C on communicator \p comm is priced
+  //! (path_pricing): what flexible passes to path_costs, after prepare().
   template <Compressor C, class M>
-  [[nodiscard]] cost_model::path_pricing pricing(const M& comm) const {
+  [[nodiscard]] cost_model::path_pricing pricing(const M& comm, const step_params& p) const {
     cost_model::path_pricing how;
     how.ar_possible = IndexSelector<C>;
     how.allreduce = IndexSelector<C> ? options_.allreduce : allreduce_algorithm::ring;
     how.compressed_possible = ShardableCompressor<C> && has_alltoallv(comm);
     how.allgather_by_packet = priced_by_packet<C>;
-    how.packet_bytes = packet_bytes_;
+    how.packet_bytes = packet_bytes_of(p);
     return how;
+  }
+  //! P, the bytes of one rank's whole packet at the kept fractions of \p p: the packet
+  //! header, then per layer its raw segment (fraction 1) or its coded one, as measured by
+  //! prepare(). 0 before prepare() of a shardable compressor.
+  [[nodiscard]] double packet_bytes_of(const step_params& p) const {
+    if (coded_bytes_.empty()) return 0.0;
+    double b = header_bytes_;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      if (layout_[i].numel == 0) continue;
+      const bool raw = p.kept_fraction.size() == layout_.size() && p.kept_fraction[i] >= dense_fraction;
+      b += raw ? static_cast<double>(raw_segment_bytes(layout_[i].numel)) : coded_bytes_[i];
+    }
+    return b;
   }
 
   //! The kept fraction of the whole buffer that \p p sends: sum of kept counts over d.
@@ -313,6 +324,44 @@ class flexible {
         return 3;
       default:
         return 0;
+    }
+  }
+  // Measures once what each layer's coded segment weighs, and the packet header: a
+  // compressor of c's kind and options over that layer alone codes zeros at a kept
+  // fraction below 1. max_packet_bytes() would be no price: it bounds each layer by its raw
+  // segment, 4 bytes a value, where 8-bit QSGD sends one. For the quantizers, sign and
+  // cast16 a coded segment's size is set by the layer's size and the options, not by the
+  // values, so this is their packet's exact size, the same on every rank.
+  template <class C>
+  void measure_segments(const C& c) {
+    typename C::options opt{};
+    if constexpr (requires { c.get_options(); }) opt = c.get_options();
+    coded_bytes_.assign(layout_.size(), 0);
+    header_bytes_ = 0;
+    bool header_known = false;
+    std::vector<float> g, e;
+    std::vector<std::byte> out;
+    compress_stats st;
+    step_params q;
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const layer& l = layout_[i];
+      if (l.numel == 0) continue;  // no segment at all
+      layout one;
+      one.add(l.name, l.shape, l.kind);
+      C probe(one, opt);
+      out.resize(probe.max_packet_bytes());
+      const auto code = [&](double fraction) {
+        g.assign(l.numel, 0.0f);
+        e.assign(l.numel, 0.0f);
+        q.kept_fraction.assign(1, fraction);
+        return probe.compress(grad_view<host_space>(g.data(), l.numel), grad_view<host_space>(e.data(), l.numel), q,
+                              std::span<std::byte>(out), st);
+      };
+      if (!header_known) {
+        header_bytes_ = static_cast<double>(code(dense_fraction)) - static_cast<double>(raw_segment_bytes(l.numel));
+        header_known = true;
+      }
+      coded_bytes_[i] = static_cast<double>(code(0.5)) - header_bytes_;
     }
   }
   // Whether \p comm can run an alltoallv: by its type, and at run time for engines that may
@@ -385,8 +434,9 @@ class flexible {
   std::array<double, 4> totals_{};  // costs_ plus the codec times
   std::array<double, 4> codec_{};   // smoothed codec seconds per path (ranks' average)
   std::array<bool, 4> codec_known_{};
-  double packet_bytes_ = 0;  // P of a shardable compressor (prepare)
-  double last_codec_s_ = 0;  // this rank's codec seconds of the last step
+  std::vector<double> coded_bytes_;  // per layer: its coded segment (shardable compressors; prepare)
+  double header_bytes_ = 0;          // the packet header
+  double last_codec_s_ = 0;          // this rank's codec seconds of the last step
   bool has_last_codec_ = false;
   network_params net_{};
   collective_kind last_ = collective_kind::dense_allreduce;  // what the last step reported
