@@ -217,28 +217,45 @@ class thread_communicator {
   void abort(const std::string& why) noexcept { team_->abort(rank_, why); }
 
  private:
+  // Reduce-scatter, then allgather, in memory: rank r reduces chunk r of every rank's
+  // buffer (in rank order, the order a full reduction uses for every element, so the bits do
+  // not depend on which rank reduces a chunk), then every rank copies the N reduced chunks.
+  // Each rank does O(size) work whatever N is, so teams of hundreds of ranks stay affordable.
   template <class T, class Op>
   void reduce(std::span<T> data, Op op) {
-    team_->slot(rank_) = data.data();
+    const int n = size();
+    const auto chunk_begin = [&](int j) {
+      const std::size_t base = data.size() / static_cast<std::size_t>(n),
+                        extra = data.size() % static_cast<std::size_t>(n);
+      const auto uj = static_cast<std::size_t>(j);
+      return uj * base + std::min(uj, extra);
+    };
+    auto& scratch = scratch_for<T>();
+    scratch.resize(chunk_begin(rank_ + 1) - chunk_begin(rank_));
+    reduce_post_ = {data.data(), scratch.data()};
+    team_->slot(rank_) = &reduce_post_;
     team_->slot_size(rank_) = data.size();
     team_->arrive_and_wait(rank_);
-    const int n = size();
     for (int r = 0; r < n; ++r)
       if (team_->slot_size(r) != data.size()) {
         team_->abort(rank_, "allreduce sizes differ between ranks");
         throw error(status::invalid_argument, "allreduce sizes differ between ranks", rank_, backend::threads);
       }
-    // Each rank reduces into private scratch in rank order, so all ranks compute the same bits.
-    auto& scratch = scratch_for<T>();
-    scratch.resize(data.size());
-    const T* first = static_cast<const T*>(team_->slot(0));
-    std::copy(first, first + data.size(), scratch.begin());
+    const std::size_t b = chunk_begin(rank_), m = scratch.size();
+    const auto peer = [&](int r) { return *static_cast<const reduce_post*>(team_->slot(r)); };
+    const T* first = static_cast<const T*>(peer(0).data) + b;
+    std::copy(first, first + m, scratch.begin());
     for (int r = 1; r < n; ++r) {
-      const T* src = static_cast<const T*>(team_->slot(r));
-      for (std::size_t i = 0; i < data.size(); ++i) scratch[i] = op(scratch[i], src[i]);
+      const T* src = static_cast<const T*>(peer(r).data) + b;
+      for (std::size_t i = 0; i < m; ++i) scratch[i] = op(scratch[i], src[i]);
     }
-    team_->arrive_and_wait(rank_);  // everyone has read every buffer
-    std::copy(scratch.begin(), scratch.end(), data.begin());
+    team_->arrive_and_wait(rank_);  // every chunk is reduced, and nobody reads the inputs any more
+    for (int r = 0; r < n; ++r) {
+      const T* chunk = static_cast<const T*>(peer(r).reduced);
+      std::copy(chunk, chunk + (chunk_begin(r + 1) - chunk_begin(r)),
+                data.begin() + static_cast<std::ptrdiff_t>(chunk_begin(r)));
+    }
+    team_->arrive_and_wait(rank_);  // nobody reuses its chunk while others still copy it
   }
   template <class T>
   std::vector<T>& scratch_for() {
@@ -255,10 +272,16 @@ class thread_communicator {
     std::vector<std::size_t> offsets;
   };
   const block_post& peer_post(int r) { return *static_cast<const block_post*>(team_->slot(r)); }
+  // What a rank posts for a reduction: its buffer, and the chunk it reduces for everyone.
+  struct reduce_post {
+    const void* data = nullptr;
+    const void* reduced = nullptr;
+  };
 
   thread_team* team_;
   int rank_;
   block_post post_;
+  reduce_post reduce_post_;
   std::vector<float> scratch_f_;
   std::vector<double> scratch_d_;
 };

@@ -171,6 +171,10 @@ class simulated_communicator {
   [[nodiscard]] std::pair<cost_terms, double> last_charge() const noexcept { return {last_terms_, last_seconds_}; }
   //! Calls charged so far.
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+  //! The cost terms of every call charged since construction, summed: under a constant
+  //! network \p net, `charged_terms().seconds(net)` is the time those calls take there, so one
+  //! run prices the same calls on several networks (the counters of a checkpoint leave it out).
+  [[nodiscard]] const cost_terms& charged_terms() const noexcept { return total_terms_; }
   //! Bytes this rank has sent on the wire so far (cumulative, like modeled_seconds()), by
   //! the algorithm each call is charged as (see the file comment). Fractional where the
   //! count is a per-rank average (Allreduce, broadcast).
@@ -213,6 +217,7 @@ class simulated_communicator {
   }
   void charge(const cost_terms& t, const network_params& net) noexcept {
     last_terms_ = t;
+    total_terms_ += t;
     last_seconds_ = t.seconds(net);
     clock_ += last_seconds_;
     ++calls_;
@@ -232,6 +237,7 @@ class simulated_communicator {
   double clock_ = 0;
   std::uint64_t step_ = 0;
   cost_terms last_terms_{};
+  cost_terms total_terms_{};
   double last_seconds_ = 0;
   std::uint64_t calls_ = 0;
   double sent_ = 0;
