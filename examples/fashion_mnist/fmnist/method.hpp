@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <gravac/collective/allgather.hpp>
 #include <gravac/collective/allreduce_compatible.hpp>
+#include <gravac/collective/compressed_allreduce.hpp>
 #include <gravac/collective/dense_allreduce.hpp>
 #include <gravac/collective/flexible.hpp>
 #include <gravac/collective/low_rank_allreduce.hpp>
@@ -56,7 +57,8 @@ enum class collective_id : std::uint8_t {
   allgather,
   allreduce_compatible,
   flexible,
-  low_rank_allreduce
+  low_rank_allreduce,
+  compressed_allreduce
 };
 //! The policies the example offers.
 enum class policy_id : std::uint8_t { fixed, gravac, accordion, adacomp, moo };
@@ -80,7 +82,8 @@ inline constexpr named<collective_id> collective_names[] = {
     {"allgather", collective_id::allgather},
     {"allreduce_compatible", collective_id::allreduce_compatible},
     {"flexible", collective_id::flexible},
-    {"low_rank_allreduce", collective_id::low_rank_allreduce}};
+    {"low_rank_allreduce", collective_id::low_rank_allreduce},
+    {"compressed_allreduce", collective_id::compressed_allreduce}};
 //! Every policy, by its command-line name.
 inline constexpr named<policy_id> policy_names[] = {{"fixed", policy_id::fixed},
                                                     {"gravac", policy_id::gravac},
@@ -119,6 +122,7 @@ struct method_config {
   gravac::allreduce_compatible_options allreduce_compatible{};  //!< options of AR-Topk
   gravac::flexible_options flexible{};                          //!< options of flexible
   gravac::low_rank_allreduce_options low_rank_allreduce{};      //!< options of low_rank_allreduce
+  gravac::compressed_allreduce_options compressed_allreduce{};  //!< options of compressed_allreduce
 
   gravac::fixed_policy_options fixed{};             //!< options of fixed_policy
   gravac::gravac_policy_options gravac{};           //!< options of gravac_policy
@@ -179,7 +183,8 @@ using host_comm = gravac::communicator_ref<gravac::host_space>;
 
 //! Builds the trainer for \p m over \p comm and \p lay. Throws gravac::error naming the
 //! combinations that are offered when \p m asks for one that is not (for instance
-//! allreduce_compatible with a compressor that has no index hook).
+//! allreduce_compatible with a compressor that has no index hook, or compressed_allreduce
+//! with one it cannot run on shards).
 std::unique_ptr<stepper> make_stepper(const method_config& m, host_comm comm, const gravac::layout& lay);
 
 }  // namespace fmnist

@@ -47,6 +47,8 @@ const auto& options_of(const method_config& m) {
     return m.flexible;
   else if constexpr (std::is_same_v<T, gravac::low_rank_allreduce>)
     return m.low_rank_allreduce;
+  else if constexpr (std::is_same_v<T, gravac::compressed_allreduce>)
+    return m.compressed_allreduce;
   else if constexpr (std::is_same_v<T, gravac::fixed_policy>)
     return m.fixed;
   else if constexpr (std::is_same_v<T, gravac::gravac_policy>)
@@ -137,13 +139,45 @@ class trainer_stepper final : public stepper {
   trainer_t t_;
 };
 
-[[noreturn]] inline void not_offered(const method_config& m) {
-  throw gravac::error(
-      gravac::status::invalid_argument,
-      "the example does not offer " + method_name(m) +
-          ". Offered: adaptive policies (gravac, accordion, moo) with topk, randomk or threshold; adacomp "
-          "policy with topk or the adacomp compressor; fixed with every compressor; "
-          "allreduce_compatible needs topk, randomk or identity; low_rank_allreduce needs powersgd");
+// The compressors collective K accepts, by their command-line names ("qsgd, sign"). Read off
+// K::accepts, so that the error below names what the library takes, not a list kept by hand.
+template <class K>
+std::string accepted_by() {
+  std::string names;
+  const auto add = [&]<class C>(compressor_id id) {
+    if constexpr (K::template accepts<C>)
+      names += (names.empty() ? "" : ", ") + std::string(name_of(compressor_names, id));
+  };
+  add.template operator()<gravac::identity>(compressor_id::identity);
+  add.template operator()<gravac::topk>(compressor_id::topk);
+  add.template operator()<gravac::randomk>(compressor_id::randomk);
+  add.template operator()<gravac::threshold>(compressor_id::threshold);
+  add.template operator()<gravac::adacomp>(compressor_id::adacomp);
+  add.template operator()<gravac::qsgd>(compressor_id::qsgd);
+  add.template operator()<gravac::terngrad>(compressor_id::terngrad);
+  add.template operator()<gravac::sign>(compressor_id::sign);
+  add.template operator()<gravac::cast16>(compressor_id::cast16);
+  add.template operator()<gravac::powersgd>(compressor_id::powersgd);
+  return names;
+}
+
+// \p refused: the collective does not accept the compressor (rather than the policy not
+// fitting it).
+[[noreturn]] inline void not_offered(const method_config& m, bool refused = false) {
+  // The compressed allreduce's refusal is the one users meet with a compressor that works
+  // everywhere else (top-k, PowerSGD), so it says why before the list.
+  const std::string why = refused && m.collective == collective_id::compressed_allreduce
+                              ? "compressed_allreduce compresses shards of every layer and recompresses their "
+                                "average, so it needs a host compressor with one packet per compress whose options "
+                                "it can copy. "
+                              : "";
+  throw gravac::error(gravac::status::invalid_argument,
+                      "the example does not offer " + method_name(m) + ". " + why +
+                          "Offered: adaptive policies (gravac, accordion, moo) with topk, randomk or threshold; "
+                          "adacomp policy with topk or the adacomp compressor; fixed with every compressor; "
+                          "allreduce_compatible needs topk, randomk or identity; low_rank_allreduce needs powersgd; "
+                          "compressed_allreduce needs " +
+                          accepted_by<gravac::compressed_allreduce>() + " (with fixed)");
 }
 
 template <class C, class K, class P>
@@ -151,7 +185,7 @@ std::unique_ptr<stepper> make_if_offered(const method_config& m, host_comm comm,
   if constexpr (offered<C, K, P>)
     return std::make_unique<trainer_stepper<C, K, P>>(m, comm, lay);
   else
-    not_offered(m);
+    not_offered(m, !K::template accepts<C>);
 }
 
 template <class C, class K>
@@ -185,6 +219,10 @@ std::unique_ptr<stepper> dispatch_collective(const method_config& m, host_comm c
       return dispatch_policy<C, gravac::flexible>(m, comm, lay);
     case collective_id::low_rank_allreduce:
       return dispatch_policy<C, gravac::low_rank_allreduce>(m, comm, lay);
+    case collective_id::compressed_allreduce:
+      // Instantiated only where compressed_allreduce::accepts<C> holds (offered<>): the
+      // others end in not_offered, which names the compressors it takes.
+      return dispatch_policy<C, gravac::compressed_allreduce>(m, comm, lay);
   }
   not_offered(m);
 }
