@@ -31,14 +31,14 @@ inline const layout& fuzz_layout() {
 
 // Decodes one untrusted packet; returns 0 (libFuzzer's "keep going").
 template <class C>
-int decode_one(C& c, const std::uint8_t* data, std::size_t size) {
+int decode_one(C& c, const std::uint8_t* data, std::size_t size, const layout& lay = fuzz_layout()) {
   const auto bytes = std::as_bytes(std::span<const std::uint8_t>(data, size));
   const validation v = c.validate(bytes);
   if (!v) {
     if (v.reason.empty()) std::abort();  // a rejection must say why
     return 0;
   }
-  std::vector<float> out(fuzz_layout().numel(), 0.0f);
+  std::vector<float> out(lay.numel(), 0.0f);
   c.decompress_add(bytes, host_view(out), 0.25f);
   // Validation must be a pure function of the bytes.
   if (!c.validate(bytes)) std::abort();
@@ -72,8 +72,7 @@ inline void write_seed(const std::string& dir, int n, std::span<const std::byte>
 // Writes valid packets of compressor C into dir (which must exist); every packet is
 // validated first, so a seed that does not validate is a bug in the compressor.
 template <class C>
-int make_corpus(const std::string& dir, const typename C::options& opt) {
-  const layout& lay = fuzz_layout();
+int make_corpus(const std::string& dir, const typename C::options& opt, const layout& lay = fuzz_layout()) {
   C c(lay, opt);
   std::vector<std::byte> packet(c.max_packet_bytes());
   std::vector<float> e(lay.numel(), 0.0f);
@@ -113,6 +112,19 @@ void corpus_mode(int* argc, char*** argv, Make&& make) {
 }
 
 }  // namespace gravac::fuzz
+
+// One fuzz target for compressor type C built with options expression OPT, on the layout
+// expression LAYOUT (a `const gravac::layout&` that outlives the target).
+#define GRAVAC_FUZZ_COMPRESSOR_ON(C, OPT, LAYOUT)                                                                     \
+  extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {                                                      \
+    gravac::fuzz::corpus_mode(argc, argv,                                                                             \
+                              [](const std::string& dir) { return gravac::fuzz::make_corpus<C>(dir, OPT, LAYOUT); }); \
+    return 0;                                                                                                         \
+  }                                                                                                                   \
+  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {                                 \
+    static C c(LAYOUT, OPT);                                                                                          \
+    return gravac::fuzz::decode_one(c, data, size, LAYOUT);                                                           \
+  }
 
 // One fuzz target for compressor type C built with options expression OPT.
 #define GRAVAC_FUZZ_COMPRESSOR(C, OPT)                                                                        \
