@@ -39,14 +39,15 @@ endif()
 if(controls)
   fail("--help prints control characters (bytes ${controls})")
 endif()
-foreach(name topk randomk identity powersgd allgather dense_allreduce low_rank_allreduce gravac fixed moo)
+foreach(name topk randomk identity powersgd allgather dense_allreduce low_rank_allreduce compressed_allreduce gravac
+             fixed moo)
   if(NOT text MATCHES "[{,]${name}[,}]")
     fail("--help does not list the choice '${name}'")
   endif()
 endforeach()
 
 # (2) a wrong value of each enum option: non-zero exit, the accepted names, no control characters.
-foreach(case "compressor;topk;powersgd" "collective;allgather;flexible" "policy;gravac;accordion")
+foreach(case "compressor;topk;powersgd" "collective;allgather;flexible;compressed_allreduce" "policy;gravac;accordion")
   list(GET case 0 opt)
   list(SUBLIST case 1 -1 expected)
   run(${WORK_DIR}/fmnist_cli_bad_${opt}.txt --${opt} nonsense)
