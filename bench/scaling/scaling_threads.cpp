@@ -8,7 +8,7 @@
 // (the packet of a quantizer or of top-k at a fixed k does not depend on N).
 // Exits non-zero when a step's reported wire bytes differ from the simulated network's count.
 //   scaling_threads [--layout mlp|25m] [--ranks 4,16,64] [--gbps 1,10,100] [--latency-us 50]
-//                   [--steps 2] [--memory-gib 8]
+//                   [--steps 2] [--memory-gib 8] [--methods a,b,...]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   std::string layout_name = "mlp", ranks_s = "4,16,64", gbps_s = "1,10,100";
   double latency_us = 50, memory_gib = 8;
   int steps = 2;
+  std::string only;
   app.add_option("--layout", layout_name, "mlp (235,146 parameters) or 25m (a synthetic 26M-parameter layout)")
       ->check(CLI::IsMember({"mlp", "25m"}));
   app.add_option("--ranks", ranks_s, "comma-separated rank counts");
@@ -55,7 +56,11 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "steps per run (the last is reported)")->check(CLI::Range(1, 100));
   app.add_option("--memory-gib", memory_gib, "largest N x N packet bytes an Allgather may hold at once")
       ->check(CLI::PositiveNumber);
+  app.add_option("--methods", only, "comma-separated methods to run (default: all, and flexible)");
   CLI11_PARSE(app, argc, argv);
+  const auto wanted = [&](const std::string& name) {
+    return only.empty() || ("," + only + ",").find("," + name + ",") != std::string::npos;
+  };
   const layout lay = layout_name == "mlp" ? scaling::mlp_layout() : scaling::synthetic_25m_layout();
   const auto ranks = parse_list(ranks_s);
   const auto gbps = parse_list(gbps_s);
@@ -69,6 +74,7 @@ int main(int argc, char** argv) {
   for (double nd : ranks) {
     const int n = static_cast<int>(nd);
     for (const auto& m : scaling::methods()) {
+      if (!wanted(m.name)) continue;
       const bool gathers = m.name.find("allgather") != std::string::npos;
       scaling::sample s;
       std::string how = "run";
@@ -103,6 +109,7 @@ int main(int argc, char** argv) {
     }
     // The flexible collective's pick, on each network (its choice depends on it).
     for (const char* c : {"topk", "qsgd"}) {
+      if (!wanted("flexible(" + std::string(c) + ")")) continue;
       for (std::size_t k = 0; k < nets.size(); ++k) {
         const bool too_large = last_packet.count(std::string(c) == "topk" ? "topk1%_allgather" : "qsgd8_allgather") &&
                                scaling::allgather_memory_bytes(

@@ -6,6 +6,7 @@
 //! compressed layer (docs/custom_sparse_compressor.md walks through one).
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -21,7 +22,16 @@ namespace gravac {
 
 //! Reusable scratch of the layered skeleton (sized once, reused every step).
 struct layered_scratch {
-  magnitude_histogram histogram;  //!< |u| of one layer, for the gain curve
+  //! |u| of one layer, for the gain curve; made on first use (48 KiB of bins), so that a
+  //! compressor whose steps never ask for the gain curve (e.g. the compressed allreduce's N
+  //! shard compressors per rank) does not carry it.
+  magnitude_histogram& histogram() {
+    if (!histogram_) histogram_ = std::make_unique<magnitude_histogram>();
+    return *histogram_;
+  }
+
+ private:
+  std::unique_ptr<magnitude_histogram> histogram_;
 };
 
 //! The gain curve's one computation, handed to a layer function that builds a histogram of
@@ -80,9 +90,10 @@ std::size_t compress_layers(const layout& lay, packet_kind kind, std::span<const
     auto el = e.subspan(l.offset, l.numel);
     const bool dense = p.kept_fraction[i] >= dense_fraction;
     if (gain.wanted() && (dense || !reports_gain<LayerFn>)) {
-      add_sum_to_histogram(gl, el, scratch.histogram);
-      gain.add(scratch.histogram, l.numel);
-      scratch.histogram.clear();
+      magnitude_histogram& h = scratch.histogram();
+      add_sum_to_histogram(gl, el, h);
+      gain.add(h, l.numel);
+      h.clear();
     }
     const auto index = static_cast<std::uint32_t>(i);
     if (dense)
