@@ -18,8 +18,11 @@
 // wire bytes the simulated network counts for the algorithm it charges (an Allgather
 // delivers the N-1 other packets into every rank). Comparisons use the wire bytes.
 //
-// The MLP pass runs first, then (unless --mlp-only or --quick) a CNN pass with its own
-// epochs and seeds (--cnn-*), reported in a second table.
+// The MLP pass runs first, then the quantizer comparison (QSGD 8-bit and EF-sign, each
+// through the Allgather and through the compressed allreduce, on the MLP pass's setting and
+// seeds; --quantizers runs it alone, --no-quantizers leaves it out), then (unless
+// --mlp-only or --quick) a CNN pass with its own epochs and seeds (--cnn-*), reported in a
+// table of its own.
 //
 // Writes, into --out: one directory per run (<model>/seed<k>/<method>[-<network>] with
 // steps.csv and epochs.csv), results.md (the setting, the tables and the targets, met or
@@ -29,6 +32,7 @@
 //   reproduce --quick         # MLP, one seed: for development
 //   reproduce --only gravac   # one method
 //   reproduce --overlap-only  # the overlap run: the CNN, 4 ranks, 1 Gbit/s, --overlap off vs on
+//   reproduce --quantizers    # the quantizer comparison alone
 //
 // --overlap (or --overlap-only) adds the overlap run: each of --overlap-methods trains the
 // CNN with gravac's buckets aggregated after backward (the synchronous step) and overlapped
@@ -50,6 +54,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "fmnist/report.hpp"
@@ -144,6 +149,35 @@ std::vector<method_spec> methods(std::uint64_t gravac_period) {
     m.moo.source = gravac::network_source::modeled;
     m.flexible.source = gravac::network_source::modeled;
     v.push_back({"flexible_moo", "flexible + MOO", m, true, adapt});
+  }
+  return v;
+}
+
+// The quantizer comparison: does the compressed allreduce's second quantization (of each
+// shard's average, with the server residual) cost accuracy against an Allgather of whole
+// packets, which decodes every rank's packet once? QSGD 8-bit (the library's defaults:
+// 127 levels, buckets of 512) and EF-sign, each through both collectives with the fixed
+// policy, on the MLP pass's setting and seeds. Their decisions do not depend on the
+// network, so each trains once per seed.
+constexpr const char* quantizer_pass = "mlp_quantizers";
+std::vector<method_spec> quantizer_methods() {
+  using namespace fmnist;
+  std::vector<method_spec> v;
+  const auto make = [](compressor_id c, collective_id k) {
+    method_config m;
+    m.compressor = c;
+    m.collective = k;
+    m.policy = policy_id::fixed;
+    // A quantizer ignores the fraction, but 1 would send every layer raw (the dense path).
+    m.fixed.kept_fraction = 0.01;
+    return m;
+  };
+  for (const auto& [c, key, name] :
+       {std::tuple{compressor_id::qsgd, "qsgd", "QSGD 8-bit"}, std::tuple{compressor_id::sign, "sign", "EF-sign"}}) {
+    v.push_back({std::string(key) + "_allgather", std::string(name) + ", Allgather", make(c, collective_id::allgather),
+                 false, kind::fixed_choice});
+    v.push_back({std::string(key) + "_compressed_allreduce", std::string(name) + ", compressed allreduce",
+                 make(c, collective_id::compressed_allreduce), false, kind::fixed_choice});
   }
   return v;
 }
@@ -320,14 +354,12 @@ class view {
 
 std::string met(bool ok) { return ok ? "**met**" : "**missed**"; }
 
-// The tables and the targets of one pass, in Markdown; its rows of results.csv into csv.
-std::string report(const pass& p, double target_below_dense, int ranks, std::ostream& csv) {
-  const view v(p, target_below_dense);
+// The paragraph that describes pass p's setting (model, data, schedule, seeds, compute).
+std::string setting(const pass& p, int ranks) {
   const auto& b = p.base;
   const auto& first = p.runs.front().r;
   std::ostringstream md;
-  md << "## " << (p.name == "cnn" ? "CNN" : "MLP") << "\n\n"
-     << "Fashion-MNIST, " << first.model << " (" << first.params << " parameters), " << ranks
+  md << "Fashion-MNIST, " << first.model << " (" << first.params << " parameters), " << ranks
      << " thread ranks, global batch " << b.batch << ", " << b.epochs << " epochs of "
      << (b.train_subset ? std::to_string(b.train_subset) : std::string("60000")) << " samples ("
      << first.steps_per_epoch << " steps each), learning rate " << b.lr.base << " (x" << b.lr.gamma << " at epochs";
@@ -342,7 +374,31 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
      << " ms per step (calibrated once, the same for every run of this model). Wall time of this pass: "
      << fmt("%.0f", p.wall_s) << " s.";
   if (!p.note.empty()) md << " " << p.note;
-  md << "\n\n";
+  return md.str();
+}
+
+// Pass p's rows of results.csv (one per run).
+void csv_rows(const pass& p, const view& v, std::ostream& csv) {
+  for (const auto& e : p.runs) {
+    double compute = 0, codec = 0;
+    for (const auto& ep : e.r.epochs) {
+      compute += ep.compute_s;
+      codec += ep.codec_s;
+    }
+    csv << p.name << ',' << e.seed << ',' << e.spec->key << ',' << network_specs[static_cast<std::size_t>(e.network)]
+        << ',' << e.r.epochs.back().test_acc << ',' << e.r.total_bytes_per_rank() << ','
+        << e.r.total_wire_bytes_sent_per_rank() << ',' << e.r.total_wire_bytes_received_per_rank() << ',' << v.target()
+        << ',' << v.time_to(e, 0) << ',' << v.time_to(e, 1) << ',' << v.time_to(e, 2) << ',' << compute << ',' << codec
+        << ',' << e.r.epochs.back().modeled_time_s << ',' << fmnist::exposure_of(e.r).total_s << ','
+        << fmnist::exposure_of(e.r).exposed_s << ",off\n";
+  }
+}
+
+// The tables and the targets of one pass, in Markdown; its rows of results.csv into csv.
+std::string report(const pass& p, double target_below_dense, int ranks, std::ostream& csv) {
+  const view v(p, target_below_dense);
+  std::ostringstream md;
+  md << "## " << (p.name == "cnn" ? "CNN" : "MLP") << "\n\n" << setting(p, ranks) << "\n\n";
   if (!v.dense()) {
     md << "Dense SGD was not run, so there is no target accuracy and no comparison with dense.\n\n";
   } else {
@@ -432,19 +488,7 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
     }
   }
 
-  for (const auto& e : p.runs) {
-    double compute = 0, codec = 0;
-    for (const auto& ep : e.r.epochs) {
-      compute += ep.compute_s;
-      codec += ep.codec_s;
-    }
-    csv << p.name << ',' << e.seed << ',' << e.spec->key << ',' << network_specs[static_cast<std::size_t>(e.network)]
-        << ',' << e.r.epochs.back().test_acc << ',' << e.r.total_bytes_per_rank() << ','
-        << e.r.total_wire_bytes_sent_per_rank() << ',' << e.r.total_wire_bytes_received_per_rank() << ',' << v.target()
-        << ',' << v.time_to(e, 0) << ',' << v.time_to(e, 1) << ',' << v.time_to(e, 2) << ',' << compute << ',' << codec
-        << ',' << e.r.epochs.back().modeled_time_s << ',' << fmnist::exposure_of(e.r).total_s << ','
-        << fmnist::exposure_of(e.r).exposed_s << ",off\n";
-  }
+  csv_rows(p, v, csv);
 
   // --- the targets, checked on the means over the seeds ------------------------------------
   md << "\n### Targets (" << (p.name == "cnn" ? "CNN" : "MLP") << ", means over the seeds)\n\n";
@@ -521,6 +565,70 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
        << met(d >= -0.005 && less >= 2) << " (" << fmt("%+.2f", 100 * d) << " points, " << fmt("%.1fx", less)
        << " fewer).\n";
   }
+  return md.str();
+}
+
+// The quantizer comparison's section: for each compressor, its Allgather run and its
+// compressed allreduce run side by side, and the target: the compressed allreduce ends no
+// more than 0.5 points below the Allgather (means over the seeds). Its rows of results.csv
+// into csv.
+std::string quantizer_report(const pass& p, int ranks, std::ostream& csv) {
+  const view v(p, 0);
+  csv_rows(p, v, csv);
+  std::ostringstream md;
+  md << "## Quantizers: compressed allreduce against Allgather (MLP)\n\n"
+     << setting(p, ranks)
+     << " Fixed policy. The Allgather decodes every rank's packet once; the compressed allreduce sums each shard's "
+        "N decoded packets in fp32 and quantizes that average a second time (with the shard's server residual) "
+        "before its Allgather. Wire bytes received per rank as the simulated network counts them (alltoallv: the "
+        "blocks from the other ranks; Allgather: the N-1 other packets). Differences are paired by seed (the same "
+        "data order and initialisation).\n\n"
+     << "| method | final test acc. (%) | compressed − Allgather (points) | packet MB | wire MB received | "
+        "Allgather / compressed wire bytes | modeled comm., 1 Gbit/s (s) |\n"
+     << "|---|---:|---:|---:|---:|---:|---:|\n";
+  const auto comm_s = [](const fmnist::run_result& r) {
+    double t = 0;
+    for (const auto& e : r.epochs) t += e.modeled_comm_s;
+    return t;
+  };
+  std::string targets;
+  for (std::size_t i = 0; i + 1 < p.chosen.size(); i += 2) {
+    const method_spec* ag = p.chosen[i];
+    const method_spec* car = p.chosen[i + 1];
+    const auto acc_ag = v.per_seed(ag, 0, view::final_acc), acc_car = v.per_seed(car, 0, view::final_acc);
+    std::vector<double> diff;
+    for (std::size_t k = 0; k < acc_ag.size(); ++k) diff.push_back(acc_car[k] - acc_ag[k]);
+    const summary d = summarize(diff);
+    const summary rx_ag = summarize(v.per_seed(ag, 0, view::wire_received));
+    const summary rx_car = summarize(v.per_seed(car, 0, view::wire_received));
+    for (const method_spec* s : {ag, car}) {
+      const bool is_car = s == car;
+      md << "| " << s->label << " | " << pm(summarize(is_car ? acc_car : acc_ag), "%.2f", 100) << " | "
+         << (is_car ? pm(d, "%+.2f", 100) : std::string("-")) << " | "
+         << pm(summarize(v.per_seed(s, 0, view::packet)), "%.2f", 1e-6) << " | "
+         << pm(is_car ? rx_car : rx_ag, "%.2f", 1e-6) << " | "
+         << (is_car && rx_car.mean > 0 ? fmt("%.2fx", rx_ag.mean / rx_car.mean) : std::string("-")) << " | "
+         << pm(summarize(v.per_seed(s, 0, comm_s)), "%.2f") << " |\n";
+    }
+    // On the means, as targets (c) and (d): the difference of the means is the mean of
+    // the paired differences.
+    const bool ok = d.n > 0 && d.mean >= -0.005;
+    const std::string name = ag->label.substr(0, ag->label.find(','));
+    targets += "- (" + std::string(1, static_cast<char>('f' + i / 2)) + ") " + name +
+               " through the compressed allreduce ends within 0.5 points of the same compressor through the "
+               "Allgather (no more than 0.5 points below): " +
+               met(ok) + " (" + pm(d, "%+.2f", 100) + " points; " + fmt("%.2fx", rx_ag.mean / rx_car.mean) +
+               " fewer wire bytes received)";
+    // A baseline that never learned makes the difference meaningless: say so next to the
+    // verdict rather than let a near-chance pair read as a cost (or a win) of the collective.
+    const summary base = summarize(acc_ag);
+    if (base.n > 0 && base.mean < 0.2)
+      targets += "; but through the Allgather it ends at " + pm(base, "%.2f", 100) +
+                 "% itself (chance is 10%): it does not train in this setting, so the difference does not measure "
+                 "the second quantization";
+    targets += ".\n";
+  }
+  md << "\n### Targets (quantizers, means over the seeds)\n\n" << targets;
   return md.str();
 }
 
@@ -701,7 +809,8 @@ int main(int argc, char** argv) {
   double target_below_dense = 1.0;
   std::uint64_t gravac_period = 0;
   std::vector<std::size_t> milestones{9};
-  bool quick = false, mlp_only = false, overlap = false, overlap_only = false;
+  bool quick = false, mlp_only = false, overlap = false, overlap_only = false, quantizers_only = false,
+       no_quantizers = false;
   std::size_t overlap_epochs = 2;
   // 0.1 MiB: the CNN's dense layers (fc1.weight alone is 0.2 MB) in one bucket, ready once
   // backward leaves them, its convolutions in another, ready at the end.
@@ -750,6 +859,11 @@ int main(int argc, char** argv) {
                "after the passes, the overlap run: the CNN at 1 Gbit/s, each of --overlap-methods with "
                "its buckets aggregated after backward and overlapped with it");
   app.add_flag("--overlap-only", overlap_only, "the overlap run alone (no MLP or CNN pass)");
+  app.add_flag("--quantizers", quantizers_only,
+               "the quantizer comparison alone (no MLP or CNN pass): QSGD 8-bit and EF-sign, each through the "
+               "Allgather and the compressed allreduce, on the MLP pass's setting and --seeds");
+  app.add_flag("--no-quantizers", no_quantizers,
+               "leave out the quantizer comparison, which otherwise follows the MLP pass (unless --only is given)");
   app.add_option("--overlap-epochs", overlap_epochs, "epochs of each overlap run (of --cnn-train-subset samples)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -770,16 +884,29 @@ int main(int argc, char** argv) {
     const auto train = fmnist::load_fashion_mnist(data_dir, fmnist::split::train);
     const auto test = fmnist::load_fashion_mnist(data_dir, fmnist::split::test);
     const auto all = methods(gravac_period);
+    const auto quantizers = quantizer_methods();
     std::filesystem::create_directories(out);
 
     std::vector<pass> passes;
-    if (overlap_only) model = "none";
+    if (overlap_only || quantizers_only) model = "none";
+    // The comparison belongs to the MLP pass's setting; --only names methods of the passes,
+    // so it asks for those alone.
+    const bool with_quantizers =
+        quantizers_only || (!no_quantizers && only.empty() && (model == "mlp" || model == "both"));
     if (model != "cnn" && model != "none") {
       pass p;
       p.name = "mlp";
       p.base = mlp;
       p.seeds = seeds;
       p.chosen = choose(all, only);
+      passes.push_back(std::move(p));
+    }
+    if (with_quantizers) {
+      pass p;
+      p.name = quantizer_pass;
+      p.base = mlp;
+      p.seeds = seeds;
+      for (const auto& q : quantizers) p.chosen.push_back(&q);
       passes.push_back(std::move(p));
     }
     if (model != "mlp" && model != "none") {
@@ -804,7 +931,12 @@ int main(int argc, char** argv) {
     }
 
     const auto t_start = std::chrono::steady_clock::now();
-    for (auto& p : passes) run_pass(p, train, test, ranks, out, t_start);
+    for (auto& p : passes) {
+      // The comparison is charged the compute per step the MLP pass calibrated, when it ran.
+      if (p.name == quantizer_pass && p.base.compute_s < 0 && passes.front().name == "mlp")
+        p.base.compute_s = passes.front().base.compute_s;
+      run_pass(p, train, test, ranks, out, t_start);
+    }
     std::string overlap_md;
     std::ostringstream overlap_csv;
     overlap_csv.precision(9);
@@ -852,7 +984,9 @@ int main(int argc, char** argv) {
     csv << "model,seed,method,network,final_test_acc,bytes_per_rank,wire_bytes_sent_per_rank,"
            "wire_bytes_received_per_rank,target_acc,time_to_target_1gbps,time_to_target_10gbps,"
            "time_to_target_schedule,compute_s,codec_s,modeled_time_s,modeled_comm_s,modeled_exposed_s,overlap\n";
-    for (const auto& p : passes) md << report(p, target_below_dense, ranks, csv) << "\n";
+    for (const auto& p : passes)
+      md << (p.name == quantizer_pass ? quantizer_report(p, ranks, csv) : report(p, target_below_dense, ranks, csv))
+         << "\n";
     if (!overlap_md.empty()) md << overlap_md << "\n";
     csv << overlap_csv.str();
     {
