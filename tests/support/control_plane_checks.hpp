@@ -54,6 +54,10 @@ void check_gradient_collectives_only(const collective_counts& d, collective_kind
   } else if (kind == collective_kind::allgather) {
     CHECK(d.allgather == 1);
     CHECK(d.total() == 1);
+  } else if (kind == collective_kind::compressed_allreduce) {
+    CHECK(d.alltoall == 1);   // the shards' packets
+    CHECK(d.allgather == 1);  // the recompressed shards, with the control trailer
+    CHECK(d.total() == 2);
   } else if (kind == collective_kind::allreduce_compatible) {
     CHECK(d.allreduce == 1);  // the values, with the control values at their end
     CHECK(d.allgather == 0);
@@ -101,8 +105,8 @@ void check_control_plane() {
     for (int s = 0; s < steps; ++s) {
       const auto& e = log[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
       INFO("rank " << r << " step " << s << " collective " << to_string(e.kind) << ": " << e.step.allreduce
-                   << " allreduce, " << e.step.allgather << " allgather, " << e.step.broadcast << " broadcast, "
-                   << e.step.barrier << " barrier");
+                   << " allreduce, " << e.step.allgather << " allgather, " << e.step.alltoall << " alltoall, "
+                   << e.step.broadcast << " broadcast, " << e.step.barrier << " barrier");
       check_gradient_collectives_only<C, K>(e.step, e.kind);
       CHECK(e.interval.total() == 0);  // decisions at interval ends ride in later steps
     }
