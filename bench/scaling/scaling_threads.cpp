@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
       "layout,ranks,method,gbps,latency_us,modeled_comm_s,wire_sent,wire_received,packet_bytes,collective,how\n");
   bool mismatch = false;
   std::map<std::string, double> last_packet;  // per method: packet bytes at the largest N run
+  // Whether an Allgather of method \p name's packets on n thread ranks exceeds the memory budget.
+  const auto too_large_to_gather = [&](const std::string& name, int n) {
+    const auto it = last_packet.find(name);
+    return it != last_packet.end() && scaling::allgather_memory_bytes(n, it->second) > memory_gib * (1ull << 30);
+  };
   for (double nd : ranks) {
     const int n = static_cast<int>(nd);
     for (const auto& m : scaling::methods()) {
@@ -78,8 +83,7 @@ int main(int argc, char** argv) {
       const bool gathers = m.name.find("allgather") != std::string::npos;
       scaling::sample s;
       std::string how = "run";
-      if (gathers && last_packet.count(m.name) &&
-          scaling::allgather_memory_bytes(n, last_packet[m.name]) > memory_gib * (1ull << 30)) {
+      if (gathers && too_large_to_gather(m.name, n)) {
         // Too large to gather on n thread ranks at once: priced from its packet instead.
         const double p = last_packet[m.name];
         s.packet_bytes = static_cast<std::size_t>(p);
@@ -111,11 +115,8 @@ int main(int argc, char** argv) {
     for (const char* c : {"topk", "qsgd"}) {
       if (!wanted("flexible(" + std::string(c) + ")")) continue;
       for (std::size_t k = 0; k < nets.size(); ++k) {
-        const bool too_large = last_packet.count(std::string(c) == "topk" ? "topk1%_allgather" : "qsgd8_allgather") &&
-                               scaling::allgather_memory_bytes(
-                                   n, last_packet[std::string(c) == "topk" ? "topk1%_allgather" : "qsgd8_allgather"]) >
-                                   memory_gib * (1ull << 30);
-        if (too_large) continue;  // it might pick the Allgather, which does not fit
+        // It might pick the Allgather, which does not fit.
+        if (too_large_to_gather(std::string(c) == "topk" ? "topk1%_allgather" : "qsgd8_allgather", n)) continue;
         std::vector<scaling::sample> per_rank(static_cast<std::size_t>(n));
         run_ranks(n, [&](thread_communicator& comm) {
           simulated_communicator<thread_communicator> sim(comm, network_profile::constant(nets[k]));

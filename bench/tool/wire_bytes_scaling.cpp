@@ -10,22 +10,12 @@
 #include <random>
 #include <vector>
 
+#include "../scaling/scaling.hpp"
 #include "gravac/gravac.hpp"
 
 using namespace gravac;
 
 namespace {
-
-layout mlp_layout() {
-  layout lay;
-  lay.add("fc1.weight", {256, 784}, layer_kind::dense);
-  lay.add("fc1.bias", {256}, layer_kind::bias_or_norm);
-  lay.add("fc2.weight", {128, 256}, layer_kind::dense);
-  lay.add("fc2.bias", {128}, layer_kind::bias_or_norm);
-  lay.add("fc3.weight", {10, 128}, layer_kind::dense);
-  lay.add("fc3.bias", {10}, layer_kind::bias_or_norm);
-  return lay;
-}
 
 // The most wire bytes any rank sent in the second step of trainer<C, K>.
 template <class C, class K>
@@ -51,7 +41,7 @@ int main(int argc, char** argv) {
   std::vector<int> ranks;
   for (int i = 1; i < argc; ++i) ranks.push_back(std::atoi(argv[i]));
   if (ranks.empty()) ranks = {4, 16, 64};
-  const layout lay = mlp_layout();
+  const layout lay = scaling::mlp_layout();
   std::printf("# wire bytes per rank / dense fp32 ring Allreduce's, d = %zu\n", lay.numel());
   std::printf("N,qsgd_compressed,qsgd_allgather,sign_compressed,sign_allgather,cast16_compressed,cast16_allgather\n");
   for (int n : ranks) {

@@ -102,9 +102,10 @@ class compressed_allreduce {
   template <Compressor C>
   void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
     if (last_dense_) return dense_.return_sent(c, buf);
-    if (!codec_ || !codec_->has_sent()) return;
-    codec_->return_sent(plan_, buf.residual.span(), stage_);
+    if (!sent_) return;
+    codec_->return_sent(plan_, buf.residual.span(), send_, send_sizes_);
     server_residual_ = server_before_;
+    sent_ = false;
   }
 
   //! Runs one step: leaves the rank average of the recompressed shards in buf.grad.
@@ -137,6 +138,7 @@ class compressed_allreduce {
       send_sizes_[j] = b;
       at += b;
     }
+    sent_ = true;  // send_ keeps the shard packets until the next step (return_sent reads them)
     r.compress_s = detail::seconds_since(t0);
 
     // 2. The N packets of this rank's shard.
@@ -291,6 +293,7 @@ class compressed_allreduce {
     server_residual_ = std::move(values);
     if (codec_) codec_->build(plan_, shard_);
     built_ = codec_ != nullptr;
+    sent_ = false;
     stage_.assign(layout_.numel(), 0.0f);
   }
 
@@ -311,8 +314,8 @@ class compressed_allreduce {
                                         std::span<std::byte> out, compress_stats& st) = 0;
     [[nodiscard]] virtual validation validate(std::size_t shard, std::span<const std::byte> packet) const = 0;
     virtual void decode(std::size_t shard, std::span<const std::byte> packet, std::span<float> out, float scale) = 0;
-    virtual void return_sent(const detail::shard_plan& plan, std::span<float> e, std::vector<float>& stage) = 0;
-    [[nodiscard]] virtual bool has_sent() const = 0;
+    virtual void return_sent(const detail::shard_plan& plan, std::span<float> e, std::span<const std::byte> packets,
+                             std::span<const std::size_t> sizes) = 0;
   };
   template <class C>
   struct codec_of final : codec_base {
@@ -320,24 +323,18 @@ class compressed_allreduce {
     typename C::options opt;
     std::vector<std::unique_ptr<C>> shards;  // one per shard: compresses this rank's piece, decodes anyone's
     std::unique_ptr<C> server;               // compresses this rank's shard average
-    std::vector<std::size_t> sent_at, sent_bytes;
-    std::vector<std::byte> sent;  // this rank's last shard packets (for return_sent)
-    compress_stats piece;         // one shard's statistics
+    std::size_t send_bound = 0;              // the shards' packet bounds, summed
+    compress_stats piece;                    // one shard's statistics
 
     void build(const detail::shard_plan& plan, std::size_t mine) override {
       shards.clear();
       for (std::size_t j = 0; j < plan.size(); ++j) shards.push_back(std::make_unique<C>(plan.shard_layout(j), opt));
       server = std::make_unique<C>(plan.shard_layout(mine), opt);
       server_layers = plan.shard_layout(mine).size();
-      sent_at.assign(plan.size(), 0);
-      sent_bytes.assign(plan.size(), 0);
-      sent.clear();
+      send_bound = 0;
+      for (const auto& s : shards) send_bound += s->max_packet_bytes();
     }
-    [[nodiscard]] std::size_t max_send_bytes() const override {
-      std::size_t b = 0;
-      for (const auto& s : shards) b += s->max_packet_bytes();
-      return b;
-    }
+    [[nodiscard]] std::size_t max_send_bytes() const override { return send_bound; }
     [[nodiscard]] std::size_t max_server_bytes() const override { return server->max_packet_bytes(); }
     std::size_t compress_shard(const detail::shard_plan& plan, std::size_t j, std::span<const float> g,
                                std::span<float> e, const step_params& p, std::span<std::byte> out,
@@ -345,7 +342,6 @@ class compressed_allreduce {
       // stage holds g's shard, then e's shard (after the g piece) while compressing.
       const std::size_t m = plan.numel(j);
       const std::size_t start = plan.start(j);
-      if (j == 0 && sent.size() < max_send_bytes()) sent.resize(max_send_bytes());
       float* gs = stage.data() + start;
       plan.gather(j, g.data(), gs);
       e_piece.resize(m);
@@ -355,10 +351,6 @@ class compressed_allreduce {
           shards[j]->compress(grad_view<host_space>(gs, m), grad_view<host_space>(e_piece.data(), m), p, out, piece);
       plan.scatter(j, e_piece.data(), e.data());
       add_stats(piece, st);
-      sent_at[j] = j == 0 ? 0 : sent_at[j - 1] + sent_bytes[j - 1];
-      sent_bytes[j] = bytes;
-      std::memcpy(sent.data() + sent_at[j], out.data(), bytes);
-      has = true;
       return bytes;
     }
     std::size_t compress_server(std::vector<float>& average, std::vector<float>& residual, const step_params& p,
@@ -374,19 +366,18 @@ class compressed_allreduce {
     void decode(std::size_t shard, std::span<const std::byte> packet, std::span<float> out, float scale) override {
       shards[shard]->decompress_add(packet, grad_view<host_space>(out.data(), out.size()), scale);
     }
-    void return_sent(const detail::shard_plan& plan, std::span<float> e, std::vector<float>& stage) override {
+    void return_sent(const detail::shard_plan& plan, std::span<float> e, std::span<const std::byte> packets,
+                     std::span<const std::size_t> sizes) override {
+      std::size_t at = 0;
       for (std::size_t j = 0; j < plan.size(); ++j) {
         const std::size_t m = plan.numel(j);
         e_piece.resize(m);
         plan.gather(j, e.data(), e_piece.data());
-        shards[j]->decompress_add(std::span<const std::byte>(sent.data() + sent_at[j], sent_bytes[j]),
-                                  grad_view<host_space>(e_piece.data(), m), 1.0f);
+        shards[j]->decompress_add(packets.subspan(at, sizes[j]), grad_view<host_space>(e_piece.data(), m), 1.0f);
         plan.scatter(j, e_piece.data(), e.data());
+        at += sizes[j];
       }
-      (void)stage;
-      has = false;
     }
-    [[nodiscard]] bool has_sent() const override { return has; }
 
    private:
     static void add_stats(const compress_stats& from, compress_stats& to) {
@@ -402,7 +393,6 @@ class compressed_allreduce {
     }
     std::vector<float> e_piece;
     std::size_t server_layers = 0;
-    bool has = false;
   };
 
   void ensure_plan(int n, int rank) {
@@ -430,6 +420,7 @@ class compressed_allreduce {
   std::size_t shard_ = 0;
   bool built_ = false;
   bool last_dense_ = false;
+  bool sent_ = false;                   // send_ holds the last step's shard packets
   std::vector<float> stage_;            // shard-major staging of the gradient
   std::vector<float> average_;          // this rank's shard: the average of the N packets
   std::vector<float> server_residual_;  // this rank's shard: the second stage's residual
