@@ -86,8 +86,8 @@ inline constexpr bool decisions_reach_v = decides_v<P> == decision::none ||
 enum class rejection : std::uint8_t {
   none,                       //!< valid
   not_summable,               //!< allreduce_compatible with a compressor whose values cannot be summed
-  no_device_path,             //!< allreduce_compatible with a device-memory compressor
   no_index_hook,              //!< allreduce_compatible with a summable compressor without select_indices
+  no_device_index_hook,       //!< allreduce_compatible with a device compressor without the hook's device form
   not_low_rank,               //!< low_rank_allreduce with a compressor that is not a LowRankCompressor
   low_rank_needs_allreduces,  //!< allgather with PowerSGD
   not_accepted,               //!< a collective's own accepts<C> said no
@@ -101,10 +101,10 @@ constexpr const char* to_string(rejection r) noexcept {
       return "valid";
     case rejection::not_summable:
       return "values cannot be summed at shared indices";
-    case rejection::no_device_path:
-      return "no device-memory path yet";
     case rejection::no_index_hook:
       return "no index-selection hook";
+    case rejection::no_device_index_hook:
+      return "no device-memory index-selection hook";
     case rejection::not_low_rank:
       return "not a LowRankCompressor";
     case rejection::low_rank_needs_allreduces:

@@ -1,8 +1,9 @@
-// expect: allreduce_compatible .AR-Topk. has no device-memory path yet
-// A summable device compressor with AR-Topk: the message names the real cause (no device
-// path), not "not summable". (The compressor is a unit-test mock: a top-k that only
-// declares device memory, and a communicator mock over device memory that is never run, so
-// this test compiles without a CUDA compiler.)
+// expect: allreduce_compatible .AR-Topk. on device memory needs the device form
+// A summable device compressor with only the host form of the index hook, with AR-Topk: the
+// message names the real cause (the hook's device form is missing), not "not summable".
+// (The compressor is a unit-test mock: a top-k that only declares device memory, and a
+// communicator mock over device memory that is never run, so this test compiles without a
+// CUDA compiler.)
 #include "fake_device_topk.hpp"
 #include "gravac/gravac.hpp"
 

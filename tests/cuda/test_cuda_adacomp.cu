@@ -1,7 +1,11 @@
 // adacomp_cuda against the CPU gravac::adacomp, and topk_cuda with whole_buffer against
 // gravac::topk with whole_buffer, on the same data: packets equal byte for byte, residuals
 // equal bit for bit (several steps, so the residue carries over), statistics close; device
-// validation and decoding against the host's. Skipped without a GPU.
+// validation and decoding against the host's. And AR-Topk (allreduce_compatible) on the
+// device against the host's with topk / threshold: the same indices, averaged gradients and
+// residuals bit for bit, STAR and VAR, ties included; the device's validation of a bad
+// index list; trainer<topk_cuda, allreduce_compatible, moo_policy> (the design card's line)
+// against trainer<topk, allreduce_compatible, moo_policy>. Skipped without a GPU.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -9,9 +13,13 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "gravac/collective/allreduce_compatible.hpp"
+#include "gravac/collective/flexible.hpp"
 #include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/cuda/adacomp_cuda.hpp"
+#include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac_overflow_util.hpp"
 #include "gravac_test_util.hpp"
@@ -349,4 +357,260 @@ TEST_CASE("topk_cuda whole_buffer: gain curve and validation of its packets") {
   p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
   for (std::uint64_t s = 0; s < 2; ++s) r.step(gravac::test::make_data(lay.numel(), 91 + s), p);
   REQUIRE(r.dev.validate(r.packet_dev.span().first(r.bytes)));
+}
+
+// ---- AR-Topk on the device ---------------------------------------------------------------
+
+namespace {
+
+// One process, one rank, over device memory: AR-Topk with one rank calls no collective.
+// With rank_ 1 of size_ 2 it plays a non-root rank whose broadcast delivers \p bad_index
+// at the first entry (the root's list made invalid), to test the device's validation.
+struct fake_device_comm {
+  using communicator_tag = void;
+  using memory_space = gravac::cuda_space;
+  using byte_buffer = gravac::device_byte_buffer;
+  int rank_ = 0, size_ = 1;
+  std::uint32_t bad_index = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  void allreduce_sum(std::span<float>) {}
+  void allreduce_sum(std::span<double>) {}
+  void allreduce_max(std::span<double>) {}
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    out.resize(in.size());
+    if (!in.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(out.data(), in.data(), in.size(), cudaMemcpyDeviceToDevice));
+    sizes.assign(1, in.size());
+  }
+  void broadcast(std::span<std::byte> d, int) {
+    // Every entry 0: not strictly increasing (and bad_index at the first, out of range).
+    GRAVAC_TRY_CUDA(cudaMemset(d.data(), 0, d.size()));
+    if (d.size() >= sizeof bad_index)
+      GRAVAC_TRY_CUDA(cudaMemcpy(d.data(), &bad_index, sizeof bad_index, cudaMemcpyHostToDevice));
+  }
+  void barrier() {}
+};
+static_assert(gravac::Communicator<fake_device_comm>);
+
+// One host rank (the reference; AR-Topk with one rank calls no collective).
+struct one_rank_host_comm {
+  using communicator_tag = void;
+  using memory_space = gravac::host_space;
+  using byte_buffer = std::vector<std::byte>;
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void allreduce_sum(std::span<float>) {}
+  void allreduce_sum(std::span<double>) {}
+  void allreduce_max(std::span<double>) {}
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    out.assign(in.begin(), in.end());
+    sizes.assign(1, in.size());
+  }
+  void broadcast(std::span<std::byte>, int) {}
+  void barrier() {}
+};
+static_assert(gravac::Communicator<one_rank_host_comm>);
+
+// A layout with ties: mixed_layout, a large layer, and one whose values are few distinct
+// magnitudes (the k-th largest has many copies on both sides of the boundary).
+gravac::layout ar_layout() {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {100003}, gravac::layer_kind::conv);
+  lay.add("ties", {4099}, gravac::layer_kind::dense);
+  return lay;
+}
+// Gradients rounded to quarters (ties everywhere), signed zeros, and one all-equal layer.
+std::vector<float> ar_data(const gravac::layout& lay, std::uint64_t seed) {
+  auto g = gravac::test::make_data(lay.numel(), seed, seed % 2 ? distribution::laplace : distribution::gaussian);
+  for (auto& x : g) x = std::round(x * 4.0f) / 4.0f;  // many exact ties, -0.0f among them
+  const auto& t = lay[lay.size() - 1];
+  for (std::size_t j = 0; j < t.numel; ++j) g[t.offset + j] = j % 3 == 0 ? 0.5f : -0.5f;
+  return g;
+}
+
+// Host AR-Topk with HostC and device AR-Topk with DevC, stepped together: the hook's indices
+// on the same u, then the averaged gradient, the residual (and after return_sent the
+// residual again) bit for bit, the counts equal and the norms close.
+template <class HostC, class DevC>
+void ar_topk_pair(gravac::index_rank_rule rule, bool gain) {
+  const auto lay = ar_layout();
+  gravac::allreduce_compatible kh(lay, {rule}), kd(lay, {rule});
+  HostC ch(lay);
+  DevC cd(lay);
+  kh.prepare(ch);
+  kd.prepare(cd);
+  one_rank_host_comm host_comm;
+  fake_device_comm dev_comm;
+  std::vector<float> eh(lay.numel(), 0.0f);
+  gravac::device_buffer<float> ed(lay.numel());
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    INFO("step " << s);
+    auto p = gravac::test::params_for(lay, s % 2 ? 0.05 : 0.011, s);
+    p.kept_fraction[1] = 1.0;  // one layer sent dense
+    if (gain) p.gain_candidates = {0.1, 0.01, 0.001};
+    const auto g0 = ar_data(lay, 900 + s);
+    // The hook on the same u (g + e as both hold it now): the same indices.
+    {
+      std::vector<float> u(lay.numel());
+      for (std::size_t j = 0; j < u.size(); ++j) u[j] = g0[j] + eh[j];
+      auto ud = to_device(u);
+      std::vector<std::uint64_t> want, scratch;
+      for (std::size_t i = 0; i < lay.size(); ++i) {
+        const auto& l = lay[i];
+        const std::size_t k = gravac::kept_count(l.numel, p.kept_fraction[i]);
+        if (k == 0) continue;
+        INFO("layer " << l.name);
+        ch.select_indices(std::span<const float>(u.data() + l.offset, l.numel), i, p, want, scratch);
+        gravac::device_buffer<std::uint32_t> got_d(k);
+        cd.select_indices(gravac::grad_view<gravac::cuda_space>(ud.data() + l.offset, l.numel), i, p, got_d.data());
+        cd.finish_selection();
+        const auto got = to_host(got_d.data(), k);
+        REQUIRE(want.size() == k);
+        REQUIRE(std::equal(got.begin(), got.end(), want.begin()));
+      }
+    }
+    std::vector<float> gh = g0;
+    auto gd = to_device(g0);
+    gravac::step_buffers<gravac::host_space> bh{gravac::host_view(gh), gravac::host_view(eh), s == 0};
+    gravac::step_buffers<gravac::cuda_space> bd{gravac::device_view(gd), gravac::device_view(ed), s == 0};
+    gravac::compress_stats sh, sd;
+    gravac::step_report rh, rd;
+    kh.aggregate(ch, host_comm, bh, p, sh, rh);
+    kd.aggregate(cd, dev_comm, bd, p, sd, rd);
+    CHECK(kd.last_index_count() == kh.last_index_count());
+    CHECK(kd.last_value_count() == kh.last_value_count());
+    CHECK(kd.last_root() == kh.last_root());
+    CHECK(rd.bytes_sent == rh.bytes_sent);
+    const auto g_back = to_host(gd.data(), lay.numel());
+    const auto e_back = to_host(ed.data(), lay.numel());
+    REQUIRE(same_words(g_back.data(), gh.data(), gh.size() * sizeof(float), false));
+    REQUIRE(same_words(e_back.data(), eh.data(), eh.size() * sizeof(float), false));
+    CHECK(sd.non_finite == sh.non_finite);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      INFO("layer " << i);
+      CHECK(sd.layers[i].kept == sh.layers[i].kept);
+      CHECK(sd.layers[i].grad_sq == Approx(sh.layers[i].grad_sq).epsilon(1e-9).margin(1e-30));
+      CHECK(sd.layers[i].input_sq == Approx(sh.layers[i].input_sq).epsilon(1e-9).margin(1e-30));
+      CHECK(sd.layers[i].kept_sq == Approx(sh.layers[i].kept_sq).epsilon(1e-9).margin(1e-30));
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c)
+      CHECK(std::fabs(gravac::gain_from_sq(sd.candidate_kept_sq[c], sd.input_sq()) -
+                      gravac::gain_from_sq(sh.candidate_kept_sq[c], sh.input_sq())) <= 0.05);
+    if (s == 3) {  // the step abandoned: both residuals hold all of u again
+      kh.return_sent(ch, bh);
+      kd.return_sent(cd, bd);
+      const auto e_undone = to_host(ed.data(), lay.numel());
+      REQUIRE(same_words(e_undone.data(), eh.data(), eh.size() * sizeof(float), false));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("allreduce_compatible on the device equals the host's: topk_cuda, STAR and VAR, ties included") {
+  ar_topk_pair<gravac::topk, gravac::topk_cuda>(gravac::index_rank_rule::star, false);
+  ar_topk_pair<gravac::topk, gravac::topk_cuda>(gravac::index_rank_rule::var, true);
+}
+
+TEST_CASE("allreduce_compatible on the device equals the host's: threshold_cuda, STAR and VAR, ties included") {
+  ar_topk_pair<gravac::threshold, gravac::threshold_cuda>(gravac::index_rank_rule::star, true);
+  ar_topk_pair<gravac::threshold, gravac::threshold_cuda>(gravac::index_rank_rule::var, false);
+}
+
+TEST_CASE("allreduce_compatible on the device: a bad index list from the root throws, the residual keeps u") {
+  const auto lay = ar_layout();
+  for (std::uint32_t bad : {0u, 0xffffffffu}) {  // not increasing; out of range
+    INFO("first index " << bad);
+    gravac::allreduce_compatible k(lay);
+    gravac::topk_cuda c(lay);
+    k.prepare(c);
+    fake_device_comm comm;
+    comm.rank_ = 1;  // step 0's root (STAR) is rank 0: this rank receives its list
+    comm.size_ = 2;
+    comm.bad_index = bad;
+    const auto g0 = ar_data(lay, 5);
+    const auto e0 = gravac::test::make_data(lay.numel(), 6);
+    auto gd = to_device(g0);
+    auto ed = to_device(e0);
+    gravac::step_buffers<gravac::cuda_space> b{gravac::device_view(gd), gravac::device_view(ed), false};
+    gravac::compress_stats st;
+    gravac::step_report r;
+    const auto p = gravac::test::params_for(lay, 0.05, 0);
+    try {
+      k.aggregate(c, comm, b, p, st, r);
+      FAIL("no error");
+    } catch (const gravac::error& err) {
+      CHECK(err.code() == gravac::status::malformed_packet);
+      CHECK(err.rank() == 0);
+      CHECK(std::string(err.what()).find("rank 0") != std::string::npos);
+    }
+    std::vector<float> u(lay.numel());
+    for (std::size_t j = 0; j < u.size(); ++j) u[j] = g0[j] + e0[j];
+    const auto e_back = to_host(ed.data(), lay.numel());
+    REQUIRE(same_words(e_back.data(), u.data(), u.size() * sizeof(float), false));
+  }
+}
+
+TEST_CASE(
+    "trainer<topk_cuda, allreduce_compatible, moo_policy> equals trainer<topk, allreduce_compatible, "
+    "moo_policy>") {
+  const auto lay = ar_layout();
+  gravac::moo_policy_options pol;
+  pol.warmup_steps = 6;  // the warm-up's fractions: the same on both, whatever the timings
+  pol.warmup_start = 0.3;
+  pol.warmup_end = 0.02;
+  std::vector<std::vector<float>> host_out;
+  {
+    one_rank_host_comm comm;
+    gravac::trainer<gravac::topk, gravac::allreduce_compatible, gravac::moo_policy> t(comm, lay,
+                                                                                      {.policy = pol, .seed = 3});
+    for (std::uint64_t s = 0; s < 4; ++s) {
+      auto g = ar_data(lay, 300 + s);
+      t.step(std::span<float>(g));
+      host_out.push_back(g);
+    }
+  }
+  fake_device_comm comm;
+  gravac::trainer<gravac::topk_cuda, gravac::allreduce_compatible, gravac::moo_policy> t(comm, lay,
+                                                                                         {.policy = pol, .seed = 3});
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    INFO("step " << s);
+    auto g = to_device(ar_data(lay, 300 + s));
+    const auto& rep = t.step(gravac::grad_view<gravac::cuda_space>(g.data(), lay.numel()));
+    CHECK(rep.collective == gravac::collective_kind::allreduce_compatible);
+    const auto back = to_host(g.data(), lay.numel());
+    REQUIRE(same_words(back.data(), host_out[s].data(), back.size() * sizeof(float), false));
+  }
+}
+
+TEST_CASE("flexible's AR-Topk path on the device equals the host's (topk_cuda against topk)") {
+  const auto lay = ar_layout();
+  gravac::flexible kh(lay), kd(lay);
+  gravac::topk ch(lay);
+  gravac::topk_cuda cd(lay);
+  kh.prepare(ch);
+  kd.prepare(cd);
+  one_rank_host_comm host_comm;
+  fake_device_comm dev_comm;
+  std::vector<float> eh(lay.numel(), 0.0f);
+  gravac::device_buffer<float> ed(lay.numel());
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    auto p = gravac::test::params_for(lay, 0.02, s);
+    p.collective = gravac::collective_kind::allreduce_compatible;  // the path under test, whatever the costs
+    const auto g0 = ar_data(lay, 700 + s);
+    std::vector<float> gh = g0;
+    auto gd = to_device(g0);
+    gravac::step_buffers<gravac::host_space> bh{gravac::host_view(gh), gravac::host_view(eh), s == 0};
+    gravac::step_buffers<gravac::cuda_space> bd{gravac::device_view(gd), gravac::device_view(ed), s == 0};
+    gravac::compress_stats sh, sd;
+    gravac::step_report rh, rd;
+    kh.aggregate(ch, host_comm, bh, p, sh, rh);
+    kd.aggregate(cd, dev_comm, bd, p, sd, rd);
+    CHECK(rd.collective == gravac::collective_kind::allreduce_compatible);
+    const auto g_back = to_host(gd.data(), lay.numel());
+    const auto e_back = to_host(ed.data(), lay.numel());
+    REQUIRE(same_words(g_back.data(), gh.data(), gh.size() * sizeof(float), false));
+    REQUIRE(same_words(e_back.data(), eh.data(), eh.size() * sizeof(float), false));
+  }
 }

@@ -98,8 +98,11 @@ std::string generated_table() {
         "Device memory: the device compressors (`topk_cuda`, `threshold_cuda`, `adacomp_cuda`,\n"
         "`qsgd_cuda`, `terngrad_cuda`, `sign_cuda`, `cast16_cuda`) act on what their host\n"
         "counterparts act on and compose like them with `dense_allreduce` and `allgather` over a\n"
-        "device communicator (`nccl_communicator`); `allreduce_compatible` has no device-memory path\n"
-        "yet (refused: no device-memory path yet).\n\n";
+        "device communicator (`nccl_communicator`); `topk_cuda` and `threshold_cuda` also compose with\n"
+        "`allreduce_compatible`, through the device form of the index-selection hook (the indices are\n"
+        "chosen, broadcast and validated on the device; compiled, not run: no GPU was available when\n"
+        "it was written). A device compressor with only the host form of the hook is refused (no\n"
+        "device-memory index-selection hook).\n\n";
   header(os, policies{});
   rows(os, compressors{}, collectives{});
   return os.str();

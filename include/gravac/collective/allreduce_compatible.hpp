@@ -19,14 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "gravac/collective/detail/ar_topk_host_passes.hpp"
+#include "gravac/collective/detail/space_ops.hpp"
+#include "gravac/collective/detail/space_workspace.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/collective/step_control.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/network/wire_bytes.hpp"
-#include "gravac/stats/gain_curve.hpp"
-#include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac {
 
@@ -43,17 +44,23 @@ struct allreduce_compatible_options {
 };
 
 //! AR-Topk aggregation. Models Collective; accepts IndexSelector compressors only.
+//!
+//! One body for host and device memory (what differs is detail::space_ops' ar_topk_passes:
+//! loops on the host, kernels on the compressor's stream for a device compressor, whose
+//! indices are chosen on the device, broadcast and validated on the device). The control
+//! values (VAR's norms among them) ride at the end of the value Allreduce in both spaces; in
+//! device memory they are copied to and from the tail of the device buffer.
 class allreduce_compatible {
  public:
   //! Opt-in tag for the Collective concept.
   using collective_tag = void;
   //! Options (see allreduce_compatible_options).
   using options = allreduce_compatible_options;
-  //! Only compressors whose values can be summed at shared indices, with an index hook.
+  //! Only compressors whose values can be summed at shared indices, with an index hook (the
+  //! host form, or the device form of topk_cuda and threshold_cuda).
   template <class C>
-  static constexpr bool accepts = IndexSelector<C>&& C::memory_space::host_accessible;  // no device path yet
-  //! Why it may refuse a compressor (the trainer's message): it needs an index-selection
-  //! hook on host memory.
+  static constexpr bool accepts = IndexSelector<C>;
+  //! Why it may refuse a compressor (the trainer's message): it needs an index-selection hook.
   static constexpr bool needs_index_selection = true;
 
   //! A collective for \p lay; rejects a smoothing weight outside (0, 1].
@@ -63,12 +70,14 @@ class allreduce_compatible {
     wide_ = lay.max_layer_numel() > std::numeric_limits<std::uint32_t>::max();
   }
 
-  //! Nothing depends on the compressor's packet size; checks the combination.
+  //! Checks the combination and sizes the workspace of the compressor's memory space.
   template <Compressor C>
-  void prepare(const C&) {
+  void prepare(const C& c) {
     static_assert(IndexSelector<C>,
                   "allreduce_compatible needs a compressor whose values can be summed at shared indices "
-                  "(summable_by_index and an index_selection hook: topk, threshold, randomk)");
+                  "(summable_by_index and an index_selection hook: topk, threshold, randomk, topk_cuda, "
+                  "threshold_cuda)");
+    passes_.prepare<typename C::memory_space>().prepare(c, layout_);
   }
 
   //! Runs one step: leaves the rank average of every rank's u at the shared indices in
@@ -80,43 +89,21 @@ class allreduce_compatible {
                  step_report& r) {
     static_assert(IndexSelector<C>,
                   "allreduce_compatible needs a compressor whose values can be summed at shared indices "
-                  "(summable_by_index and an index_selection hook: topk, threshold, randomk)");
+                  "(summable_by_index and an index_selection hook: topk, threshold, randomk, topk_cuda, "
+                  "threshold_cuda)");
     static_assert(CommunicatorFor<M, C>, "allreduce_compatible: the communicator must carry the compressor's memory");
     using hook = index_selection<C>;
+    using space = typename C::memory_space;
+    auto& w = passes_.get<space>("allreduce_compatible");
+    w.configure(wide_);
     require(p.kept_fraction.size() == layout_.size(), "allreduce_compatible: one kept fraction per layer is required");
     const int n = comm.size(), me = comm.rank();
-    auto g = buf.grad.span();
-    auto e = buf.residual.span();
     const auto t0 = std::chrono::steady_clock::now();
 
     // 1. u = g + e in place of e (if anything fails later, e holds all of u: the error
     //    feedback invariant holds with nothing sent), with the statistics.
     st.reset(layout_.size(), p.gain_candidates.size());
-    double local_sq = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      double gsq = 0, usq = 0;
-      if (p.gain_candidates.empty()) {
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
-          gsq += static_cast<double>(g[j]) * g[j];
-          e[j] += g[j];
-          usq += static_cast<double>(e[j]) * e[j];
-        }
-      } else {
-        // The same pass fills the magnitude histogram the gain curve is read from.
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
-          gsq += static_cast<double>(g[j]) * g[j];
-          e[j] += g[j];
-          usq += static_cast<double>(e[j]) * e[j];
-          hist_.add(magnitude_key(e[j]));
-        }
-        add_gain_curve(hist_, l.numel, p.gain_candidates, st.candidate_kept_sq);
-        hist_.clear();
-      }
-      st.layers[i].grad_sq = gsq;
-      st.layers[i].input_sq = usq;
-      local_sq += gsq;
-    }
+    const double local_sq = w.accumulate(layout_, buf.grad, buf.residual, p, st);
     r.compress_s = detail::seconds_since(t0);
 
     // 2. The index rank. VAR's norms ride in the step's value Allreduce, so the rank chosen
@@ -158,12 +145,13 @@ class allreduce_compatible {
         if (p.kept_fraction[i] >= dense_fraction) {
           total += l.numel;
         } else {
-          hook::select(c, std::span<const float>(e.subspan(l.offset, l.numel)), i, p, selected_, order_);
-          put_indices(n_idx, selected_);
-          total += selected_.size();
+          const std::size_t got = w.template select_layer<hook>(c, buf.residual, l, i, p, n_idx);
+          n_idx += got;
+          total += got;
         }
         offsets_[i + 1] = n_idx;
       }
+      w.template finish_selection<hook>(c);
     } else {
       offsets_.assign(layout_.size() + 1, 0);
       for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -172,25 +160,23 @@ class allreduce_compatible {
         offsets_[i + 1] = offsets_[i] + k;
       }
       n_idx = offsets_.back();
-      ensure_index_capacity(n_idx);
+      w.reserve_indices(n_idx);
       if (me == root_) {
-        std::size_t at = 0;
         for (std::size_t i = 0; i < layout_.size(); ++i) {
           const auto& l = layout_[i];
           if (offsets_[i + 1] == offsets_[i]) continue;
-          hook::select(c, std::span<const float>(e.subspan(l.offset, l.numel)), i, p, selected_, order_);
-          if (selected_.size() != offsets_[i + 1] - offsets_[i])
+          const std::size_t got = w.template select_layer<hook>(c, buf.residual, l, i, p, offsets_[i]);
+          if (got != offsets_[i + 1] - offsets_[i])
             throw error(status::invalid_argument,
-                        "allreduce_compatible: the index hook selected " + std::to_string(selected_.size()) +
-                            " indices of layer '" + l.name + "', expected " +
-                            std::to_string(offsets_[i + 1] - offsets_[i]),
+                        "allreduce_compatible: the index hook selected " + std::to_string(got) + " indices of layer '" +
+                            l.name + "', expected " + std::to_string(offsets_[i + 1] - offsets_[i]),
                         me);
-          put_indices(at, selected_);
         }
+        w.template finish_selection<hook>(c);  // the device's counts are checked here
       }
       if (n > 1 && n_idx > 0) {
         const auto tb = std::chrono::steady_clock::now();
-        const std::span<std::byte> indices = index_bytes(n_idx);
+        const std::span<std::byte> indices = w.index_bytes(n_idx);
         comm.broadcast(indices, root_);
         bcast_s = detail::seconds_since(tb);
         wire_total += wire_bytes::broadcast(n, static_cast<double>(indices.size()), me == root_);
@@ -198,53 +184,28 @@ class allreduce_compatible {
       }
       // Every rank validates the same broadcast bytes (the root included), so a bad list
       // fails all ranks together; a root that went on alone would wait in the Allreduce.
-      validate_indices();
+      validate_indices(w);
     }
     r.compress_s += detail::seconds_since(t2) - bcast_s;
 
     // 4. Gather u at the indices (dense layers whole); e = u - sent (zero where sent).
     const auto t3 = std::chrono::steady_clock::now();
-    values_.resize(total);
     last_dense_.resize(layout_.size());
     for (std::size_t i = 0; i < layout_.size(); ++i) last_dense_[i] = p.kept_fraction[i] >= dense_fraction;
-    std::size_t v = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      auto& ls = st.layers[i];
-      double ksq = 0;
-      const std::size_t v0 = v;
-      if (p.kept_fraction[i] >= dense_fraction) {
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
-          values_[v++] = e[j];
-          ksq += static_cast<double>(e[j]) * e[j];
-          e[j] = 0.0f;
-        }
-      } else {
-        for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) {
-          const std::size_t j = l.offset + index_at(s);
-          values_[v++] = e[j];
-          ksq += static_cast<double>(e[j]) * e[j];
-          e[j] = 0.0f;
-        }
-      }
-      ls.kept = v - v0;
-      ls.kept_sq = ksq;
-    }
+    w.gather(layout_, offsets_, last_dense_, buf.residual, total, st);
     r.compress_s += detail::seconds_since(t3);
 
     // 5. Sum (the control values ride at the end of the values), average, scatter.
     ctl.seal(st);
-    own_values_.assign(values_.begin(), values_.begin() + static_cast<std::ptrdiff_t>(total));  // for return_sent
-    values_.resize(total + ctl.size());
-    ctl.write_local(std::span<float>(values_.data() + total, ctl.size()));
+    const std::span<float> values = w.reduce_buffer(total, ctl);  // keeps this rank's values for return_sent
     const auto t4 = std::chrono::steady_clock::now();
-    if (n > 1 && values_.size() > 0) {
-      comm.allreduce_sum(std::span<float>(values_.data(), values_.size()));
+    if (n > 1 && values.size() > 0) {
+      comm.allreduce_sum(values);
       // The buffer as sent: the values and the control floats after them.
-      wire_total += wire_bytes::allreduce(n, static_cast<double>(values_.size() * sizeof(float)));
+      wire_total += wire_bytes::allreduce(n, static_cast<double>(values.size() * sizeof(float)));
     }
     comm_s += detail::seconds_since(t4);
-    ctl.set_summed(std::span<const float>(values_.data() + total, ctl.size()));
+    w.read_control(total, ctl);
     if constexpr (!hook::shared_indices) {
       if (options_.rule == index_rank_rule::var) {
         norm_sums_.resize(static_cast<std::size_t>(n));
@@ -252,17 +213,7 @@ class allreduce_compatible {
       }
     }
     const auto t5 = std::chrono::steady_clock::now();
-    const float inv = 1.0f / static_cast<float>(n);
-    std::fill(g.begin(), g.end(), 0.0f);
-    v = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (p.kept_fraction[i] >= dense_fraction) {
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) g[j] = values_[v++] * inv;
-      } else {
-        for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) g[l.offset + index_at(s)] = values_[v++] * inv;
-      }
-    }
+    w.scatter_average(layout_, offsets_, last_dense_, buf.grad, 1.0f / static_cast<float>(n));
     r.decompress_s = detail::seconds_since(t5);
     r.communicate_s = comm_s;
     r.bytes_sent = total * sizeof(float) + (!hook::shared_indices && me == root_ ? n_idx * index_width() : 0);
@@ -277,16 +228,7 @@ class allreduce_compatible {
   //! step is abandoned after the collective (a non-finite gradient on some rank).
   template <Compressor C>
   void return_sent(C&, step_buffers<typename C::memory_space>& buf) {
-    auto e = buf.residual.span();
-    std::size_t v = 0;
-    for (std::size_t i = 0; i < layout_.size() && v < own_values_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (last_dense_[i]) {
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) e[j] = own_values_[v++];
-      } else {
-        for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) e[l.offset + index_at(s)] = own_values_[v++];
-      }
-    }
+    passes_.get<typename C::memory_space>("allreduce_compatible").undo(layout_, offsets_, last_dense_, buf.residual);
   }
 
   //! The rank whose indices the last step used (0 when indices come from a shared seed).
@@ -301,41 +243,21 @@ class allreduce_compatible {
   [[nodiscard]] double smoothed_norm() const noexcept { return ewma_; }
 
  private:
-  void ensure_index_capacity(std::size_t n) {
-    if (wide_)
-      idx64_.resize(std::max(idx64_.size(), n));
-    else
-      idx32_.resize(std::max(idx32_.size(), n));
-  }
-  void put_indices(std::size_t& at, const std::vector<std::uint64_t>& sel) {
-    ensure_index_capacity(at + sel.size());
-    for (auto ix : sel) {
-      if (wide_)
-        idx64_[at++] = ix;
-      else
-        idx32_[at++] = static_cast<std::uint32_t>(ix);
-    }
-  }
-  [[nodiscard]] std::size_t index_at(std::size_t s) const noexcept { return wide_ ? idx64_[s] : idx32_[s]; }
-  std::span<std::byte> index_bytes(std::size_t n) {
-    return wide_ ? std::as_writable_bytes(std::span<std::uint64_t>(idx64_.data(), n))
-                 : std::as_writable_bytes(std::span<std::uint32_t>(idx32_.data(), n));
-  }
   // Indices from the root are untrusted: in range and strictly increasing per layer.
-  void validate_indices() const {
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      for (std::size_t s = offsets_[i]; s < offsets_[i + 1]; ++s) {
-        const std::size_t ix = index_at(s);
-        if (ix >= l.numel || (s > offsets_[i] && ix <= index_at(s - 1)))
-          throw error(status::malformed_packet,
-                      "allreduce_compatible: rank " + std::to_string(root_) +
-                          " broadcast an invalid index list for layer '" + l.name +
-                          "' (out of range or not strictly increasing)",
-                      root_);
-      }
-    }
+  template <class W>
+  void validate_indices(W& w) const {
+    const std::size_t bad = w.first_invalid_layer(layout_, offsets_);
+    if (bad < layout_.size())
+      throw error(status::malformed_packet,
+                  "allreduce_compatible: rank " + std::to_string(root_) +
+                      " broadcast an invalid index list for layer '" + layout_[bad].name +
+                      "' (out of range or not strictly increasing)",
+                  root_);
   }
+
+  // The passes of each memory space (detail::space_ops), with their buffers.
+  template <class Space>
+  using passes_of = typename detail::space_ops<Space>::ar_topk_passes;
 
   layout layout_;
   options options_;
@@ -345,16 +267,10 @@ class allreduce_compatible {
   bool has_ewma_ = false;
   std::size_t last_indices_ = 0;
   std::size_t last_values_ = 0;
-  magnitude_histogram hist_;
-  std::vector<std::uint64_t> selected_;
-  std::vector<std::uint64_t> order_;
   std::vector<std::size_t> offsets_;
-  std::vector<std::uint32_t> idx32_;
-  std::vector<std::uint64_t> idx64_;
-  std::vector<float> values_;
-  std::vector<float> own_values_;
   std::vector<double> norm_sums_;  // VAR: every rank's smoothed norm after the last step
   std::vector<bool> last_dense_;
+  detail::space_workspace<passes_of> passes_;
   step_control own_control_;  // used when the caller passes no step_control
 };
 static_assert(Collective<allreduce_compatible>);

@@ -57,8 +57,9 @@ struct flexible_options {
 //! Picks dense Allreduce, AR-Topk, Allgather or the compressed allreduce per step by the
 //! cost model. Models Collective.
 //!
-//! AR-Topk is a candidate for compressors with an index hook (IndexSelector), the
-//! compressed allreduce for ShardableCompressor ones on a communicator with alltoallv.
+//! AR-Topk is a candidate for compressors with an index hook (IndexSelector: the host form,
+//! or the device form of topk_cuda and threshold_cuda, whose AR-Topk runs on the device),
+//! the compressed allreduce for ShardableCompressor ones on a communicator with alltoallv.
 //! Compressors with an index hook price the Allgather at 8 bytes per kept value (top-k);
 //! shardable ones without it (the quantizers, sign, cast16) price it and the compressed
 //! allreduce by their packet size.

@@ -15,6 +15,14 @@
 //! `std::vector<std::uint64_t>&` the collective keeps), as the library's summable
 //! compressors do, or with a specialisation of index_selection. This header includes no
 //! compressor: AR-Topk pulls in only the one it is composed with.
+//!
+//! A device-memory compressor (topk_cuda, threshold_cuda) has the device form of the hook:
+//! `shared_indices`, `select_indices(u, layer_index, params, out)` with `u` a
+//! `grad_view<memory_space>` of the layer and `out` a device array of 32-bit indices (it
+//! queues the selection on the compressor's stream and writes exactly kept_count entries),
+//! and `finish_selection()` (waits for the queued selections; throws gravac::error when one
+//! did not yield exactly its count). The trait then has `on_device = true`, `select` and
+//! `finish`.
 
 #include <algorithm>
 #include <cmath>
@@ -71,12 +79,51 @@ struct index_selection<C> {
   }
 };
 
-//! A summable compressor with an index-selection hook: what allreduce_compatible accepts.
+//! The device form of the hook (see the file comment), from the compressor's members.
 template <class C>
-concept IndexSelector = SummableCompressor<C> &&
+requires requires(C& c, grad_view<typename C::memory_space> u, std::size_t i, const step_params& p,
+                  std::uint32_t* out) {
+  requires !C::memory_space::host_accessible;
+  { C::shared_indices } -> std::convertible_to<bool>;
+  c.select_indices(u, i, p, out);
+  c.finish_selection();
+}
+struct index_selection<C> {
+  //! As the compressor says.
+  static constexpr bool shared_indices = C::shared_indices;
+  //! The indices are written to device memory, on the compressor's stream.
+  static constexpr bool on_device = true;
+  //! Queues the selection of layer \p i of \p u (its slice) into \p out (device memory).
+  static void select(C& c, grad_view<typename C::memory_space> u, std::size_t i, const step_params& p,
+                     std::uint32_t* out) {
+    c.select_indices(u, i, p, out);
+  }
+  //! Waits for the queued selections; throws when one did not yield its count.
+  static void finish(C& c) { c.finish_selection(); }
+};
+
+//! A summable compressor over host memory with the host form of the hook (a device-memory
+//! compressor needs the device form: the host one would read device memory).
+template <class C>
+concept HostIndexSelector = SummableCompressor<C> && C::memory_space::host_accessible &&
     requires(const C& c, std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& v) {
   { index_selection<C>::shared_indices } -> std::convertible_to<bool>;
   index_selection<C>::select(c, u, i, p, v, v);
 };
+
+//! A summable compressor with the device form of the hook.
+template <class C>
+concept DeviceIndexSelector = SummableCompressor<C> &&
+    requires(C& c, grad_view<typename C::memory_space> u, std::size_t i, const step_params& p, std::uint32_t* out) {
+  { index_selection<C>::shared_indices } -> std::convertible_to<bool>;
+  requires index_selection<C>::on_device;
+  index_selection<C>::select(c, u, i, p, out);
+  index_selection<C>::finish(c);
+};
+
+//! A summable compressor with an index-selection hook, of either form: what
+//! allreduce_compatible accepts.
+template <class C>
+concept IndexSelector = HostIndexSelector<C> || DeviceIndexSelector<C>;
 
 }  // namespace gravac

@@ -21,9 +21,12 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gravac/concepts.hpp"
+#include "gravac/cuda/detail/ar_topk_device_passes.hpp"
+#include "gravac/cuda/detail/ar_topk_kernels.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
@@ -123,6 +126,7 @@ class basic_select_cuda {
     hist_sq_ = device_buffer<double>(detail::max_bins, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     failure_ = device_buffer<std::uint32_t>(1, s);
+    no_prev_threshold_ = device_buffer<std::uint32_t>(1, s);
     slots_ = device_buffer<detail::segment_slot>(L, s);
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
     cap_ = static_cast<std::uint32_t>(std::min<std::size_t>(
@@ -182,6 +186,77 @@ class basic_select_cuda {
   void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
     require(out.size() == layout_.numel(), "topk_cuda::decompress_add: buffer size does not match the layout");
     packets_.scatter_add(packet, kind, out.data(), scale);
+  }
+
+  //! AR-Topk's index selection (compress/index_selection.hpp, the device form): one rank
+  //! chooses the indices and broadcasts them.
+  static constexpr bool shared_indices = false;
+  //! Queues, on the compressor's stream, the kept indices of layer \p i of u (its slice
+  //! \p u, device memory, read only) into \p out (device memory), ascending: exactly
+  //! k = kept_count(numel, p.kept_fraction[i]), the k largest |u|, ties to the lower index,
+  //! for topk_cuda and threshold_cuda alike, as the host compressors' select_indices
+  //! (AR-Topk needs the same count on every rank, so threshold's approximate count does not
+  //! apply). The radix select of the compress path runs with k and no previous threshold:
+  //! it keeps every key above the k-th largest key T and, of the keys equal to T, those at
+  //! the lowest indices (tie_pass finds the last one to keep in index order). That is the
+  //! host's set: select_topk_indices orders by |u| descending, then by index ascending, and
+  //! the key (the float bits with the sign cleared) orders finite |u| exactly as |u| does,
+  //! -0 and +0 included. Non-finite values are never chosen while k finite ones exist (the
+  //! host orders infinity first and NaN not at all: such a step is abandoned as non-finite
+  //! anyway); with fewer, the list is completed with the lowest non-finite indices, so that
+  //! it always has k entries. finish_selection() waits and checks the counts.
+  void select_indices(grad_view<cuda_space> u, std::size_t i, const step_params& p, std::uint32_t* out) {
+    namespace cd = detail;
+    require(i < layout_.size() && u.size() == layout_[i].numel && p.kept_fraction.size() == layout_.size(),
+            std::string(name()) + "::select_indices: the slice does not match the layer");
+    const std::size_t n = u.size();
+    const std::size_t k = kept_count(n, p.kept_fraction[i]);
+    if (k == 0) return;
+    const cudaStream_t s = options_.stream.get();
+    float* el = u.data();
+    auto* sti = states_.data() + i;
+    const auto kk = static_cast<std::uint32_t>(k);
+    const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, n));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(sti, 0, sizeof(cd::select_state), s));
+    // g null: u is e as it stands, read only; the sums go to a scratch slot.
+    cd::fused_pass<<<launch_.grid_stride(n, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
+        nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), cap,
+        sums_.data() + layout_.size() + 1, cd::gain_request{}, gain_out_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    const int grid1 = launch_.grid_stride(n, cd::select_threads);
+    cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(el, n, sti, cand_.data(), cap);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    for (int shift : {cd::refine_digit_bits, 0}) {
+      cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(el, n, sti, cand_.data(), cap, hist_.data(), shift);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    cd::tie_pass<<<launch_.tie_search(grid1), cd::select_threads, 0, s>>>(el, n, sti, chunk_counts_.data());
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    std::size_t temp = select_temp_.size();
+    GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
+                                          thrust::make_tabulate_output_iterator(cd::whole_index_writer{out, sti}),
+                                          &sti->selected, static_cast<std::int64_t>(n),
+                                          cd::selected_by_threshold{el, sti}, s));
+    cd::ar_complete_non_finite<<<cd::one_block, cd::select_threads, 0, s>>>(el, n, sti, kk, out);
+    GRAVAC_CHECK_CUDA_LAUNCH();
+    pending_selections_.push_back({i, k});
+  }
+  //! Waits for the selections queued by select_indices(); throws gravac::error
+  //! (backend_failure) naming the layer when one did not yield exactly its k indices.
+  void finish_selection() {
+    const std::vector<std::pair<std::size_t, std::size_t>> pending = std::move(pending_selections_);
+    pending_selections_.clear();
+    detail::copy_to_host_async(options_.stream.get(), host_states_, states_);
+    options_.stream.synchronize();
+    for (const auto& [i, k] : pending) {
+      const auto& h = host_states_[i];
+      const bool ok = h.too_few_finite ? h.selected == h.count : h.done == 1 && h.count == k && h.selected == k;
+      if (!ok)
+        throw error(status::backend_failure,
+                    std::string(name()) + ": the index selection of layer '" + layout_[i].name +
+                        "' did not yield exactly " + std::to_string(k) + " indices",
+                    -1, backend::cuda);
+    }
   }
 
   //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
@@ -487,8 +562,10 @@ class basic_select_cuda {
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
-  device_buffer<std::uint32_t> est_hist_;            // threshold: the estimate's histogram
-  bool whole_ = false;                               // topk: one selection over the whole buffer
+  device_buffer<std::uint32_t> est_hist_;           // threshold: the estimate's histogram
+  device_buffer<std::uint32_t> no_prev_threshold_;  // AR-Topk's selection: 0, no previous threshold
+  std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) queued
+  bool whole_ = false;                                                   // topk: one selection over the whole buffer
   device_buffer<float> concat_;                      // whole: u of the compressed layers, concatenated
   device_buffer<std::uint32_t> list_;                // whole: the selected positions in concat_, ascending
   device_buffer<detail::select_state> whole_state_;  // whole: the selection's state

@@ -128,10 +128,12 @@ consteval rejection why_refused() {
   if constexpr (K::template accepts<C>) {
     return rejection::none;
   } else if constexpr (needs_index_selection_v<K>) {
+    // AR-Topk runs in host and device memory alike, given the hook's form for that memory: a
+    // device compressor refused here lacks the device form (a host hook cannot read its u).
     if constexpr (!static_cast<bool>(C::summable_by_index))
       return rejection::not_summable;
     else if constexpr (!C::memory_space::host_accessible)
-      return rejection::no_device_path;
+      return rejection::no_device_index_hook;
     else
       return rejection::no_index_hook;
   } else if constexpr (needs_low_rank_v<K> && !LowRankCompressor<C>) {
@@ -152,13 +154,15 @@ consteval bool check_accepts() {
                 "gravac::trainer: allreduce_compatible (AR-Topk) sums values at shared indices, and this compressor's "
                 "values cannot be summed that way (it is not a SummableCompressor: quantizers, sign, cast16, "
                 "PowerSGD, AdaComp); compose it with allgather, dense_allreduce or flexible");
-  static_assert(r != rejection::no_device_path,
-                "gravac::trainer: allreduce_compatible (AR-Topk) has no device-memory path yet; compose a device "
-                "compressor with allgather or dense_allreduce");
   static_assert(r != rejection::no_index_hook,
                 "gravac::trainer: allreduce_compatible needs an index-selection hook on this summable compressor "
                 "(members shared_indices and select_indices, see compress/index_selection.hpp); or compose it "
                 "with allgather or dense_allreduce");
+  static_assert(r != rejection::no_device_index_hook,
+                "gravac::trainer: allreduce_compatible (AR-Topk) on device memory needs the device form of the "
+                "index-selection hook on this summable compressor (select_indices into device memory and "
+                "finish_selection, as topk_cuda and threshold_cuda have; a host select_indices cannot read device "
+                "memory, see compress/index_selection.hpp); or compose it with allgather or dense_allreduce");
   static_assert(r != rejection::not_low_rank,
                 "gravac::trainer: low_rank_allreduce drives PowerSGD's project/factor/reconstruct protocol, and this "
                 "compressor is not a LowRankCompressor; compose it with allgather, dense_allreduce or flexible");

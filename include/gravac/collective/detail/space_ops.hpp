@@ -11,6 +11,16 @@
 
 namespace gravac::detail {
 
+//! allreduce_compatible's passes over host memory (collective/detail/ar_topk_host_passes.hpp,
+//! included by allreduce_compatible only: the other collectives do not pay for it).
+class ar_topk_host_passes;
+
+//! allreduce_compatible's passes over memory the host cannot read, defined by the backend of
+//! that memory (cuda/detail/ar_topk_device_passes.hpp for cuda_space, which the device
+//! compressors include): the core headers cannot name device buffers or kernels.
+template <class Space>
+class ar_topk_device_passes;
+
 //! The memory-space customization points of the collectives (the primary template is
 //! never defined: a space is either host-accessible or not).
 template <class Space, bool HostAccessible = Space::host_accessible>
@@ -25,6 +35,8 @@ struct space_ops<Space, true> {
   //! The step's control values (step_control.hpp) ride in the collective: they are
   //! written and read on the host.
   static constexpr bool carries_control = true;
+  //! allreduce_compatible's passes (u = g + e, gather, scatter, validation) run on the host.
+  using ar_topk_passes = ar_topk_host_passes;
   //! Sets \p v to zero.
   template <class C>
   static void zero(const C&, grad_view<Space> v) {
@@ -44,6 +56,9 @@ struct space_ops<Space, false> {
   //! Control values are not carried (they would need host reads of the buffers); the
   //! collective leaves a step_control without sums.
   static constexpr bool carries_control = false;
+  //! allreduce_compatible's passes run as kernels on the compressor's stream (it carries the
+  //! step_control itself: its values are copied to the tail of the device Allreduce buffer).
+  using ar_topk_passes = ar_topk_device_passes<Space>;
   //! Sets \p v to zero on the compressor's stream (a device compressor provides zero(view)).
   template <class C>
   static void zero(const C& c, grad_view<Space> v) {

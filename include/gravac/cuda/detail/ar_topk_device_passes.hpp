@@ -1,0 +1,282 @@
+#pragma once
+//! \file ar_topk_device_passes.hpp
+//! \brief detail::ar_topk_device_passes<cuda_space>: allreduce_compatible's passes over device
+//! memory, the twin of detail::ar_topk_host_passes with the same members, so that the
+//! collective's one aggregate body runs on either (detail::space_ops picks the passes).
+//!
+//! Every pass is a sequence of kernels on the compressor's stream. u = g + e and its
+//! statistics come from the radix select's fused pass with k = 0 (the pass the device
+//! compressors run for their whole-buffer and dense layers: the same sums and gain curve);
+//! the indices come from the compressor's device hook; the validation, the gather, the
+//! scatter and the undo are the kernels of ar_topk_kernels.hpp. The host waits on the
+//! stream wherever the host or the communicator (which orders its calls on a stream of its
+//! own) reads what the kernels wrote: the statistics, the validation verdict, the buffers
+//! handed to a broadcast or an Allreduce.
+
+#include "gravac/cuda/detail/nvcc_flags.hpp"
+// (first, and apart from the includes below: a missing compiler option is one readable error)
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gravac/collective/detail/space_ops.hpp"
+#include "gravac/collective/step_control.hpp"
+#include "gravac/concepts.hpp"
+#include "gravac/cuda/detail/ar_topk_kernels.hpp"
+#include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/stream_copies.hpp"
+#include "gravac/cuda/device_buffer.hpp"
+#include "gravac/error.hpp"
+#include "gravac/layout.hpp"
+#include "gravac/memory.hpp"
+
+namespace gravac::detail {
+
+//! AR-Topk's passes over device memory (see the file comment).
+template <>
+class ar_topk_device_passes<cuda_space> {
+ public:
+  //! Allocates the per-layer state for \p lay on \p c's stream (once: no allocation per
+  //! step but the index and value buffers' growth).
+  template <class C>
+  void prepare(const C& c, const layout& lay) {
+    stream_ = c.stream();
+    launch_ = launch_config::current_device();
+    for (const auto& l : lay.layers())
+      require(l.numel <= 0xffffffffull,
+              "allreduce_compatible: layer '" + l.name + "' has 2^32 or more elements (device indices are 32-bit)");
+    const std::size_t L = std::max<std::size_t>(lay.size(), 1);
+    const stream_ref s = stream_;
+    states_ = device_buffer<select_state>(L, s);
+    sums_ = device_buffer<layer_sums>(L, s);
+    no_threshold_ = device_buffer<std::uint32_t>(1, s);
+    hist_ = device_buffer<std::uint32_t>(max_bins, s);
+    hist_sq_ = device_buffer<double>(max_bins, s);
+    gain_out_ = device_buffer<double>(max_gain_candidates, s);
+    cand_ = device_buffer<std::uint32_t>(1, s);
+    first_bad_ = device_buffer<std::uint32_t>(1, s);
+    idx_ = device_buffer<std::uint32_t>(1, s);
+    values_ = device_buffer<float>(1, s);
+    own_ = device_buffer<float>(1, s);
+    host_states_.resize(L);
+    host_sums_.resize(L);
+    host_gain_.resize(max_gain_candidates);
+    host_bad_.resize(1);
+  }
+  //! Device indices are 32-bit (prepare() refused larger layers).
+  void configure(bool wide) const { require(!wide, "allreduce_compatible: device indices are 32-bit"); }
+
+  //! u = g + e in place of e, per layer: grad_sq, input_sq, the gain curve, non_finite into
+  //! \p st (reset by the caller). Returns this rank's ||g||^2 (the layers' sums, in layer
+  //! order, as the host adds them).
+  double accumulate(const layout& lay, grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
+                    compress_stats& st) {
+    require(g.size() == lay.numel() && e.size() == lay.numel(),
+            "allreduce_compatible: buffer size does not match the layout");
+    require(p.gain_candidates.size() <= static_cast<std::size_t>(max_gain_candidates),
+            "allreduce_compatible: at most " + std::to_string(max_gain_candidates) + " gain candidates on the device");
+    const cudaStream_t s = stream_.get();
+    clear_async(s, states_, sums_, gain_out_);
+    gain_request gains;
+    gains.count = static_cast<int>(p.gain_candidates.size());
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      const auto& l = lay[i];
+      if (l.numel == 0) continue;
+      for (int c = 0; c < gains.count; ++c)
+        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      // k = 0: no selection, only u into e, the sums and the gain curve (no threshold read).
+      fused_pass<<<launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, 0, s>>>(
+          g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(), hist_.data(),
+          hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data());
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    copy_to_host_async(s, host_states_, states_);
+    copy_to_host_async(s, host_sums_, sums_);
+    copy_to_host_async(s, host_gain_, gain_out_);
+    stream_.synchronize();
+    double local_sq = 0;
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      st.layers[i].grad_sq = host_sums_[i].grad_sq;
+      st.layers[i].input_sq = host_sums_[i].input_sq;
+      st.non_finite |= host_states_[i].non_finite != 0;
+      local_sq += host_sums_[i].grad_sq;
+    }
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    return local_sq;
+  }
+
+  //! Room for \p n indices (the contents are rewritten every step).
+  void reserve_indices(std::size_t n) { idx_.resize(std::max<std::size_t>({idx_.size(), n, 1})); }
+
+  //! Queues the hook's selection of layer \p l (index \p i) of u (held in \p e) into
+  //! entries \p at on; returns the count it was asked for (finish_selection() checks it).
+  template <class Hook, class C>
+  std::size_t select_layer(C& c, grad_view<cuda_space> e, const layer& l, std::size_t i, const step_params& p,
+                           std::size_t at) {
+    static_assert(!Hook::shared_indices, "allreduce_compatible: a device hook must broadcast its indices");
+    Hook::select(c, grad_view<cuda_space>(e.data() + l.offset, l.numel), i, p, idx_.data() + at);
+    return kept_count(l.numel, p.kept_fraction[i]);
+  }
+  //! Waits for the queued selections; the hook throws when one did not yield its count.
+  template <class Hook, class C>
+  void finish_selection(C& c) const {
+    Hook::finish(c);
+  }
+
+  //! The first \p n indices as the bytes the broadcast carries (device memory). Waits for
+  //! the stream first: the communicator orders its calls on a stream of its own.
+  std::span<std::byte> index_bytes(std::size_t n) {
+    stream_.synchronize();
+    return std::as_writable_bytes(std::span<std::uint32_t>(idx_.data(), n));
+  }
+
+  //! The first layer whose index list is out of range or not strictly increasing (checked
+  //! on the device; only the verdict is copied back); lay.size() when every list is valid.
+  [[nodiscard]] std::size_t first_invalid_layer(const layout& lay, const std::vector<std::size_t>& offsets) {
+    const cudaStream_t s = stream_.get();
+    constexpr std::uint32_t none = 0xffffffffu;
+    host_bad_[0] = none;
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(first_bad_.data(), host_bad_.data(), sizeof(std::uint32_t), cudaMemcpyHostToDevice, s));
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      const std::size_t count = offsets[i + 1] - offsets[i];
+      if (count == 0) continue;
+      ar_validate_indices<<<launch_.grid_stride(count, packet_threads), packet_threads, 0, s>>>(
+          idx_.data() + offsets[i], count, lay[i].numel, static_cast<std::uint32_t>(i), first_bad_.data());
+      GRAVAC_CHECK_CUDA_LAUNCH();
+    }
+    copy_to_host_async(s, host_bad_, first_bad_);
+    stream_.synchronize();
+    return host_bad_[0] == none ? lay.size() : static_cast<std::size_t>(host_bad_[0]);
+  }
+
+  //! The \p total values sent: u at the indices (dense layers whole), in layer order; e = 0
+  //! where sent; each layer's kept count and kept_sq into \p st.
+  void gather(const layout& lay, const std::vector<std::size_t>& offsets, const std::vector<bool>& dense,
+              grad_view<cuda_space> e, std::size_t total, compress_stats& st) {
+    const cudaStream_t s = stream_.get();
+    values_.resize(std::max<std::size_t>(total, 1));
+    std::size_t v = 0;
+    for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+      ar_gather<<<launch_.grid_stride(count, select_threads), select_threads, 0, s>>>(
+          idx, count, e.data() + lay[i].offset, values_.data() + v, sums_.data() + i);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      v += count;
+    });
+    copy_to_host_async(s, host_sums_, sums_);
+    stream_.synchronize();
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      st.layers[i].kept = dense[i] ? lay[i].numel : offsets[i + 1] - offsets[i];
+      st.layers[i].kept_sq = host_sums_[i].kept_sq;
+    }
+  }
+
+  //! The Allreduce buffer (device memory): the \p total values, then \p ctl's local values
+  //! (copied from the host); this rank's values are kept for undo().
+  std::span<float> reduce_buffer(std::size_t total, step_control& ctl) {
+    const cudaStream_t s = stream_.get();
+    own_.resize(std::max<std::size_t>(total, 1));
+    if (total)
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(own_.data(), values_.data(), total * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    own_count_ = total;
+    const std::size_t m = total + ctl.size();
+    if (values_.capacity() < m) {  // growing loses the contents: the values come back from own_
+      values_.resize(m);
+      if (total)
+        GRAVAC_TRY_CUDA(
+            cudaMemcpyAsync(values_.data(), own_.data(), total * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    } else {
+      values_.resize(std::max<std::size_t>(m, 1));
+    }
+    if (ctl.size()) {
+      if (host_control_.size() < ctl.size()) host_control_.resize(ctl.size());
+      ctl.write_local(std::span<float>(host_control_.data(), ctl.size()));
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(values_.data() + total, host_control_.data(), ctl.size() * sizeof(float),
+                                      cudaMemcpyHostToDevice, s));
+    }
+    stream_.synchronize();
+    return {values_.data(), m};
+  }
+  //! \p ctl's sums from the tail of the reduced device buffer.
+  void read_control(std::size_t total, step_control& ctl) {
+    if (ctl.size()) {
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_control_.data(), values_.data() + total, ctl.size() * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_.get()));
+      stream_.synchronize();
+    }
+    ctl.set_summed(std::span<const float>(host_control_.data(), ctl.size()));
+  }
+
+  //! g = the summed values times \p inv at the indices (dense layers whole), zero
+  //! elsewhere; returns when g is written.
+  void scatter_average(const layout& lay, const std::vector<std::size_t>& offsets, const std::vector<bool>& dense,
+                       grad_view<cuda_space> g, float inv) {
+    const cudaStream_t s = stream_.get();
+    if (g.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(g.data(), 0, g.size() * sizeof(float), s));
+    std::size_t v = 0;
+    for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+      ar_scatter_average<<<launch_.grid_stride(count, select_threads), select_threads, 0, s>>>(
+          idx, count, values_.data() + v, inv, g.data() + lay[i].offset);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      v += count;
+    });
+    stream_.synchronize();
+  }
+
+  //! e = the values this rank sent in the last step, where it sent them (e is zero there),
+  //! so e holds all of u again; returns when e is written.
+  void undo(const layout& lay, const std::vector<std::size_t>& offsets, const std::vector<bool>& dense,
+            grad_view<cuda_space> e) {
+    if (own_count_ == 0) return;
+    const cudaStream_t s = stream_.get();
+    std::size_t v = 0;
+    for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+      if (v + count > own_count_) return;
+      ar_undo<<<launch_.grid_stride(count, select_threads), select_threads, 0, s>>>(idx, count, own_.data() + v,
+                                                                                    e.data() + lay[i].offset);
+      GRAVAC_CHECK_CUDA_LAUNCH();
+      v += count;
+    });
+    stream_.synchronize();
+  }
+
+ private:
+  // \p fn(layer, its indices (null: dense, every element), count) for every layer that
+  // sends something, in layer order: the order of the values in the Allreduce buffer.
+  template <class Fn>
+  void for_each_part(const layout& lay, const std::vector<std::size_t>& offsets, const std::vector<bool>& dense,
+                     Fn&& fn) const {
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      const std::size_t count = dense[i] ? lay[i].numel : offsets[i + 1] - offsets[i];
+      if (count == 0) continue;
+      fn(i, dense[i] ? nullptr : idx_.data() + offsets[i], count);
+    }
+  }
+
+  stream_ref stream_{};
+  launch_config launch_;
+  device_buffer<select_state> states_;
+  device_buffer<layer_sums> sums_;
+  device_buffer<std::uint32_t> no_threshold_;  // 0: the fused pass reads no previous threshold
+  device_buffer<std::uint32_t> hist_;
+  device_buffer<double> hist_sq_;
+  device_buffer<double> gain_out_;
+  device_buffer<std::uint32_t> cand_;  // unused by a fused pass without a threshold
+  device_buffer<std::uint32_t> first_bad_;
+  device_buffer<std::uint32_t> idx_;
+  device_buffer<float> values_;
+  device_buffer<float> own_;
+  std::size_t own_count_ = 0;
+  pinned_buffer<select_state> host_states_;
+  pinned_buffer<layer_sums> host_sums_;
+  pinned_buffer<double> host_gain_;
+  pinned_buffer<std::uint32_t> host_bad_;
+  pinned_buffer<float> host_control_;
+};
+
+}  // namespace gravac::detail
