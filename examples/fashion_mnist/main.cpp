@@ -8,6 +8,7 @@
 //   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100   # checkpoint every 100 steps
 //   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100 --resume  # after a crash
 //   mpiexec -n 4 ./fashion_mnist --model cnn --overlap on --bucket-mb 0.05   # buckets overlapped with backward
+//   mpiexec -n 4 ./fashion_mnist --collective-timeout 600   # a hung rank ends the job after 10 minutes
 //
 // Each rank trains on its shard of every global batch; gravac turns the local gradients
 // into their (compressed) average; every rank applies the same SGD step. Rank 0 prints a
@@ -17,6 +18,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <gravac/comm/mpi_communicator.hpp>
@@ -77,6 +80,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mpi", "threads"}))
       ->capture_default_str();
   app.add_option("--ranks", ranks, "ranks for the threads backend")->check(CLI::Range(1, 256))->capture_default_str();
+  double collective_timeout_s = 0;
+  app.add_option("--collective-timeout", collective_timeout_s,
+                 "mpi backend: seconds one collective may take before the job ends with a message naming the rank "
+                 "and the collective, as when a peer rank hangs; choose it well above the longest a healthy rank "
+                 "spends between two collectives (a step, an evaluation, a checkpoint). 0: off, wait forever")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            // Not CLI::NonNegativeNumber: its error prints the range up to DBL_MAX in full, and NaN passes it.
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            const bool ok = !v.empty() && end == v.c_str() + v.size() && std::isfinite(x) && x >= 0;
+            return ok ? std::string() : "must be 0 (off) or a positive number of seconds, not " + v;
+          },
+          "SECONDS"))
+      ->capture_default_str();
   app.add_option("--data-dir", data_dir, "directory of the Fashion-MNIST IDX .gz files")->capture_default_str();
   app.add_option("--out", out_dir,
                  "output directory for CSV files and plots (default out/fashion_mnist-<policy>-<compressor>)");
@@ -275,7 +293,7 @@ int main(int argc, char** argv) {
     const auto observer = fmnist::console_observer(progress);
     if (use_mpi) {
       gravac::run_or_abort(MPI_COMM_WORLD, [&] {
-        gravac::mpi_communicator comm;
+        gravac::mpi_communicator comm({.collective_timeout = std::chrono::duration<double>(collective_timeout_s)});
         if (comm.rank() == 0)
           std::printf("fashion_mnist: %s, %d MPI ranks, batch %zu, network %s\n", fmnist::method_name(m).c_str(),
                       comm.size(), cfg.batch, cfg.network.describe().c_str());
