@@ -8,8 +8,10 @@
 #include <cstring>
 #include <limits>
 
+#include "bucket_checks.hpp"
 #include "gravac/checkpoint.hpp"
 #include "gravac/comm/mpi_communicator.hpp"
+#include "gravac/compress/identity.hpp"
 #include "reliability_util.hpp"
 
 using namespace gravac;
@@ -240,4 +242,23 @@ TEST_CASE("MPI: with a collective_timeout the collectives give the bits they giv
   }
   timed.barrier();
   CHECK(all_ranks(timed, true));
+}
+
+TEST_CASE("MPI: trainer steps, synchronous and overlapped, give the same bits with a collective_timeout",
+          "[mpi][reliability][timeout]") {
+  mpi_communicator plain;
+  mpi_communicator timed({.collective_timeout = std::chrono::seconds(60)});
+  const auto lay = test::mixed_layout();
+  const bool same_order_expected = (plain.size() & (plain.size() - 1)) == 0;  // see the case above
+  for (auto mode : {test::step_mode::synchronous, test::step_mode::overlapped}) {
+    INFO("mode " << static_cast<int>(mode));
+    // Allgather: the sums are the trainer's own, in rank order, on any rank count.
+    CHECK(test::bucketed_run<topk, allgather, gravac_policy>(plain, lay, test::bucket_steps, 2048, mode) ==
+          test::bucketed_run<topk, allgather, gravac_policy>(timed, lay, test::bucket_steps, 2048, mode));
+    const auto dense_plain =
+        test::bucketed_run<identity, dense_allreduce, fixed_policy>(plain, lay, test::bucket_steps, 2048, mode);
+    const auto dense_timed =
+        test::bucketed_run<identity, dense_allreduce, fixed_policy>(timed, lay, test::bucket_steps, 2048, mode);
+    if (same_order_expected) CHECK(dense_plain == dense_timed);
+  }
 }
