@@ -1,6 +1,8 @@
 // nccl_communicator with one rank per GPU (run under mpiexec): every collective against
-// what it must produce, and trainer<topk_cuda, allgather, fixed_policy> against the serial
-// host reference. Skipped (exit 77) without a GPU.
+// what it must produce, trainer<topk_cuda, allgather, fixed_policy> against the serial
+// host reference, and trainer<topk_cuda, allreduce_compatible, fixed_policy> (AR-Topk's
+// NCCL broadcast and Allreduce) against the host trainer on thread ranks. Skipped (exit 77)
+// without a GPU.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
@@ -133,5 +135,52 @@ TEST_CASE("trainer<topk_cuda, dense_allreduce, fixed_policy> over NCCL equals th
     REQUIRE(gravac::test::max_rel_diff(got, expect) <= 1e-6);
     const auto res = to_host(t.residual_view().data(), lay.numel());
     REQUIRE(std::memcmp(res.data(), residuals[static_cast<std::size_t>(r)].data(), res.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("trainer<topk_cuda, allreduce_compatible, fixed_policy> over NCCL equals the host's AR-Topk, STAR and VAR") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {65537}, gravac::layer_kind::dense);
+  for (const auto rule : {gravac::index_rank_rule::star, gravac::index_rank_rule::var}) {
+    INFO("rule " << static_cast<int>(rule));
+    using D = gravac::trainer<gravac::topk_cuda, gravac::allreduce_compatible, gravac::fixed_policy>;
+    using H = gravac::trainer<gravac::topk, gravac::allreduce_compatible, gravac::fixed_policy>;
+    D::options opt;
+    opt.policy.kept_fraction = 0.03;
+    opt.collective.rule = rule;
+    H::options host_opt;
+    host_opt.policy.kept_fraction = 0.03;
+    host_opt.collective.rule = rule;
+    constexpr std::uint64_t steps = 4;
+    auto grad = [&](std::uint64_t step, int q) {
+      return gravac::test::make_data(lay.numel(), 500 * step + static_cast<std::uint64_t>(q));
+    };
+    // The host reference: every rank on a thread of this process; rank r's outputs kept.
+    std::vector<std::vector<float>> want_g(steps), want_e(steps);
+    gravac::run_ranks(n, [&](gravac::thread_communicator& tc) {
+      H t(tc, lay, host_opt);
+      for (std::uint64_t step = 0; step < steps; ++step) {
+        auto g = grad(step, tc.rank());
+        t.step(std::span<float>(g));
+        if (tc.rank() == r) {
+          want_g[step] = g;
+          const auto e = t.residual();
+          want_e[step].assign(e.begin(), e.end());
+        }
+      }
+    });
+    D t(comm, lay, opt);
+    for (std::uint64_t step = 0; step < steps; ++step) {
+      INFO("step " << step);
+      auto g = to_device(grad(step, r));
+      const auto& rep = t.step(gravac::device_view(g));
+      REQUIRE(rep.collective == gravac::collective_kind::allreduce_compatible);
+      const auto got = to_host(g.data(), g.size());
+      REQUIRE(gravac::test::max_rel_diff(got, want_g[step]) <= 1e-6);  // NCCL sums in its own order
+      const auto res = to_host(t.residual_view().data(), lay.numel());
+      REQUIRE(std::memcmp(res.data(), want_e[step].data(), res.size() * sizeof(float)) == 0);
+    }
   }
 }

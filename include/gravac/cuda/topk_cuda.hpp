@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/ar_topk_device_passes.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
@@ -585,5 +586,7 @@ using topk_cuda = basic_select_cuda<false>;
 using threshold_cuda = basic_select_cuda<true>;
 static_assert(Compressor<topk_cuda>);
 static_assert(Compressor<threshold_cuda>);
+static_assert(DeviceIndexSelector<topk_cuda>);  // allreduce_compatible takes them
+static_assert(DeviceIndexSelector<threshold_cuda>);
 
 }  // namespace gravac
