@@ -280,8 +280,8 @@ class mpi_communicator {
   // the ranks still computing, and each round of a long collective waits at most ~1 ms more.
   // A collective cannot be cancelled in MPI (MPI_Cancel applies to point-to-point requests
   // only), and returning with the request pending would leave the buffers in MPI's hands and
-  // the ranks out of step, so on expiry there is nothing to do but end the job; this also
-  // frees the ranks blocked in other collectives with the hung one.
+  // the ranks out of step, so on expiry there is nothing to do but end the job: MPI_Abort
+  // ends every rank, the hung one and those still waiting included.
   void complete(MPI_Request& req, const char* what) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
@@ -302,7 +302,8 @@ class mpi_communicator {
   }
 
   // Prints why on stderr (abort_job adds "gravac: rank R of N failed: ") and aborts the job.
-  // The text is formatted into a fixed buffer: nothing here allocates or throws.
+  // The text is formatted into a fixed buffer, and abort_job falls back to a fixed line if
+  // it cannot allocate its own, so the job ends even when memory is short.
   [[noreturn]] void time_out(const char* what) noexcept {
     char text[512];
     std::snprintf(text, sizeof text,
