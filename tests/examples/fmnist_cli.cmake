@@ -67,6 +67,18 @@ foreach(case "compressor;topk;powersgd" "collective;allgather;flexible;compresse
   endforeach()
 endforeach()
 
+# (3) --collective-timeout: a negative, non-finite or non-numeric value is refused by name
+# before anything runs (0 is "off"; a positive value is seconds).
+foreach(value -1 nan inf soon)
+  run(${WORK_DIR}/fmnist_cli_timeout_${value}.txt --collective-timeout ${value})
+  if(rc STREQUAL "0" OR NOT rc MATCHES "^[0-9]+$")
+    fail("--collective-timeout ${value}: exit status '${rc}', expected a non-zero exit")
+  endif()
+  if(NOT text MATCHES "--collective-timeout: must be 0 \\(off\\) or a positive number of seconds")
+    fail("--collective-timeout ${value}: the message does not say what is accepted")
+  endif()
+endforeach()
+
 if(_failed)
   message(FATAL_ERROR "fmnist_cli: failed")
 endif()
