@@ -379,7 +379,8 @@ struct fake_device_comm {
   void allreduce_max(std::span<double>) {}
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
     out.resize(in.size());
-    if (!in.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(out.data(), in.data(), in.size(), cudaMemcpyDeviceToDevice));
+    // Default: the trainer's layout check passes host bytes, the collectives device bytes.
+    if (!in.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(out.data(), in.data(), in.size(), cudaMemcpyDefault));
     sizes.assign(1, in.size());
   }
   void broadcast(std::span<std::byte> d, int) {
