@@ -274,30 +274,33 @@ class mpi_communicator {
   // Completes the non-blocking collective \p req (named \p what in the message) within
   // options_.collective_timeout, or ends the job. It polls with MPI_Test because MPI_Wait
   // cannot be bounded. Open MPI advances a non-blocking collective only inside MPI calls (it
-  // has no progress thread by default), so the loop tests back to back at first (a
-  // collective whose peers are all present often ends within microseconds), then yields, then
-  // sleeps 1 us doubling to 1 ms: on an oversubscribed node a waiting rank gives its core to
-  // the ranks still computing, and each round of a long collective waits at most ~1 ms more.
+  // has no progress thread by default), so for its first millisecond the loop tests back to
+  // back, yielding between tests (what a blocking MPI_Allreduce does too: a collective whose
+  // peers are all present ends there, at the blocking call's latency), and then sleeps
+  // between tests for 1/64 of the time waited so far, from 50 us (Linux's timer slack: a
+  // shorter sleep lasts that long anyway) to 1 ms. A round of a long collective so waits at
+  // most about 1.6% longer than it took to get there, and on an oversubscribed node a rank
+  // waiting for a late or hung peer gives its core to the ranks still computing.
   // A collective cannot be cancelled in MPI (MPI_Cancel applies to point-to-point requests
   // only), and returning with the request pending would leave the buffers in MPI's hands and
   // the ranks out of step, so on expiry there is nothing to do but end the job: MPI_Abort
   // ends every rank, the hung one and those still waiting included.
   void complete(MPI_Request& req, const char* what) {
     using clock = std::chrono::steady_clock;
+    using std::chrono::microseconds;
     const auto start = clock::now();
-    auto pause = std::chrono::microseconds(1);
-    for (std::uint64_t polls = 0;; ++polls) {
+    for (;;) {
       int done = 0;
       GRAVAC_TRY_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
-      if (clock::now() - start >= options_.collective_timeout) time_out(what);
-      if (polls < 16) continue;
-      if (polls < 64) {
+      const auto waited = clock::now() - start;
+      if (waited >= options_.collective_timeout) time_out(what);
+      if (waited < std::chrono::milliseconds(1)) {
         std::this_thread::yield();
-        continue;
+      } else {
+        const auto pause = std::chrono::duration_cast<microseconds>(waited / 64);
+        std::this_thread::sleep_for(std::clamp(pause, microseconds(50), microseconds(1000)));
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(2 * pause, std::chrono::microseconds(1000));
     }
   }
 
