@@ -22,6 +22,7 @@
 #include "gravac/detail/bucket_worker.hpp"
 #include "gravac/detail/composition_checks.hpp"
 #include "gravac/detail/consistency.hpp"
+#include "gravac/detail/non_finite_ops.hpp"
 #include "gravac/error.hpp"
 
 namespace gravac {
@@ -33,7 +34,10 @@ enum class non_finite_action : std::uint8_t {
   //! throw gravac::error on every rank, naming the layer (the failing rank) or the failing
   //! rank (the others). The flag rides in the step's collective, so the others learn of it
   //! after sending: each gives what it sent back to its residual (it then holds u = g + e);
-  //! the failing rank's residual is unchanged. The step counter does not advance.
+  //! the failing rank's residual is unchanged. The step counter does not advance. On
+  //! device memory (no control plane rides in the device collectives) every rank screens
+  //! its whole u before anything is sent and one small Allreduce decides: every residual
+  //! is then unchanged.
   throw_error,
   //! skip the step on every rank: gradient zeroed, residuals untouched. The ranks must know
   //! before anything is sent, which costs one small Allreduce per step.
@@ -143,7 +147,8 @@ class trainer {
   //! several). Exceptions: `on_non_finite = skip_step` agrees on the flag by one small
   //! allreduce before anything is sent (a skipped step must leave every residual
   //! untouched, so the ranks must know before compressing), and the `check_consistency`
-  //! debug option adds its own check.
+  //! debug option adds its own check. On device memory `throw_error` takes that small
+  //! allreduce too (the device collectives carry no control values).
   const step_report& step(grad_view<memory_space> grads) {
     start_step(grads, false);
     const auto t0 = std::chrono::steady_clock::now();
@@ -481,11 +486,42 @@ class trainer {
   }
 
   // skip_step: every rank screens its whole gradient and one allreduce of the flag decides
-  // before anything is sent. Returns true when every rank skips the step.
+  // before anything is sent. Returns true when every rank skips the step. On device
+  // memory throw_error is decided here too (throw_if_non_finite_before_sending).
   bool skip_agreed_before_sending() {
+    if constexpr (!memory_space::host_accessible) {
+      if (options_.on_non_finite == non_finite_action::throw_error) {
+        throw_if_non_finite_before_sending();
+        return false;
+      }
+    }
     if (options_.on_non_finite != non_finite_action::skip_step) return false;
-    bad_layer_ = scan_non_finite(0, layout_.size());
+    bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
     return skip_agreed(bad_layer_);
+  }
+
+  // The compressor whose stream orders a screening of the whole gradient (every bucket's
+  // compressor has the same options, so the same stream).
+  C& first_compressor() noexcept { return buckets_.front()->compressor; }
+
+  // Device memory, throw_error: the device collectives carry no control plane, so the flag
+  // cannot ride in the last bucket's collective as on the host. Every rank screens its
+  // whole u before anything is sent and one allreduce of two host doubles (failing ranks,
+  // the sum of their rank + 1) decides. Its cost, every step: one kernel over g and e, one
+  // copy of a flag per layer back, one wait for the stream and that small allreduce. When
+  // any rank failed, every rank throws as the host does (naming its layer, or the failing
+  // rank) with nothing sent: residuals and step counter unchanged, the failing rank's
+  // gradient zeroed from its bad layer's bucket on (as on the host).
+  void throw_if_non_finite_before_sending() {
+    bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
+    double flag[2] = {bad_layer_ >= 0 ? 1.0 : 0.0, bad_layer_ >= 0 ? comm_.rank() + 1.0 : 0.0};
+    comm_.allreduce_sum(std::span<double>(flag, 2));
+    if (flag[0] == 0) return;
+    if (bad_layer_ >= 0) {
+      const std::size_t from = plan_[plan_.bucket_of(static_cast<std::size_t>(bad_layer_))].offset;
+      non_finite_.zero_all(first_compressor(), grads_.data() + from, grads_.size() - from);
+    }
+    throw_non_finite(flag[0], flag[1]);
   }
 
   static void run_bucket_on_worker(void* self, std::size_t b) { static_cast<trainer*>(self)->run_bucket(b); }
@@ -499,7 +535,7 @@ class trainer {
     const bucket& bk = plan_[b];
     const grad_view<memory_space> g(grads_.data() + bk.offset, bk.numel);
     const grad_view<memory_space> e(residual_.data() + bk.offset, bk.numel);
-    screen_bucket(bk, g);
+    screen_bucket(s, bk, g);
     if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x, std::size_t{}, std::size_t{}); }) {
       if constexpr (memory_space::host_accessible)
         policy_.accumulate(std::span<const float>(grads_.span()), bk.first_layer, bk.last_layer);
@@ -519,22 +555,31 @@ class trainer {
   // throw_error this rank leaves that bucket and every later one out (zeroed): its flag
   // rides in the last bucket's collective, and what it already sent of the earlier ones
   // goes back to its residual when every rank throws.
-  void screen_bucket(const bucket& bk, grad_view<memory_space> g) {
+  //
+  // On device memory throw_error was decided before anything was sent too, and zero_values
+  // zeroes without a scan: its kernel leaves finite values as they are, and a scan would
+  // cost a wait for the stream per bucket.
+  void screen_bucket(bucket_state& s, const bucket& bk, grad_view<memory_space> g) {
     const auto action = options_.on_non_finite;
     if (action == non_finite_action::ignore || action == non_finite_action::skip_step) return;
+    if constexpr (!memory_space::host_accessible) {
+      if (action == non_finite_action::zero_values) zero_non_finite(s.compressor, bk);
+      return;
+    }
     if (bad_layer_ < 0) {
-      const long bad = scan_non_finite(bk.first_layer, bk.last_layer);
+      const long bad = scan_non_finite(s.compressor, bk.first_layer, bk.last_layer);
       if (bad < 0) return;
       bad_layer_ = bad;
       if (action == non_finite_action::throw_error && flag_slot_ != no_slot) {
         control_.local(flag_slot_) = 1.0f;
         control_.local(flag_slot_ + 1) = static_cast<float>(comm_.rank() + 1);
       }
-    } else if (action == non_finite_action::zero_values && scan_non_finite(bk.first_layer, bk.last_layer) < 0) {
+    } else if (action == non_finite_action::zero_values &&
+               scan_non_finite(s.compressor, bk.first_layer, bk.last_layer) < 0) {
       return;
     }
-    if (action == non_finite_action::zero_values) zero_non_finite(bk);
-    if (action == non_finite_action::throw_error) zero_all(g);
+    if (action == non_finite_action::zero_values) zero_non_finite(s.compressor, bk);
+    if (action == non_finite_action::throw_error) zero_all(s.compressor, g);
   }
 
   // The step's statistics and report from its buckets': per-layer statistics in layout
@@ -594,66 +639,36 @@ class trainer {
   }
 
   // The first layer in [first, last) where this rank's u = g + e holds NaN or infinity,
-  // or -1 (also when the check is off, or on device memory, where the compressors check on
-  // the device). u is what every compressor computes, in float and in the same order, so a
-  // gradient finite by itself whose sum with the residual leaves the float range is caught
-  // too; bad_is_overflow_ then says g itself was finite in that layer. A residual known to
-  // be zero is not read (u = g).
-  long scan_non_finite(std::size_t first, std::size_t last) {
+  // or -1 (also when the check is off), found by the memory space's non_finite_ops on
+  // compressor c's stream. u is what every compressor computes, in float and in the same
+  // order, so a gradient finite by itself whose sum with the residual leaves the float
+  // range is caught too; bad_is_overflow_ then says g itself was finite in that layer. A
+  // residual known to be zero is not read (u = g).
+  long scan_non_finite(const C& c, std::size_t first, std::size_t last) {
     if (options_.on_non_finite == non_finite_action::ignore) return -1;
-    if constexpr (!memory_space::host_accessible) {
-      return -1;
-    } else {
-      const float* g = grads_.data();
-      const float* e = residual_.data();
-      for (std::size_t i = first; i < last; ++i) {
-        const auto& l = layout_[i];
-        bool bad = false;
-        if (residual_zero_) {
-          for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) bad |= !std::isfinite(g[j]);
-        } else {
-          for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) bad |= !std::isfinite(g[j] + e[j]);
-        }
-        if (!bad) continue;
-        if (bad_layer_ < 0) {
-          bad_is_overflow_ = true;
-          for (std::size_t j = l.offset; j < l.offset + l.numel; ++j)
-            bad_is_overflow_ = bad_is_overflow_ && std::isfinite(g[j]) && std::isfinite(e[j]);
-        }
-        return static_cast<long>(i);
-      }
-      return -1;
-    }
+    const detail::non_finite_scan found = non_finite_.first_non_finite(
+        c, layout_, first, last, grads_.data(), residual_.data(), residual_zero_, bad_layer_ < 0);
+    if (found.layer >= 0 && bad_layer_ < 0) bad_is_overflow_ = found.overflow;
+    return found.layer;
   }
   // zero_values: g is zeroed wherever u = g + e is not finite (a non-finite g, or a sum that
   // overflows), so u there is the residual alone and the step goes on.
-  void zero_non_finite(const bucket& bk) const {
-    if constexpr (memory_space::host_accessible) {
-      float* g = grads_.data();
-      const float* e = residual_.data();
-      for (std::size_t j = bk.offset; j < bk.offset + bk.numel; ++j)
-        if (!std::isfinite(residual_zero_ ? g[j] : g[j] + e[j])) g[j] = 0.0f;
-    }
+  void zero_non_finite(const C& c, const bucket& bk) {
+    non_finite_.zero_non_finite(c, grads_.data() + bk.offset, residual_.data() + bk.offset, bk.numel, residual_zero_);
   }
-  void zero_all(grad_view<memory_space> g) const {
-    if constexpr (memory_space::host_accessible) std::fill(g.span().begin(), g.span().end(), 0.0f);
-  }
+  void zero_all(const C& c, grad_view<memory_space> g) { non_finite_.zero_all(c, g.data(), g.size()); }
 
   // skip_step: one allreduce of a flag, so that every rank skips together before anything
   // touches a residual. Returns true when the step is skipped.
   bool skip_agreed(long bad_layer) {
-    if constexpr (!memory_space::host_accessible) {
-      return false;
-    } else {
-      double flag = bad_layer >= 0 ? comm_.rank() + 1.0 : 0.0;
-      comm_.allreduce_max(std::span<double>(&flag, 1));
-      if (flag == 0) return false;
-      zero_all(grads_);
-      report_.skipped = true;
-      report_.bytes_sent = 0;
-      report_.wire_bytes_sent = report_.wire_bytes_received = 0;
-      return true;
-    }
+    double flag = bad_layer >= 0 ? comm_.rank() + 1.0 : 0.0;
+    comm_.allreduce_max(std::span<double>(&flag, 1));
+    if (flag == 0) return false;
+    zero_all(first_compressor(), grads_);
+    report_.skipped = true;
+    report_.bytes_sent = 0;
+    report_.wire_bytes_sent = report_.wire_bytes_received = 0;
+    return true;
   }
 
   // Slots of this step's control plane (host memory only): the non-finite flag (count of
@@ -722,6 +737,13 @@ class trainer {
       for (auto& s : buckets_) s->collective.return_sent(s->compressor, s->buffers);
     }
     residual_zero_ = false;
+    throw_non_finite(control_.sum(flag_slot_), control_.sum(flag_slot_ + 1));
+  }
+
+  // Every rank's error for a step where \p failing ranks (the sum of their rank + 1:
+  // \p rank_sum) found a non-finite u: a failing rank names its first bad layer (and says
+  // when g + e overflowed from finite values), the others the failing rank or their count.
+  [[noreturn]] void throw_non_finite(double failing, double rank_sum) {
     std::string where;
     if (bad_layer_ >= 0) {
       where = "layer '" + layout_[static_cast<std::size_t>(bad_layer_)].name + "'";
@@ -730,8 +752,8 @@ class trainer {
                     "gradient + residual overflows the float range in " + where +
                         " (the gradient itself is finite; u = g + e is not)",
                     comm_.rank());
-    } else if (failing == 1.0f) {
-      where = "rank " + std::to_string(static_cast<int>(control_.sum(flag_slot_ + 1)) - 1) + "'s gradient";
+    } else if (failing == 1.0) {
+      where = "rank " + std::to_string(static_cast<int>(rank_sum) - 1) + "'s gradient";
     } else {
       where = "the gradients of " + std::to_string(static_cast<int>(failing)) + " ranks";
     }
@@ -835,6 +857,7 @@ class trainer {
   typename storage_for<memory_space>::type residual_;
   bool residual_zero_ = true;
   bool bad_is_overflow_ = false;  // the last screened bad layer had finite g and e, and g + e overflowed
+  [[no_unique_address]] detail::non_finite_ops<memory_space> non_finite_;  // the screening kernels on a device
   step_params params_;
   compress_stats stats_;
   step_report report_;

@@ -3,12 +3,18 @@
 // codes, padding), residuals equal bit for bit, statistics close; device validation agrees
 // with the host's on good and corrupted packets, and device decoding equals the host's bit
 // for bit. Sizes 1, 7, 1000, 2^16 + 3, 2^20; Gaussian, heavy-tailed and adversarial data
-// (all-zero layers, huge values, subnormals, NaN and infinity). Skipped without a GPU.
+// (all-zero layers, huge values, subnormals, NaN and infinity). The device trainer's
+// on_non_finite against the host trainer's, each action on a NaN and on a finite g whose
+// g + e overflows. Skipped without a GPU.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -486,4 +492,184 @@ TEST_CASE("trainer with a device quantizer equals the host trainer (one rank, al
   trainer_pair<gravac::terngrad, gravac::terngrad_cuda, gravac::allgather>(0.1);
   trainer_pair<gravac::sign, gravac::sign_cuda, gravac::dense_allreduce>(0.1);
   trainer_pair<gravac::cast16, gravac::cast16_cuda, gravac::dense_allreduce>(0.1);
+}
+
+// ---- on_non_finite on device memory --------------------------------------------------------
+
+namespace {
+
+// What a step on a planted non-finite u left behind, on the host or the device trainer.
+struct non_finite_outcome {
+  bool threw = false;
+  gravac::status code{};
+  std::string what;
+  bool skipped = false;
+  std::uint64_t steps = 0;
+  std::size_t buckets = 0;
+  std::vector<float> g, e, e_before;  // after the step; the residual before it
+};
+
+enum class planted { nan_in_layer, overflow };
+
+// A NaN in the gradient of fc1.weight, or a finite gradient and residual of the same sign
+// in "big" whose sum overflows the float range.
+constexpr float overflow_half = 0.75f * std::numeric_limits<float>::max();
+
+gravac::layout non_finite_layout() {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {100003}, gravac::layer_kind::conv);
+  return lay;
+}
+std::size_t planted_at(const gravac::layout& lay, planted p) {
+  const auto& l = lay[p == planted::nan_in_layer ? 2 : lay.size() - 1];
+  return l.offset + l.numel / 2;
+}
+std::string planted_layer(const gravac::layout& lay, planted p) {
+  return lay[p == planted::nan_in_layer ? 2 : lay.size() - 1].name;
+}
+
+template <class T>
+typename T::options non_finite_options(gravac::non_finite_action a) {
+  gravac::fixed_policy_options pol;
+  pol.kept_fraction = 0.1;
+  pol.one_dim_dense = true;
+  return {.policy = pol, .seed = 3, .on_non_finite = a};
+}
+
+template <class Step>
+void step_into(non_finite_outcome& out, Step&& step) {
+  try {
+    out.skipped = step().skipped;
+  } catch (const gravac::error& e) {
+    out.threw = true;
+    out.code = e.code();
+    out.what = e.what();
+  }
+}
+
+// The host trainer (one thread rank): a finite warm-up step, then the planted one.
+template <class HostC, class K>
+non_finite_outcome host_non_finite(gravac::non_finite_action a, planted p) {
+  const auto lay = non_finite_layout();
+  const std::size_t at = planted_at(lay, p);
+  non_finite_outcome out;
+  gravac::run_ranks(1, [&](gravac::thread_communicator& comm) {
+    using T = gravac::trainer<HostC, K, gravac::fixed_policy>;
+    T t(comm, lay, non_finite_options<T>(a));
+    auto g0 = gravac::test::make_data(lay.numel(), 11);
+    t.step(std::span<float>(g0));
+    auto g = gravac::test::make_data(lay.numel(), 23);
+    if (p == planted::overflow) {
+      t.residual()[at] = overflow_half;
+      g[at] = overflow_half;
+    } else {
+      g[at] = std::numeric_limits<float>::quiet_NaN();
+    }
+    out.e_before.assign(t.residual().begin(), t.residual().end());
+    step_into(out, [&]() -> const gravac::step_report& { return t.step(std::span<float>(g)); });
+    out.steps = t.steps();
+    out.buckets = t.bucket_count();
+    out.g = g;
+    out.e.assign(t.residual().begin(), t.residual().end());
+  });
+  return out;
+}
+
+// The device trainer on the same data (one_rank_device_comm).
+template <class DevC, class K>
+non_finite_outcome device_non_finite(gravac::non_finite_action a, planted p) {
+  const auto lay = non_finite_layout();
+  const std::size_t n = lay.numel(), at = planted_at(lay, p);
+  non_finite_outcome out;
+  one_rank_device_comm comm;
+  using T = gravac::trainer<DevC, K, gravac::fixed_policy>;
+  T t(comm, lay, non_finite_options<T>(a));
+  auto g0 = to_device(gravac::test::make_data(n, 11), 1);
+  t.step(gravac::grad_view<gravac::cuda_space>(g0.data(), n));
+  auto g = gravac::test::make_data(n, 23);
+  const auto ev = t.residual_view();  // as the host's mutable residual(): e is no longer assumed zero
+  if (p == planted::overflow) {
+    GRAVAC_TRY_CUDA(cudaMemcpy(ev.data() + at, &overflow_half, sizeof(float), cudaMemcpyHostToDevice));
+    g[at] = overflow_half;
+  } else {
+    g[at] = std::numeric_limits<float>::quiet_NaN();
+  }
+  out.e_before = to_host(ev.data(), n);
+  auto gd = to_device(g, 1);
+  step_into(
+      out, [&]() -> const gravac::step_report& { return t.step(gravac::grad_view<gravac::cuda_space>(gd.data(), n)); });
+  out.steps = t.steps();
+  out.buckets = t.bucket_count();
+  out.g = to_host(gd.data(), n);
+  out.e = to_host(ev.data(), n);
+  return out;
+}
+
+bool all_zero(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; });
+}
+
+// The host semantics of each action, then the device's outcome equal to the host's: the
+// error (status and message), the skip, the step counter, and (but under ignore, where
+// each compressor treats NaN its own way) the gradient and the residual bit for bit.
+template <class HostC, class DevC, class K>
+void non_finite_pair(gravac::non_finite_action a, planted p) {
+  using gravac::non_finite_action;
+  const auto lay = non_finite_layout();
+  const auto h = host_non_finite<HostC, K>(a, p);
+  const auto d = device_non_finite<DevC, K>(a, p);
+  REQUIRE(h.buckets == 1);  // one bucket: on the host too nothing of the planted step is kept
+  REQUIRE(d.buckets == 1);
+  switch (a) {
+    case non_finite_action::throw_error:
+      REQUIRE(h.threw);
+      CHECK(h.code == gravac::status::non_finite);
+      CHECK_THAT(h.what, Catch::Contains("layer '" + planted_layer(lay, p) + "'"));
+      if (p == planted::overflow) CHECK_THAT(h.what, Catch::Contains("overflows"));
+      CHECK(h.steps == 1);
+      CHECK(same_words(h.e.data(), h.e_before.data(), h.e.size() * sizeof(float), false));  // nothing lost
+      CHECK(all_zero(h.g));
+      break;
+    case non_finite_action::skip_step:
+      CHECK_FALSE(h.threw);
+      CHECK(h.skipped);
+      CHECK(h.steps == 2);
+      CHECK(same_words(h.e.data(), h.e_before.data(), h.e.size() * sizeof(float), false));
+      CHECK(all_zero(h.g));
+      break;
+    case non_finite_action::zero_values:
+      CHECK_FALSE(h.threw);
+      CHECK_FALSE(h.skipped);
+      CHECK(h.steps == 2);
+      CHECK(all_finite(h.g));
+      CHECK(all_finite(h.e));
+      break;
+    case non_finite_action::ignore:
+      CHECK_FALSE(h.threw);
+      CHECK_FALSE(h.skipped);
+      CHECK(h.steps == 2);
+      break;
+  }
+  CHECK(d.threw == h.threw);
+  CHECK(d.code == h.code);
+  CHECK(d.what == h.what);
+  CHECK(d.skipped == h.skipped);
+  CHECK(d.steps == h.steps);
+  if (a == non_finite_action::ignore) return;
+  REQUIRE(d.g.size() == h.g.size());
+  CHECK(same_words(d.g.data(), h.g.data(), h.g.size() * sizeof(float), false));
+  CHECK(same_words(d.e.data(), h.e.data(), h.e.size() * sizeof(float), false));
+}
+
+}  // namespace
+
+TEST_CASE("device trainer: on_non_finite acts as the host trainer's on a NaN and on an overflowing g + e") {
+  using gravac::non_finite_action;
+  for (const auto a : {non_finite_action::throw_error, non_finite_action::skip_step, non_finite_action::zero_values,
+                       non_finite_action::ignore})
+    for (const auto p : {planted::nan_in_layer, planted::overflow}) {
+      INFO("action " << static_cast<int>(a) << ", " << (p == planted::overflow ? "overflow" : "NaN"));
+      non_finite_pair<gravac::qsgd, gravac::qsgd_cuda, gravac::allgather>(a, p);
+      non_finite_pair<gravac::sign, gravac::sign_cuda, gravac::dense_allreduce>(a, p);
+    }
 }

@@ -25,6 +25,7 @@
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"

@@ -25,6 +25,7 @@
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
