@@ -510,18 +510,13 @@ class trainer {
   // the sum of their rank + 1) decides. Its cost, every step: one kernel over g and e, one
   // copy of a flag per layer back, one wait for the stream and that small allreduce. When
   // any rank failed, every rank throws as the host does (naming its layer, or the failing
-  // rank) with nothing sent: residuals and step counter unchanged, the failing rank's
-  // gradient zeroed from its bad layer's bucket on (as on the host).
+  // rank) with nothing sent: gradients, residuals and step counter are as before the step
+  // (on the host a rank's gradient then holds what its collective left there).
   void throw_if_non_finite_before_sending() {
     bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
     double flag[2] = {bad_layer_ >= 0 ? 1.0 : 0.0, bad_layer_ >= 0 ? comm_.rank() + 1.0 : 0.0};
     comm_.allreduce_sum(std::span<double>(flag, 2));
-    if (flag[0] == 0) return;
-    if (bad_layer_ >= 0) {
-      const std::size_t from = plan_[plan_.bucket_of(static_cast<std::size_t>(bad_layer_))].offset;
-      non_finite_.zero_all(first_compressor(), grads_.data() + from, grads_.size() - from);
-    }
-    throw_non_finite(flag[0], flag[1]);
+    if (flag[0] != 0) throw_non_finite(flag[0], flag[1]);
   }
 
   static void run_bucket_on_worker(void* self, std::size_t b) { static_cast<trainer*>(self)->run_bucket(b); }
