@@ -29,6 +29,7 @@
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
+#include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/raw_segment.hpp"
@@ -54,7 +55,7 @@ struct adacomp_cuda_options {
 //! Workspace: allocated at construction, for the bin lengths of the options; a policy that
 //! sets a shorter bin length than any seen before grows the bin maxima once (then never
 //! again for that length). Layers of 2^32 or more elements are rejected.
-class adacomp_cuda {
+class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
@@ -181,15 +182,6 @@ class adacomp_cuda {
                                                            out.data(), scale);
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
-
-  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
-  void zero(grad_view<cuda_space> v) const {
-    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
-  }
-  //! Waits for the compressor's queued work (decoding) to finish.
-  void synchronize() const { options_.stream.synchronize(); }
-  //! The compressor's stream.
-  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
 
  private:
   // The largest packet this step can produce (every element of a compressed layer sent),
@@ -333,6 +325,7 @@ class adacomp_cuda {
   }
 
   layout layout_;
+  friend class detail::stream_members<adacomp_cuda>;  // stream() reads options_.stream
   options options_;
   detail::launch_config launch_;  // the grids of this device
   device_buffer<detail::select_state> states_;

@@ -31,6 +31,7 @@
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
+#include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
@@ -75,7 +76,7 @@ using quantizer_cuda = detail::quant_family;
 //! NaN or infinity in u = g + e (the host trainer checks g itself; device memory it cannot
 //! read, so the device compressor reports it, as topk_cuda does).
 template <quantizer_cuda Q>
-class basic_quantize_cuda {
+class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>> {
   static constexpr bool leveled = Q == quantizer_cuda::qsgd || Q == quantizer_cuda::terngrad;
 
  public:
@@ -211,14 +212,6 @@ class basic_quantize_cuda {
     GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
-  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
-  void zero(grad_view<cuda_space> v) const {
-    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
-  }
-  //! Waits for the compressor's queued work (decoding) to finish.
-  void synchronize() const { options_.stream.synchronize(); }
-  //! The compressor's stream.
-  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
   //! The options it was built with.
   [[nodiscard]] const options& get_options() const noexcept { return options_; }
 
@@ -511,6 +504,7 @@ class basic_quantize_cuda {
   }
 
   layout layout_;
+  friend class detail::stream_members<basic_quantize_cuda>;  // stream() reads options_.stream
   options options_;
   std::uint32_t levels_ = 1;
   std::uint32_t bucket_ = 0;

@@ -35,6 +35,7 @@
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
+#include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/detail/threshold_kernels.hpp"
 #include "gravac/cuda/detail/whole_select_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -82,7 +83,7 @@ struct threshold_cuda_options {
 //! then copies the statistics back: it returns when the packet and the residual are ready.
 //! The workspace is allocated at construction (no allocation per step).
 template <bool Threshold>
-class basic_select_cuda {
+class basic_select_cuda : public detail::stream_members<basic_select_cuda<Threshold>> {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;
@@ -260,15 +261,6 @@ class basic_select_cuda {
                     -1, backend::cuda);
     }
   }
-
-  //! Sets \p v to zero on the compressor's stream (used by the collectives before decoding).
-  void zero(grad_view<cuda_space> v) const {
-    if (v.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(float), options_.stream.get()));
-  }
-  //! Waits for the compressor's queued work (decoding) to finish.
-  void synchronize() const { options_.stream.synchronize(); }
-  //! The compressor's stream.
-  [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
 
  private:
   // The largest packet this step can produce: k values per layer (a top-k layer sends at
@@ -548,6 +540,7 @@ class basic_select_cuda {
   }
 
   layout layout_;
+  friend class detail::stream_members<basic_select_cuda>;  // stream() reads options_.stream
   options options_;
   mutable detail::device_packets packets_;
   detail::launch_config launch_;  // the grids of this device
