@@ -4,7 +4,8 @@
 // would) while ranks 0, 1 and 3 enter the next step's collective. Without the timeout they
 // wait until rank 2 wakes; with it, each of them gives up after 2 s and the first to do so
 // prints "gravac: rank R of 4 failed: <collective> did not complete within 2 s ..." and ends
-// the job with MPI_Abort, long before rank 2 would wake (the test's deadline is 20 s).
+// its process, upon which mpiexec ends the job, long before rank 2 would wake (the test's
+// deadline is 20 s).
 #include <chrono>
 #include <cstdio>
 #include <thread>

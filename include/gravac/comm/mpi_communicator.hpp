@@ -19,11 +19,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "gravac/comm/detail/collective_watchdog.hpp"
 #include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/detail/mpi_error.hpp"
 #include "gravac/concepts.hpp"
@@ -54,9 +55,11 @@ struct mpi_options {
   //! How long one collective may take before this rank ends the job; zero (the default) is
   //! off. MPI notices a dead rank, but not a hung one (deadlocked, stopped, blocked in I/O):
   //! alive and never entering the next collective, it leaves every other rank waiting in it
-  //! forever. When set, each collective is started non-blocking and polled; one still not
-  //! complete after this long prints "gravac: rank R of N failed: <collective> did not
-  //! complete within <t> s ..." on stderr and calls MPI_Abort(mpi_abort_code). The time runs
+  //! forever. When set, a thread of the communicator watches each collective (which stays
+  //! the blocking MPI call: same speed, same bits); one still not complete after this long
+  //! prints "gravac: rank R of N failed: <collective> did not complete within <t> s ..." on
+  //! stderr and ends this process with exit status mpi_abort_code, upon which mpiexec ends
+  //! every other rank (see detail/collective_watchdog.hpp for why not MPI_Abort). The time runs
   //! from this rank's entry into the collective, so it includes waiting for the others to
   //! arrive: choose it well above the longest a healthy rank spends between two collectives
   //! (the slowest step, evaluation, writing a checkpoint). Negative, NaN or infinite values
@@ -67,13 +70,8 @@ struct mpi_options {
 //! The Open MPI engine over a duplicate of an MPI communicator. Models Communicator
 //! over host memory. Errors are returned (MPI_ERRORS_RETURN) and mapped to gravac::error.
 //!
-//! With mpi_options::collective_timeout off, every collective is the blocking MPI call. With
-//! it on, the non-blocking form of the same call (MPI_Iallreduce for MPI_Allreduce, ...) on
-//! the same buffers, completed by polling with MPI_Test. The data-moving collectives give
-//! the same bytes either way. A float sum can differ in its last bits from the blocking
-//! call's, because Open MPI may reduce in another order in its non-blocking algorithms (seen
-//! with Open MPI 4.1.4 on 3 and 5 ranks, not on 2, 4 or 8); every rank still gets the same
-//! bits as every other.
+//! Every collective is the blocking MPI call, with mpi_options::collective_timeout on or off
+//! (on, a watchdog thread times it: the same calls, the same bits).
 class mpi_communicator {
  public:
   //! Opt-in tag for the Communicator concept.
@@ -100,6 +98,8 @@ class mpi_communicator {
     GRAVAC_TRY_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     GRAVAC_TRY_MPI(MPI_Comm_rank(comm_, &rank_));
     GRAVAC_TRY_MPI(MPI_Comm_size(comm_, &size_));
+    if (opt.collective_timeout.count() > 0)
+      watchdog_ = std::make_unique<detail::collective_watchdog>(opt.collective_timeout, rank_, size_, mpi_abort_code);
   }
   //! Over a duplicate of MPI_COMM_WORLD, with \p opt.
   explicit mpi_communicator(const mpi_options& opt) : mpi_communicator(MPI_COMM_WORLD, opt) {}
@@ -152,11 +152,8 @@ class mpi_communicator {
     sizes.resize(n);
     std::uint64_t my_size = mine.size();
     sizes64_.resize(n);
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Iallgather(&my_size, 1, MPI_UINT64_T, sizes64_.data(), 1, MPI_UINT64_T, comm_, &req));
-      complete(req, "allgatherv (its exchange of sizes)");
-    } else {
+    {
+      const watched w(watchdog_.get(), "allgatherv (its exchange of sizes)");
       GRAVAC_TRY_MPI(MPI_Allgather(&my_size, 1, MPI_UINT64_T, sizes64_.data(), 1, MPI_UINT64_T, comm_));
     }
     counts_.resize(n);
@@ -173,15 +170,9 @@ class mpi_communicator {
     if (total > static_cast<std::uint64_t>(INT_MAX))
       throw error(status::invalid_argument, "allgatherv: more than 2 GiB in one call", rank_, backend::mpi);
     out.resize(static_cast<std::size_t>(total));
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Iallgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, out.data(), counts_.data(),
-                                     displs_.data(), MPI_BYTE, comm_, &req));
-      complete(req, "allgatherv");
-    } else {
-      GRAVAC_TRY_MPI(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, out.data(), counts_.data(),
-                                    displs_.data(), MPI_BYTE, comm_));
-    }
+    const watched w(watchdog_.get(), "allgatherv");
+    GRAVAC_TRY_MPI(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, out.data(), counts_.data(),
+                                  displs_.data(), MPI_BYTE, comm_));
   }
 
   //! Personalised all-to-all of variable-length blocks (thread_communicator::alltoallv):
@@ -193,11 +184,8 @@ class mpi_communicator {
     require(send_sizes.size() == n, "alltoallv: send_sizes needs one entry per rank");
     sizes64_.assign(send_sizes.begin(), send_sizes.end());
     recv64_.resize(n);
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Ialltoall(sizes64_.data(), 1, MPI_UINT64_T, recv64_.data(), 1, MPI_UINT64_T, comm_, &req));
-      complete(req, "alltoallv (its exchange of sizes)");
-    } else {
+    {
+      const watched w(watchdog_.get(), "alltoallv (its exchange of sizes)");
       GRAVAC_TRY_MPI(MPI_Alltoall(sizes64_.data(), 1, MPI_UINT64_T, recv64_.data(), 1, MPI_UINT64_T, comm_));
     }
     to_counts(sizes64_, counts_, displs_, "alltoallv: more than 2 GiB sent in one call");
@@ -207,28 +195,17 @@ class mpi_communicator {
         to_counts(recv64_, recv_counts_, recv_displs_, "alltoallv: more than 2 GiB received in one call");
     recv_sizes.assign(recv64_.begin(), recv64_.end());
     out.resize(total);
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Ialltoallv(send.data(), counts_.data(), displs_.data(), MPI_BYTE, out.data(),
-                                    recv_counts_.data(), recv_displs_.data(), MPI_BYTE, comm_, &req));
-      complete(req, "alltoallv");
-    } else {
-      GRAVAC_TRY_MPI(MPI_Alltoallv(send.data(), counts_.data(), displs_.data(), MPI_BYTE, out.data(),
-                                   recv_counts_.data(), recv_displs_.data(), MPI_BYTE, comm_));
-    }
+    const watched w(watchdog_.get(), "alltoallv");
+    GRAVAC_TRY_MPI(MPI_Alltoallv(send.data(), counts_.data(), displs_.data(), MPI_BYTE, out.data(), recv_counts_.data(),
+                                 recv_displs_.data(), MPI_BYTE, comm_));
   }
 
   //! Copies \p root's bytes into every rank's \p data.
   void broadcast(std::span<std::byte> data, int root) {
     require(root >= 0 && root < size_, "broadcast: root out of range");
     require(data.size() <= static_cast<std::size_t>(INT_MAX), "broadcast: more than 2 GiB");
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_, &req));
-      complete(req, "broadcast");
-    } else {
-      GRAVAC_TRY_MPI(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_));
-    }
+    const watched w(watchdog_.get(), "broadcast");
+    GRAVAC_TRY_MPI(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_));
   }
   //! Copies \p root's values into every rank's \p data.
   template <class T>
@@ -238,13 +215,8 @@ class mpi_communicator {
 
   //! Waits for every rank.
   void barrier() {
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Ibarrier(comm_, &req));
-      complete(req, "barrier");
-    } else {
-      GRAVAC_TRY_MPI(MPI_Barrier(comm_));
-    }
+    const watched w(watchdog_.get(), "barrier");
+    GRAVAC_TRY_MPI(MPI_Barrier(comm_));
   }
 
   //! Ends the whole MPI job: MPI cannot continue after one rank fails, so this turns a
@@ -259,62 +231,26 @@ class mpi_communicator {
   void allreduce(void* data, std::size_t n, MPI_Datatype type, MPI_Op op, const char* what) {
     if (n > static_cast<std::size_t>(INT_MAX))
       throw error(status::invalid_argument, "allreduce: more than INT_MAX elements", rank_, backend::mpi);
-    if (timed()) {
-      MPI_Request req;
-      GRAVAC_TRY_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), type, op, comm_, &req));
-      complete(req, what);
-    } else {
-      GRAVAC_TRY_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), type, op, comm_));
+    const watched w(watchdog_.get(), what);
+    GRAVAC_TRY_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), type, op, comm_));
+  }
+
+  // Brackets one collective for the watchdog (none when the timeout is off), leaving it
+  // also when the call throws.
+  class watched {
+   public:
+    watched(detail::collective_watchdog* w, const char* what) noexcept : w_(w) {
+      if (w_) w_->enter(what);
     }
-  }
-
-  // Whether collectives are bounded by options_.collective_timeout (non-blocking and polled).
-  [[nodiscard]] bool timed() const noexcept { return options_.collective_timeout.count() > 0; }
-
-  // Completes the non-blocking collective \p req (named \p what in the message) within
-  // options_.collective_timeout, or ends the job. It polls with MPI_Test because MPI_Wait
-  // cannot be bounded. Open MPI advances a non-blocking collective only inside MPI calls (it
-  // has no progress thread by default), so for its first millisecond the loop tests back to
-  // back, yielding between tests (what a blocking MPI_Allreduce does too: a collective whose
-  // peers are all present ends there, at the blocking call's latency), and then sleeps
-  // between tests for 1/64 of the time waited so far, from 50 us (Linux's timer slack: a
-  // shorter sleep lasts that long anyway) to 1 ms. A round of a long collective so waits at
-  // most about 1.6% longer than it took to get there, and on an oversubscribed node a rank
-  // waiting for a late or hung peer gives its core to the ranks still computing.
-  // A collective cannot be cancelled in MPI (MPI_Cancel applies to point-to-point requests
-  // only), and returning with the request pending would leave the buffers in MPI's hands and
-  // the ranks out of step, so on expiry there is nothing to do but end the job: MPI_Abort
-  // ends every rank, the hung one and those still waiting included.
-  void complete(MPI_Request& req, const char* what) {
-    using clock = std::chrono::steady_clock;
-    using std::chrono::microseconds;
-    const auto start = clock::now();
-    for (;;) {
-      int done = 0;
-      GRAVAC_TRY_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-      if (done) return;
-      const auto waited = clock::now() - start;
-      if (waited >= options_.collective_timeout) time_out(what);
-      if (waited < std::chrono::milliseconds(1)) {
-        std::this_thread::yield();
-      } else {
-        const auto pause = std::chrono::duration_cast<microseconds>(waited / 64);
-        std::this_thread::sleep_for(std::clamp(pause, microseconds(50), microseconds(1000)));
-      }
+    watched(const watched&) = delete;
+    watched& operator=(const watched&) = delete;
+    ~watched() {
+      if (w_) w_->leave();
     }
-  }
 
-  // Prints why on stderr (abort_job adds "gravac: rank R of N failed: ") and aborts the job.
-  // The text is formatted into a fixed buffer, and abort_job falls back to a fixed line if
-  // it cannot allocate its own, so the job ends even when memory is short.
-  [[noreturn]] void time_out(const char* what) noexcept {
-    char text[512];
-    std::snprintf(text, sizeof text,
-                  "%s did not complete within %g s (collective_timeout); a peer rank is likely hung (deadlocked, "
-                  "stopped or blocked in I/O) and never entered it",
-                  what, options_.collective_timeout.count());
-    detail::abort_job(comm_, text, mpi_abort_code);
-  }
+   private:
+    detail::collective_watchdog* w_;
+  };
 
   // MPI's int counts and displacements for \p sizes; returns the total. Throws past INT_MAX.
   std::size_t to_counts(const std::vector<std::uint64_t>& sizes, std::vector<int>& counts, std::vector<int>& displs,
@@ -342,6 +278,7 @@ class mpi_communicator {
   std::vector<std::uint64_t> recv64_;
   std::vector<int> recv_counts_;
   std::vector<int> recv_displs_;
+  std::unique_ptr<detail::collective_watchdog> watchdog_;  // only with a collective_timeout
 };
 static_assert(Communicator<mpi_communicator>);
 
