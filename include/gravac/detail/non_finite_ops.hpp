@@ -24,14 +24,17 @@ struct non_finite_scan {
 
 // Host memory. The compressor argument (its stream, on a device) is not needed here. A
 // residual known to be zero is not read for the check (u = g).
+// The check that Space is host memory sits in the functions, not the class: the trainer
+// holds a non_finite_ops member, and a class-level assertion would fire when the trainer
+// is instantiated, before its own clearer message for a composition that mixes memory
+// spaces (tests/compile_fail/device_compressor_with_host_communicator.cpp).
 template <class Space>
 struct non_finite_ops {
-  static_assert(Space::host_accessible,
-                "non_finite_ops: no screening for this memory space (include its backend's compressor header)");
-
   template <class C>
   non_finite_scan first_non_finite(const C&, const layout& lay, std::size_t first, std::size_t last, const float* g,
                                    const float* e, bool residual_zero, bool want_overflow) {
+    static_assert(Space::host_accessible,
+                  "non_finite_ops: no screening for this memory space (include its backend's compressor header)");
     for (std::size_t i = first; i < last; ++i) {
       const auto& l = lay[i];
       bool bad = false;
@@ -55,12 +58,14 @@ struct non_finite_ops {
   // zero_values: g is zeroed wherever u = g + e is not finite, in the n values from g and e.
   template <class C>
   void zero_non_finite(const C&, float* g, const float* e, std::size_t n, bool residual_zero) {
+    static_assert(Space::host_accessible, "non_finite_ops: no screening for this memory space");
     for (std::size_t j = 0; j < n; ++j)
       if (!std::isfinite(residual_zero ? g[j] : g[j] + e[j])) g[j] = 0.0f;
   }
 
   template <class C>
   void zero_all(const C&, float* g, std::size_t n) {
+    static_assert(Space::host_accessible, "non_finite_ops: no screening for this memory space");
     std::fill(g, g + n, 0.0f);
   }
 };
