@@ -22,8 +22,19 @@
 #include "gravac/detail/bucket_worker.hpp"
 #include "gravac/detail/composition_checks.hpp"
 #include "gravac/detail/consistency.hpp"
+#include "gravac/detail/layer_events.hpp"
 #include "gravac/detail/non_finite_ops.hpp"
 #include "gravac/error.hpp"
+
+// The CUDA side of the asynchronous step (detail::layer_events<cuda_space>) wherever nvcc
+// compiles, as a device trainer needs it. The header is named through a macro so that the
+// header checks (tests/headers), which read the #include lines, keep this header in the
+// backend-free group.
+#if defined(__CUDACC__)
+#define GRAVAC_DETAIL_CUDA_LAYER_EVENTS "gravac/cuda/detail/layer_events.hpp"
+#include GRAVAC_DETAIL_CUDA_LAYER_EVENTS
+#undef GRAVAC_DETAIL_CUDA_LAYER_EVENTS
+#endif
 
 namespace gravac {
 
@@ -56,7 +67,8 @@ enum class non_finite_action : std::uint8_t {
 //! The layout is split into buckets (options::bucket_bytes, bucket_plan.hpp), each with a
 //! compressor and a collective of its own over its layers. `step(grads)` runs them one
 //! after the other once the whole gradient is there; the asynchronous step overlaps them
-//! with backward on a communication thread (host memory):
+//! with backward on a communication thread (host and device memory; on a device each
+//! bucket's work waits for CUDA events of its layers, docs/overlap.md):
 //!
 //! \code
 //! t.begin_step(grads);                // the policy fixes the step's decisions here
@@ -168,16 +180,27 @@ class trainer {
 
   // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
-  //! Starts an asynchronous step on host gradients \p grads, which backward is about to
-  //! fill: the policy plans the step (its decisions are fixed from here on, so every rank
-  //! agrees without a collective) and the communication thread waits for buckets. Until
-  //! finish(), the caller must not touch a layer after marking it ready().
-  //!
-  //! The communication thread calls the communicator while the caller computes: an MPI
-  //! engine needs MPI initialised with MPI_THREAD_SERIALIZED or more (checked here).
+  //! Starts an asynchronous step on host gradients \p grads (begin_step(grad_view)).
   void begin_step(std::span<float> grads)
     requires memory_space::host_accessible
   {
+    begin_step(grad_view<memory_space>(grads));
+  }
+  // clang-format on
+
+  //! Starts an asynchronous step on the flat gradient buffer \p grads (host or device
+  //! memory), which backward is about to fill: the policy plans the step (its decisions
+  //! are fixed from here on, so every rank agrees without a collective) and the
+  //! communication thread waits for buckets. Until finish(), the caller must not touch a
+  //! layer after marking it ready().
+  //!
+  //! The communication thread calls the communicator while the caller computes, and
+  //! during the step only it does (the caller's thread calls it before the first bucket
+  //! and after the last, never beside it): an MPI engine needs MPI initialised with
+  //! MPI_THREAD_SERIALIZED or more (checked here); NCCL allows a communicator to be used
+  //! from another thread one call at a time, which is what this is. On a device the
+  //! device current here is made current in the communication thread for every bucket.
+  void begin_step(grad_view<memory_space> grads) {
     if (!comm_.accepts_calls_from_other_threads())
       throw error(status::invalid_argument,
                   "trainer::begin_step: the communicator may not be called from the communication thread (an MPI "
@@ -185,7 +208,8 @@ class trainer {
                   "initialise MPI with a thread level",
                   comm_.rank());
     if (!worker_) worker_ = std::make_unique<detail::bucket_worker>(&trainer::run_bucket_on_worker, this);
-    start_step(grad_view<memory_space>(grads), true);
+    events_.begin(layout_.size());  // device: the layers' events, created on the first step only
+    start_step(grads, true);
     try {
       worker_->begin(buckets_.size(), this);  // starts the thread on the first step
     } catch (...) {
@@ -198,40 +222,69 @@ class trainer {
   //! Marks layer \p layer_index final (backward has produced it); a bucket's compression
   //! and collective start once all its layers are ready and the buckets before it have
   //! started. Its ready time on the modeled timeline is the wall time since begin_step().
-  void ready(std::size_t layer_index)
-    requires memory_space::host_accessible
-  {
-    checked_ready(layer_index, detail::seconds_since(step_began_), false);
+  //! On a device the layer is final once the work queued so far on the legacy default
+  //! stream (cudaStreamLegacy) is: that stream runs after the work queued before on every
+  //! blocking stream of the device. Pass the stream backward ran on when it is a
+  //! non-blocking one (ready(layer, stream)).
+  void ready(std::size_t layer_index) {
+    check_ready(layer_index);
+    events_.record_default(layer_index);
+    mark_ready_and_release(layer_index, detail::seconds_since(step_began_), false);
   }
+
+  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
+  // clang-format off
+  //! Device memory: layer \p layer_index is final once the work queued so far on
+  //! \p stream (a cudaStream_t or a stream_ref, the stream the caller's backward produced
+  //! it on) is. Records the layer's CUDA event on \p stream and returns at once; the
+  //! bucket's compression waits for that event on the device, not in any host thread.
+  template <class Stream>
+    requires(detail::layer_events<memory_space>::template accepts_stream<Stream>)
+  void ready(std::size_t layer_index, Stream stream) {
+    check_ready(layer_index);
+    events_.record(layer_index, stream);
+    mark_ready_and_release(layer_index, detail::seconds_since(step_began_), false);
+  }
+  // clang-format on
 
   //! ready() with the layer's time on the modeled timeline given: \p ready_s seconds of
   //! (modeled or measured) backward since begin_step(); backward then ends at the last time
   //! given (finish() marks the layers left at that time). Communication hides behind
-  //! backward on that timeline (step_report::modeled_exposed_s).
-  void ready(std::size_t layer_index, double ready_s)
-    requires memory_space::host_accessible
-  {
-    checked_ready(layer_index, ready_s, true);
+  //! backward on that timeline (step_report::modeled_exposed_s). On a device the layer's
+  //! stream is the legacy default stream, as for ready(layer).
+  void ready(std::size_t layer_index, double ready_s) {
+    check_ready(layer_index);
+    events_.record_default(layer_index);
+    mark_ready_and_release(layer_index, ready_s, true);
   }
 
-  //! Ends the asynchronous step: marks every layer not yet ready (backward has ended),
-  //! waits for every bucket's collective and returns the step's report. A failure in a
-  //! bucket (a peer's malformed packet, a failed rank, a non-finite gradient) is thrown
-  //! here; the step is then abandoned (the step counter does not advance).
+  //! Ends the asynchronous step: marks every layer not yet ready (backward has ended; on a
+  //! device such a layer is final after the work queued so far on the legacy default
+  //! stream), waits for every bucket's collective and returns the step's report. A failure
+  //! in a bucket (a peer's malformed packet, a failed rank, a non-finite gradient) is
+  //! thrown here; the step is then abandoned (the step counter does not advance). On a
+  //! device every bucket's kernels and copies have completed when it returns, as after
+  //! step().
   //!
   //! With `on_non_finite = skip_step` nothing is sent before finish(): the ranks must agree
-  //! to skip before any residual changes, so that mode forgoes the overlap.
-  const step_report& finish()
-    requires memory_space::host_accessible
-  {
+  //! to skip before any residual changes, so that mode forgoes the overlap. On device
+  //! memory `throw_error` (the default) does too, for the same reason (the device
+  //! collectives carry no flag): the overlap needs `zero_values` or `ignore` there.
+  const step_report& finish() {
     require(in_step_ && async_, "trainer::finish: no asynchronous step in progress (call begin_step first)");
     // Backward ends now, or, on a timeline the caller gave, at its last ready time.
     const double backward_s = given_times_ ? backward_end_s_ : detail::seconds_since(step_began_);
-    for (std::size_t i = layout_.size(); i-- > 0;)
-      if (!layer_ready_[i]) mark_ready(i, backward_s);
+    for (std::size_t i = layout_.size(); i-- > 0;) {
+      if (layer_ready_[i]) continue;
+      events_.record_default(i);
+      mark_ready(i, backward_s);
+    }
     backward_end_s_ = std::max(backward_end_s_, backward_s);
     const auto t0 = std::chrono::steady_clock::now();
     try {
+      // The whole-gradient screening below runs on this thread's compressor stream: after
+      // every layer's event (only when nothing was sent yet, so no bucket runs beside it).
+      if (!sends_before_finish()) events_.wait(first_compressor(), 0, layout_.size());
       if (skip_agreed_before_sending()) {
         report_.exposed_communicate_s = detail::seconds_since(t0);
         in_step_ = false;
@@ -246,7 +299,6 @@ class trainer {
     report_.exposed_communicate_s = detail::seconds_since(t0);
     return complete_step();
   }
-  // clang-format on
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
@@ -463,16 +515,31 @@ class trainer {
     slice(params_.approximation_rank, q.approximation_rank);
   }
 
-  // ready(): checks the call, marks the layer and lets the buckets that are complete start.
-  void checked_ready(std::size_t layer_index, double ready_s, bool given) {
+  // ready(): checks the call before anything is recorded (a refused call changes nothing).
+  void check_ready(std::size_t layer_index) const {
     require(in_step_ && async_, "trainer::ready: no asynchronous step in progress (call begin_step first)");
     require(layer_index < layout_.size(), "trainer::ready: layer " + std::to_string(layer_index) +
                                               " is outside the layout (" + std::to_string(layout_.size()) + " layers)");
     require(!layer_ready_[layer_index],
             "trainer::ready: layer '" + layout_[layer_index].name + "' was already marked ready this step");
+  }
+  // ready(), after the layer's event (device) is recorded: marks the layer and lets the
+  // buckets that are complete start (the worker's mutex orders the record before the
+  // communication thread's wait for it).
+  void mark_ready_and_release(std::size_t layer_index, double ready_s, bool given) {
     given_times_ = given_times_ || given;
     mark_ready(layer_index, ready_s);
-    if (options_.on_non_finite != non_finite_action::skip_step) worker_->release(released_);
+    if (sends_before_finish()) worker_->release(released_);
+  }
+
+  // Whether the asynchronous step may send buckets before finish(): not when the ranks
+  // must first agree on the whole gradient's non-finite values (skip_step; throw_error on
+  // device memory, whose collectives carry no flag), as the synchronous step does before
+  // its first bucket.
+  [[nodiscard]] bool sends_before_finish() const noexcept {
+    if (options_.on_non_finite == non_finite_action::skip_step) return false;
+    if constexpr (!memory_space::host_accessible) return options_.on_non_finite != non_finite_action::throw_error;
+    return true;
   }
 
   // Marks layer i ready at ready_s; the buckets whose layers are all ready, in order from
@@ -519,17 +586,31 @@ class trainer {
     if (flag[0] != 0) throw_non_finite(flag[0], flag[1]);
   }
 
-  static void run_bucket_on_worker(void* self, std::size_t b) { static_cast<trainer*>(self)->run_bucket(b); }
+  // The communication thread's bucket: on a device the step's device is made current
+  // there first (a thread starts on device 0).
+  static void run_bucket_on_worker(void* self, std::size_t b) {
+    auto& t = *static_cast<trainer*>(self);
+    t.events_.enter_thread();
+    t.run_bucket(b);
+  }
 
   // One bucket: its layers are screened for non-finite values (by on_non_finite), a policy
   // that accumulates the gradient sees them, then its collective compresses, exchanges and
   // decompresses them, carrying the step's control values when it is the last bucket (the
   // last to run, so every other bucket's statistics are known when it seals them).
+  //
+  // In the asynchronous step on a device, the bucket's compressor stream first waits for
+  // its layers' events (issued here, in the thread that queues the bucket's kernels next),
+  // so the bucket's first kernel runs after backward produced its layers, without a host
+  // thread waiting for that. Everything after is the synchronous step's code: the
+  // collective waits for the compressor and the communicator on the host (they read
+  // counts and sizes), in this (the communication) thread.
   void run_bucket(std::size_t b) {
     bucket_state& s = *buckets_[b];
     const bucket& bk = plan_[b];
     const grad_view<memory_space> g(grads_.data() + bk.offset, bk.numel);
     const grad_view<memory_space> e(residual_.data() + bk.offset, bk.numel);
+    if (async_) events_.wait(s.compressor, bk.first_layer, bk.last_layer);
     screen_bucket(s, bk, g);
     if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x, std::size_t{}, std::size_t{}); }) {
       if constexpr (memory_space::host_accessible)
@@ -853,6 +934,7 @@ class trainer {
   bool residual_zero_ = true;
   bool bad_is_overflow_ = false;  // the last screened bad layer had finite g and e, and g + e overflowed
   [[no_unique_address]] detail::non_finite_ops<memory_space> non_finite_;  // the screening kernels on a device
+  [[no_unique_address]] detail::layer_events<memory_space> events_;        // device: one CUDA event per layer
   step_params params_;
   compress_stats stats_;
   step_report report_;

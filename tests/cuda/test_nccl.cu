@@ -1,11 +1,15 @@
 // nccl_communicator with one rank per GPU (run under mpiexec): every collective against
 // what it must produce, trainer<topk_cuda, allgather, fixed_policy> against the serial
 // host reference, and trainer<topk_cuda, allreduce_compatible, fixed_policy> (AR-Topk's
-// NCCL broadcast and Allreduce) against the host trainer on thread ranks. Skipped (exit 77)
-// without a GPU.
+// NCCL broadcast and Allreduce) against the host trainer on thread ranks, and the
+// asynchronous device step (begin_step, ready per layer on a stream, finish) against the
+// synchronous one. Skipped (exit 77) without a GPU.
+#include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -183,4 +187,138 @@ TEST_CASE("trainer<topk_cuda, allreduce_compatible, fixed_policy> over NCCL equa
       REQUIRE(std::memcmp(res.data(), want_e[step].data(), res.size() * sizeof(float)) == 0);
     }
   }
+}
+
+namespace {
+
+// How the asynchronous step below hands its layers over: each layer's gradient is copied
+// in by an asynchronous copy on a stream just before ready(), so a bucket that did not wait
+// for its layers' events would read the zeros the buffer starts with.
+enum class hand_over {
+  reverse,            // last layer first (backward's order), on the legacy default stream, ready(layer)
+  scrambled,          // a per-rank, per-step shuffle, on the legacy default stream, ready(layer)
+  reverse_on_stream,  // last layer first, on a non-blocking stream of the caller's, ready(layer, stream)
+  one_left_out,       // as reverse, but layer 1 is never marked: finish() takes it (legacy stream)
+};
+
+// The report fields that do not measure time, equal bit for bit.
+void require_same_report(const gravac::step_report& a, const gravac::step_report& b) {
+  REQUIRE(a.step == b.step);
+  REQUIRE(a.bytes_sent == b.bytes_sent);
+  REQUIRE(a.dense_bytes == b.dense_bytes);
+  REQUIRE(std::bit_cast<std::uint64_t>(a.wire_bytes_sent) == std::bit_cast<std::uint64_t>(b.wire_bytes_sent));
+  REQUIRE(std::bit_cast<std::uint64_t>(a.wire_bytes_received) == std::bit_cast<std::uint64_t>(b.wire_bytes_received));
+  REQUIRE(a.collective == b.collective);
+  REQUIRE(a.fallback == b.fallback);
+  REQUIRE(a.buckets == b.buckets);
+  REQUIRE(a.skipped == b.skipped);
+  REQUIRE(std::bit_cast<std::uint64_t>(a.gain) == std::bit_cast<std::uint64_t>(b.gain));
+  const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+  };
+  REQUIRE(same(a.kept_fraction, b.kept_fraction));
+  REQUIRE(same(a.layer_grad_norm, b.layer_grad_norm));
+  REQUIRE(same(a.gain_curve, b.gain_curve));
+}
+
+// Three steps of the synchronous and of the asynchronous device step with the same options
+// on the same gradients: the averaged gradients, residuals and reports agree bit for bit.
+template <class K>
+void async_equals_sync(gravac::nccl_communicator& comm, std::size_t bucket_bytes, gravac::non_finite_action on_bad,
+                       hand_over how) {
+  const int r = comm.rank();
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {20011}, gravac::layer_kind::dense);
+  using T = gravac::trainer<gravac::topk_cuda, K, gravac::fixed_policy>;
+  typename T::options opt;
+  opt.policy.kept_fraction = 0.05;
+  opt.bucket_bytes = bucket_bytes;
+  opt.on_non_finite = on_bad;
+  T sync(comm, lay, opt), async(comm, lay, opt);
+  REQUIRE(async.bucket_count() == sync.bucket_count());
+  REQUIRE((async.bucket_count() == 1) == (bucket_bytes == gravac::one_bucket));  // per layer: the empty one rides along
+  gravac::cuda_stream user_stream;  // non-blocking: nothing orders it with the trainer's streams but the events
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const auto h = gravac::test::make_data(lay.numel(), 700 * step + static_cast<std::uint64_t>(r));
+    gravac::pinned_buffer<float> staged(h.size());  // pinned, so the copies below are truly asynchronous
+    std::copy(h.begin(), h.end(), staged.data());
+    auto gs = to_device(h);
+    const auto& rs = sync.step(gravac::device_view(gs));
+    const gravac::step_report want = rs;
+
+    auto ga = to_device(std::vector<float>(lay.numel(), 0.0f));
+    async.begin_step(gravac::device_view(ga));
+    std::vector<std::size_t> order(lay.size());
+    std::iota(order.rbegin(), order.rend(), std::size_t{0});  // last layer first
+    if (how == hand_over::scrambled) {
+      std::mt19937 rng(static_cast<unsigned>(31 * step + static_cast<std::uint64_t>(r)));
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    const cudaStream_t s = how == hand_over::reverse_on_stream ? user_stream.ref().get() : cudaStreamLegacy;
+    for (const std::size_t i : order) {
+      const auto& l = lay[i];
+      if (l.numel)
+        GRAVAC_TRY_CUDA(cudaMemcpyAsync(ga.data() + l.offset, staged.data() + l.offset, l.numel * sizeof(float),
+                                        cudaMemcpyHostToDevice, s));
+      if (how == hand_over::one_left_out && i == 1) continue;
+      if (how == hand_over::reverse_on_stream)
+        async.ready(i, s);
+      else
+        async.ready(i);
+    }
+    const auto& ra = async.finish();
+    GRAVAC_TRY_CUDA(cudaStreamSynchronize(s));  // the copies are done (finish() ordered after them)
+    require_same_report(ra, want);
+    const auto got_s = to_host(gs.data(), gs.size()), got_a = to_host(ga.data(), ga.size());
+    REQUIRE(std::memcmp(got_a.data(), got_s.data(), got_s.size() * sizeof(float)) == 0);
+    const auto es = to_host(sync.residual_view().data(), lay.numel());
+    const auto ea = to_host(async.residual_view().data(), lay.numel());
+    REQUIRE(std::memcmp(ea.data(), es.data(), es.size() * sizeof(float)) == 0);
+  }
+  REQUIRE(async.steps() == sync.steps());
+}
+
+}  // namespace
+
+TEST_CASE("the asynchronous device step over NCCL equals the synchronous one bit for bit (topk_cuda)") {
+  gravac::nccl_communicator comm(world());
+  for (const std::size_t bb : {gravac::bucket_per_layer, gravac::one_bucket})
+    for (const auto on_bad : {gravac::non_finite_action::throw_error, gravac::non_finite_action::zero_values,
+                              gravac::non_finite_action::ignore})
+      for (const auto how :
+           {hand_over::reverse, hand_over::scrambled, hand_over::reverse_on_stream, hand_over::one_left_out}) {
+        INFO("bucket_bytes " << bb << ", on_non_finite " << static_cast<int>(on_bad) << ", hand-over "
+                             << static_cast<int>(how));
+        async_equals_sync<gravac::allgather>(comm, bb, on_bad, how);
+        async_equals_sync<gravac::dense_allreduce>(comm, bb, on_bad, how);
+      }
+}
+
+TEST_CASE("the asynchronous device step refuses misuse clearly and stays usable") {
+  gravac::nccl_communicator comm(world());
+  auto lay = gravac::test::mixed_layout();
+  using T = gravac::trainer<gravac::topk_cuda, gravac::allgather, gravac::fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.1;
+  opt.bucket_bytes = gravac::bucket_per_layer;
+  opt.on_non_finite = gravac::non_finite_action::ignore;  // buckets run before finish()
+  T t(comm, lay, opt);
+  auto g = to_device(gravac::test::make_data(lay.numel(), 11 + static_cast<std::uint64_t>(comm.rank())));
+  CHECK_THROWS_WITH(t.ready(0), Catch::Contains("no asynchronous step in progress"));
+  CHECK_THROWS_WITH(t.finish(), Catch::Contains("no asynchronous step in progress"));
+  t.begin_step(gravac::device_view(g));
+  CHECK_THROWS_WITH(t.begin_step(gravac::device_view(g)), Catch::Contains("already in progress"));
+  CHECK_THROWS_WITH(t.step(gravac::device_view(g)), Catch::Contains("already in progress"));
+  CHECK_THROWS_WITH(t.ready(lay.size()), Catch::Contains("outside the layout"));
+  gravac::cuda_stream s;
+  t.ready(5, s.ref());
+  CHECK_THROWS_WITH(t.ready(5), Catch::Contains("'tail' was already marked ready"));
+  CHECK_THROWS_WITH(t.ready(5, s.ref().get()), Catch::Contains("'tail' was already marked ready"));
+  const auto& r = t.finish();  // takes the layers never marked (every rank the same ones)
+  CHECK(r.buckets == t.bucket_count());
+  CHECK_FALSE(t.step_in_progress());
+  CHECK(t.steps() == 1);
+  CHECK_NOTHROW(t.step(gravac::device_view(g)));
+  CHECK(t.steps() == 2);
 }

@@ -81,8 +81,10 @@ class communicator_ref {
   [[nodiscard]] double modeled_seconds() const { return vt_->modeled(self_); }
   //! Whether the engine may be called from a thread other than the one that made it, one
   //! call at a time (what an asynchronous step's communication thread does). True for
-  //! engines without `accepts_calls_from_other_threads()`; an MPI engine says so only when
-  //! MPI was initialised with MPI_THREAD_SERIALIZED or more.
+  //! engines without `accepts_calls_from_other_threads()` (the thread engine; NCCL, which
+  //! allows a communicator to be used from any thread but by one at a time, and whose
+  //! calls the trainer serializes); an MPI engine says so only when MPI was initialised
+  //! with MPI_THREAD_SERIALIZED or more.
   [[nodiscard]] bool accepts_calls_from_other_threads() const { return vt_->other_threads(self_); }
   //! This rank gives up a step whose collectives the other ranks may already be in: an
   //! engine with `abandon(why)` makes them fail instead of waiting forever (a thread team
