@@ -18,6 +18,9 @@
 
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/collective/detail/shard_plan.hpp"
+#include "gravac/collective/detail/space_ops.hpp"
+#include "gravac/collective/detail/space_workspace.hpp"
+#include "gravac/collective/detail/sum_pieces.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
@@ -27,6 +30,15 @@
 #include "gravac/packet/format.hpp"
 
 namespace gravac {
+
+namespace detail {
+//! The packets of compressed_allreduce's 16-bit path in memory space \p Space.
+template <class Space>
+struct piece_sum_workspace {
+  typename default_byte_buffer<Space>::type packet;  //!< this rank's packet
+  typename default_byte_buffer<Space>::type summed;  //!< the packet with its pieces summed over the ranks
+};
+}  // namespace detail
 
 //! Options of the compressed allreduce.
 struct compressed_allreduce_options {
@@ -44,6 +56,24 @@ concept ShardableCompressor = Compressor<C> && !LowRankCompressor<C> && C::memor
                               (std::is_empty_v<typename C::options> || requires(const C& c) {
                                 { c.get_options() } -> std::convertible_to<const typename C::options&>;
                               });
+
+//! Compressors whose packets a communicator can sum in place, piece by piece, in the
+//! values' own type: `summed_pieces()` lists where the last packet's values lie (a span
+//! of detail::sum_piece); everything else in the packet is the same on every rank.
+//! cast16_cuda is one (its 16-bit codes and its raw floats).
+template <class C>
+concept PieceSummableCompressor = Compressor<C> && requires(C& c) {
+  { c.summed_pieces().size() } -> std::convertible_to<std::size_t>;
+};
+
+//! Communicators that sum those pieces in their own type over the ranks:
+//! `allreduce_sum_pieces(in, out, pieces)` copies \p in to \p out and sums every piece of
+//! \p out in place (nccl_communicator, which sums 16-bit floats in 16 bits).
+template <class M, class C>
+concept PieceSumCommunicator = Communicator<M> && PieceSummableCompressor<C> &&
+    requires(M& m, C& c, std::span<const std::byte> in, std::span<std::byte> out) {
+  m.allreduce_sum_pieces(in, out, c.summed_pieces());
+};
 
 //! The seed of the second compression: its random draws (stochastic rounding) must not
 //! repeat the first stage's, which used the same shard layout.
@@ -70,17 +100,29 @@ constexpr std::uint64_t server_seed(std::uint64_t seed) noexcept {
 //! Every rank decodes the same packets in the same order, so the averaged gradient has the
 //! same bits everywhere. A step that sends every layer dense is one dense Allreduce.
 //! The communicator must have alltoallv (AlltoallCommunicator): mpi_communicator,
-//! thread_communicator and their decorators do. The server residual is state: it is saved
-//! and restored with the trainer's checkpoint (save/load), keyed by layer id and shard.
+//! thread_communicator and their decorators do (nccl_communicator has one too, for device
+//! memory); the host engines always run the two stages above with fp32 sums. The server residual is state: it is
+//! saved and restored with the trainer's checkpoint (save/load), keyed by layer id and shard.
+//!
+//! The 16-bit path (a PieceSummableCompressor, i.e. cast16_cuda, on a PieceSumCommunicator,
+//! i.e. nccl_communicator): the packet is compressed once, whole, and one Allreduce sums
+//! its pieces in their own type (the codes in fp16 or bf16, as NCCL adds them; raw layers
+//! in fp32). The summed packet is validated (an fp16 sum past 65504 is infinite and is
+//! rejected, the gradient intact), then decoded with the multiplier N and a scale of 1/N,
+//! so the result is float(sum of the 16-bit codes) * N * (1/N). There is no second
+//! compression and no server residual: the residual is the compressor's, u minus the
+//! 16-bit value sent. Compiled; not yet run on a GPU. The two stages on device memory
+//! (qsgd_cuda, terngrad_cuda, sign_cuda) are not there yet: those are not accepted.
 class compressed_allreduce {
  public:
   //! Opt-in tag for the Collective concept.
   using collective_tag = void;
   //! Options (see compressed_allreduce_options).
   using options = compressed_allreduce_options;
-  //! Host compressors with one packet per compress whose options it can copy.
+  //! Host compressors with one packet per compress whose options it can copy, and
+  //! compressors whose packets can be summed piece by piece (cast16_cuda's 16-bit path).
   template <class C>
-  static constexpr bool accepts = ShardableCompressor<C>;
+  static constexpr bool accepts = ShardableCompressor<C> || PieceSummableCompressor<C>;
   //! Why it may refuse a compressor (the trainer's message).
   static constexpr bool rejects_low_rank = true;
 
@@ -90,29 +132,119 @@ class compressed_allreduce {
   //! Sizes the dense path for compressor \p c and keeps a factory for the shards' compressors.
   template <Compressor C>
   void prepare(const C& c) {
-    static_assert(ShardableCompressor<C>, "compressed_allreduce: the compressor cannot run on shards");
+    static_assert(ShardableCompressor<C> || PieceSummableCompressor<C>,
+                  "compressed_allreduce: the compressor can neither run on shards nor be summed piece by piece");
     dense_.prepare(c);
+    if constexpr (!ShardableCompressor<C>) {
+      auto& w = pieces_.prepare<typename C::memory_space>();
+      w.packet.resize(c.max_packet_bytes());
+      w.summed.resize(c.max_packet_bytes());
+    } else {
+      prepare_shards(c);
+    }
+  }
+
+  //! Gives back what the last step sent, when the trainer abandons it after the collective:
+  //! this rank's shard packets return to its residual and the server residual is as before
+  //! (on the 16-bit path, this rank's packet returns to its residual).
+  template <Compressor C>
+  void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
+    if (last_dense_) return dense_.return_sent(c, buf);
+    if constexpr (!ShardableCompressor<C>) {
+      using space = typename C::memory_space;
+      if (!sent_) return;
+      auto& w = pieces_.get<space>("compressed_allreduce");
+      c.decompress_add(std::span<const std::byte>(w.packet.data(), last_bytes_), buf.residual, 1.0f);
+      detail::space_ops<space>::finish(c);
+      sent_ = false;
+    } else {
+      return_sent_shards(buf);
+    }
+  }
+
+  //! Runs one step: leaves the rank average of the recompressed shards in buf.grad (on the
+  //! 16-bit path: the decoded 16-bit sum over the ranks, divided by N).
+  template <Compressor C, Communicator M>
+  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
+                 step_report& r) {
+    static_assert(CommunicatorFor<M, C>, "compressed_allreduce: the communicator must carry the compressor's memory");
+    if constexpr (!ShardableCompressor<C>) {
+      static_assert(PieceSumCommunicator<M, C>,
+                    "compressed_allreduce: this compressor's path sums its packet's pieces in their own type and needs "
+                    "a communicator with allreduce_sum_pieces (nccl_communicator itself; the trainer's "
+                    "communicator_ref does not forward it)");
+      last_dense_ = p.all_dense();
+      if (last_dense_) return dense_.aggregate(c, comm, buf, p, st, r);
+      aggregate_pieces(c, comm, buf, p, st, r);
+    } else {
+      aggregate_shards(c, comm, buf, p, st, r);
+    }
+  }
+
+  //! The server residual of this rank's shard, in shard order (layer by layer).
+  [[nodiscard]] std::span<const float> server_residual() const noexcept { return server_residual_; }
+  //! The shard split of the last step (empty before the first).
+  [[nodiscard]] const detail::shard_plan& plan() const noexcept { return plan_; }
+
+ private:
+  template <Compressor C>
+  void prepare_shards(const C& c) {
     typename C::options opt{};
     if constexpr (requires { c.get_options(); }) opt = c.get_options();
     codec_ = std::make_unique<codec_of<C>>(opt);
   }
 
-  //! Gives back what the last step sent, when the trainer abandons it after the collective:
-  //! this rank's shard packets return to its residual and the server residual is as before.
-  template <Compressor C>
-  void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
-    if (last_dense_) return dense_.return_sent(c, buf);
+  template <class Space>
+  void return_sent_shards(step_buffers<Space>& buf) {
     if (!sent_) return;
     codec_->return_sent(plan_, buf.residual.span(), send_, send_sizes_);
     server_residual_ = server_before_;
     sent_ = false;
   }
 
-  //! Runs one step: leaves the rank average of the recompressed shards in buf.grad.
+  // The 16-bit path: one compress, one Allreduce of the packet's pieces in their own type,
+  // the summed packet validated and decoded with a scale of 1/N.
   template <Compressor C, Communicator M>
-  void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
-                 step_report& r) {
-    static_assert(CommunicatorFor<M, C>, "compressed_allreduce: the communicator must carry the compressor's memory");
+  void aggregate_pieces(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                        compress_stats& st, step_report& r) {
+    using space = typename C::memory_space;
+    using ops = detail::space_ops<space>;
+    auto& w = pieces_.get<space>("compressed_allreduce");
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t bytes =
+        c.compress(buf.grad, buf.residual, p, std::span<std::byte>(w.packet.data(), w.packet.size()), st);
+    last_bytes_ = bytes;
+    sent_ = true;  // w.packet keeps this rank's packet until the next step (return_sent reads it)
+    const auto pieces = c.summed_pieces();
+    double summed_bytes = 0;
+    for (const auto& pc : pieces) summed_bytes += static_cast<double>(pc.count * detail::sum_type_bytes(pc.type));
+    r.compress_s = detail::seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    comm.allreduce_sum_pieces(std::span<const std::byte>(w.packet.data(), bytes),
+                              std::span<std::byte>(w.summed.data(), bytes), pieces);
+    r.communicate_s = detail::seconds_since(t1);
+    const auto t2 = std::chrono::steady_clock::now();
+    // The sum is checked before the gradient is touched: a 16-bit sum can overflow (fp16).
+    const std::span<const std::byte> sum(w.summed.data(), bytes);
+    if (validation v = c.validate(sum); !v)
+      throw error(v.code,
+                  "compressed_allreduce: the 16-bit sum over the ranks is rejected (an fp16 sum above 65504 "
+                  "overflows; bf16 has the range of float): " +
+                      v.reason);
+    ops::zero(c, buf.grad);
+    c.decompress_add(sum, buf.grad, 1.0f / static_cast<float>(comm.size()));
+    ops::finish(c);
+    r.decompress_s = detail::seconds_since(t2);
+    // Only the pieces travel (every rank writes the same headers and multipliers).
+    r.bytes_sent = static_cast<std::size_t>(summed_bytes);
+    set_wire_bytes(r, wire_bytes::allreduce(comm.size(), summed_bytes));
+    r.collective = collective_kind::compressed_allreduce;
+  }
+
+  // The two stages (the class comment's steps 1 to 5).
+  template <Compressor C, Communicator M>
+  void aggregate_shards(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
+                        compress_stats& st, step_report& r) {
     static_assert(AlltoallCommunicator<M>, "compressed_allreduce: the communicator needs alltoallv");
     last_dense_ = p.all_dense();
     if (last_dense_) return dense_.aggregate(c, comm, buf, p, st, r);
@@ -227,11 +359,7 @@ class compressed_allreduce {
     r.collective = collective_kind::compressed_allreduce;
   }
 
-  //! The server residual of this rank's shard, in shard order (layer by layer).
-  [[nodiscard]] std::span<const float> server_residual() const noexcept { return server_residual_; }
-  //! The shard split of the last step (empty before the first).
-  [[nodiscard]] const detail::shard_plan& plan() const noexcept { return plan_; }
-
+ public:
   //! Saves the server residual with its key: rank count, shard, and each layer's id and
   //! piece length.
   void save(std::vector<std::byte>& out) const {
@@ -429,6 +557,8 @@ class compressed_allreduce {
   compress_stats server_stats_;
   std::vector<std::byte> send_, received_, server_packet_, gathered_;
   std::vector<std::size_t> send_sizes_, recv_sizes_, gathered_sizes_;
+  detail::space_workspace<detail::piece_sum_workspace> pieces_;  // the 16-bit path's packets
+  std::size_t last_bytes_ = 0;                                   // the 16-bit path's last packet
 };
 static_assert(Collective<compressed_allreduce>);
 

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "gravac/collective/detail/sum_pieces.hpp"
 #include "gravac/comm/detail/throw_nccl.hpp"
 #include "gravac/comm/mpi_communicator.hpp"  // the unique-id exchange, and mpi_world_rank for errors
 #include "gravac/concepts.hpp"
@@ -59,10 +60,13 @@ inline ncclUniqueId nccl_unique_id(mpi_communicator& mpi, int root = 0) {
   return id;
 }
 
-//! The NCCL engine. Models Communicator over device memory: float spans passed to
-//! allreduce_sum, broadcast and allgatherv are device memory (allgatherv also accepts a
-//! host input and stages it); double spans (statistics) are host memory, as the concept says.
-//! Every operation returns when it has completed. Uses the device current at construction.
+//! The NCCL engine. Models AlltoallCommunicator over device memory: float spans passed to
+//! allreduce_sum, broadcast, allgatherv and alltoallv are device memory (allgatherv and
+//! alltoallv also accept a host input and stage it); double spans (statistics) are host
+//! memory, as the concept says. Besides the concept it sums pieces of a packet in their own
+//! type, 16-bit floats included (allreduce_sum_pieces, the 16-bit path of
+//! compressed_allreduce). Every operation returns when it has completed. Uses the device
+//! current at construction.
 class nccl_communicator {
  public:
   //! Opt-in tag for the Communicator concept.
@@ -86,6 +90,10 @@ class nccl_communicator {
     sizes_dev_.set_stream(opt.stream);
     sizes_dev_.resize(static_cast<std::size_t>(size));
     host_sizes_.resize(static_cast<std::size_t>(size));
+    // alltoallv's counts: the N sent, then the N received, in one device buffer.
+    counts_dev_.set_stream(opt.stream);
+    counts_dev_.resize(2 * static_cast<std::size_t>(size));
+    host_counts_.resize(2 * static_cast<std::size_t>(size));
   }
   //! Creates the unique id on rank 0 of \p mpi, exchanges it over MPI, and joins with
   //! mpi's rank and size.
@@ -170,6 +178,124 @@ class nccl_communicator {
     wait("ncclBroadcast group (allgatherv)");
   }
 
+  //! Personalised all-to-all of variable-length blocks (thread_communicator::alltoallv):
+  //! block j of \p send (send_sizes[j] bytes, blocks back to back in rank order) reaches
+  //! rank j, and \p out receives the blocks addressed to this rank back to back in
+  //! source-rank order (recv_sizes[i] bytes from rank i), in device memory.
+  //!
+  //! The block sizes are exchanged first, as mpi_communicator does with an MPI_Alltoall of
+  //! counts: here one group of ncclSend/ncclRecv of one count per peer. An ncclAllGather of
+  //! the count rows would be one collective too, but it moves N x N counts to every rank
+  //! where the pairwise exchange moves N, and it runs over the ring while the blocks that
+  //! follow go to every peer directly, so the pairwise exchange also opens the very
+  //! connections the data uses. Then one group of ncclSend/ncclRecv per peer moves exactly
+  //! those bytes (an empty block is neither sent nor received: both sides know its size);
+  //! this rank's own block is a device copy. A host \p send is staged to the device first.
+  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes) {
+    const auto n = static_cast<std::size_t>(size_);
+    const auto me = static_cast<std::size_t>(rank_);
+    require(send_sizes.size() == n, "alltoallv: send_sizes needs one entry per rank");
+    std::size_t sent = 0;
+    for (std::size_t j = 0; j < n; ++j) sent += send_sizes[j];
+    require(sent == send.size(), "alltoallv: the blocks' sizes do not add up to the send buffer");
+    // 1. The sizes: host_counts_[j] to rank j, host_counts_[n + i] from rank i.
+    for (std::size_t j = 0; j < n; ++j) host_counts_[j] = send_sizes[j];
+    host_counts_[n + me] = send_sizes[me];
+    if (n > 1) {
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(counts_dev_.data(), host_counts_.data(), n * sizeof(std::uint64_t),
+                                      cudaMemcpyHostToDevice, s()));
+      GRAVAC_TRY_NCCL(ncclGroupStart());
+      for (std::size_t j = 0; j < n; ++j) {
+        if (j == me) continue;
+        GRAVAC_TRY_NCCL(ncclSend(counts_dev_.data() + j, 1, ncclUint64, static_cast<int>(j), comm_, s()));
+        GRAVAC_TRY_NCCL(ncclRecv(counts_dev_.data() + n + j, 1, ncclUint64, static_cast<int>(j), comm_, s()));
+      }
+      GRAVAC_TRY_NCCL(ncclGroupEnd());
+      // Non-blocking mode: the group is on the stream only once the communicator is ready.
+      wait_comm("alltoallv (its exchange of sizes)");
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_counts_.data() + n, counts_dev_.data() + n, n * sizeof(std::uint64_t),
+                                      cudaMemcpyDeviceToHost, s()));
+      wait("alltoallv (its exchange of sizes)");
+      host_counts_[n + me] = send_sizes[me];  // the copy back wrote this rank's unused slot
+    }
+    recv_sizes.resize(n);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < n; ++i) total += recv_sizes[i] = static_cast<std::size_t>(host_counts_[n + i]);
+    out.resize(total);
+    // 2. The blocks.
+    const std::byte* src = send.data();
+    if (!send.empty() && !is_device_pointer(src)) {
+      staging_.resize(send.size());
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(staging_.data(), src, send.size(), cudaMemcpyHostToDevice, s()));
+      src = staging_.data();
+    }
+    std::size_t send_at = 0, recv_at = 0, own_from = 0, own_to = 0;
+    bool any = false;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j == me) {
+        own_from = send_at;
+        own_to = recv_at;
+      } else {
+        any = any || send_sizes[j] > 0 || recv_sizes[j] > 0;
+      }
+      send_at += send_sizes[j];
+      recv_at += recv_sizes[j];
+    }
+    if (send_sizes[me] > 0)
+      GRAVAC_TRY_CUDA(
+          cudaMemcpyAsync(out.data() + own_to, src + own_from, send_sizes[me], cudaMemcpyDeviceToDevice, s()));
+    if (any) {
+      GRAVAC_TRY_NCCL(ncclGroupStart());
+      send_at = recv_at = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const int peer = static_cast<int>(j);
+        if (j != me && send_sizes[j] > 0)
+          GRAVAC_TRY_NCCL(ncclSend(src + send_at, send_sizes[j], ncclChar, peer, comm_, s()));
+        if (j != me && recv_sizes[j] > 0)
+          GRAVAC_TRY_NCCL(ncclRecv(out.data() + recv_at, recv_sizes[j], ncclChar, peer, comm_, s()));
+        send_at += send_sizes[j];
+        recv_at += recv_sizes[j];
+      }
+      GRAVAC_TRY_NCCL(ncclGroupEnd());
+    }
+    wait("ncclSend/ncclRecv group (alltoallv)");
+  }
+
+  //! Copies \p in (device memory) to \p out and sums every piece of \p out over all ranks,
+  //! in place and in the piece's own type: ncclFloat, ncclHalf or ncclBfloat16, so 16-bit
+  //! values are added in 16 bits (every partial sum rounded to the format, in the order
+  //! NCCL's ring or tree chooses). The bytes between pieces stay those of \p in. Every rank
+  //! passes the same pieces of the same total length. One group of Allreduces (a few when
+  //! there are many pieces), then one wait.
+  void allreduce_sum_pieces(std::span<const std::byte> in, std::span<std::byte> out,
+                            std::span<const detail::sum_piece> pieces) {
+    require(out.size() >= in.size(), "allreduce_sum_pieces: the output is shorter than the input");
+    for (const auto& pc : pieces) {
+      const std::size_t w = detail::sum_type_bytes(pc.type);
+      require(pc.offset % w == 0 && pc.offset <= in.size() && pc.count <= (in.size() - pc.offset) / w,
+              "allreduce_sum_pieces: a piece lies outside the buffer or is misaligned");
+    }
+    if (!in.empty() && in.data() != out.data())
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(out.data(), in.data(), in.size(), cudaMemcpyDeviceToDevice, s()));
+    // A bounded number of operations per group: older NCCL releases cap a group's size.
+    constexpr std::size_t per_group = 256;
+    std::size_t queued = 0;
+    for (const auto& pc : pieces) {
+      if (pc.count == 0) continue;
+      if (queued == 0) GRAVAC_TRY_NCCL(ncclGroupStart());
+      std::byte* at = out.data() + pc.offset;
+      GRAVAC_TRY_NCCL(ncclAllReduce(at, at, pc.count, nccl_type(pc.type), ncclSum, comm_, s()));
+      if (++queued == per_group) {
+        GRAVAC_TRY_NCCL(ncclGroupEnd());
+        wait_comm("ncclAllReduce group (allreduce_sum_pieces)");
+        queued = 0;
+      }
+    }
+    if (queued) GRAVAC_TRY_NCCL(ncclGroupEnd());
+    wait("ncclAllReduce group (allreduce_sum_pieces)");
+  }
+
   //! Copies \p root's device bytes into every rank's \p data.
   void broadcast(std::span<std::byte> data, int root) {
     require(root >= 0 && root < size_, "broadcast: root out of range");
@@ -202,6 +328,17 @@ class nccl_communicator {
 
  private:
   [[nodiscard]] cudaStream_t s() const noexcept { return options_.stream.get(); }
+
+  static ncclDataType_t nccl_type(detail::sum_type t) noexcept {
+    switch (t) {
+      case detail::sum_type::f16:
+        return ncclHalf;
+      case detail::sum_type::bf16:
+        return ncclBfloat16;
+      default:
+        return ncclFloat;
+    }
+  }
 
   static bool is_device_pointer(const void* p) {
     cudaPointerAttributes a{};
@@ -279,7 +416,9 @@ class nccl_communicator {
   device_byte_buffer staging_;
   device_buffer<std::uint64_t> sizes_dev_;
   pinned_buffer<std::uint64_t> host_sizes_;
+  device_buffer<std::uint64_t> counts_dev_;  // alltoallv: counts sent (N), then received (N)
+  pinned_buffer<std::uint64_t> host_counts_;
 };
-static_assert(Communicator<nccl_communicator>);
+static_assert(AlltoallCommunicator<nccl_communicator>);
 
 }  // namespace gravac

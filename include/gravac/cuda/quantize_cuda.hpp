@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gravac/collective/detail/sum_pieces.hpp"
 #include "gravac/composition.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
@@ -155,6 +156,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
     gain_host_.resize(detail::max_gain_candidates);
     walk_host_.resize(1);
     job_layer_.resize(L);
+    pieces_.reserve(L);
     s.synchronize();  // the pinned staging above is freed when this returns
   }
 
@@ -170,10 +172,34 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
     step_plan plan;
-    return detail::compress_on_device(
+    last_jobs_ = 0;  // until this step's packet is complete, there are no pieces to sum
+    const std::size_t bytes = detail::compress_on_device(
         {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return plan_step(p, plan); },
         [&](std::byte* packet) { queue_step(g, e, p, packet, plan); },
-        [&](std::size_t bytes) { return finish_step(p, st, plan, bytes); });
+        [&](std::size_t b) { return finish_step(p, st, plan, b); });
+    last_jobs_ = plan.jobs;
+    return bytes;
+  }
+
+  //! cast16_cuda only: where the last packet's values lie, for a communicator that sums them
+  //! in place (nccl_communicator::allreduce_sum_pieces, the 16-bit path of
+  //! compressed_allreduce): the 16-bit codes of every cast layer (summed in fp16 or bf16)
+  //! and the floats of every raw layer. Everything else in the packet (headers, the
+  //! multiplier N) follows from the layout and the step's parameters, so it is the same on
+  //! every rank, and a packet whose pieces hold the ranks' sums decodes, with the
+  //! multiplier N and a scale of 1/N, to the sum of the ranks' codes. Valid until the next compress.
+  [[nodiscard]] std::span<const detail::sum_piece> summed_pieces() requires(Q == quantizer_cuda::cast16) {
+    pieces_.clear();  // reserved at construction: no allocation per step
+    const detail::sum_type t = options_.format == cast16_format::bf16 ? detail::sum_type::bf16 : detail::sum_type::f16;
+    for (std::uint32_t j = 0; j < last_jobs_; ++j) {
+      const auto& d = plan_host_[j];
+      const std::size_t payload = d.at + sizeof(segment_header);
+      if (d.header.encoding == raw_encoding)
+        pieces_.push_back({payload, static_cast<std::size_t>(d.header.numel), detail::sum_type::f32});
+      else
+        pieces_.push_back({payload + quant_prefix_bytes, static_cast<std::size_t>(d.header.numel), t});
+    }
+    return pieces_;
   }
 
   //! Validates an untrusted packet in device memory: the header walk, then every scale,
@@ -532,6 +558,8 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   pinned_buffer<double> gain_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
+  std::uint32_t last_jobs_ = 0;            // segments of the last complete packet (summed_pieces)
+  std::vector<detail::sum_piece> pieces_;  // summed_pieces' answer
 };
 
 //! QSGD with error feedback on the device: the packets of gravac::qsgd.

@@ -1,0 +1,264 @@
+// The NCCL path of the collectives that scale with the number of ranks (run under mpiexec,
+// one rank per GPU): nccl_communicator::alltoallv against the blocks every rank must
+// receive, and compressed_allreduce's 16-bit path (cast16_cuda, its codes summed by an
+// NCCL Allreduce in fp16 or bf16) against a host reference built from the host cast16's
+// packets of every rank, an fp16 sum that overflows, and return_sent. Skipped (exit 77)
+// without a GPU.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "gravac/collective/compressed_allreduce.hpp"
+#include "gravac/comm/nccl_communicator.hpp"
+#include "gravac/compress/detail/half.hpp"
+#include "gravac/cuda/cast16_cuda.hpp"
+#include "gravac/gravac.hpp"
+#include "gravac_test_util.hpp"
+
+namespace {
+
+using gravac::test::to_device;
+using gravac::test::to_host;
+
+gravac::mpi_communicator& world() {
+  static gravac::mpi_communicator m;
+  return m;
+}
+
+static_assert(gravac::AlltoallCommunicator<gravac::nccl_communicator>);
+static_assert(gravac::PieceSumCommunicator<gravac::nccl_communicator, gravac::cast16_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::cast16_cuda>);
+// The host engines have no piece sums: host cast16 keeps the two stages with fp32 sums.
+static_assert(!gravac::PieceSumCommunicator<gravac::mpi_communicator, gravac::cast16_cuda>);
+
+// Bytes rank q sends rank j: uneven, and empty for every pair with (q + j) % 3 == 0 (so
+// every rank has empty blocks both ways once there are 3 ranks, and the self block of
+// rank 0 is empty).
+std::size_t block_size(int q, int j) {
+  return (q + j) % 3 == 0 ? 0 : static_cast<std::size_t>(1 + (q * 37 + j * 11) % 97);
+}
+std::byte block_byte(int q, int j, std::size_t i) {
+  return static_cast<std::byte>(q * 53 + j * 17 + static_cast<int>(i));
+}
+
+}  // namespace
+
+TEST_CASE("nccl_communicator::alltoallv: uneven and empty blocks, device and host input") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  std::vector<std::size_t> send_sizes(static_cast<std::size_t>(n));
+  std::vector<std::byte> send;
+  for (int j = 0; j < n; ++j) {
+    send_sizes[static_cast<std::size_t>(j)] = block_size(r, j);
+    for (std::size_t i = 0; i < block_size(r, j); ++i) send.push_back(block_byte(r, j, i));
+  }
+  for (bool from_host : {false, true}) {
+    INFO("host input " << from_host);
+    auto sd = to_device(send);
+    gravac::device_byte_buffer out;
+    std::vector<std::size_t> recv_sizes;
+    comm.alltoallv(from_host ? std::span<const std::byte>(send) : std::span<const std::byte>(sd.data(), send.size()),
+                   send_sizes, out, recv_sizes);
+    REQUIRE(recv_sizes.size() == static_cast<std::size_t>(n));
+    std::size_t total = 0;
+    for (int q = 0; q < n; ++q) {
+      REQUIRE(recv_sizes[static_cast<std::size_t>(q)] == block_size(q, r));
+      total += block_size(q, r);
+    }
+    REQUIRE(out.size() == total);  // exact: no padding
+    const auto got = to_host(out.data(), out.size());
+    std::size_t at = 0;
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < block_size(q, r); ++i, ++at) REQUIRE(got[at] == block_byte(q, r, i));
+  }
+  // Every block empty: nothing moves, the sizes still come back.
+  std::vector<std::size_t> none(static_cast<std::size_t>(n), 0), recv_sizes;
+  gravac::device_byte_buffer out;
+  comm.alltoallv({}, none, out, recv_sizes);
+  REQUIRE(out.size() == 0);
+  for (const std::size_t s : recv_sizes) REQUIRE(s == 0);
+  // Sizes that do not add up are refused before anything is sent (on every rank alike).
+  std::vector<std::size_t> wrong(static_cast<std::size_t>(n), 1);
+  REQUIRE_THROWS_AS(comm.alltoallv({}, wrong, out, recv_sizes), gravac::error);
+}
+
+namespace {
+
+// One value of a piece of a host packet, as float (exact: 16-bit values widen exactly).
+float piece_value(const std::vector<std::byte>& packet, const gravac::detail::sum_piece& pc, std::size_t i) {
+  if (pc.type == gravac::detail::sum_type::f32) {
+    float v;
+    std::memcpy(&v, packet.data() + pc.offset + 4 * i, 4);
+    return v;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, packet.data() + pc.offset + 2 * i, 2);
+  return pc.type == gravac::detail::sum_type::f16 ? gravac::detail::fp16_to_float(h) : gravac::detail::bf16_to_float(h);
+}
+
+// Steps compressed_allreduce<cast16_cuda> over NCCL and the host cast16 of every rank on
+// the same inputs, and compares:
+// - the residual: bit for bit with this rank's host cast16 residual (u minus the 16-bit
+//   value sent, the error-feedback invariant);
+// - the gradient with the host reference of the 16-bit sum: for every summed value, the
+//   exact sum S of the ranks' values (in double, from the host packets, which equal the
+//   device's bit for bit), decoded as cast16 decodes, 0 + (1/N) * (float(S) * N) for the
+//   codes and 0 + (1/N) * float(S) for raw layers. When \p exact, every partial sum is
+//   representable in the 16-bit format, so NCCL's sum is S whatever its order and the
+//   gradient must equal the reference bit for bit. Otherwise NCCL rounds each of its N - 1
+//   additions to 16 bits (or to fp32 for raw layers) in an order of its own; the gradient
+//   must then be within (N - 1) * u * sum_r |value_r| (+ a half subnormal spacing per
+//   addition) of the reference, u the format's unit roundoff (fp16 2^-11, bf16 2^-8,
+//   fp32 2^-24), plus 2^-22 relative for the decoding's two float products;
+// - the report: the collective, and wire bytes of one Allreduce of the pieces' bytes.
+void check_cast16_path(gravac::cast16_format f, bool exact) {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  if (exact && n > 16) return;  // the exact data's sums fit the 16-bit formats up to 16 ranks
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {70001}, gravac::layer_kind::dense);
+  const std::size_t raw_layer = 2;  // sent dense: its floats are summed in fp32
+  gravac::cast16_cuda c(lay, {.format = f});
+  gravac::compressed_allreduce ca(lay);
+  ca.prepare(c);
+  std::vector<gravac::cast16> hosts;
+  hosts.reserve(static_cast<std::size_t>(n));
+  std::vector<std::vector<float>> host_e(static_cast<std::size_t>(n), std::vector<float>(lay.numel(), 0.0f));
+  for (int q = 0; q < n; ++q) hosts.emplace_back(lay, gravac::cast16_options{.format = f});
+  auto e = to_device(std::vector<float>(lay.numel(), 0.0f));
+  const auto grad = [&](std::uint64_t step, int q) {
+    std::vector<float> g(lay.numel());
+    if (exact) {
+      // N * k / 8 with |k| <= 16: u / N rounds to k / 8 in both formats, the residual is 0,
+      // and every partial sum over up to 16 ranks is a multiple of 1/8 below 2 * 16.
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = static_cast<float>(n) *
+               static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(q) * 13 + step) % 33) - 16) / 8.0f;
+    } else {
+      g = gravac::test::make_data(lay.numel(), 900 + 10 * step + static_cast<std::uint64_t>(q));
+    }
+    return g;
+  };
+  const float inv = 1.0f / static_cast<float>(n), mult = static_cast<float>(n);
+  const double u16 = f == gravac::cast16_format::fp16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    auto p = gravac::test::params_for(lay, 0.5, step);
+    p.ranks = n;
+    p.kept_fraction[raw_layer] = 1.0;
+    // The host packets of every rank.
+    std::vector<std::vector<std::byte>> packets(static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      auto& hp = packets[static_cast<std::size_t>(q)];
+      hp.resize(hosts[static_cast<std::size_t>(q)].max_packet_bytes());
+      auto gq = grad(step, q);
+      gravac::compress_stats hs;
+      hp.resize(hosts[static_cast<std::size_t>(q)].compress(
+          gravac::host_view(gq.data(), gq.size()),
+          gravac::host_view(host_e[static_cast<std::size_t>(q)].data(), lay.numel()), p, hp, hs));
+    }
+    auto g = to_device(grad(step, r));
+    gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(g), gravac::device_view(e)};
+    gravac::compress_stats st;
+    gravac::step_report rep;
+    ca.aggregate(c, comm, buf, p, st, rep);
+    REQUIRE(rep.collective == gravac::collective_kind::compressed_allreduce);
+    const auto span = c.summed_pieces();
+    const std::vector<gravac::detail::sum_piece> pieces(span.begin(), span.end());
+    const auto got = to_host(g.data(), g.size());
+    const auto res = to_host(e.data(), e.size());
+    REQUIRE(
+        gravac::test::same_words(res.data(), host_e[static_cast<std::size_t>(r)].data(), res.size() * sizeof(float)));
+    // The pieces are the non-empty layers in order: the raw one in fp32, the others in 16 bits.
+    std::vector<std::size_t> layers;
+    for (std::size_t i = 0; i < lay.size(); ++i)
+      if (lay[i].numel > 0) layers.push_back(i);
+    REQUIRE(pieces.size() == layers.size());
+    double piece_bytes = 0;
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const auto& pc = pieces[k];
+      const auto& l = lay[layers[k]];
+      INFO("layer " << l.name);
+      REQUIRE(pc.count == l.numel);
+      const bool raw = layers[k] == raw_layer;
+      REQUIRE((pc.type == gravac::detail::sum_type::f32) == raw);
+      piece_bytes += static_cast<double>(pc.count * gravac::detail::sum_type_bytes(pc.type));
+      const double u = raw ? std::ldexp(1.0, -24) : u16;
+      const double sub = raw || f == gravac::cast16_format::bf16 ? 0.0 : std::ldexp(1.0, -25);
+      for (std::size_t i = 0; i < pc.count; ++i) {
+        double s = 0, mag = 0;
+        for (int q = 0; q < n; ++q) {
+          const double v = piece_value(packets[static_cast<std::size_t>(q)], pc, i);
+          s += v;
+          mag += std::fabs(v);
+        }
+        const float want = raw ? 0.0f + inv * static_cast<float>(s) : 0.0f + inv * (static_cast<float>(s) * mult);
+        const float have = got[l.offset + i];
+        if (exact) {
+          REQUIRE(std::memcmp(&have, &want, sizeof(float)) == 0);
+        } else {
+          const double bound =
+              (n - 1) * (u * mag + sub) + std::ldexp(std::fabs(static_cast<double>(want)), -22) + 1e-30;
+          REQUIRE(std::fabs(static_cast<double>(have) - static_cast<double>(want)) <= bound);
+        }
+      }
+    }
+    const auto w = gravac::wire_bytes::allreduce(n, piece_bytes);
+    REQUIRE(rep.wire_bytes_sent == w.sent);
+    REQUIRE(rep.wire_bytes_received == w.received);
+    REQUIRE(rep.bytes_sent == static_cast<std::size_t>(piece_bytes));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: the 16-bit sum equals the host reference") {
+  for (const auto f : {gravac::cast16_format::fp16, gravac::cast16_format::bf16}) {
+    INFO("format " << static_cast<int>(f));
+    check_cast16_path(f, true);   // sums exact in 16 bits: bit for bit
+    check_cast16_path(f, false);  // gaussian data: within the 16-bit sum's rounding
+  }
+}
+
+TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: an fp16 sum that overflows is rejected, return_sent") {
+  gravac::nccl_communicator comm(world());
+  const int n = comm.size();
+  const auto lay = gravac::layout::flat(4099);
+  gravac::cast16_cuda c(lay, {.format = gravac::cast16_format::fp16});
+  gravac::cast16 host(lay, {.format = gravac::cast16_format::fp16});
+  gravac::compressed_allreduce ca(lay);
+  ca.prepare(c);
+  auto p = gravac::test::params_for(lay, 0.5);
+  p.ranks = n;
+  // u / N = 60000 on every rank: one code is finite, the fp16 sum of two or more is not.
+  std::vector<float> g0(lay.numel(), 60000.0f * static_cast<float>(n));
+  g0[7] = -1.5f * static_cast<float>(n);  // one ordinary value beside them
+  auto g = to_device(g0);
+  auto e = to_device(std::vector<float>(lay.numel(), 0.0f));
+  gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(g), gravac::device_view(e)};
+  gravac::compress_stats st;
+  gravac::step_report rep;
+  std::vector<float> host_e(lay.numel(), 0.0f), hg = g0;
+  std::vector<std::byte> packet(host.max_packet_bytes());
+  gravac::compress_stats hs;
+  packet.resize(host.compress(gravac::host_view(hg.data(), hg.size()), gravac::host_view(host_e.data(), host_e.size()),
+                              p, packet, hs));
+  if (n >= 2) {
+    REQUIRE_THROWS_AS(ca.aggregate(c, comm, buf, p, st, rep), gravac::error);
+    const auto kept = to_host(g.data(), g.size());
+    REQUIRE(std::memcmp(kept.data(), g0.data(), g0.size() * sizeof(float)) == 0);  // the gradient intact
+  } else {
+    ca.aggregate(c, comm, buf, p, st, rep);  // one rank: the "sum" is the code itself
+  }
+  // The residual is u minus the 16-bit value sent; return_sent adds the packet back to it,
+  // as the host decoder would add the same packet.
+  auto res = to_host(e.data(), e.size());
+  REQUIRE(gravac::test::same_words(res.data(), host_e.data(), res.size() * sizeof(float)));
+  ca.return_sent(c, buf);
+  host.decompress_add(packet, gravac::host_view(host_e.data(), host_e.size()), 1.0f);
+  res = to_host(e.data(), e.size());
+  REQUIRE(gravac::test::same_words(res.data(), host_e.data(), res.size() * sizeof(float)));
+}
