@@ -191,6 +191,31 @@ TEST_CASE("trainer<topk_cuda, allreduce_compatible, fixed_policy> over NCCL equa
 
 namespace {
 
+// The asynchronous step's calls on device memory: ready() takes the stream as a
+// cudaStream_t or a stream_ref, an integer second argument is still a ready time, and a
+// host span is not device memory; a host trainer has no stream form.
+using device_trainer = gravac::trainer<gravac::topk_cuda, gravac::allgather, gravac::fixed_policy>;
+static_assert(requires(device_trainer & t, gravac::grad_view<gravac::cuda_space> g, cudaStream_t s,
+                       gravac::stream_ref sr) {
+  t.begin_step(g);
+  t.ready(std::size_t{0});
+  t.ready(std::size_t{0}, s);
+  t.ready(std::size_t{0}, sr);
+  t.ready(std::size_t{0}, 0.5);
+  t.ready(std::size_t{0}, 0);
+  t.finish();
+});
+template <class T, class G>
+concept begins_on = requires(T& t, G g) {
+  t.begin_step(g);
+};
+template <class T, class S>
+concept ready_on = requires(T& t, S s) {
+  t.ready(std::size_t{0}, s);
+};
+static_assert(!begins_on<device_trainer, std::span<float>>);
+static_assert(!ready_on<gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy>, cudaStream_t>);
+
 // How the asynchronous step below hands its layers over: each layer's gradient is copied
 // in by an asynchronous copy on a stream just before ready(), so a bucket that did not wait
 // for its layers' events would read the zeros the buffer starts with.
