@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/collective/detail/sum_pieces.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 
@@ -67,6 +68,21 @@ class communicator_ref {
                   "mpi_communicator, thread_communicator or a decorator of one)");
     vt_->alltoall(self_, in, send_sizes, out, recv_sizes);
   }
+  //! Whether the referenced engine sums a packet's pieces in their own type
+  //! (allreduce_sum_pieces: nccl_communicator).
+  [[nodiscard]] bool has_allreduce_sum_pieces() const noexcept { return vt_->sum_pieces != nullptr; }
+  //! Copies \p in to \p out and sums every piece of \p out over the ranks in its own type
+  //! (compressed_allreduce's 16-bit path); throws gravac::error (invalid_argument) when the
+  //! referenced engine has none (has_allreduce_sum_pieces() is false). Forwarded so that a
+  //! trainer, which holds its engine through this reference, reaches the engine's own sum.
+  void allreduce_sum_pieces(std::span<const std::byte> in, std::span<std::byte> out,
+                            std::span<const detail::sum_piece> pieces) {
+    if (!vt_->sum_pieces)
+      throw error(status::invalid_argument,
+                  "allreduce_sum_pieces: this communicator has none (the 16-bit path of the compressed allreduce "
+                  "needs nccl_communicator)");
+    vt_->sum_pieces(self_, in, out, pieces);
+  }
   //! Broadcast from \p root.
   void broadcast(std::span<std::byte> d, int root) { vt_->bcast(self_, d, root); }
   //! Broadcast of typed values from \p root.
@@ -101,6 +117,8 @@ class communicator_ref {
     void (*gather)(void*, std::span<const std::byte>, byte_buffer&, std::vector<std::size_t>&);
     void (*alltoall)(void*, std::span<const std::byte>, std::span<const std::size_t>, byte_buffer&,
                      std::vector<std::size_t>&);  // null when the engine has no alltoallv
+    void (*sum_pieces)(void*, std::span<const std::byte>, std::span<std::byte>,
+                       std::span<const detail::sum_piece>);  // null when the engine has no allreduce_sum_pieces
     void (*bcast)(void*, std::span<std::byte>, int);
     void (*barrier)(void*);
     double (*modeled)(const void*);
@@ -120,6 +138,19 @@ class communicator_ref {
   }
 
   template <class M>
+  static constexpr auto sum_pieces_entry() noexcept {
+    using fn = void (*)(void*, std::span<const std::byte>, std::span<std::byte>, std::span<const detail::sum_piece>);
+    if constexpr (requires(M & m, std::span<const std::byte> in, std::span<std::byte> out,
+                           std::span<const detail::sum_piece> pc) { m.allreduce_sum_pieces(in, out, pc); })
+      return static_cast<fn>(
+          [](void* s, std::span<const std::byte> in, std::span<std::byte> out, std::span<const detail::sum_piece> pc) {
+            static_cast<M*>(s)->allreduce_sum_pieces(in, out, pc);
+          });
+    else
+      return static_cast<fn>(nullptr);
+  }
+
+  template <class M>
   static constexpr vtable table{
       [](const void* s) { return static_cast<const M*>(s)->rank(); },
       [](const void* s) { return static_cast<const M*>(s)->size(); },
@@ -130,6 +161,7 @@ class communicator_ref {
         static_cast<M*>(s)->allgatherv(in, out, sz);
       },
       alltoall_entry<M>(),
+      sum_pieces_entry<M>(),
       [](void* s, std::span<std::byte> d, int root) { static_cast<M*>(s)->broadcast(d, root); },
       [](void* s) { static_cast<M*>(s)->barrier(); },
       [](const void* s) -> double {
