@@ -48,7 +48,8 @@ enum class non_finite_action : std::uint8_t {
   //! the failing rank's residual is unchanged. The step counter does not advance. On
   //! device memory (no control plane rides in the device collectives) every rank screens
   //! its whole u before anything is sent and one small Allreduce decides: every residual
-  //! is then unchanged.
+  //! is then unchanged. The asynchronous device step decides so per bucket, before each is
+  //! sent: the buckets sent before give back what they sent, as on the host.
   throw_error,
   //! skip the step on every rank: gradient zeroed, residuals untouched. The ranks must know
   //! before anything is sent, which costs one small Allreduce per step.
@@ -268,8 +269,10 @@ class trainer {
   //!
   //! With `on_non_finite = skip_step` nothing is sent before finish(): the ranks must agree
   //! to skip before any residual changes, so that mode forgoes the overlap. On device
-  //! memory `throw_error` (the default) does too, for the same reason (the device
-  //! collectives carry no flag): the overlap needs `zero_values` or `ignore` there.
+  //! memory `throw_error` (the default) agrees per bucket instead, just before the bucket
+  //! is sent (the device collectives carry no flag): when a rank finds a non-finite value
+  //! every rank throws there, the buckets already sent give what they sent back to the
+  //! residual and the others are left as they were.
   const step_report& finish() {
     require(in_step_ && async_, "trainer::finish: no asynchronous step in progress (call begin_step first)");
     // Backward ends now, or, on a timeline the caller gave, at its last ready time.
@@ -533,13 +536,10 @@ class trainer {
   }
 
   // Whether the asynchronous step may send buckets before finish(): not when the ranks
-  // must first agree on the whole gradient's non-finite values (skip_step; throw_error on
-  // device memory, whose collectives carry no flag), as the synchronous step does before
-  // its first bucket.
+  // must first agree on the whole gradient's non-finite values (skip_step), as the
+  // synchronous step does before its first bucket.
   [[nodiscard]] bool sends_before_finish() const noexcept {
-    if (options_.on_non_finite == non_finite_action::skip_step) return false;
-    if constexpr (!memory_space::host_accessible) return options_.on_non_finite != non_finite_action::throw_error;
-    return true;
+    return options_.on_non_finite != non_finite_action::skip_step;
   }
 
   // Marks layer i ready at ready_s; the buckets whose layers are all ready, in order from
@@ -558,7 +558,7 @@ class trainer {
   bool skip_agreed_before_sending() {
     if constexpr (!memory_space::host_accessible) {
       if (options_.on_non_finite == non_finite_action::throw_error) {
-        throw_if_non_finite_before_sending();
+        if (!async_) throw_if_non_finite_before_sending();  // the asynchronous step agrees per bucket
         return false;
       }
     }
@@ -578,12 +578,43 @@ class trainer {
   // copy of a flag per layer back, one wait for the stream and that small allreduce. When
   // any rank failed, every rank throws as the host does (naming its layer, or the failing
   // rank) with nothing sent: gradients, residuals and step counter are as before the step
-  // (on the host a rank's gradient then holds what its collective left there).
+  // (on the host a rank's gradient then holds what its collective left there). The
+  // asynchronous step decides per bucket instead (throw_if_non_finite_before_sending_bucket).
   void throw_if_non_finite_before_sending() {
     bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
     double flag[2] = {bad_layer_ >= 0 ? 1.0 : 0.0, bad_layer_ >= 0 ? comm_.rank() + 1.0 : 0.0};
     comm_.allreduce_sum(std::span<double>(flag, 2));
     if (flag[0] != 0) throw_non_finite(flag[0], flag[1]);
+  }
+
+  // Device memory, throw_error, asynchronous step: the whole gradient is not there before
+  // the first bucket, so the agreement of throw_if_non_finite_before_sending runs per
+  // bucket, on the communication thread just before the bucket is sent: this rank screens
+  // the bucket's u and one allreduce of two host doubles decides. When any rank failed,
+  // the buckets already sent give what they sent back to their residuals (which then hold
+  // u = g + e there, as on the host) and every rank throws, naming its layer or the
+  // failing rank; the bucket and the later ones are left as they were (nothing of them
+  // was sent). Its cost per bucket: one kernel over the bucket's g and e, one copy back,
+  // one wait for the compressor's stream and that small allreduce, none of it in the
+  // caller's thread. A step without non-finite values gives step()'s bits.
+  void throw_if_non_finite_before_sending_bucket(std::size_t b) {
+    if constexpr (!memory_space::host_accessible) {
+      if (options_.on_non_finite != non_finite_action::throw_error) return;
+      const bucket& bk = plan_[b];
+      const long bad = scan_non_finite(buckets_[b]->compressor, bk.first_layer, bk.last_layer);
+      if (bad >= 0 && bad_layer_ < 0) bad_layer_ = bad;
+      double flag[2] = {bad >= 0 ? 1.0 : 0.0, bad >= 0 ? comm_.rank() + 1.0 : 0.0};
+      comm_.allreduce_sum(std::span<double>(flag, 2));
+      if (flag[0] == 0) return;
+      if constexpr (requires(K & k, C & c, step_buffers<memory_space> & sb) { k.return_sent(c, sb); }) {
+        for (std::size_t sent = 0; sent < b; ++sent)
+          buckets_[sent]->collective.return_sent(buckets_[sent]->compressor, buckets_[sent]->buffers);
+      }
+      residual_zero_ = false;
+      throw_non_finite(flag[0], flag[1]);
+    } else {
+      (void)b;
+    }
   }
 
   // The communication thread's bucket: on a device the step's device is made current
@@ -611,6 +642,7 @@ class trainer {
     const grad_view<memory_space> g(grads_.data() + bk.offset, bk.numel);
     const grad_view<memory_space> e(residual_.data() + bk.offset, bk.numel);
     if (async_) events_.wait(s.compressor, bk.first_layer, bk.last_layer);
+    if (async_) throw_if_non_finite_before_sending_bucket(b);
     screen_bucket(s, bk, g);
     if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x, std::size_t{}, std::size_t{}); }) {
       if constexpr (memory_space::host_accessible)

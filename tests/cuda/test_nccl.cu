@@ -3,13 +3,15 @@
 // host reference, and trainer<topk_cuda, allreduce_compatible, fixed_policy> (AR-Topk's
 // NCCL broadcast and Allreduce) against the host trainer on thread ranks, and the
 // asynchronous device step (begin_step, ready per layer on a stream, finish) against the
-// synchronous one. Skipped (exit 77) without a GPU.
+// synchronous one and its errors. Skipped (exit 77) without a GPU.
 #include <algorithm>
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -346,4 +348,45 @@ TEST_CASE("the asynchronous device step refuses misuse clearly and stays usable"
   CHECK(t.steps() == 1);
   CHECK_NOTHROW(t.step(gravac::device_view(g)));
   CHECK(t.steps() == 2);
+}
+
+TEST_CASE("a non-finite gradient ends the asynchronous device step on every rank at its bucket, nothing lost") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank();
+  const auto lay = gravac::test::mixed_layout();  // buckets: tail | fc2 | fc1 + empty | conv1.bias | conv1.weight
+  using T = gravac::trainer<gravac::topk_cuda, gravac::allgather, gravac::fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.2;
+  opt.bucket_bytes = gravac::bucket_per_layer;  // on_non_finite: throw_error, agreed per bucket
+  T t(comm, lay, opt);
+  auto h = gravac::test::make_data(lay.numel(), 40 + static_cast<std::uint64_t>(r));
+  if (r == 0) h[lay[2].offset + 7] = std::numeric_limits<float>::quiet_NaN();
+  auto g = to_device(h);
+  t.begin_step(gravac::device_view(g));
+  for (std::size_t i = lay.size(); i-- > 0;) t.ready(i);
+  std::string what;
+  try {
+    t.finish();
+  } catch (const gravac::error& e) {
+    CHECK(e.code() == gravac::status::non_finite);
+    what = e.what();
+  }
+  if (r == 0)
+    CHECK_THAT(what, Catch::Contains("layer 'fc1.weight'"));
+  else
+    CHECK_THAT(what, Catch::Contains("rank 0's gradient"));
+  CHECK(t.steps() == 0);  // the step did not count
+  // tail and fc2 were sent and given back: their residual is u = g + e = g (e was 0); from
+  // fc1's bucket on nothing was sent: residual 0, gradient as the caller wrote it.
+  const auto e = to_host(t.residual_view().data(), lay.numel());
+  const auto got = to_host(g.data(), g.size());
+  for (std::size_t i = 0; i < lay.size(); ++i) {
+    const auto& l = lay[i];
+    INFO("layer " << l.name);
+    for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) REQUIRE(e[j] == (i >= 4 ? h[j] : 0.0f));
+    if (i < 4) REQUIRE(std::memcmp(got.data() + l.offset, h.data() + l.offset, l.numel * sizeof(float)) == 0);
+  }
+  auto ok = to_device(gravac::test::make_data(lay.numel(), 50 + static_cast<std::uint64_t>(r)));
+  CHECK_NOTHROW(t.step(gravac::device_view(ok)));
+  CHECK(t.steps() == 1);
 }
