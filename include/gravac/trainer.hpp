@@ -209,9 +209,11 @@ class trainer {
                   "initialise MPI with a thread level",
                   comm_.rank());
     if (!worker_) worker_ = std::make_unique<detail::bucket_worker>(&trainer::run_bucket_on_worker, this);
-    events_.begin(layout_.size());  // device: the layers' events, created on the first step only
     start_step(grads, true);
     try {
+      // After start_step's check: a refused begin_step must not touch the events (nor the
+      // device the communication thread may be reading for the step in progress).
+      events_.begin(layout_.size());          // device: the layers' events, created on the first step only
       worker_->begin(buckets_.size(), this);  // starts the thread on the first step
     } catch (...) {
       in_step_ = false;
