@@ -2,7 +2,10 @@
 // one rank per GPU): nccl_communicator::alltoallv against the blocks every rank must
 // receive, and compressed_allreduce's 16-bit path (cast16_cuda, its codes summed by an
 // NCCL Allreduce in fp16 or bf16) against a host reference built from the host cast16's
-// packets of every rank, an fp16 sum that overflows, and return_sent. Skipped (exit 77)
+// packets of every rank, an fp16 sum that overflows, and return_sent; the two stages on
+// device memory (sign_cuda, qsgd_cuda, terngrad_cuda) bit for bit against a serial host
+// reference of the same ranks' inputs, a malformed piece refused with nothing changed, the
+// server residual's checkpoint, and the trainer compositions over NCCL. Skipped (exit 77)
 // without a GPU.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -15,6 +18,9 @@
 #include "gravac/comm/nccl_communicator.hpp"
 #include "gravac/compress/detail/half.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
+#include "gravac/cuda/qsgd_cuda.hpp"
+#include "gravac/cuda/sign_cuda.hpp"
+#include "gravac/cuda/terngrad_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
 
@@ -33,6 +39,16 @@ static_assert(gravac::PieceSumCommunicator<gravac::nccl_communicator, gravac::ca
 static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::cast16_cuda>);
 // The host engines have no piece sums: host cast16 keeps the two stages with fp32 sums.
 static_assert(!gravac::PieceSumCommunicator<gravac::mpi_communicator, gravac::cast16_cuda>);
+// The trainer's reference forwards the piece sums (it is what a trainer calls).
+static_assert(gravac::PieceSumCommunicator<gravac::communicator_ref<gravac::cuda_space>, gravac::cast16_cuda>);
+// The device quantizers run on shards, but cast16_cuda, whose path is the 16-bit sum.
+static_assert(gravac::DeviceShardableCompressor<gravac::qsgd_cuda>);
+static_assert(gravac::DeviceShardableCompressor<gravac::terngrad_cuda>);
+static_assert(gravac::DeviceShardableCompressor<gravac::sign_cuda>);
+static_assert(!gravac::DeviceShardableCompressor<gravac::cast16_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::qsgd_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::terngrad_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::sign_cuda>);
 
 // Bytes rank q sends rank j: uneven, and empty for every pair with (q + j) % 3 == 0 (so
 // every rank has empty blocks both ways once there are 3 ranks, and the self block of
@@ -261,4 +277,321 @@ TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: an fp16 sum that overflo
   host.decompress_add(packet, gravac::host_view(host_e.data(), host_e.size()), 1.0f);
   res = to_host(e.data(), e.size());
   REQUIRE(gravac::test::same_words(res.data(), host_e.data(), res.size() * sizeof(float)));
+}
+
+namespace {
+
+// mixed_layout plus a layer larger than a qsgd bucket and one smaller than the rank count
+// (empty shards).
+gravac::layout device_shard_layout() {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {70001}, gravac::layer_kind::dense);
+  lay.add("tiny", {3}, gravac::layer_kind::bias_or_norm);
+  return lay;
+}
+
+// The serial host reference of one step over N ranks (as test_compressed_allreduce's):
+// rank q compresses shard j of u_q with a host compressor over shard j's layout; shard j's
+// packets are averaged in rank order, the average is compressed again with server residual
+// j (seed server_seed), and the result is every rank's shard j. Updates e (per rank) and
+// server (per shard) as the ranks would; \p sent gets rank \p me's N shard packets.
+template <class H>
+std::vector<float> two_stage_reference(const gravac::layout& lay, const typename H::options& opt,
+                                       const gravac::step_params& p, const std::vector<std::vector<float>>& g,
+                                       std::vector<std::vector<float>>& e, std::vector<std::vector<float>>& server,
+                                       std::size_t me, std::vector<std::vector<std::byte>>& sent) {
+  using gravac::grad_view;
+  using gravac::host_space;
+  const std::size_t n = g.size();
+  const gravac::detail::shard_plan plan(lay, n);
+  std::vector<std::vector<std::vector<std::byte>>> packets(n, std::vector<std::vector<std::byte>>(n));
+  for (std::size_t q = 0; q < n; ++q)
+    for (std::size_t j = 0; j < n; ++j) {
+      H c(plan.shard_layout(j), opt);
+      std::vector<float> gs(plan.numel(j)), es(plan.numel(j));
+      plan.gather(j, g[q].data(), gs.data());
+      plan.gather(j, e[q].data(), es.data());
+      std::vector<std::byte> packet(c.max_packet_bytes());
+      gravac::compress_stats st;
+      packet.resize(c.compress(grad_view<host_space>(gs.data(), gs.size()), grad_view<host_space>(es.data(), es.size()),
+                               p, packet, st));
+      packets[q][j] = packet;
+      plan.scatter(j, es.data(), e[q].data());
+    }
+  std::vector<float> out(lay.numel(), 0.0f);
+  server.resize(n);
+  gravac::step_params p2 = p;
+  p2.seed = gravac::server_seed(p.seed);
+  sent = packets[me];
+  for (std::size_t j = 0; j < n; ++j) {
+    H dec(plan.shard_layout(j), opt);
+    std::vector<float> avg(plan.numel(j), 0.0f);
+    for (std::size_t q = 0; q < n; ++q)
+      dec.decompress_add(packets[q][j], grad_view<host_space>(avg.data(), avg.size()), 1.0f / static_cast<float>(n));
+    server[j].resize(plan.numel(j), 0.0f);
+    H s(plan.shard_layout(j), opt);
+    std::vector<std::byte> packet(s.max_packet_bytes());
+    gravac::compress_stats st;
+    const std::size_t b = s.compress(grad_view<host_space>(avg.data(), avg.size()),
+                                     grad_view<host_space>(server[j].data(), server[j].size()), p2, packet, st);
+    std::vector<float> shard(plan.numel(j), 0.0f);
+    dec.decompress_add(std::span<const std::byte>(packet.data(), b), grad_view<host_space>(shard.data(), shard.size()),
+                       1.0f);
+    plan.scatter(j, shard.data(), out.data());
+  }
+  return out;
+}
+
+// The floats at the end of a server-residual blob (compressed_allreduce::save).
+std::vector<float> blob_values(const std::vector<std::byte>& blob, std::size_t count) {
+  std::vector<float> v(count);
+  REQUIRE(blob.size() >= count * sizeof(float));
+  if (count) std::memcpy(v.data(), blob.data() + blob.size() - count * sizeof(float), count * sizeof(float));
+  return v;
+}
+
+// Rank q's gradient of step s (every rank computes every rank's, for the reference).
+std::vector<float> shard_grad(const gravac::layout& lay, std::uint64_t s, int q) {
+  return gravac::test::make_data(lay.numel(), 500 + 10 * s + static_cast<std::uint64_t>(q),
+                                 s % 2 ? gravac::test::distribution::laplace : gravac::test::distribution::gaussian);
+}
+
+// compressed_allreduce<D> over NCCL against the serial host reference of H with the same
+// options, over two steps: the gradient, the client residual and the server residual
+// (through save(), whose blob a host compressed_allreduce loads and saves back unchanged)
+// bit for bit; then return_sent restores both residuals.
+template <class D, class H>
+void check_device_two_stages(const typename D::options& dopt, const typename H::options& hopt) {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  const auto me = static_cast<std::size_t>(r);
+  const auto lay = device_shard_layout();
+  const gravac::detail::shard_plan plan(lay, static_cast<std::size_t>(n));
+  D c(lay, dopt);
+  gravac::compressed_allreduce ca(lay);
+  ca.prepare(c);
+  std::vector<std::vector<float>> e(static_cast<std::size_t>(n), std::vector<float>(lay.numel(), 0.0f)), server;
+  auto ed = to_device(std::vector<float>(lay.numel(), 0.0f));
+  std::vector<std::byte> blob;
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    INFO("step " << s);
+    auto p = gravac::test::params_for(lay, 0.01, s);
+    p.ranks = n;
+    p.kept_fraction[2] = 1.0;  // one layer raw in both stages
+    std::vector<std::vector<float>> g;
+    for (int q = 0; q < n; ++q) g.push_back(shard_grad(lay, s, q));
+    const auto server_before = server;
+    std::vector<std::vector<std::byte>> sent;
+    const auto want = two_stage_reference<H>(lay, hopt, p, g, e, server, me, sent);
+    auto gd = to_device(g[me]);
+    gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(gd), gravac::device_view(ed)};
+    gravac::compress_stats st;
+    gravac::step_report rep;
+    ca.aggregate(c, comm, buf, p, st, rep);
+    REQUIRE(rep.collective == gravac::collective_kind::compressed_allreduce);
+    const auto got = to_host(gd.data(), gd.size());
+    REQUIRE(gravac::test::same_words(got.data(), want.data(), want.size() * sizeof(float)));
+    const auto res = to_host(ed.data(), ed.size());
+    REQUIRE(gravac::test::same_words(res.data(), e[me].data(), res.size() * sizeof(float)));
+    std::vector<std::byte> blob;
+    ca.save(blob);
+    const auto sv = blob_values(blob, plan.numel(me));
+    REQUIRE(gravac::test::same_words(sv.data(), server[me].data(), sv.size() * sizeof(float)));
+    // The host's format: a host compressed_allreduce accepts the blob and writes it back.
+    {
+      gravac::compressed_allreduce host(lay);
+      H hc(lay, hopt);
+      host.prepare(hc);
+      host.load(blob);
+      std::vector<std::byte> again;
+      host.save(again);
+      REQUIRE(again == blob);
+    }
+    if (s == 1) {
+      // return_sent: this rank's shard packets go back into e (as the host decoders add
+      // them), and the server residual is the one before the step.
+      ca.return_sent(c, buf);
+      for (std::size_t j = 0; j < plan.size(); ++j) {
+        H dec(plan.shard_layout(j), hopt);
+        std::vector<float> piece(plan.numel(j));
+        plan.gather(j, e[me].data(), piece.data());
+        dec.decompress_add(sent[j], gravac::grad_view<gravac::host_space>(piece.data(), piece.size()), 1.0f);
+        plan.scatter(j, piece.data(), e[me].data());
+      }
+      const auto back = to_host(ed.data(), ed.size());
+      REQUIRE(gravac::test::same_words(back.data(), e[me].data(), back.size() * sizeof(float)));
+      ca.save(blob);
+      const auto sb = blob_values(blob, plan.numel(me));
+      REQUIRE(gravac::test::same_words(sb.data(), server_before[me].data(), sb.size() * sizeof(float)));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "compressed_allreduce<sign_cuda|qsgd_cuda|terngrad_cuda> over NCCL equals the host's two stages bit for bit") {
+  SECTION("sign") { check_device_two_stages<gravac::sign_cuda, gravac::sign>({}, {}); }
+  SECTION("qsgd, 127 levels, buckets of 512") { check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({}, {}); }
+  SECTION("qsgd, 7 levels, whole layers") {
+    check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({.levels = 7, .bucket = 0}, {.levels = 7, .bucket = 0});
+  }
+  SECTION("terngrad") { check_device_two_stages<gravac::terngrad_cuda, gravac::terngrad>({}, {}); }
+}
+
+namespace gravac_nccl_test {
+
+// Every rank damages the block it received from the last rank (its packet header), so
+// every rank refuses it in the same place and none waits in a later collective. Outside
+// the anonymous namespace: the members the concept needs but the test does not call would
+// each be an unused-function warning there.
+class damaging_nccl {
+ public:
+  using communicator_tag = void;
+  using memory_space = gravac::cuda_space;
+  using byte_buffer = gravac::device_byte_buffer;
+  explicit damaging_nccl(gravac::nccl_communicator& c) : c_(c) {}
+  [[nodiscard]] int rank() const { return c_.rank(); }
+  [[nodiscard]] int size() const { return c_.size(); }
+  void allreduce_sum(std::span<float> d) { c_.allreduce_sum(d); }
+  void allreduce_sum(std::span<double> d) { c_.allreduce_sum(d); }
+  void allreduce_max(std::span<double> d) { c_.allreduce_max(d); }
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    c_.allgatherv(in, out, sizes);
+  }
+  void alltoallv(std::span<const std::byte> in, std::span<const std::size_t> send_sizes, byte_buffer& out,
+                 std::vector<std::size_t>& recv_sizes) {
+    c_.alltoallv(in, send_sizes, out, recv_sizes);
+    std::size_t at = 0;
+    for (std::size_t q = 0; q + 1 < recv_sizes.size(); ++q) at += recv_sizes[q];
+    if (recv_sizes.back()) GRAVAC_TRY_CUDA(cudaMemset(out.data() + at, 0xff, 1));  // the packet's magic
+  }
+  void broadcast(std::span<std::byte> d, int root) { c_.broadcast(d, root); }
+  void barrier() { c_.barrier(); }
+
+ private:
+  gravac::nccl_communicator& c_;
+};
+static_assert(gravac::AlltoallCommunicator<damaging_nccl>);
+
+}  // namespace gravac_nccl_test
+
+TEST_CASE("compressed_allreduce<qsgd_cuda> over NCCL refuses a malformed piece, naming its sender, nothing changed") {
+  gravac::nccl_communicator nccl(world());
+  gravac_nccl_test::damaging_nccl comm(nccl);
+  const int n = comm.size();
+  const auto lay = device_shard_layout();
+  gravac::qsgd_cuda c(lay);
+  gravac::compressed_allreduce ca(lay);
+  ca.prepare(c);
+  auto p = gravac::test::params_for(lay, 0.01);
+  p.ranks = n;
+  const auto g0 = shard_grad(lay, 0, comm.rank());
+  auto gd = to_device(g0);
+  auto ed = to_device(std::vector<float>(lay.numel(), 0.0f));
+  gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(gd), gravac::device_view(ed)};
+  gravac::compress_stats st;
+  gravac::step_report rep;
+  std::string what;
+  bool malformed = false;
+  try {
+    ca.aggregate(c, comm, buf, p, st, rep);
+  } catch (const gravac::error& x) {
+    what = x.what();
+    malformed = x.code() == gravac::status::malformed_packet;
+  }
+  INFO(what);
+  // The last rank's block to every rank is damaged (a shard whose layer pieces are all
+  // empty still travels as a header-only packet), so every rank refuses it.
+  REQUIRE(malformed);
+  REQUIRE(what.find("from rank " + std::to_string(n - 1)) != std::string::npos);
+  const auto kept = to_host(gd.data(), gd.size());
+  REQUIRE(std::memcmp(kept.data(), g0.data(), g0.size() * sizeof(float)) == 0);  // the gradient intact
+  std::vector<std::byte> blob;
+  ca.save(blob);
+  const gravac::detail::shard_plan plan(lay, static_cast<std::size_t>(n));
+  for (const float v : blob_values(blob, plan.numel(static_cast<std::size_t>(comm.rank())))) REQUIRE(v == 0.0f);
+}
+
+TEST_CASE("compressed_allreduce<sign_cuda> over NCCL: the server residual round-trips through save and load") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  const auto lay = device_shard_layout();
+  gravac::sign_cuda c(lay);
+  gravac::compressed_allreduce ca(lay);
+  ca.prepare(c);
+  auto ed = to_device(std::vector<float>(lay.numel(), 0.0f));
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    auto p = gravac::test::params_for(lay, 0.01, s);
+    p.ranks = n;
+    auto gd = to_device(shard_grad(lay, s, r));
+    gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(gd), gravac::device_view(ed)};
+    gravac::compress_stats st;
+    gravac::step_report rep;
+    ca.aggregate(c, comm, buf, p, st, rep);
+  }
+  std::vector<std::byte> blob;
+  ca.save(blob);
+  REQUIRE(!blob.empty());
+  // Loaded into a fresh device collective: saved back unchanged before a step (the loaded
+  // values wait on the host), then uploaded by the next step, which both collectives take
+  // on the same input and residual, bit for bit alike.
+  gravac::sign_cuda c2(lay);
+  gravac::compressed_allreduce other(lay);
+  other.prepare(c2);
+  other.load(blob);
+  std::vector<std::byte> again;
+  other.save(again);
+  REQUIRE(again == blob);
+  auto e2 = to_device(to_host(ed.data(), ed.size()));
+  auto p = gravac::test::params_for(lay, 0.01, 2);
+  p.ranks = n;
+  const auto g2 = shard_grad(lay, 2, r);
+  auto ga = to_device(g2), gb = to_device(g2);
+  gravac::step_buffers<gravac::cuda_space> ba{gravac::device_view(ga), gravac::device_view(ed)};
+  gravac::step_buffers<gravac::cuda_space> bb{gravac::device_view(gb), gravac::device_view(e2)};
+  gravac::compress_stats st;
+  gravac::step_report rep;
+  ca.aggregate(c, comm, ba, p, st, rep);
+  other.aggregate(c2, comm, bb, p, st, rep);
+  const auto xa = to_host(ga.data(), ga.size()), xb = to_host(gb.data(), gb.size());
+  REQUIRE(std::memcmp(xa.data(), xb.data(), xa.size() * sizeof(float)) == 0);
+  std::vector<std::byte> sa, sb;
+  ca.save(sa);
+  other.save(sb);
+  REQUIRE(sa == sb);
+  // A blob of another layout is refused.
+  const auto flat = gravac::layout::flat(lay.numel());
+  gravac::compressed_allreduce wrong(flat);
+  gravac::sign_cuda c3(flat);
+  wrong.prepare(c3);
+  REQUIRE_THROWS_AS(wrong.load(blob), gravac::error);
+}
+
+namespace {
+
+// Two steps of trainer<D, compressed_allreduce, fixed_policy> over NCCL: the composition
+// compiles, and its step runs the device two stages (or cast16_cuda's 16-bit path).
+template <class D>
+void trainer_steps(const typename D::options& copt) {
+  gravac::nccl_communicator comm(world());
+  const auto lay = device_shard_layout();
+  using T = gravac::trainer<D, gravac::compressed_allreduce, gravac::fixed_policy>;
+  typename T::options opt;
+  opt.compressor = copt;
+  opt.policy.kept_fraction = 0.01;
+  T t(comm, lay, opt);
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    auto g = to_device(shard_grad(lay, s, comm.rank()));
+    const auto& rep = t.step(gravac::device_view(g));
+    REQUIRE(rep.collective == gravac::collective_kind::compressed_allreduce);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("trainer<qsgd_cuda|sign_cuda|cast16_cuda, compressed_allreduce, fixed_policy> over NCCL") {
+  trainer_steps<gravac::qsgd_cuda>({});
+  trainer_steps<gravac::sign_cuda>({});
+  trainer_steps<gravac::cast16_cuda>({});
 }

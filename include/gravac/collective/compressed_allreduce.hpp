@@ -38,6 +38,31 @@ struct piece_sum_workspace {
   typename default_byte_buffer<Space>::type packet;  //!< this rank's packet
   typename default_byte_buffer<Space>::type summed;  //!< the packet with its pieces summed over the ranks
 };
+
+//! The buffers of compressed_allreduce's two stages in memory space \p Space (the host's
+//! or the device's: the one body reads and writes them through space_ops::shard_staging).
+template <class Space>
+struct shard_workspace {
+  typename storage_for<Space>::type stage;    //!< shard-major staging of the gradient (every shard back to back)
+  typename storage_for<Space>::type average;  //!< this rank's shard: the average of the N packets
+  //! This rank's shard: the second stage's residual (state, saved with the checkpoint).
+  typename storage_for<Space>::type server_residual;
+  typename storage_for<Space>::type server_before;          //!< the server residual before the last step (return_sent)
+  typename default_byte_buffer<Space>::type send;           //!< this rank's N shard packets, back to back
+  typename default_byte_buffer<Space>::type received;       //!< the N packets of this rank's shard
+  typename default_byte_buffer<Space>::type server_packet;  //!< this rank's recompressed shard
+  typename default_byte_buffer<Space>::type gathered;       //!< every rank's recompressed shard
+};
+
+//! Device compressors that can run on shards: they say so (`runs_on_shards`, the device
+//! quantizers but cast16_cuda, whose path is the 16-bit sum), and have the stream-ordered
+//! members the device staging uses.
+template <class C>
+concept device_shardable = !C::memory_space::host_accessible && requires(const C& c) {
+  requires C::runs_on_shards;
+  c.stream();
+  c.synchronize();
+};
 }  // namespace detail
 
 //! Options of the compressed allreduce.
@@ -56,6 +81,17 @@ concept ShardableCompressor = Compressor<C> && !LowRankCompressor<C> && C::memor
                               (std::is_empty_v<typename C::options> || requires(const C& c) {
                                 { c.get_options() } -> std::convertible_to<const typename C::options&>;
                               });
+
+//! Device compressors the compressed allreduce runs on shards (qsgd_cuda, terngrad_cuda,
+//! sign_cuda): device memory, one packet per compress, `runs_on_shards`, and options it
+//! copies (`get_options()`, the stream included, so every shard's compressor queues on the
+//! caller's stream). Kept apart from ShardableCompressor, which flexible prices with host
+//! probes of the compressor.
+template <class C>
+concept DeviceShardableCompressor =
+    Compressor<C> && !LowRankCompressor<C> && detail::device_shardable<C> && requires(const C& c) {
+  { c.get_options() } -> std::convertible_to<const typename C::options&>;
+};
 
 //! Compressors whose packets a communicator can sum in place, piece by piece, in the
 //! values' own type: `summed_pieces()` lists where the last packet's values lie (a span
@@ -111,8 +147,17 @@ constexpr std::uint64_t server_seed(std::uint64_t seed) noexcept {
 //! rejected, the gradient intact), then decoded with the multiplier N and a scale of 1/N,
 //! so the result is float(sum of the 16-bit codes) * N * (1/N). There is no second
 //! compression and no server residual: the residual is the compressor's, u minus the
-//! 16-bit value sent. Compiled; not yet run on a GPU. The two stages on device memory
-//! (qsgd_cuda, terngrad_cuda, sign_cuda) are not there yet: those are not accepted.
+//! 16-bit value sent. Compiled; not yet run on a GPU.
+//!
+//! The two stages on device memory (a DeviceShardableCompressor: qsgd_cuda, terngrad_cuda,
+//! sign_cuda, over nccl_communicator) are the same body: what differs is
+//! detail::space_ops<Space>::shard_staging (the shard gathers and scatters are device copies
+//! on the compressor's stream) and the workspace's buffers (device memory). The shards'
+//! compressors have the host's shard layouts, names and random streams, so their packets
+//! are the host quantizers' wherever the device quantizers equal the host's. The step's
+//! control values are not carried on device memory (space_ops::carries_control). The server
+//! residual lives in device memory; save() copies it to the host and load() back, in the
+//! host's blob format. Compiled; not yet run on a GPU.
 class compressed_allreduce {
  public:
   //! Opt-in tag for the Collective concept.
@@ -122,7 +167,7 @@ class compressed_allreduce {
   //! Host compressors with one packet per compress whose options it can copy, and
   //! compressors whose packets can be summed piece by piece (cast16_cuda's 16-bit path).
   template <class C>
-  static constexpr bool accepts = ShardableCompressor<C> || PieceSummableCompressor<C>;
+  static constexpr bool accepts = ShardableCompressor<C> || DeviceShardableCompressor<C> || PieceSummableCompressor<C>;
   //! Why it may refuse a compressor (the trainer's message).
   static constexpr bool rejects_low_rank = true;
 
@@ -132,10 +177,10 @@ class compressed_allreduce {
   //! Sizes the dense path for compressor \p c and keeps a factory for the shards' compressors.
   template <Compressor C>
   void prepare(const C& c) {
-    static_assert(ShardableCompressor<C> || PieceSummableCompressor<C>,
+    static_assert(accepts<C>,
                   "compressed_allreduce: the compressor can neither run on shards nor be summed piece by piece");
     dense_.prepare(c);
-    if constexpr (!ShardableCompressor<C>) {
+    if constexpr (!on_shards<C>) {
       auto& w = pieces_.prepare<typename C::memory_space>();
       w.packet.resize(c.max_packet_bytes());
       w.summed.resize(c.max_packet_bytes());
@@ -150,7 +195,7 @@ class compressed_allreduce {
   template <Compressor C>
   void return_sent(C& c, step_buffers<typename C::memory_space>& buf) {
     if (last_dense_) return dense_.return_sent(c, buf);
-    if constexpr (!ShardableCompressor<C>) {
+    if constexpr (!on_shards<C>) {
       using space = typename C::memory_space;
       if (!sent_) return;
       auto& w = pieces_.get<space>("compressed_allreduce");
@@ -158,7 +203,7 @@ class compressed_allreduce {
       detail::space_ops<space>::finish(c);
       sent_ = false;
     } else {
-      return_sent_shards(buf);
+      return_sent_shards(c, buf);
     }
   }
 
@@ -168,11 +213,11 @@ class compressed_allreduce {
   void aggregate(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p, compress_stats& st,
                  step_report& r) {
     static_assert(CommunicatorFor<M, C>, "compressed_allreduce: the communicator must carry the compressor's memory");
-    if constexpr (!ShardableCompressor<C>) {
+    if constexpr (!on_shards<C>) {
       static_assert(PieceSumCommunicator<M, C>,
                     "compressed_allreduce: this compressor's path sums its packet's pieces in their own type and needs "
-                    "a communicator with allreduce_sum_pieces (nccl_communicator itself; the trainer's "
-                    "communicator_ref does not forward it)");
+                    "a communicator with allreduce_sum_pieces (nccl_communicator, or the trainer's communicator_ref "
+                    "over it)");
       last_dense_ = p.all_dense();
       if (last_dense_) return dense_.aggregate(c, comm, buf, p, st, r);
       aggregate_pieces(c, comm, buf, p, st, r);
@@ -181,24 +226,69 @@ class compressed_allreduce {
     }
   }
 
-  //! The server residual of this rank's shard, in shard order (layer by layer).
-  [[nodiscard]] std::span<const float> server_residual() const noexcept { return server_residual_; }
+  //! The server residual of this rank's shard, in shard order (layer by layer), for a host
+  //! compressor (a device compressor's is in device memory: save() copies it to the host).
+  [[nodiscard]] std::span<const float> server_residual() const noexcept {
+    const auto& r = shards_.get<host_space>("compressed_allreduce").server_residual;
+    return {r.data(), r.size()};
+  }
   //! The shard split of the last step (empty before the first).
   [[nodiscard]] const detail::shard_plan& plan() const noexcept { return plan_; }
 
  private:
+  // Whether the two stages run for C (host or device shards); the 16-bit path otherwise.
+  template <class C>
+  static constexpr bool on_shards = ShardableCompressor<C> || DeviceShardableCompressor<C>;
+
   template <Compressor C>
   void prepare_shards(const C& c) {
+    using space = typename C::memory_space;
     typename C::options opt{};
     if constexpr (requires { c.get_options(); }) opt = c.get_options();
+    // A server residual already held in another space's buffers (or a device workspace about
+    // to be replaced) waits in host memory for the next step's upload.
+    if (plan_.size() && !loaded_) {
+      if (download_) {
+        download_(*this, pending_);
+        loaded_ = true;
+      } else if constexpr (!std::same_as<space, host_space>) {
+        pending_ = shards_.get<host_space>("compressed_allreduce").server_residual;
+        loaded_ = true;
+      }
+    }
     codec_ = std::make_unique<codec_of<C>>(opt);
+    shards_.prepare<space>();
+    if constexpr (std::same_as<space, host_space>) {
+      download_ = nullptr;
+      if (loaded_) {
+        shards_.get<host_space>("compressed_allreduce").server_residual = std::move(pending_);
+        pending_.clear();
+        loaded_ = false;
+      }
+    } else {
+      download_ = &download_residual<space>;
+    }
+    built_ = false;  // the new codec and workspace are sized at the next step
   }
 
+  // Copies a device workspace's server residual to the host (save(), a re-prepare).
   template <class Space>
-  void return_sent_shards(step_buffers<Space>& buf) {
+  static void download_residual(const compressed_allreduce& self, std::vector<float>& out) {
+    const auto& w = self.shards_.get<Space>("compressed_allreduce");
+    out.resize(w.server_residual.size());
+    detail::space_ops<Space>::shard_staging::to_host(w.server_residual.data(), out.data(), out.size());
+  }
+
+  template <Compressor C>
+  void return_sent_shards(C& c, step_buffers<typename C::memory_space>& buf) {
+    using space = typename C::memory_space;
+    using ops = detail::space_ops<space>;
     if (!sent_) return;
-    codec_->return_sent(plan_, buf.residual.span(), send_, send_sizes_);
-    server_residual_ = server_before_;
+    auto& w = shards_.get<space>("compressed_allreduce");
+    codec_->return_sent(plan_, std::span<float>(buf.residual.data(), buf.residual.size()),
+                        std::span<const std::byte>(w.send.data(), w.send.size()), send_sizes_);
+    ops::shard_staging::copy(c, w.server_before.data(), w.server_residual.data(), w.server_residual.size());
+    ops::finish(c);
     sent_ = false;
   }
 
@@ -241,78 +331,94 @@ class compressed_allreduce {
     r.collective = collective_kind::compressed_allreduce;
   }
 
-  // The two stages (the class comment's steps 1 to 5).
+  // The two stages (the class comment's steps 1 to 5), in any memory space: the buffers are
+  // the workspace's, the copies and clears go through space_ops.
   template <Compressor C, Communicator M>
   void aggregate_shards(C& c, M& comm, step_buffers<typename C::memory_space>& buf, const step_params& p,
                         compress_stats& st, step_report& r) {
+    using space = typename C::memory_space;
+    using ops = detail::space_ops<space>;
+    using staging = typename ops::shard_staging;
     static_assert(AlltoallCommunicator<M>, "compressed_allreduce: the communicator needs alltoallv");
     last_dense_ = p.all_dense();
     if (last_dense_) return dense_.aggregate(c, comm, buf, p, st, r);
     if constexpr (requires { comm.has_alltoallv(); })
       require(comm.has_alltoallv(),
               "compressed_allreduce: the communicator has no alltoallv (it needs an "
-              "AlltoallCommunicator: mpi_communicator, thread_communicator or a decorator)");
-    ensure_plan(comm.size(), comm.rank());
+              "AlltoallCommunicator: mpi_communicator, thread_communicator, nccl_communicator or a decorator)");
+    auto& w = shards_.get<space>("compressed_allreduce");
+    ensure_plan(c, w, comm.size(), comm.rank());
     const auto n = static_cast<std::size_t>(comm.size());
     const auto me = static_cast<std::size_t>(comm.rank());
-    auto g = buf.grad.span();
-    auto e = buf.residual.span();
+    const std::span<float> g(buf.grad.data(), buf.grad.size());
+    const std::span<float> e(buf.residual.data(), buf.residual.size());
+    const auto view = [](float* at, std::size_t count) { return grad_view<space>(at, count); };
 
     // 1. Compress u = g + e shard by shard; the shards' residuals go back into e.
     const auto t0 = std::chrono::steady_clock::now();
     st.reset(layout_.size(), p.gain_candidates.size());
     send_sizes_.resize(n);
-    send_.resize(codec_->max_send_bytes());
+    staging::resize(c, w.send, codec_->max_send_bytes());
+    const std::span<float> stage(w.stage.data(), w.stage.size());
     std::size_t at = 0;
     for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t b =
-          codec_->compress_shard(plan_, j, g, e, p, std::span<std::byte>(send_).subspan(at), stage_, st);
+      const std::size_t b = codec_->compress_shard(
+          plan_, j, g, e, p, std::span<std::byte>(w.send.data(), w.send.size()).subspan(at), stage, st);
       send_sizes_[j] = b;
       at += b;
     }
-    sent_ = true;  // send_ keeps the shard packets until the next step (return_sent reads them)
+    ops::finish(c);  // the residual's scatters are queued on the compressor's stream
+    sent_ = true;    // w.send keeps the shard packets until the next step (return_sent reads them)
     r.compress_s = detail::seconds_since(t0);
 
     // 2. The N packets of this rank's shard.
     auto t1 = std::chrono::steady_clock::now();
-    comm.alltoallv(std::span<const std::byte>(send_.data(), at), send_sizes_, received_, recv_sizes_);
+    comm.alltoallv(std::span<const std::byte>(w.send.data(), at), send_sizes_, w.received, recv_sizes_);
     r.communicate_s = detail::seconds_since(t1);
     auto t2 = std::chrono::steady_clock::now();
     std::size_t from = 0;
     for (std::size_t rank = 0; rank < n; ++rank) {
-      throw_if_invalid(codec_->validate(me, std::span<const std::byte>(received_.data() + from, recv_sizes_[rank])),
+      throw_if_invalid(codec_->validate(me, std::span<const std::byte>(w.received.data() + from, recv_sizes_[rank])),
                        static_cast<int>(rank));
       from += recv_sizes_[rank];
     }
     // 3. Their fp32 average, in rank order.
     const std::size_t mine = plan_.numel(me);
-    average_.assign(mine, 0.0f);
+    staging::resize(c, w.average, mine);
+    ops::zero(c, view(w.average.data(), mine));
     const float inv = 1.0f / static_cast<float>(n);
     from = 0;
     for (std::size_t rank = 0; rank < n; ++rank) {
-      codec_->decode(me, std::span<const std::byte>(received_.data() + from, recv_sizes_[rank]), average_, inv);
+      codec_->decode(me, std::span<const std::byte>(w.received.data() + from, recv_sizes_[rank]),
+                     std::span<float>(w.average.data(), mine), inv);
       from += recv_sizes_[rank];
     }
     // 4. Compress the average again, with the shard's own residual.
-    server_before_ = server_residual_;
-    if (!options_.server_error_feedback) std::fill(server_residual_.begin(), server_residual_.end(), 0.0f);
+    staging::resize(c, w.server_before, w.server_residual.size());
+    staging::copy(c, w.server_residual.data(), w.server_before.data(), w.server_residual.size());
+    if (!options_.server_error_feedback) ops::zero(c, view(w.server_residual.data(), w.server_residual.size()));
     server_params_ = p;
     server_params_.seed = server_seed(p.seed);
-    server_packet_.resize(codec_->max_server_bytes() + (buf.control ? buf.control->trailer_bytes() : 0));
-    const std::size_t own = codec_->compress_server(average_, server_residual_, server_params_,
-                                                    std::span<std::byte>(server_packet_), server_stats_);
+    step_control* ctl = nullptr;
+    if constexpr (ops::carries_control) ctl = buf.control;
+    staging::resize(c, w.server_packet, codec_->max_server_bytes() + (ctl ? ctl->trailer_bytes() : 0));
+    const std::size_t own = codec_->compress_server(
+        std::span<float>(w.average.data(), mine), std::span<float>(w.server_residual.data(), w.server_residual.size()),
+        server_params_, std::span<std::byte>(w.server_packet.data(), w.server_packet.size()), server_stats_);
     std::size_t trailer = 0;
-    if (step_control* ctl = buf.control) {
-      ctl->seal(st);
-      trailer = ctl->trailer_bytes();
-      if (server_packet_.size() < own + trailer) server_packet_.resize(own + trailer);
-      ctl->write_trailer(std::span<std::byte>(server_packet_.data() + own, trailer));
+    if constexpr (ops::carries_control) {
+      if (ctl) {
+        ctl->seal(st);
+        trailer = ctl->trailer_bytes();
+        if (w.server_packet.size() < own + trailer) w.server_packet.resize(own + trailer);
+        ctl->write_trailer(std::span<std::byte>(w.server_packet.data() + own, trailer));
+      }
     }
     r.decompress_s = detail::seconds_since(t2);
 
     // 5. Every rank's recompressed shard, validated, then decoded into the gradient.
     const auto t3 = std::chrono::steady_clock::now();
-    comm.allgatherv(std::span<const std::byte>(server_packet_.data(), own + trailer), gathered_, gathered_sizes_);
+    comm.allgatherv(std::span<const std::byte>(w.server_packet.data(), own + trailer), w.gathered, gathered_sizes_);
     r.communicate_s += detail::seconds_since(t3);
     const auto t4 = std::chrono::steady_clock::now();
     from = 0;
@@ -321,27 +427,30 @@ class compressed_allreduce {
         throw_if_invalid(validation{status::malformed_packet, "the packet is shorter than the step's control trailer"},
                          static_cast<int>(rank));
       throw_if_invalid(
-          codec_->validate(rank, std::span<const std::byte>(gathered_.data() + from, gathered_sizes_[rank] - trailer)),
+          codec_->validate(rank, std::span<const std::byte>(w.gathered.data() + from, gathered_sizes_[rank] - trailer)),
           static_cast<int>(rank));
       from += gathered_sizes_[rank];
     }
-    if (step_control* ctl = buf.control) {
-      ctl->begin_sums();
-      from = 0;
-      for (std::size_t rank = 0; rank < n; ++rank) {
-        from += gathered_sizes_[rank];
-        ctl->add_trailer(std::span<const std::byte>(gathered_.data() + from - trailer, trailer));
+    if constexpr (ops::carries_control) {
+      if (ctl) {
+        ctl->begin_sums();
+        from = 0;
+        for (std::size_t rank = 0; rank < n; ++rank) {
+          from += gathered_sizes_[rank];
+          ctl->add_trailer(std::span<const std::byte>(w.gathered.data() + from - trailer, trailer));
+        }
       }
     }
     from = 0;
     for (std::size_t rank = 0; rank < n; ++rank) {
-      std::span<float> shard(stage_.data() + plan_.start(rank), plan_.numel(rank));
-      std::fill(shard.begin(), shard.end(), 0.0f);
-      codec_->decode(rank, std::span<const std::byte>(gathered_.data() + from, gathered_sizes_[rank] - trailer), shard,
+      const std::span<float> shard(stage.data() + plan_.start(rank), plan_.numel(rank));
+      ops::zero(c, view(shard.data(), shard.size()));
+      codec_->decode(rank, std::span<const std::byte>(w.gathered.data() + from, gathered_sizes_[rank] - trailer), shard,
                      1.0f);
-      plan_.scatter(rank, shard.data(), g.data());
+      staging::scatter(c, plan_, rank, shard.data(), g.data());
       from += gathered_sizes_[rank];
     }
+    ops::finish(c);
     r.decompress_s += detail::seconds_since(t4);
 
     // What went on the wire: the other ranks' shards out and in, then the Allgather.
@@ -374,17 +483,29 @@ class compressed_allreduce {
       detail::put_u64(out, layout_[i].id);
       detail::put_u64(out, mine[i].numel);
     }
+    // The values: the host workspace's, a loaded blob not yet uploaded, or a device
+    // workspace's copied to the host (same format in every space).
+    std::vector<float> copied;
+    std::span<const float> values = server_residual();
+    if (loaded_) {
+      values = pending_;
+    } else if (download_) {
+      download_(*this, copied);
+      values = copied;
+    }
     const std::size_t at = out.size();
-    out.resize(at + server_residual_.size() * sizeof(float));
-    if (!server_residual_.empty())
-      std::memcpy(out.data() + at, server_residual_.data(), server_residual_.size() * sizeof(float));
+    out.resize(at + values.size() * sizeof(float));
+    if (!values.empty()) std::memcpy(out.data() + at, values.data(), values.size() * sizeof(float));
   }
   //! Restores what save() wrote; checks every key against this layout and rejects a blob of
   //! another layout, rank count or length before changing anything.
   void load(std::span<const std::byte> in) {
     if (in.empty()) {
       plan_ = {};
-      server_residual_.clear();
+      shards_.get<host_space>("compressed_allreduce").server_residual.clear();
+      pending_.clear();
+      loaded_ = false;
+      built_ = false;
       return;
     }
     const auto fail = [](const std::string& why) {
@@ -418,11 +539,14 @@ class compressed_allreduce {
     if (floats) std::memcpy(values.data(), in.data() + at, floats * sizeof(float));
     plan_ = detail::shard_plan(layout_, static_cast<std::size_t>(ranks));
     shard_ = static_cast<std::size_t>(shard);
-    server_residual_ = std::move(values);
-    if (codec_) codec_->build(plan_, shard_);
-    built_ = codec_ != nullptr;
+    if (download_) {
+      pending_ = std::move(values);  // uploaded to the device workspace at the next step
+      loaded_ = true;
+    } else {
+      shards_.get<host_space>("compressed_allreduce").server_residual = std::move(values);
+    }
+    built_ = false;  // the next step builds the codec and sizes the staging for this plan
     sent_ = false;
-    stage_.assign(layout_.numel(), 0.0f);
   }
 
  private:
@@ -435,10 +559,11 @@ class compressed_allreduce {
     virtual void build(const detail::shard_plan& plan, std::size_t mine) = 0;
     [[nodiscard]] virtual std::size_t max_send_bytes() const = 0;
     [[nodiscard]] virtual std::size_t max_server_bytes() const = 0;
+    // Spans of the compressor's memory space (device memory: never dereferenced here).
     virtual std::size_t compress_shard(const detail::shard_plan& plan, std::size_t j, std::span<const float> g,
                                        std::span<float> e, const step_params& p, std::span<std::byte> out,
-                                       std::vector<float>& stage, compress_stats& st) = 0;
-    virtual std::size_t compress_server(std::vector<float>& average, std::vector<float>& residual, const step_params& p,
+                                       std::span<float> stage, compress_stats& st) = 0;
+    virtual std::size_t compress_server(std::span<float> average, std::span<float> residual, const step_params& p,
                                         std::span<std::byte> out, compress_stats& st) = 0;
     [[nodiscard]] virtual validation validate(std::size_t shard, std::span<const std::byte> packet) const = 0;
     virtual void decode(std::size_t shard, std::span<const std::byte> packet, std::span<float> out, float scale) = 0;
@@ -447,6 +572,8 @@ class compressed_allreduce {
   };
   template <class C>
   struct codec_of final : codec_base {
+    using space = typename C::memory_space;
+    using staging = typename detail::space_ops<space>::shard_staging;
     explicit codec_of(const typename C::options& o) : opt(o) {}
     typename C::options opt;
     std::vector<std::unique_ptr<C>> shards;  // one per shard: compresses this rank's piece, decodes anyone's
@@ -466,43 +593,45 @@ class compressed_allreduce {
     [[nodiscard]] std::size_t max_server_bytes() const override { return server->max_packet_bytes(); }
     std::size_t compress_shard(const detail::shard_plan& plan, std::size_t j, std::span<const float> g,
                                std::span<float> e, const step_params& p, std::span<std::byte> out,
-                               std::vector<float>& stage, compress_stats& st) override {
+                               std::span<float> stage, compress_stats& st) override {
       // stage holds g's shard, then e's shard (after the g piece) while compressing.
+      const C& sc = *shards[j];
       const std::size_t m = plan.numel(j);
       const std::size_t start = plan.start(j);
       float* gs = stage.data() + start;
-      plan.gather(j, g.data(), gs);
-      e_piece.resize(m);
-      plan.gather(j, e.data(), e_piece.data());
+      staging::gather(sc, plan, j, g.data(), gs);
+      staging::resize(sc, e_piece, m);
+      staging::gather(sc, plan, j, e.data(), e_piece.data());
       piece.reset(plan.shard_layout(j).size(), p.gain_candidates.size());
       const std::size_t bytes =
-          shards[j]->compress(grad_view<host_space>(gs, m), grad_view<host_space>(e_piece.data(), m), p, out, piece);
-      plan.scatter(j, e_piece.data(), e.data());
+          shards[j]->compress(grad_view<space>(gs, m), grad_view<space>(e_piece.data(), m), p, out, piece);
+      staging::scatter(sc, plan, j, e_piece.data(), e.data());
       add_stats(piece, st);
       return bytes;
     }
-    std::size_t compress_server(std::vector<float>& average, std::vector<float>& residual, const step_params& p,
+    std::size_t compress_server(std::span<float> average, std::span<float> residual, const step_params& p,
                                 std::span<std::byte> out, compress_stats& st) override {
-      residual.resize(average.size(), 0.0f);
+      // The residual has this shard's length (ensure_plan, load).
       st.reset(server_layers, p.gain_candidates.size());
-      return server->compress(grad_view<host_space>(average.data(), average.size()),
-                              grad_view<host_space>(residual.data(), residual.size()), p, out, st);
+      return server->compress(grad_view<space>(average.data(), average.size()),
+                              grad_view<space>(residual.data(), residual.size()), p, out, st);
     }
     [[nodiscard]] validation validate(std::size_t shard, std::span<const std::byte> packet) const override {
       return shards[shard]->validate(packet);
     }
     void decode(std::size_t shard, std::span<const std::byte> packet, std::span<float> out, float scale) override {
-      shards[shard]->decompress_add(packet, grad_view<host_space>(out.data(), out.size()), scale);
+      shards[shard]->decompress_add(packet, grad_view<space>(out.data(), out.size()), scale);
     }
     void return_sent(const detail::shard_plan& plan, std::span<float> e, std::span<const std::byte> packets,
                      std::span<const std::size_t> sizes) override {
       std::size_t at = 0;
       for (std::size_t j = 0; j < plan.size(); ++j) {
+        const C& sc = *shards[j];
         const std::size_t m = plan.numel(j);
-        e_piece.resize(m);
-        plan.gather(j, e.data(), e_piece.data());
-        shards[j]->decompress_add(packets.subspan(at, sizes[j]), grad_view<host_space>(e_piece.data(), m), 1.0f);
-        plan.scatter(j, e_piece.data(), e.data());
+        staging::resize(sc, e_piece, m);
+        staging::gather(sc, plan, j, e.data(), e_piece.data());
+        shards[j]->decompress_add(packets.subspan(at, sizes[j]), grad_view<space>(e_piece.data(), m), 1.0f);
+        staging::scatter(sc, plan, j, e_piece.data(), e.data());
         at += sizes[j];
       }
     }
@@ -519,24 +648,44 @@ class compressed_allreduce {
         to.candidate_kept_sq[k] += from.candidate_kept_sq[k];
       to.non_finite = to.non_finite || from.non_finite;
     }
-    std::vector<float> e_piece;
+    typename storage_for<space>::type e_piece;  // one shard of e while it is compressed or returned
     std::size_t server_layers = 0;
   };
 
-  void ensure_plan(int n, int rank) {
+  // Builds the shard plan, the codec and the workspace for n ranks on the first step (or
+  // after prepare() or load()); the server residual starts at zero, or is the loaded one.
+  template <Compressor C>
+  void ensure_plan(const C& c, detail::shard_workspace<typename C::memory_space>& w, int n, int rank) {
+    using space = typename C::memory_space;
+    using ops = detail::space_ops<space>;
+    using staging = typename ops::shard_staging;
     require(codec_ != nullptr, "compressed_allreduce: prepare() was not called");
     const auto ranks = static_cast<std::size_t>(n), mine = static_cast<std::size_t>(rank);
     if (plan_.size() == ranks && shard_ == mine && built_) return;
+    bool fresh = false;
     if (plan_.size() != ranks || shard_ != mine) {
       require(plan_.size() == 0, "compressed_allreduce: the server residual was saved for shard " +
                                      std::to_string(shard_) + " of " + std::to_string(plan_.size()) +
                                      " ranks; this is rank " + std::to_string(rank) + " of " + std::to_string(n));
       plan_ = detail::shard_plan(layout_, ranks);
       shard_ = mine;
-      server_residual_.assign(plan_.numel(mine), 0.0f);
+      fresh = true;
+      loaded_ = false;
+      pending_.clear();
+    }
+    if (fresh) {
+      staging::resize(c, w.server_residual, plan_.numel(mine));
+      ops::zero(c, grad_view<space>(w.server_residual.data(), w.server_residual.size()));
+    } else if (loaded_) {
+      staging::resize(c, w.server_residual, pending_.size());
+      staging::from_host(c, pending_.data(), w.server_residual.data(), pending_.size());
+      pending_.clear();
+      loaded_ = false;
     }
     codec_->build(plan_, shard_);
-    stage_.assign(layout_.numel(), 0.0f);
+    staging::resize(c, w.stage, layout_.numel());
+    ops::zero(c, grad_view<space>(w.stage.data(), w.stage.size()));
+    ops::finish(c);
     built_ = true;
   }
 
@@ -548,15 +697,16 @@ class compressed_allreduce {
   std::size_t shard_ = 0;
   bool built_ = false;
   bool last_dense_ = false;
-  bool sent_ = false;                   // send_ holds the last step's shard packets
-  std::vector<float> stage_;            // shard-major staging of the gradient
-  std::vector<float> average_;          // this rank's shard: the average of the N packets
-  std::vector<float> server_residual_;  // this rank's shard: the second stage's residual
-  std::vector<float> server_before_;    // the server residual before the last step (return_sent)
+  bool sent_ = false;  // the workspace's send holds the last step's shard packets
   step_params server_params_;
   compress_stats server_stats_;
-  std::vector<std::byte> send_, received_, server_packet_, gathered_;
   std::vector<std::size_t> send_sizes_, recv_sizes_, gathered_sizes_;
+  detail::space_workspace<detail::shard_workspace> shards_;  // the two stages' buffers
+  // A device workspace's server residual, copied to the host (null for host memory, whose
+  // residual save() reads directly).
+  void (*download_)(const compressed_allreduce&, std::vector<float>&) = nullptr;
+  std::vector<float> pending_;  // a loaded (or re-prepared) server residual not yet in the workspace
+  bool loaded_ = false;         // pending_ holds it
   detail::space_workspace<detail::piece_sum_workspace> pieces_;  // the 16-bit path's packets
   std::size_t last_bytes_ = 0;                                   // the 16-bit path's last packet
 };

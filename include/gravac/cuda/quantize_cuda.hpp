@@ -31,6 +31,7 @@
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/shard_staging.hpp"  // compressed_allreduce's two stages on this space
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -96,6 +97,11 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   static constexpr bool summable_by_index = false;
   //! Packet kind written (that of the host quantizers).
   static constexpr packet_kind kind = packet_kind::quantized;
+  //! compressed_allreduce may run it on shards (DeviceShardableCompressor): a packet depends
+  //! only on the layout (a shard layout has its own names, so its own random streams, as on
+  //! the host), the options and the step. Not cast16_cuda: its path there is the 16-bit sum
+  //! of one whole packet (PieceSummableCompressor).
+  static constexpr bool runs_on_shards = Q != quantizer_cuda::cast16;
 
   //! A compressor for \p lay; checks the options as the host quantizer does and allocates
   //! the whole workspace.

@@ -5,6 +5,7 @@
 //! run on one shard of every layer at once.
 
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ class shard_plan {
   //! Elements in shard \p j.
   [[nodiscard]] std::size_t numel(std::size_t j) const { return shards_.at(j).lay.numel(); }
 
+  //! Where piece \p i (layer i) of shard \p j starts in the flat buffer.
+  [[nodiscard]] std::size_t source(std::size_t j, std::size_t i) const { return shards_.at(j).source.at(i); }
+
   //! Copies shard \p j of the flat buffer \p from into the contiguous \p to (shard order).
   void gather(std::size_t j, const float* from, float* to) const {
     const shard& s = shards_[j];
@@ -76,6 +80,41 @@ class shard_plan {
   };
   std::size_t ranks_ = 0;
   std::vector<shard> shards_;
+};
+
+//! compressed_allreduce's shard staging in host memory (space_ops<host>::shard_staging):
+//! plain loops and copies. The device form (cuda/detail/shard_staging.hpp) has the same
+//! members, so the collective's one body runs in both spaces.
+struct shard_host_staging {
+  //! Sizes the float buffer \p b to \p n elements (contents are rewritten before use).
+  template <class C, class B>
+  static void resize(const C&, B& b, std::size_t n) {
+    b.resize(n);
+  }
+  //! Copies shard \p j of the flat \p from into the contiguous \p to (shard_plan::gather).
+  template <class C>
+  static void gather(const C&, const shard_plan& plan, std::size_t j, const float* from, float* to) {
+    plan.gather(j, from, to);
+  }
+  //! Copies the contiguous shard \p j in \p from back into the flat \p to (shard_plan::scatter).
+  template <class C>
+  static void scatter(const C&, const shard_plan& plan, std::size_t j, const float* from, float* to) {
+    plan.scatter(j, from, to);
+  }
+  //! Copies \p n floats.
+  template <class C>
+  static void copy(const C&, const float* from, float* to, std::size_t n) {
+    if (n) std::memcpy(to, from, n * sizeof(float));
+  }
+  //! Copies \p n floats of this space's \p from to the host's \p to (the checkpoint).
+  static void to_host(const float* from, float* to, std::size_t n) {
+    if (n) std::memcpy(to, from, n * sizeof(float));
+  }
+  //! Copies \p n host floats into this space's \p to (a loaded checkpoint).
+  template <class C>
+  static void from_host(const C&, const float* from, float* to, std::size_t n) {
+    if (n) std::memcpy(to, from, n * sizeof(float));
+  }
 };
 
 }  // namespace gravac::detail

@@ -21,6 +21,16 @@ class ar_topk_host_passes;
 template <class Space>
 class ar_topk_device_passes;
 
+//! compressed_allreduce's staging of shards in host memory (collective/detail/shard_plan.hpp).
+struct shard_host_staging;
+
+//! compressed_allreduce's staging of shards in memory the host cannot read, defined by the
+//! backend of that memory (cuda/detail/shard_staging.hpp for cuda_space, which the device
+//! quantizers include): copies between the flat buffers and the shard-major one, and the
+//! server residual's copies to and from the host for the checkpoint.
+template <class Space>
+struct shard_device_staging;
+
 //! The memory-space customization points of the collectives (the primary template is
 //! never defined: a space is either host-accessible or not).
 template <class Space, bool HostAccessible = Space::host_accessible>
@@ -37,6 +47,8 @@ struct space_ops<Space, true> {
   static constexpr bool carries_control = true;
   //! allreduce_compatible's passes (u = g + e, gather, scatter, validation) run on the host.
   using ar_topk_passes = ar_topk_host_passes;
+  //! compressed_allreduce's shard gathers and scatters run on the host.
+  using shard_staging = shard_host_staging;
   //! Sets \p v to zero.
   template <class C>
   static void zero(const C&, grad_view<Space> v) {
@@ -59,6 +71,8 @@ struct space_ops<Space, false> {
   //! allreduce_compatible's passes run as kernels on the compressor's stream (it carries the
   //! step_control itself: its values are copied to the tail of the device Allreduce buffer).
   using ar_topk_passes = ar_topk_device_passes<Space>;
+  //! compressed_allreduce's shard gathers and scatters are copies on the compressor's stream.
+  using shard_staging = shard_device_staging<Space>;
   //! Sets \p v to zero on the compressor's stream (a device compressor provides zero(view)).
   template <class C>
   static void zero(const C& c, grad_view<Space> v) {

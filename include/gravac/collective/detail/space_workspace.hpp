@@ -35,6 +35,14 @@ class space_workspace {
     else
       return other_.get<W<Space>>(who);
   }
+  //! The workspace of \p Space, read only (see get()).
+  template <class Space>
+  [[nodiscard]] const W<Space>& get(const char* who) const {
+    if constexpr (std::same_as<Space, host_space>)
+      return host_;
+    else
+      return other_.get<W<Space>>(who);
+  }
 
  private:
   W<host_space> host_;
