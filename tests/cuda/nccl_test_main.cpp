@@ -1,9 +1,6 @@
 // The Catch2 main of the NCCL tests (run under mpiexec, one rank per GPU): MPI_Init, then
 // every rank exits with 77 (CTest: "Skipped") when it sees no CUDA device or when there
 // are more ranks than GPUs.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
 #endif
@@ -11,6 +8,8 @@
 #include <mpi.h>
 
 #include <cstdio>
+
+#include "catch_session.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -27,8 +26,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   cudaSetDevice(rank % have);
-  Catch::Session session;
-  const int rc = session.run(argc, argv);
+  const int rc = gravac_test::run_catch_session(argc, argv);
   int worst = 0;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

@@ -1,3 +1,5 @@
-// The Catch2 main of the single-process tests, compiled once and shared.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The main of the single-process tests, compiled once and shared (Catch2 itself is in
+// catch_session.cpp).
+#include "catch_session.hpp"
+
+int main(int argc, char** argv) { return gravac_test::run_catch_session(argc, argv); }

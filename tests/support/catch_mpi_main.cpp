@@ -2,10 +2,9 @@
 // MPI_Init_thread and MPI_Finalize, and the test fails when any rank fails. MPI is asked
 // for MPI_THREAD_SERIALIZED (the asynchronous step's communication thread calls it), or
 // for MPI_THREAD_SINGLE when GRAVAC_TEST_MPI_THREAD_SINGLE is set (the refusal test).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdlib>
 
+#include "catch_session.hpp"
 #include "gravac/comm/mpi_communicator.hpp"
 
 int main(int argc, char** argv) {
@@ -14,9 +13,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, single ? MPI_THREAD_SINGLE : MPI_THREAD_SERIALIZED, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Catch::Session session;
-  int rc = session.applyCommandLine(argc, argv);
-  if (rc == 0) rc = session.run();
+  const int rc = gravac_test::run_catch_session(argc, argv);
   int worst = 0;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
