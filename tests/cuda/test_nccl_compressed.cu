@@ -23,6 +23,7 @@
 #include "gravac/cuda/terngrad_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
+#include "two_stage_reference.hpp"
 
 namespace {
 
@@ -290,57 +291,7 @@ gravac::layout device_shard_layout() {
   return lay;
 }
 
-// The serial host reference of one step over N ranks (as test_compressed_allreduce's):
-// rank q compresses shard j of u_q with a host compressor over shard j's layout; shard j's
-// packets are averaged in rank order, the average is compressed again with server residual
-// j (seed server_seed), and the result is every rank's shard j. Updates e (per rank) and
-// server (per shard) as the ranks would; \p sent gets rank \p me's N shard packets.
-template <class H>
-std::vector<float> two_stage_reference(const gravac::layout& lay, const typename H::options& opt,
-                                       const gravac::step_params& p, const std::vector<std::vector<float>>& g,
-                                       std::vector<std::vector<float>>& e, std::vector<std::vector<float>>& server,
-                                       std::size_t me, std::vector<std::vector<std::byte>>& sent) {
-  using gravac::grad_view;
-  using gravac::host_space;
-  const std::size_t n = g.size();
-  const gravac::detail::shard_plan plan(lay, n);
-  std::vector<std::vector<std::vector<std::byte>>> packets(n, std::vector<std::vector<std::byte>>(n));
-  for (std::size_t q = 0; q < n; ++q)
-    for (std::size_t j = 0; j < n; ++j) {
-      H c(plan.shard_layout(j), opt);
-      std::vector<float> gs(plan.numel(j)), es(plan.numel(j));
-      plan.gather(j, g[q].data(), gs.data());
-      plan.gather(j, e[q].data(), es.data());
-      std::vector<std::byte> packet(c.max_packet_bytes());
-      gravac::compress_stats st;
-      packet.resize(c.compress(grad_view<host_space>(gs.data(), gs.size()), grad_view<host_space>(es.data(), es.size()),
-                               p, packet, st));
-      packets[q][j] = packet;
-      plan.scatter(j, es.data(), e[q].data());
-    }
-  std::vector<float> out(lay.numel(), 0.0f);
-  server.resize(n);
-  gravac::step_params p2 = p;
-  p2.seed = gravac::server_seed(p.seed);
-  sent = packets[me];
-  for (std::size_t j = 0; j < n; ++j) {
-    H dec(plan.shard_layout(j), opt);
-    std::vector<float> avg(plan.numel(j), 0.0f);
-    for (std::size_t q = 0; q < n; ++q)
-      dec.decompress_add(packets[q][j], grad_view<host_space>(avg.data(), avg.size()), 1.0f / static_cast<float>(n));
-    server[j].resize(plan.numel(j), 0.0f);
-    H s(plan.shard_layout(j), opt);
-    std::vector<std::byte> packet(s.max_packet_bytes());
-    gravac::compress_stats st;
-    const std::size_t b = s.compress(grad_view<host_space>(avg.data(), avg.size()),
-                                     grad_view<host_space>(server[j].data(), server[j].size()), p2, packet, st);
-    std::vector<float> shard(plan.numel(j), 0.0f);
-    dec.decompress_add(std::span<const std::byte>(packet.data(), b), grad_view<host_space>(shard.data(), shard.size()),
-                       1.0f);
-    plan.scatter(j, shard.data(), out.data());
-  }
-  return out;
-}
+using gravac::test::two_stage_reference;
 
 // The floats at the end of a server-residual blob (compressed_allreduce::save).
 std::vector<float> blob_values(const std::vector<std::byte>& blob, std::size_t count) {
@@ -382,7 +333,7 @@ void check_device_two_stages(const typename D::options& dopt, const typename H::
     for (int q = 0; q < n; ++q) g.push_back(shard_grad(lay, s, q));
     const auto server_before = server;
     std::vector<std::vector<std::byte>> sent;
-    const auto want = two_stage_reference<H>(lay, hopt, p, g, e, server, me, sent);
+    const auto want = two_stage_reference<H>(lay, hopt, p, g, e, server, &sent, me);
     auto gd = to_device(g[me]);
     gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(gd), gravac::device_view(ed)};
     gravac::compress_stats st;

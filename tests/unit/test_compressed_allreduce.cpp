@@ -9,6 +9,7 @@
 #include "gravac/collective/compressed_allreduce.hpp"
 #include "gravac/detail/checkpoint_agreement.hpp"
 #include "gravac_test_util.hpp"
+#include "two_stage_reference.hpp"
 
 using namespace gravac;
 
@@ -23,53 +24,7 @@ layout shard_test_layout() {
   return l;
 }
 
-// The serial reference of one step over N ranks: rank r compresses shard j of u_r with a
-// compressor over shard j's layout; shard j's packets are averaged in rank order, the
-// average is compressed again with server residual j (seed server_seed), and the result is
-// every rank's shard j. Updates e (per rank) and server (per shard) as the ranks would.
-template <class C>
-std::vector<float> two_stage_reference(const layout& lay, const typename C::options& opt, const step_params& p,
-                                       const std::vector<std::vector<float>>& g, std::vector<std::vector<float>>& e,
-                                       std::vector<std::vector<float>>& server) {
-  const std::size_t n = g.size();
-  const detail::shard_plan plan(lay, n);
-  std::vector<std::vector<std::vector<std::byte>>> packets(n, std::vector<std::vector<std::byte>>(n));
-  for (std::size_t r = 0; r < n; ++r)
-    for (std::size_t j = 0; j < n; ++j) {
-      C c(plan.shard_layout(j), opt);
-      std::vector<float> gs(lay.numel()), es(lay.numel());
-      plan.gather(j, g[r].data(), gs.data() + plan.start(j));
-      plan.gather(j, e[r].data(), es.data() + plan.start(j));
-      std::vector<std::byte> packet(c.max_packet_bytes());
-      compress_stats st;
-      const std::size_t b = c.compress(grad_view<host_space>(gs.data() + plan.start(j), plan.numel(j)),
-                                       grad_view<host_space>(es.data() + plan.start(j), plan.numel(j)), p, packet, st);
-      packet.resize(b);
-      packets[r][j] = packet;
-      plan.scatter(j, es.data() + plan.start(j), e[r].data());
-    }
-  std::vector<float> out(lay.numel(), 0.0f);
-  server.resize(n);
-  step_params p2 = p;
-  p2.seed = server_seed(p.seed);
-  for (std::size_t j = 0; j < n; ++j) {
-    C dec(plan.shard_layout(j), opt);
-    std::vector<float> avg(plan.numel(j), 0.0f);
-    for (std::size_t r = 0; r < n; ++r)
-      dec.decompress_add(packets[r][j], grad_view<host_space>(avg.data(), avg.size()), 1.0f / static_cast<float>(n));
-    server[j].resize(plan.numel(j), 0.0f);
-    C s(plan.shard_layout(j), opt);
-    std::vector<std::byte> packet(s.max_packet_bytes());
-    compress_stats st;
-    const std::size_t b = s.compress(grad_view<host_space>(avg.data(), avg.size()),
-                                     grad_view<host_space>(server[j].data(), server[j].size()), p2, packet, st);
-    std::vector<float> shard(lay.numel(), 0.0f);
-    dec.decompress_add(std::span<const std::byte>(packet.data(), b),
-                       grad_view<host_space>(shard.data() + plan.start(j), plan.numel(j)), 1.0f);
-    plan.scatter(j, shard.data() + plan.start(j), out.data());
-  }
-  return out;
-}
+using gravac::test::two_stage_reference;
 
 template <class C>
 void check_against_reference(int n, const typename C::options& copt, const std::string& name) {
