@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "gravac/collective/detail/sum_pieces.hpp"
+#include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/detail/throw_nccl.hpp"
 #include "gravac/comm/mpi_communicator.hpp"  // the unique-id exchange, and mpi_world_rank for errors
 #include "gravac/concepts.hpp"
@@ -314,6 +316,24 @@ class nccl_communicator {
     scratch_.resize(1);
     GRAVAC_TRY_NCCL(ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclDouble, ncclSum, comm_, s()));
     wait("ncclAllReduce(barrier)");
+  }
+
+  //! This rank gives up a step whose NCCL calls the other ranks may already be in (its
+  //! trainer was destroyed between begin_step and finish: communicator_ref::abandon). When
+  //! MPI is initialised (the unique id came over MPI) it ends the job as
+  //! mpi_communicator::abandon does: one line on stderr naming this rank and \p why, then
+  //! MPI_Abort, so every rank ends at once instead of at its NCCL timeout. Without MPI it
+  //! only prints that line: aborting the NCCL communicator here could race with the
+  //! communication thread inside a call on it, and the other ranks' calls fail at
+  //! nccl_options::timeout_s (an error naming the operation, not a hang).
+  void abandon(const std::string& why) noexcept {
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    if (up) MPI_Finalized(&down);
+    if (up && !down) detail::abort_job(MPI_COMM_WORLD, why.c_str(), mpi_abort_code);
+    std::fprintf(stderr,
+                 "gravac: NCCL rank %d of %d: %s (no MPI to end the job: the other ranks fail at their timeout)\n",
+                 rank_, size_, why.c_str());
   }
 
   //! Aborts the communicator: pending and future operations fail (never hang). Used when
