@@ -19,16 +19,13 @@
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
+#include "nccl_world.hpp"
 
 namespace {
 
 using gravac::test::to_device;
 using gravac::test::to_host;
-
-gravac::mpi_communicator& world() {
-  static gravac::mpi_communicator m;
-  return m;
-}
+using gravac::test::world;
 
 }  // namespace
 

@@ -23,17 +23,14 @@
 #include "gravac/cuda/terngrad_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
+#include "nccl_world.hpp"
 #include "two_stage_reference.hpp"
 
 namespace {
 
 using gravac::test::to_device;
 using gravac::test::to_host;
-
-gravac::mpi_communicator& world() {
-  static gravac::mpi_communicator m;
-  return m;
-}
+using gravac::test::world;
 
 static_assert(gravac::AlltoallCommunicator<gravac::nccl_communicator>);
 static_assert(gravac::PieceSumCommunicator<gravac::nccl_communicator, gravac::cast16_cuda>);
