@@ -237,7 +237,7 @@ TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: the 16-bit sum equals th
   }
 }
 
-TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: an fp16 sum that overflows is rejected, return_sent") {
+TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: an fp16 sum that overflows is rejected, u kept") {
   gravac::nccl_communicator comm(world());
   const int n = comm.size();
   const auto lay = gravac::layout::flat(4099);
@@ -260,21 +260,31 @@ TEST_CASE("compressed_allreduce<cast16_cuda> over NCCL: an fp16 sum that overflo
   gravac::compress_stats hs;
   packet.resize(host.compress(gravac::host_view(hg.data(), hg.size()), gravac::host_view(host_e.data(), host_e.size()),
                               p, packet, hs));
+  // What the host residual holds after the packet is given back: u again, as the host
+  // decoder adds the same packet.
+  std::vector<float> host_back = host_e;
+  host.decompress_add(packet, gravac::host_view(host_back.data(), host_back.size()), 1.0f);
   if (n >= 2) {
+    // Every rank refuses the same sum, and first gives its packet back: the residual holds
+    // u, the gradient is intact, and a later return_sent changes nothing more.
     REQUIRE_THROWS_AS(ca.aggregate(c, comm, buf, p, st, rep), gravac::error);
     const auto kept = to_host(g.data(), g.size());
     REQUIRE(std::memcmp(kept.data(), g0.data(), g0.size() * sizeof(float)) == 0);  // the gradient intact
+    auto res = to_host(e.data(), e.size());
+    REQUIRE(gravac::test::same_words(res.data(), host_back.data(), res.size() * sizeof(float)));
+    ca.return_sent(c, buf);
+    res = to_host(e.data(), e.size());
+    REQUIRE(gravac::test::same_words(res.data(), host_back.data(), res.size() * sizeof(float)));
   } else {
-    ca.aggregate(c, comm, buf, p, st, rep);  // one rank: the "sum" is the code itself
+    // One rank: the "sum" is the code itself and the step goes through. The residual is u
+    // minus the 16-bit value sent; return_sent adds the packet back to it.
+    ca.aggregate(c, comm, buf, p, st, rep);
+    auto res = to_host(e.data(), e.size());
+    REQUIRE(gravac::test::same_words(res.data(), host_e.data(), res.size() * sizeof(float)));
+    ca.return_sent(c, buf);
+    res = to_host(e.data(), e.size());
+    REQUIRE(gravac::test::same_words(res.data(), host_back.data(), res.size() * sizeof(float)));
   }
-  // The residual is u minus the 16-bit value sent; return_sent adds the packet back to it,
-  // as the host decoder would add the same packet.
-  auto res = to_host(e.data(), e.size());
-  REQUIRE(gravac::test::same_words(res.data(), host_e.data(), res.size() * sizeof(float)));
-  ca.return_sent(c, buf);
-  host.decompress_add(packet, gravac::host_view(host_e.data(), host_e.size()), 1.0f);
-  res = to_host(e.data(), e.size());
-  REQUIRE(gravac::test::same_words(res.data(), host_e.data(), res.size() * sizeof(float)));
 }
 
 namespace {

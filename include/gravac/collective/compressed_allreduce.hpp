@@ -144,7 +144,8 @@ constexpr std::uint64_t server_seed(std::uint64_t seed) noexcept {
 //! i.e. nccl_communicator): the packet is compressed once, whole, and one Allreduce sums
 //! its pieces in their own type (the codes in fp16 or bf16, as NCCL adds them; raw layers
 //! in fp32). The summed packet is validated (an fp16 sum past 65504 is infinite and is
-//! rejected, the gradient intact), then decoded with the multiplier N and a scale of 1/N,
+//! rejected on every rank, the gradient intact and the packet given back to the residual,
+//! which holds u again), then decoded with the multiplier N and a scale of 1/N,
 //! so the result is float(sum of the 16-bit codes) * N * (1/N). There is no second
 //! compression and no server residual: the residual is the compressor's, u minus the
 //! 16-bit value sent. Compiled; not yet run on a GPU.
@@ -299,6 +300,12 @@ class compressed_allreduce {
                         compress_stats& st, step_report& r) {
     using space = typename C::memory_space;
     using ops = detail::space_ops<space>;
+    // Refused before compressing, so the residual is untouched (a communicator_ref over an
+    // engine without the piece sums satisfies the concept but throws when called).
+    if constexpr (requires { comm.has_allreduce_sum_pieces(); })
+      require(comm.has_allreduce_sum_pieces(),
+              "compressed_allreduce: the communicator cannot sum 16-bit pieces (allreduce_sum_pieces: "
+              "nccl_communicator)");
     auto& w = pieces_.get<space>("compressed_allreduce");
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t bytes =
@@ -315,12 +322,16 @@ class compressed_allreduce {
     r.communicate_s = detail::seconds_since(t1);
     const auto t2 = std::chrono::steady_clock::now();
     // The sum is checked before the gradient is touched: a 16-bit sum can overflow (fp16).
+    // Every rank holds the same sum, so every rank refuses it; each first gives its packet
+    // back to its residual (which then holds u again): the step sent nothing that counts.
     const std::span<const std::byte> sum(w.summed.data(), bytes);
-    if (validation v = c.validate(sum); !v)
+    if (validation v = c.validate(sum); !v) {
+      return_sent(c, buf);
       throw error(v.code,
                   "compressed_allreduce: the 16-bit sum over the ranks is rejected (an fp16 sum above 65504 "
                   "overflows; bf16 has the range of float): " +
                       v.reason);
+    }
     ops::zero(c, buf.grad);
     c.decompress_add(sum, buf.grad, 1.0f / static_cast<float>(comm.size()));
     ops::finish(c);

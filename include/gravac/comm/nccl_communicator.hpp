@@ -152,6 +152,9 @@ class nccl_communicator {
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(sizes_dev_.data() + rank_, host_sizes_.data() + rank_, sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s()));
     GRAVAC_TRY_NCCL(ncclAllGather(sizes_dev_.data() + rank_, sizes_dev_.data(), 1, ncclUint64, comm_, s()));
+    // Non-blocking mode: an operation that returned ncclInProgress is on the stream only once
+    // the communicator is ready; a copy queued before that would run ahead of it.
+    wait_comm("ncclAllGather(sizes)");
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(host_sizes_.data(), sizes_dev_.data(), n * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, s()));
     wait("ncclAllGather(sizes)");
@@ -374,6 +377,7 @@ class nccl_communicator {
     scratch_.resize(data.size());  // grows once; no allocation in steady state
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(scratch_.data(), data.data(), data.size_bytes(), cudaMemcpyHostToDevice, s()));
     GRAVAC_TRY_NCCL(ncclAllReduce(scratch_.data(), scratch_.data(), data.size(), ncclDouble, op, comm_, s()));
+    wait_comm(what);  // on the stream before the copy back (see allgatherv)
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(data.data(), scratch_.data(), data.size_bytes(), cudaMemcpyDeviceToHost, s()));
     wait(what);
   }
