@@ -245,11 +245,27 @@ void require_same_report(const gravac::step_report& a, const gravac::step_report
   REQUIRE(same(a.gain_curve, b.gain_curve));
 }
 
+// Keeps a stream busy for about a millisecond: queued before each layer's copy, it makes a
+// bucket that did not wait for its layers' events read zeros instead of the gradient (an
+// 80 KB copy from pinned memory alone would usually be done before the bucket starts).
+__global__ void spin_kernel(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+void hold(cudaStream_t s) {
+  spin_kernel<<<1, 1, 0, s>>>(2'000'000);
+  GRAVAC_TRY_CUDA(cudaGetLastError());
+}
+
 // Three steps of the synchronous and of the asynchronous device step with the same options
 // on the same gradients: the averaged gradients, residuals and reports agree bit for bit.
+// \p compressor_stream: the compressors' stream (default: the per-thread default stream);
+// with a non-blocking one nothing but the layers' events orders the buckets after the
+// copies, whichever stream the copies are on.
 template <class K>
 void async_equals_sync(gravac::nccl_communicator& comm, std::size_t bucket_bytes, gravac::non_finite_action on_bad,
-                       hand_over how) {
+                       hand_over how, gravac::stream_ref compressor_stream = {}) {
   const int r = comm.rank();
   auto lay = gravac::test::mixed_layout();
   lay.add("big", {20011}, gravac::layer_kind::dense);
@@ -258,6 +274,7 @@ void async_equals_sync(gravac::nccl_communicator& comm, std::size_t bucket_bytes
   opt.policy.kept_fraction = 0.05;
   opt.bucket_bytes = bucket_bytes;
   opt.on_non_finite = on_bad;
+  opt.compressor.stream = compressor_stream;
   T sync(comm, lay, opt), async(comm, lay, opt);
   REQUIRE(async.bucket_count() == sync.bucket_count());
   REQUIRE((async.bucket_count() == 1) == (bucket_bytes == gravac::one_bucket));  // per layer: the empty one rides along
@@ -282,6 +299,7 @@ void async_equals_sync(gravac::nccl_communicator& comm, std::size_t bucket_bytes
     const cudaStream_t s = how == hand_over::reverse_on_stream ? user_stream.ref().get() : cudaStreamLegacy;
     for (const std::size_t i : order) {
       const auto& l = lay[i];
+      hold(s);
       if (l.numel)
         GRAVAC_TRY_CUDA(cudaMemcpyAsync(ga.data() + l.offset, staged.data() + l.offset, l.numel * sizeof(float),
                                         cudaMemcpyHostToDevice, s));
@@ -309,13 +327,28 @@ TEST_CASE("the asynchronous device step over NCCL equals the synchronous one bit
   gravac::nccl_communicator comm(world());
   for (const std::size_t bb : {gravac::bucket_per_layer, gravac::one_bucket})
     for (const auto on_bad : {gravac::non_finite_action::throw_error, gravac::non_finite_action::zero_values,
-                              gravac::non_finite_action::ignore})
+                              gravac::non_finite_action::ignore, gravac::non_finite_action::skip_step})
       for (const auto how :
            {hand_over::reverse, hand_over::scrambled, hand_over::reverse_on_stream, hand_over::one_left_out}) {
         INFO("bucket_bytes " << bb << ", on_non_finite " << static_cast<int>(on_bad) << ", hand-over "
                              << static_cast<int>(how));
         async_equals_sync<gravac::allgather>(comm, bb, on_bad, how);
         async_equals_sync<gravac::dense_allreduce>(comm, bb, on_bad, how);
+      }
+}
+
+TEST_CASE("the asynchronous device step on streams of its own (compressors and NCCL) equals the synchronous one") {
+  // What docs/overlap.md recommends for overlap: non-blocking streams, which the legacy
+  // stream does not order, so every hand-over depends on the layers' events.
+  gravac::cuda_stream compressor_stream, nccl_stream;
+  gravac::nccl_communicator comm(world(), {.stream = nccl_stream.ref()});
+  for (const std::size_t bb : {gravac::bucket_per_layer, gravac::one_bucket})
+    for (const auto on_bad : {gravac::non_finite_action::throw_error, gravac::non_finite_action::skip_step})
+      for (const auto how : {hand_over::reverse, hand_over::reverse_on_stream, hand_over::one_left_out}) {
+        INFO("bucket_bytes " << bb << ", on_non_finite " << static_cast<int>(on_bad) << ", hand-over "
+                             << static_cast<int>(how));
+        async_equals_sync<gravac::allgather>(comm, bb, on_bad, how, compressor_stream.ref());
+        async_equals_sync<gravac::dense_allreduce>(comm, bb, on_bad, how, compressor_stream.ref());
       }
 }
 
@@ -386,4 +419,31 @@ TEST_CASE("a non-finite gradient ends the asynchronous device step on every rank
   auto ok = to_device(gravac::test::make_data(lay.numel(), 50 + static_cast<std::uint64_t>(r)));
   CHECK_NOTHROW(t.step(gravac::device_view(ok)));
   CHECK(t.steps() == 1);
+}
+
+TEST_CASE("skip_step in the asynchronous device step: a NaN on one rank skips the step on every rank") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank();
+  const auto lay = gravac::test::mixed_layout();
+  using T = gravac::trainer<gravac::topk_cuda, gravac::allgather, gravac::fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.2;
+  opt.bucket_bytes = gravac::bucket_per_layer;
+  opt.on_non_finite = gravac::non_finite_action::skip_step;  // agreed in finish(), before anything is sent
+  T t(comm, lay, opt);
+  auto h = gravac::test::make_data(lay.numel(), 60 + static_cast<std::uint64_t>(r));
+  if (r == 0) h[lay[2].offset + 3] = std::numeric_limits<float>::infinity();
+  auto g = to_device(h);
+  t.begin_step(gravac::device_view(g));
+  for (std::size_t i = lay.size(); i-- > 0;) t.ready(i);
+  const auto& rep = t.finish();
+  CHECK(rep.skipped);
+  // Every rank: the gradient zeroed, the residual untouched (zero), nothing sent.
+  const auto got = to_host(g.data(), g.size());
+  const auto e = to_host(t.residual_view().data(), lay.numel());
+  for (std::size_t j = 0; j < lay.numel(); ++j) {
+    REQUIRE(got[j] == 0.0f);
+    REQUIRE(e[j] == 0.0f);
+  }
+  CHECK(rep.bytes_sent == 0);
 }
