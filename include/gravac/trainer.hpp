@@ -193,7 +193,10 @@ class trainer {
   //! memory), which backward is about to fill: the policy plans the step (its decisions
   //! are fixed from here on, so every rank agrees without a collective) and the
   //! communication thread waits for buckets. Until finish(), the caller must not touch a
-  //! layer after marking it ready().
+  //! layer after marking it ready(), and \p grads must outlive the step: the communication
+  //! thread may still be writing it until finish() returns or the trainer is destroyed
+  //! (declare the gradient buffer before the trainer, so an exception in backward destroys
+  //! the trainer first).
   //!
   //! The communication thread calls the communicator while the caller computes, and
   //! during the step only it does (the caller's thread calls it before the first bucket

@@ -360,8 +360,8 @@ TEST_CASE("the asynchronous device step refuses misuse clearly and stays usable"
   opt.policy.kept_fraction = 0.1;
   opt.bucket_bytes = gravac::bucket_per_layer;
   opt.on_non_finite = gravac::non_finite_action::ignore;  // buckets run before finish()
-  T t(comm, lay, opt);
   auto g = to_device(gravac::test::make_data(lay.numel(), 11 + static_cast<std::uint64_t>(comm.rank())));
+  T t(comm, lay, opt);  // after g: the gradient must outlive a step the trainer may abandon
   CHECK_THROWS_WITH(t.ready(0), Catch::Contains("no asynchronous step in progress"));
   CHECK_THROWS_WITH(t.finish(), Catch::Contains("no asynchronous step in progress"));
   t.begin_step(gravac::device_view(g));
@@ -388,10 +388,10 @@ TEST_CASE("a non-finite gradient ends the asynchronous device step on every rank
   T::options opt;
   opt.policy.kept_fraction = 0.2;
   opt.bucket_bytes = gravac::bucket_per_layer;  // on_non_finite: throw_error, agreed per bucket
-  T t(comm, lay, opt);
   auto h = gravac::test::make_data(lay.numel(), 40 + static_cast<std::uint64_t>(r));
   if (r == 0) h[lay[2].offset + 7] = std::numeric_limits<float>::quiet_NaN();
   auto g = to_device(h);
+  T t(comm, lay, opt);  // after g, which must outlive the step
   t.begin_step(gravac::device_view(g));
   for (std::size_t i = lay.size(); i-- > 0;) t.ready(i);
   std::string what;
@@ -430,10 +430,10 @@ TEST_CASE("skip_step in the asynchronous device step: a NaN on one rank skips th
   opt.policy.kept_fraction = 0.2;
   opt.bucket_bytes = gravac::bucket_per_layer;
   opt.on_non_finite = gravac::non_finite_action::skip_step;  // agreed in finish(), before anything is sent
-  T t(comm, lay, opt);
   auto h = gravac::test::make_data(lay.numel(), 60 + static_cast<std::uint64_t>(r));
   if (r == 0) h[lay[2].offset + 3] = std::numeric_limits<float>::infinity();
   auto g = to_device(h);
+  T t(comm, lay, opt);  // after g, which must outlive the step
   t.begin_step(gravac::device_view(g));
   for (std::size_t i = lay.size(); i-- > 0;) t.ready(i);
   const auto& rep = t.finish();

@@ -20,9 +20,9 @@ int main(int argc, char** argv) {
   gravac::run_or_abort(comm, [&] {
     gravac::layout lay;
     for (int i = 0; i < 6; ++i) lay.add("w" + std::to_string(i), {64, 16}, gravac::layer_kind::dense);
+    std::vector<float> g(lay.numel());  // before the trainer: it must outlive the step
     gravac::trainer<gravac::topk, gravac::allgather, gravac::fixed_policy> t(
         comm, lay, {.policy = {.kept_fraction = 0.1}, .bucket_bytes = gravac::bucket_per_layer});
-    std::vector<float> g(lay.numel());
     for (int step = 0; step < 1000; ++step) {
       for (std::size_t i = 0; i < g.size(); ++i)
         g[i] = static_cast<float>((i * 7 + step * 13 + comm.rank()) % 29) - 14.0f;

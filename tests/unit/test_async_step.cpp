@@ -249,8 +249,10 @@ TEST_CASE("async step: a rank that fails in backward ends every rank with an err
         ranks,
         [&](thread_communicator& comm) {
           const auto r = static_cast<std::size_t>(comm.rank());
-          trainer<topk, allgather, fixed_policy> t(comm, lay, {.bucket_bytes = bucket_per_layer});
+          // The gradient first: it must outlive the trainer, whose communication thread may
+          // still be writing it when rank 2's exception destroys the trainer.
           auto g = test::rank_gradient(lay, 0, comm.rank());
+          trainer<topk, allgather, fixed_policy> t(comm, lay, {.bucket_bytes = bucket_per_layer});
           t.begin_step(std::span<float>(g));
           t.ready(5);  // the first bucket starts on every rank
           t.ready(4);
