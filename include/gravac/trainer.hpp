@@ -587,9 +587,29 @@ class trainer {
   // asynchronous step decides per bucket instead (throw_if_non_finite_before_sending_bucket).
   void throw_if_non_finite_before_sending() {
     bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
-    double flag[2] = {bad_layer_ >= 0 ? 1.0 : 0.0, bad_layer_ >= 0 ? comm_.rank() + 1.0 : 0.0};
+    agree_non_finite(bad_layer_ >= 0, 0);
+  }
+
+  // Device memory: one allreduce of two host doubles (the failing ranks, the sum of their
+  // rank + 1) tells every rank whether any found a non-finite value; if one did, the first
+  // \p sent buckets give back what they sent and every rank throws.
+  void agree_non_finite(bool bad, std::size_t sent) {
+    double flag[2] = {bad ? 1.0 : 0.0, bad ? comm_.rank() + 1.0 : 0.0};
     comm_.allreduce_sum(std::span<double>(flag, 2));
-    if (flag[0] != 0) throw_non_finite(flag[0], flag[1]);
+    if (flag[0] == 0) return;
+    return_sent_buckets(sent);
+    throw_non_finite(flag[0], flag[1]);
+  }
+
+  // The first \p count buckets give what they sent back to their residuals (collectives
+  // with return_sent; the others had nothing to give back).
+  void return_sent_buckets(std::size_t count) {
+    if (count == 0) return;
+    if constexpr (requires(K & k, C & c, step_buffers<memory_space> & sb) { k.return_sent(c, sb); }) {
+      for (std::size_t b = 0; b < count; ++b)
+        buckets_[b]->collective.return_sent(buckets_[b]->compressor, buckets_[b]->buffers);
+    }
+    residual_zero_ = false;
   }
 
   // Device memory, throw_error, asynchronous step: the whole gradient is not there before
@@ -608,15 +628,7 @@ class trainer {
       const bucket& bk = plan_[b];
       const long bad = scan_non_finite(buckets_[b]->compressor, bk.first_layer, bk.last_layer);
       if (bad >= 0 && bad_layer_ < 0) bad_layer_ = bad;
-      double flag[2] = {bad >= 0 ? 1.0 : 0.0, bad >= 0 ? comm_.rank() + 1.0 : 0.0};
-      comm_.allreduce_sum(std::span<double>(flag, 2));
-      if (flag[0] == 0) return;
-      if constexpr (requires(K & k, C & c, step_buffers<memory_space> & sb) { k.return_sent(c, sb); }) {
-        for (std::size_t sent = 0; sent < b; ++sent)
-          buckets_[sent]->collective.return_sent(buckets_[sent]->compressor, buckets_[sent]->buffers);
-      }
-      residual_zero_ = false;
-      throw_non_finite(flag[0], flag[1]);
+      agree_non_finite(bad >= 0, b);
     } else {
       (void)b;
     }
@@ -846,10 +858,7 @@ class trainer {
     if (!control_.has_sums()) return;
     const float failing = control_.sum(flag_slot_);
     if (failing == 0.0f) return;
-    if constexpr (requires(K & k, C & c, step_buffers<memory_space> & sb) { k.return_sent(c, sb); }) {
-      for (auto& s : buckets_) s->collective.return_sent(s->compressor, s->buffers);
-    }
-    residual_zero_ = false;
+    return_sent_buckets(buckets_.size());
     throw_non_finite(control_.sum(flag_slot_), control_.sum(flag_slot_ + 1));
   }
 
