@@ -16,6 +16,7 @@
 
 #include "cuda_test_util.hpp"
 #include "gravac/comm/nccl_communicator.hpp"
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
@@ -254,8 +255,7 @@ __global__ void spin_kernel(long long cycles) {
   }
 }
 void hold(cudaStream_t s) {
-  spin_kernel<<<1, 1, 0, s>>>(2'000'000);
-  GRAVAC_TRY_CUDA(cudaGetLastError());
+  gravac::detail::launch(&spin_kernel, 1, 1, s, 2'000'000LL);
 }
 
 // Three steps of the synchronous and of the asynchronous device step with the same options

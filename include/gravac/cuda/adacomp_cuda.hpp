@@ -8,13 +8,9 @@
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cub/device/device_select.cuh>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,7 +19,9 @@
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/segment_cursor.hpp"
@@ -97,11 +95,9 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
-    GRAVAC_TRY_CUDA(
-        cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-                              thrust::make_tabulate_output_iterator(detail::adacomp_index_writer{nullptr, nullptr}),
-                              static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
-                              detail::adacomp_sent{nullptr, nullptr, nullptr, 1}, s.get()));
+    GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp, static_cast<std::int64_t>(largest),
+                                              detail::adacomp_sent{nullptr, nullptr, nullptr, 1},
+                                              detail::adacomp_index_writer{nullptr, nullptr}, nullptr, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     // The layout as the validation and decoding kernels see it.
     pinned_buffer<std::uint64_t> info(2 * L);
@@ -157,9 +153,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       return validation::fail(cd::validation_reason(cd::v_misaligned));
     const cudaStream_t s = options_.stream.get();
     launch_walk(packet);
-    cd::check_adacomp_segments<<<detail::launch_config::per_layer(layout_.size()), cd::packet_threads, 0, s>>>(
-        packet.data(), desc(), table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::check_adacomp_segments, detail::launch_config::per_layer(layout_.size()), cd::packet_threads, s,
+                   packet.data(), desc(), table_.data(), walk_.data());
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(host_walk_.data(), walk_.data(), sizeof(cd::walk_result), cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
@@ -177,10 +172,9 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "adacomp_cuda::decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::scatter_add_adacomp<<<detail::launch_config::per_layer(layout_.size()), detail::packet_threads, 0,
-                                  options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(),
-                                                           out.data(), scale);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&detail::scatter_add_adacomp, detail::launch_config::per_layer(layout_.size()),
+                   detail::packet_threads, options_.stream.get(), packet.data(), desc(), table_.data(), walk_.data(),
+                   out.data(), scale);
   }
 
  private:
@@ -230,46 +224,37 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       // The gain curve of u = g + e, as the host skeleton computes it before the layer's
       // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
       if (gains.count > 0) {
-        cd::fused_pass<<<launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0,
-                         s>>>(gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(), hist_sq_.data(), nullptr, 0,
-                              sums_.data() + (dense ? L : i), gains, gain_out_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+                       cd::select_threads, s, gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(),
+                       hist_sq_.data(), nullptr, 0, sums_.data() + (dense ? L : i), gains, gain_out_.data(), false,
+                       nullptr);
       }
       if (dense) {
-        cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
-                                                                          layer, l.numel, true);
-        GRAVAC_CHECK_CUDA_LAUNCH();
-        cd::raw_pass<<<launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
-            gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
+                       &sti->count, layer, l.numel, true);
+        detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
+                       packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
         continue;
       }
       const std::uint32_t bin = bin_length(i, p);
       const std::size_t bins = bins_of(l.numel, bin);
       GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
-      cd::adacomp_bins<<<launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)), cd::adacomp_threads, 0, s>>>(
-          gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::adacomp_scale<<<launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, 0, s>>>(
-          gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::begin_adacomp_segment<<<cd::one_block, cd::one_thread, 0, s>>>(cursor_.data(), slot);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::adacomp_bins, launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)),
+                     cd::adacomp_threads, s, gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti);
+      detail::launch(&cd::adacomp_scale, launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, s,
+                     gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
+      detail::launch(&cd::begin_adacomp_segment, cd::one_block, cd::one_thread, s, cursor_.data(), slot);
       std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
-          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-          thrust::make_tabulate_output_iterator(cd::adacomp_index_writer{packet, slot}), &sti->selected,
-          static_cast<std::int64_t>(l.numel), cd::adacomp_sent{el, gl, gmax_.data(), bin}, s));
-      cd::place_adacomp_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, sti,
-                                                                         scales_.data() + i, layer, l.numel, bin);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::adacomp_signs<<<launch_.grid_stride((l.numel + 31) / 32, cd::adacomp_threads), cd::adacomp_threads, 0, s>>>(
-          packet, slot, el, scales_.data() + i);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(l.numel),
+                                                cd::adacomp_sent{el, gl, gmax_.data(), bin},
+                                                cd::adacomp_index_writer{packet, slot}, &sti->selected, s));
+      detail::launch(&cd::place_adacomp_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot, sti,
+                     scales_.data() + i, layer, l.numel, bin);
+      detail::launch(&cd::adacomp_signs, launch_.grid_stride((l.numel + 31) / 32, cd::adacomp_threads),
+                     cd::adacomp_threads, s, packet, slot, el, scales_.data() + i);
     }
-    cd::finish_device_packet<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(),
-                                                                      static_cast<std::uint8_t>(kind), layout_.hash());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
+                   static_cast<std::uint8_t>(kind), layout_.hash());
     // One copy of the statistics back, then the packet and the residue are final.
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
@@ -319,9 +304,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     return {layer_info_.data(), layer_info_.data() + L, static_cast<std::uint32_t>(layout_.size()), layout_.hash()};
   }
   void launch_walk(std::span<const std::byte> packet) const {
-    detail::walk_adacomp_packet<<<detail::one_block, detail::one_thread, 0, options_.stream.get()>>>(
-        packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&detail::walk_adacomp_packet, detail::one_block, detail::one_thread, options_.stream.get(),
+                   packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
   }
 
   layout layout_;

@@ -25,6 +25,7 @@
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/packet_kernels.hpp"
@@ -217,10 +218,8 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
       return validation::fail(detail::validation_reason(detail::v_misaligned));
     const cudaStream_t s = options_.stream.get();
     launch_walk(packet);
-    detail::
-        check_quantized_payloads<<<detail::launch_config::per_layer(layout_.size()), detail::packet_threads, 0, s>>>(
-            packet.data(), table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&detail::check_quantized_payloads, detail::launch_config::per_layer(layout_.size()),
+                   detail::packet_threads, s, packet.data(), table_.data(), walk_.data());
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result), cudaMemcpyDeviceToHost, s));
     options_.stream.synchronize();
@@ -238,10 +237,8 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "decompress_add: packet was not validated");
     launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::decode_quantized<<<detail::launch_config::per_layer(layout_.size()), detail::packet_threads, 0,
-                               options_.stream.get()>>>(packet.data(), desc(), table_.data(), walk_.data(), out.data(),
-                                                        scale);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&detail::decode_quantized, detail::launch_config::per_layer(layout_.size()), detail::packet_threads,
+                   options_.stream.get(), packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
   }
 
   //! The options it was built with.
@@ -337,9 +334,8 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
           cudaMemcpyAsync(jobs_.data(), jobs_host_.data(), jobs * sizeof(cd::quant_job), cudaMemcpyHostToDevice, s));
       GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, jobs * sizeof(cd::quant_sums), s));
     }
-    cd::write_packet_headers<<<cd::table_blocks(jobs, cd::packet_threads), cd::packet_threads, 0, s>>>(
-        packet, head_.data(), plan_.data(), jobs);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::write_packet_headers, cd::table_blocks(jobs, cd::packet_threads), cd::packet_threads, s, packet,
+                   head_.data(), plan_.data(), jobs);
 
     // The gain curve of u (every non-empty layer, as the host skeleton): topk_cuda's fused
     // pass with k = 0 writes e = u, so the passes below read u from e.
@@ -353,10 +349,9 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
         for (int c = 0; c < rq.count; ++c)
           rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
         const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
-        cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(
-            g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + j, prev_threshold_.data(),
-            hist_.data(), hist_sq_.data(), cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::fused_pass, grid, cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel,
+                       0, states_.data() + j, prev_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0,
+                       gain_sums_.data(), rq, gain_out_.data(), false, nullptr);
       }
     }
     float* gd = g.data();
@@ -366,10 +361,11 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
     const auto grid_of = [](unsigned long long b) { return static_cast<unsigned>(b); };
     if (blocks[cd::pass_raw]) {
       if (gains)
-        cd::raw_jobs<true><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
+        detail::launch(&cd::raw_jobs<true>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
+                       packet, sd);
       else
-        cd::raw_jobs<false><<<grid_of(blocks[cd::pass_raw]), cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, sd);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::raw_jobs<false>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
+                       packet, sd);
     }
     if (blocks[cd::pass_codes]) {
       if constexpr (Q == quantizer_cuda::cast16) {
@@ -379,38 +375,34 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
         const unsigned grid = grid_of(blocks[cd::pass_codes]);
         if (options_.format == cast16_format::bf16) {
           if (gains)
-            cd::cast16_codes<true, true>
-                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+            detail::launch(&cd::cast16_codes<true, true>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
+                           inv, lim, sd);
           else
-            cd::cast16_codes<true, false>
-                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+            detail::launch(&cd::cast16_codes<true, false>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
+                           inv, lim, sd);
         } else {
           if (gains)
-            cd::cast16_codes<false, true>
-                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+            detail::launch(&cd::cast16_codes<false, true>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
+                           inv, lim, sd);
           else
-            cd::cast16_codes<false, false>
-                <<<grid, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, packet, ranks, inv, lim, sd);
+            detail::launch(&cd::cast16_codes<false, false>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
+                           inv, lim, sd);
         }
-        GRAVAC_CHECK_CUDA_LAUNCH();
       } else {
         const unsigned ga = grid_of(blocks[cd::pass_accumulate]);
         if (gains)
-          cd::accumulate_chunks<true><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
+          detail::launch(&cd::accumulate_chunks<true>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd);
         else
-          cd::accumulate_chunks<false><<<ga, cd::quant_threads, 0, s>>>(gd, ed, jd, jobs, chunks_.data(), sd);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+          detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd);
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
         if constexpr (Q == quantizer_cuda::sign) {
-          cd::sign_layer_scale<<<gs, cd::quant_threads, 0, s>>>(jd, jobs, chunks_.data(), scales_.data(), packet, sd);
-          GRAVAC_CHECK_CUDA_LAUNCH();
-          cd::sign_codes<<<gc, cd::quant_threads, 0, s>>>(ed, jd, jobs, scales_.data(), packet);
-          GRAVAC_CHECK_CUDA_LAUNCH();
+          detail::launch(&cd::sign_layer_scale, gs, cd::quant_threads, s, jd, jobs, chunks_.data(), scales_.data(),
+                         packet, sd);
+          detail::launch(&cd::sign_codes, gc, cd::quant_threads, s, ed, jd, jobs, scales_.data(), packet);
         } else {
-          cd::bucket_scales<Q == quantizer_cuda::qsgd>
-              <<<gs, cd::quant_threads, 0, s>>>(jd, jobs, chunks_.data(), scales_.data(), packet, levels_, bucket_);
-          GRAVAC_CHECK_CUDA_LAUNCH();
+          detail::launch(&cd::bucket_scales<Q == quantizer_cuda::qsgd>, gs, cd::quant_threads, s, jd, jobs,
+                         chunks_.data(), scales_.data(), packet, levels_, bucket_);
           launch_codes(gc, ed, packet, jobs);
         }
       }
@@ -506,29 +498,27 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
     const cd::quant_job* jd = jobs_.data();
     switch (code_width(levels_)) {
       case 2:
-        cd::quantize_codes<2>
-            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        detail::launch(&cd::quantize_codes<2>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
+                       sums_.data());
         break;
       case 4:
-        cd::quantize_codes<4>
-            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        detail::launch(&cd::quantize_codes<4>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
+                       sums_.data());
         break;
       case 8:
-        cd::quantize_codes<8>
-            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        detail::launch(&cd::quantize_codes<8>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
+                       sums_.data());
         break;
       default:
-        cd::quantize_codes<16>
-            <<<grid, cd::quant_threads, 0, s>>>(e, jd, count, scales_.data(), packet, lv, sums_.data());
+        detail::launch(&cd::quantize_codes<16>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
+                       sums_.data());
         break;
     }
-    GRAVAC_CHECK_CUDA_LAUNCH();
   }
 
   void launch_walk(std::span<const std::byte> packet) const {
-    detail::walk_quantized_packet<<<detail::one_block, detail::one_thread, 0, options_.stream.get()>>>(
-        packet.data(), packet.size(), desc(), Q, table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&detail::walk_quantized_packet, detail::one_block, detail::one_thread, options_.stream.get(),
+                   packet.data(), packet.size(), desc(), Q, table_.data(), walk_.data());
   }
   [[nodiscard]] detail::layout_desc desc() const noexcept {
     const std::size_t L = std::max<std::size_t>(layout_.size(), 1);

@@ -10,14 +10,10 @@
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cub/device/device_select.cuh>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -28,8 +24,10 @@
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/ar_topk_device_passes.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/segment_cursor.hpp"
@@ -140,11 +138,9 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     chunk_counts_ = device_buffer<std::uint32_t>(std::max<std::size_t>((largest + chunk - 1) / chunk, 1), s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
-    GRAVAC_TRY_CUDA(
-        cub::DeviceSelect::If(nullptr, temp, thrust::counting_iterator<std::uint32_t>(0),
-                              thrust::make_tabulate_output_iterator(detail::bounded_index_writer{nullptr, nullptr}),
-                              static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(largest),
-                              detail::selected_by_threshold{nullptr, nullptr}, s.get()));
+    GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp, static_cast<std::int64_t>(largest),
+                                              detail::selected_by_threshold{nullptr, nullptr},
+                                              detail::bounded_index_writer{nullptr, nullptr}, nullptr, s.get()));
     select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     if (whole_) {
       concat_ = device_buffer<float>(std::max<std::size_t>(lay.numel(), 1), s);
@@ -222,26 +218,21 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, n));
     GRAVAC_TRY_CUDA(cudaMemsetAsync(sti, 0, sizeof(cd::select_state), s));
     // g null: u is e as it stands, read only; the sums go to a scratch slot.
-    cd::fused_pass<<<launch_.grid_stride(n, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
-        nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), cap,
-        sums_.data() + layout_.size() + 1, cd::gain_request{}, gain_out_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items), cd::select_threads, s,
+                   nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), cap,
+                   sums_.data() + layout_.size() + 1, cd::gain_request{}, gain_out_.data(), false, nullptr);
     const int grid1 = launch_.grid_stride(n, cd::select_threads);
-    cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(el, n, sti, cand_.data(), cap);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap);
     for (int shift : {cd::refine_digit_bits, 0}) {
-      cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(el, n, sti, cand_.data(), cap, hist_.data(), shift);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap, hist_.data(),
+                     shift);
     }
-    cd::tie_pass<<<launch_.tie_search(grid1), cd::select_threads, 0, s>>>(el, n, sti, chunk_counts_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, el, n, sti, chunk_counts_.data());
     std::size_t temp = select_temp_.size();
-    GRAVAC_TRY_CUDA(cub::DeviceSelect::If(select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-                                          thrust::make_tabulate_output_iterator(cd::whole_index_writer{out, sti}),
-                                          &sti->selected, static_cast<std::int64_t>(n),
-                                          cd::selected_by_threshold{el, sti}, s));
-    cd::ar_complete_non_finite<<<cd::one_block, cd::select_threads, 0, s>>>(el, n, sti, kk, out);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(n),
+                                              cd::selected_by_threshold{el, sti}, cd::whole_index_writer{out, sti},
+                                              &sti->selected, s));
+    detail::launch(&cd::ar_complete_non_finite, cd::one_block, cd::select_threads, s, el, n, sti, kk, out);
     pending_selections_.push_back({i, k});
   }
   //! Waits for the selections queued by select_indices(); throws gravac::error
@@ -317,52 +308,43 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       if constexpr (Threshold) {  // the low threshold t into prev_threshold_[i]
         const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
         const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
-        cd::estimate_histogram<<<launch_.grid_stride(m, cd::select_threads), cd::select_threads, 0, s>>>(
-            gl, el, rq, est_hist_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
-        cd::estimate_threshold<<<cd::one_block, cd::select_threads, 0, s>>>(est_hist_.data(), rq,
-                                                                            prev_threshold_.data() + i);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::estimate_histogram, launch_.grid_stride(m, cd::select_threads), cd::select_threads, s, gl,
+                       el, rq, est_hist_.data());
+        detail::launch(&cd::estimate_threshold, cd::one_block, cd::select_threads, s, est_hist_.data(), rq,
+                       prev_threshold_.data() + i);
       }
-      cd::fused_pass<<<grid, cd::select_threads, 0, s>>>(gl, el, l.numel, k, sti, prev_threshold_.data() + i,
-                                                         hist_.data(), hist_sq_.data(), cand_.data(), cap,
-                                                         sums_.data() + i, gains, gain_out_.data(), Threshold);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti, prev_threshold_.data() + i,
+                     hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i, gains, gain_out_.data(),
+                     Threshold, nullptr);
       // Top-k: the count (k, or the finite count when smaller) is known on the device now.
       if (!Threshold || k == 0) {
-        cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
-                                                                          layer, l.numel, false);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
+                       &sti->count, layer, l.numel, false);
       }
       if (k == 0) continue;
       const int grid1 = launch_.grid_stride(l.numel, cd::select_threads);
-      cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, l.numel, sti, cand_.data(), cap);
       for (int shift : {cd::refine_digit_bits, 0}) {
         // Over the candidates when they are valid; the grid covers the whole input otherwise.
-        cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(el, l.numel, sti, cand_.data(), cap, hist_.data(), shift);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, el, l.numel, sti, cand_.data(), cap,
+                       hist_.data(), shift);
       }
       if constexpr (Threshold) {  // the count (ties included) is known once the threshold is
-        cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
-                                                                          layer, l.numel, false);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
+                       &sti->count, layer, l.numel, false);
       } else {
-        cd::tie_pass<<<launch_.tie_search(grid1), cd::select_threads, 0, s>>>(el, l.numel, sti, chunk_counts_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, el, l.numel, sti,
+                       chunk_counts_.data());
       }
       std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
-          select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-          thrust::make_tabulate_output_iterator(cd::bounded_index_writer{packet, slot}), &sti->selected,
-          static_cast<std::int64_t>(l.numel), cd::selected_by_threshold{el, sti}, s));
-      cd::gather_pass<<<launch_.grid_stride(k, cd::select_threads), cd::select_threads, 0, s>>>(
-          packet, slot, el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(l.numel),
+                                                cd::selected_by_threshold{el, sti},
+                                                cd::bounded_index_writer{packet, slot}, &sti->selected, s));
+      detail::launch(&cd::gather_pass, launch_.grid_stride(k, cd::select_threads), cd::select_threads, s, packet, slot,
+                     el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
     }
-    cd::finish_device_packet<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(),
-                                                                      static_cast<std::uint8_t>(kind), layout_.hash());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
+                   static_cast<std::uint8_t>(kind), layout_.hash());
     // One copy of the statistics back, then the packet and the residual are final.
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
@@ -403,17 +385,15 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     auto* sti = states_.data() + i;
     auto* slot = slots_.data() + i;
     if (gains.count > 0) {
-      cd::fused_pass<<<launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
-          gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), 0,
-          sums_.data() + layout_.size(), gains, gain_out_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+                     cd::select_threads, s, gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(),
+                     hist_sq_.data(), cand_.data(), 0, sums_.data() + layout_.size(), gains, gain_out_.data(), false,
+                     nullptr);
     }
-    cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
-                                                                      static_cast<std::uint32_t>(i), l.numel, true);
-    GRAVAC_CHECK_CUDA_LAUNCH();
-    cd::raw_pass<<<launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, 0, s>>>(
-        gl, el, packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
+                   &sti->count, static_cast<std::uint32_t>(i), l.numel, true);
+    detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
+                   packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
   }
 
   // The whole-buffer selection (see detail/whole_select_kernels.hpp): each compressed
@@ -433,10 +413,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       const auto& l = layout_[i];
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      cd::fused_pass<<<launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
-          g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(), hist_.data(),
-          hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false, concat_.data() + total);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+                     cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
+                     no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
+                     gain_out_.data(), false, concat_.data() + total);
       total += l.numel;
     }
     auto* whole = whole_state_.data();
@@ -445,29 +425,25 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       const auto kk = static_cast<std::uint32_t>(k);
       const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, total));
       cd::gain_request none;
-      cd::fused_pass<<<launch_.grid_stride(total, cd::select_threads * cd::fused_items), cd::select_threads, 0, s>>>(
-          nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(), hist_.data(), hist_sq_.data(),
-          cand_.data(), cap, sums_.data() + layers + 1, none, gain_out_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::fused_pass, launch_.grid_stride(total, cd::select_threads * cd::fused_items),
+                     cd::select_threads, s, nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(),
+                     hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + layers + 1, none,
+                     gain_out_.data(), false, nullptr);
       if (k > 0) {
         const int grid1 = launch_.grid_stride(total, cd::select_threads);
-        cd::collect_pass<<<grid1, cd::select_threads, 0, s>>>(concat_.data(), total, whole, cand_.data(), cap);
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, concat_.data(), total, whole, cand_.data(),
+                       cap);
         for (int shift : {cd::refine_digit_bits, 0}) {
-          cd::refine_pass<<<grid1, cd::select_threads, 0, s>>>(concat_.data(), total, whole, cand_.data(), cap,
-                                                               hist_.data(), shift);
-          GRAVAC_CHECK_CUDA_LAUNCH();
+          detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, concat_.data(), total, whole, cand_.data(),
+                         cap, hist_.data(), shift);
         }
-        cd::tie_pass<<<launch_.tie_search(grid1), cd::select_threads, 0, s>>>(concat_.data(), total, whole,
-                                                                              chunk_counts_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, concat_.data(), total, whole,
+                       chunk_counts_.data());
         std::size_t temp = select_temp_.size();
-        GRAVAC_TRY_CUDA(cub::DeviceSelect::If(
-            select_temp_.data(), temp, thrust::counting_iterator<std::uint32_t>(0),
-            thrust::make_tabulate_output_iterator(cd::whole_index_writer{list_.data(), whole}), &whole->selected,
-            static_cast<std::int64_t>(total), cd::selected_by_threshold{concat_.data(), whole}, s));
-        cd::remember_whole_threshold<<<cd::one_block, cd::one_thread, 0, s>>>(whole, whole_threshold_.data());
-        GRAVAC_CHECK_CUDA_LAUNCH();
+        GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(total),
+                                                  cd::selected_by_threshold{concat_.data(), whole},
+                                                  cd::whole_index_writer{list_.data(), whole}, &whole->selected, s));
+        detail::launch(&cd::remember_whole_threshold, cd::one_block, cd::one_thread, s, whole, whole_threshold_.data());
       }
     }
     std::size_t start = 0;
@@ -482,16 +458,13 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       }
       auto* sti = states_.data() + i;
       auto* slot = slots_.data() + i;
-      cd::split_whole_selection<<<cd::one_block, cd::one_thread, 0, s>>>(list_.data(), whole, start, l.numel, sti,
-                                                                         first_.data() + i);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::place_sparse_segment<<<cd::one_block, cd::one_thread, 0, s>>>(packet, cursor_.data(), slot, &sti->count,
-                                                                        static_cast<std::uint32_t>(i), l.numel, false);
-      GRAVAC_CHECK_CUDA_LAUNCH();
-      cd::gather_whole_pass<<<launch_.grid_stride(std::min(l.numel, k), cd::select_threads), cd::select_threads, 0,
-                              s>>>(packet, slot, e.data() + l.offset, list_.data(), first_.data() + i,
-                                   static_cast<std::uint32_t>(start), sti, whole, sums_.data() + i, failure_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&cd::split_whole_selection, cd::one_block, cd::one_thread, s, list_.data(), whole, start, l.numel,
+                     sti, first_.data() + i);
+      detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
+                     &sti->count, static_cast<std::uint32_t>(i), l.numel, false);
+      detail::launch(&cd::gather_whole_pass, launch_.grid_stride(std::min(l.numel, k), cd::select_threads),
+                     cd::select_threads, s, packet, slot, e.data() + l.offset, list_.data(), first_.data() + i,
+                     static_cast<std::uint32_t>(start), sti, whole, sums_.data() + i, failure_.data());
       start += l.numel;
     }
   }
@@ -533,9 +506,8 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     const auto layers = static_cast<std::uint32_t>(layout_.size());
     if (layers == 0) return;
     const dim3 grid = launch_.repair(layers);
-    detail::restore_pass<<<grid, detail::select_threads, 0, options_.stream.get()>>>(
-        packet, slots_.data(), states_.data(), packets_.desc().offset, layers, e.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&detail::restore_pass, grid, detail::select_threads, options_.stream.get(), packet, slots_.data(),
+                   states_.data(), packets_.desc().offset, layers, e.data());
     options_.stream.synchronize();
   }
 

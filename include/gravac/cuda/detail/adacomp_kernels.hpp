@@ -24,8 +24,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
@@ -101,7 +101,7 @@ static __global__ void __launch_bounds__(adacomp_threads)
     __syncthreads();
   }
   if (!u_in_r) {
-    using reduce_t = cub::BlockReduce<double, adacomp_threads>;
+    using reduce_t = block_reduce<double, adacomp_threads>;
     __shared__ typename reduce_t::TempStorage red;
     const double bg = reduce_t(red).Sum(gsq);
     __syncthreads();

@@ -27,6 +27,7 @@
 #include "gravac/collective/step_control.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
@@ -90,10 +91,10 @@ class ar_topk_device_passes<cuda_space> {
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       // k = 0: no selection, only u into e, the sums and the gain curve (no threshold read).
-      fused_pass<<<launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, 0, s>>>(
-          g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(), hist_.data(),
-          hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, s,
+                     g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
+                     hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
+                     nullptr);
     }
     copy_to_host_async(s, host_states_, states_);
     copy_to_host_async(s, host_sums_, sums_);
@@ -146,9 +147,8 @@ class ar_topk_device_passes<cuda_space> {
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const std::size_t count = offsets[i + 1] - offsets[i];
       if (count == 0) continue;
-      ar_validate_indices<<<launch_.grid_stride(count, packet_threads), packet_threads, 0, s>>>(
-          idx_.data() + offsets[i], count, lay[i].numel, static_cast<std::uint32_t>(i), first_bad_.data());
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&ar_validate_indices, launch_.grid_stride(count, packet_threads), packet_threads, s,
+                     idx_.data() + offsets[i], count, lay[i].numel, static_cast<std::uint32_t>(i), first_bad_.data());
     }
     copy_to_host_async(s, host_bad_, first_bad_);
     stream_.synchronize();
@@ -163,9 +163,8 @@ class ar_topk_device_passes<cuda_space> {
     values_.resize(std::max<std::size_t>(total, 1));
     std::size_t v = 0;
     for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-      ar_gather<<<launch_.grid_stride(count, select_threads), select_threads, 0, s>>>(
-          idx, count, e.data() + lay[i].offset, values_.data() + v, sums_.data() + i);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&ar_gather, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
+                     e.data() + lay[i].offset, values_.data() + v, sums_.data() + i);
       v += count;
     });
     copy_to_host_async(s, host_sums_, sums_);
@@ -220,9 +219,8 @@ class ar_topk_device_passes<cuda_space> {
     if (g.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(g.data(), 0, g.size() * sizeof(float), s));
     std::size_t v = 0;
     for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-      ar_scatter_average<<<launch_.grid_stride(count, select_threads), select_threads, 0, s>>>(
-          idx, count, values_.data() + v, inv, g.data() + lay[i].offset);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&ar_scatter_average, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
+                     values_.data() + v, inv, g.data() + lay[i].offset);
       v += count;
     });
     stream_.synchronize();
@@ -237,9 +235,8 @@ class ar_topk_device_passes<cuda_space> {
     std::size_t v = 0;
     for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
       if (v + count > own_count_) return;
-      ar_undo<<<launch_.grid_stride(count, select_threads), select_threads, 0, s>>>(idx, count, own_.data() + v,
-                                                                                    e.data() + lay[i].offset);
-      GRAVAC_CHECK_CUDA_LAUNCH();
+      detail::launch(&ar_undo, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
+                     own_.data() + v, e.data() + lay[i].offset);
       v += count;
     });
     stream_.synchronize();

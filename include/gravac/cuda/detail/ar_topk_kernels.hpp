@@ -11,9 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
@@ -46,7 +45,7 @@ static __global__ void __launch_bounds__(select_threads)
     e[at] = 0.0f;
     ksq += static_cast<double>(v) * v;
   }
-  using reduce_t = cub::BlockReduce<double, select_threads>;
+  using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double s = reduce_t(red).Sum(ksq);
   if (threadIdx.x == 0 && s != 0.0) atomicAdd(&sums->kept_sq, s);
@@ -81,7 +80,7 @@ static __global__ void __launch_bounds__(select_threads)
                            std::uint32_t k, std::uint32_t* __restrict__ out) {
   if (!st->too_few_finite) return;
   const std::uint32_t need = k - st->count;  // non-finite values to add
-  using scan_t = cub::BlockScan<std::uint32_t, select_threads>;
+  using scan_t = block_scan<std::uint32_t, select_threads>;
   __shared__ typename scan_t::TempStorage tmp;
   std::uint32_t written = 0, non_finite_seen = 0;
   for (std::size_t base = 0; base < n && written < k; base += select_threads) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -120,9 +121,8 @@ class device_packets {
     if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
       throw error(status::malformed_packet, "decompress_add: packet was not validated");
     launch_walk(packet, kind);  // rebuilds the segment table on the device (no host round trip)
-    scatter_add_sparse<<<launch_config::per_layer(layers_), packet_threads, 0, stream_.get()>>>(
-        packet.data(), desc(), table_.data(), walk_.data(), out, scale);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&scatter_add_sparse, launch_config::per_layer(layers_), packet_threads, stream_.get(), packet.data(),
+                   desc(), table_.data(), walk_.data(), out, scale);
   }
 
   //! The layout as the kernels see it.
@@ -132,19 +132,16 @@ class device_packets {
 
  private:
   void write_headers_kernel(std::byte* packet, unsigned blocks, cudaStream_t s) {
-    write_packet_headers<<<blocks, packet_threads, 0, s>>>(packet, head_dev_.data(), plan_dev_.data(),
-                                                           static_cast<std::uint32_t>(planned_));
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&write_packet_headers, blocks, packet_threads, s, packet, head_dev_.data(), plan_dev_.data(),
+                   static_cast<std::uint32_t>(planned_));
   }
   void launch_walk(std::span<const std::byte> packet, packet_kind kind) {
-    walk_sparse_packet<<<one_block, one_thread, 0, stream_.get()>>>(
-        packet.data(), packet.size(), desc(), static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&walk_sparse_packet, one_block, one_thread, stream_.get(), packet.data(), packet.size(), desc(),
+                   static_cast<std::uint8_t>(kind), table_.data(), walk_.data());
   }
   void launch_index_check(std::span<const std::byte> packet) {
-    check_sparse_indices<<<launch_config::per_layer(layers_), packet_threads, 0, stream_.get()>>>(
-        packet.data(), desc(), table_.data(), walk_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&check_sparse_indices, launch_config::per_layer(layers_), packet_threads, stream_.get(),
+                   packet.data(), desc(), table_.data(), walk_.data());
   }
 
  private:

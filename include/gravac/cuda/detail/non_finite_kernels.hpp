@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gravac/cuda/cuda_error.hpp"
+#include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"
@@ -75,10 +76,8 @@ struct non_finite_ops<cuda_space> {
     prepare(lay, s);
     const std::size_t n = last - first;
     GRAVAC_TRY_CUDA(cudaMemsetAsync(flags_.data(), 0, n * sizeof(std::uint32_t), s.get()));
-    flag_non_finite_layers<<<launch_config::per_layer(n), packet_threads, 0, s.get()>>>(
-        g, e, residual_zero, offset_.data(), static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(n),
-        flags_.data());
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&flag_non_finite_layers, launch_config::per_layer(n), packet_threads, s.get(), g, e, residual_zero,
+                   offset_.data(), static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(n), flags_.data());
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(host_flags_.data(), flags_.data(), n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, s.get()));
     s.synchronize();
@@ -96,8 +95,8 @@ struct non_finite_ops<cuda_space> {
     const stream_ref s = stream_of(c);
     if (sms_ == 0) sms_ = launch_config::current_device().sms();
     const launch_config cfg(sms_);
-    zero_non_finite_values<<<cfg.grid_stride(n, packet_threads), packet_threads, 0, s.get()>>>(g, e, residual_zero, n);
-    GRAVAC_CHECK_CUDA_LAUNCH();
+    detail::launch(&zero_non_finite_values, cfg.grid_stride(n, packet_threads), packet_threads, s.get(), g, e,
+                   residual_zero, n);
   }
 
   // Waits for the stream: g is zeroed when a skipped step returns, or before it throws.

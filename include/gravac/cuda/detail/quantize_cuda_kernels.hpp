@@ -28,9 +28,9 @@
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/quantized_packet.hpp"
@@ -125,7 +125,7 @@ __device__ __forceinline__ bool finite_bits(float x) { return (__float_as_uint(x
 //! Adds a block's statistics to its job's (thread 0). Every thread of the block calls it.
 __device__ inline void add_block_sums(quant_sums* __restrict__ sums, double g, double u, double k, bool bad,
                                       bool with_g, bool with_u, bool with_k) {
-  using reduce_t = cub::BlockReduce<double, quant_threads>;
+  using reduce_t = block_reduce<double, quant_threads>;
   __shared__ typename reduce_t::TempStorage red;
   double bg = 0, bu = 0, bk = 0;
   if (with_g) bg = reduce_t(red).Sum(g);

@@ -7,9 +7,8 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 
@@ -109,7 +108,7 @@ struct boundary {
   std::uint32_t count;  //!< values in the boundary bin
 };
 __device__ inline boundary find_device_boundary(const std::uint32_t* hist, int bins, std::uint32_t want) {
-  using scan_t = cub::BlockScan<std::uint32_t, select_threads>;
+  using scan_t = block_scan<std::uint32_t, select_threads>;
   __shared__ typename scan_t::TempStorage tmp;
   __shared__ boundary result;
   const int per = (bins + select_threads - 1) / select_threads;

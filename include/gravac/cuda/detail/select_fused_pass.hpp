@@ -7,9 +7,8 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
 namespace gravac::detail {
@@ -25,12 +24,15 @@ namespace gravac::detail {
 //! Whole-buffer top-k: with \p copy, u is also written to copy[i] (each layer's u into the
 //! concatenation of the compressed layers); with \p g null, u is e as it stands (read only:
 //! the selection over that concatenation).
+//!
+//! No default arguments: it is launched through detail::launch (a function pointer), so
+//! every launch passes threshold_mode (false for top-k) and copy (null: none).
 static __global__ void __launch_bounds__(select_threads)
     fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
                select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
                std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
                std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
-               bool threshold_mode = false, float* __restrict__ copy = nullptr) {
+               bool threshold_mode, float* __restrict__ copy) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ float sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
@@ -78,7 +80,7 @@ static __global__ void __launch_bounds__(select_threads)
       if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
     }
   }
-  using reduce_t = cub::BlockReduce<double, select_threads>;
+  using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double bg = reduce_t(red).Sum(gsq);
   __syncthreads();
@@ -105,7 +107,7 @@ static __global__ void __launch_bounds__(select_threads)
   }
   // The finite count (the histogram holds finite keys only): k and the gain candidates'
   // k are at most that, as in gravac::topk and add_gain_curve.
-  using count_reduce_t = cub::BlockReduce<std::uint32_t, select_threads>;
+  using count_reduce_t = block_reduce<std::uint32_t, select_threads>;
   __shared__ typename count_reduce_t::TempStorage count_red;
   __shared__ std::uint32_t finite_total;
   const std::uint32_t total = count_reduce_t(count_red).Sum(mine);

@@ -7,9 +7,8 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
 namespace gravac::detail {
@@ -61,7 +60,7 @@ static __global__ void __launch_bounds__(select_threads)
       ksq += static_cast<double>(v) * v;
     }
   }
-  using reduce_t = cub::BlockReduce<double, select_threads>;
+  using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double s = reduce_t(red).Sum(ksq);
   if (threadIdx.x == 0) {
@@ -96,7 +95,7 @@ static __global__ void __launch_bounds__(select_threads)
     usq += static_cast<double>(u) * u;
     bad |= !isfinite(u);
   }
-  using reduce_t = cub::BlockReduce<double, select_threads>;
+  using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double bg = reduce_t(red).Sum(gsq);
   __syncthreads();

@@ -7,9 +7,8 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
 namespace gravac::detail {
@@ -92,8 +91,8 @@ static __global__ void __launch_bounds__(select_threads)
   constexpr std::size_t chunk = static_cast<std::size_t>(select_threads) * tie_items;
   const std::uint32_t t = st->threshold;
   const std::size_t chunks = (n + chunk - 1) / chunk;
-  using reduce_t = cub::BlockReduce<std::uint32_t, select_threads>;
-  using scan_t = cub::BlockScan<std::uint32_t, select_threads>;
+  using reduce_t = block_reduce<std::uint32_t, select_threads>;
+  using scan_t = block_scan<std::uint32_t, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   __shared__ typename scan_t::TempStorage scan;
   for (std::size_t c = blockIdx.x; c < chunks; c += gridDim.x) {

@@ -13,6 +13,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 
 namespace gravac::detail {
@@ -85,7 +86,7 @@ static __global__ void __launch_bounds__(select_threads)
     mine += sh[i];
     hist[i] = 0;
   }
-  using reduce_t = cub::BlockReduce<std::uint32_t, select_threads>;
+  using reduce_t = block_reduce<std::uint32_t, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   __shared__ std::uint32_t finite_sh;
   const std::uint32_t finite = reduce_t(red).Sum(mine);

@@ -16,8 +16,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
 
+#include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 
@@ -94,7 +94,7 @@ static __global__ void __launch_bounds__(select_threads)
       ksq += static_cast<double>(v) * v;
     }
   }
-  using reduce_t = cub::BlockReduce<double, select_threads>;
+  using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double s = reduce_t(red).Sum(ksq);
   if (threadIdx.x == 0) {
