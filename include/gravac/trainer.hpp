@@ -27,10 +27,10 @@
 #include "gravac/error.hpp"
 
 // The CUDA side of the asynchronous step (detail::layer_events<cuda_space>) wherever nvcc
-// compiles, as a device trainer needs it. The header is named through a macro so that the
-// header checks (tests/headers), which read the #include lines, keep this header in the
-// backend-free group.
-#if defined(__CUDACC__)
+// compiles (or the tests' host double of CUDA stands in for it), as a device trainer needs
+// it. The header is named through a macro so that the header checks (tests/headers), which
+// read the #include lines, keep this header in the backend-free group.
+#if defined(__CUDACC__) || defined(GRAVAC_CUDA_HOST_DOUBLE)
 #define GRAVAC_DETAIL_CUDA_LAYER_EVENTS "gravac/cuda/detail/layer_events.hpp"
 #include GRAVAC_DETAIL_CUDA_LAYER_EVENTS
 #undef GRAVAC_DETAIL_CUDA_LAYER_EVENTS

@@ -1,0 +1,354 @@
+// Proof that the CUDA host double can fail: each hazard plants one defect in a tiny kernel
+// or call sequence, runs it in a child process and asserts that it is caught (a wrong result
+// the case's own check sees, or a report of the double), and runs the same sequence done
+// right, which must pass without a report.
+//   cuda_double_hazards <hazard>     (one CTest test per hazard; no argument lists them)
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int ok = 0;     // the result is right
+constexpr int wrong = 3;  // the case's own check saw a wrong result
+
+#define HZ_CHECK(call)                                                                 \
+  do {                                                                                 \
+    if ((call) != 0) {                                                                 \
+      std::fprintf(stderr, "hazard: %s failed at %s:%d\n", #call, __FILE__, __LINE__); \
+      std::_Exit(2);                                                                   \
+    }                                                                                  \
+  } while (0)
+
+// ---- kernels ------------------------------------------------------------------------
+
+__global__ void broadcast_shared(int* out, bool sync) {
+  __shared__ int value;
+  if (threadIdx.x == 0) value = 42;
+  if (sync) __syncthreads();
+  out[threadIdx.x] = value;
+}
+
+// Block b extends block b-1's result: right only if the blocks run in order.
+__global__ void chain_blocks(int* out) {
+  if (threadIdx.x != 0) return;
+  const unsigned b = blockIdx.x;
+  out[b] = b == 0 ? 1 : out[b - 1] + 1;
+}
+
+// The same step as one block of its own launch.
+__global__ void chain_block(int* out, unsigned b) {
+  if (threadIdx.x == 0) out[b] = b == 0 ? 1 : out[b - 1] + 1;
+}
+
+__global__ void fill(int* out, int v, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = v;
+}
+
+int* device_ints(int n) {
+  void* p = nullptr;
+  HZ_CHECK(cudaMalloc(&p, sizeof(int) * static_cast<std::size_t>(n)));
+  return static_cast<int*>(p);
+}
+
+int* pinned_ints(int n) {
+  void* p = nullptr;
+  HZ_CHECK(cudaMallocHost(&p, sizeof(int) * static_cast<std::size_t>(n)));
+  return static_cast<int*>(p);
+}
+
+template <class... P, class... A>
+void launch(void (*k)(P...), dim3 g, dim3 b, cudaStream_t s, A... a) {
+  cuda_double::launch(k, g, b, 0, s, a...);
+  HZ_CHECK(cudaGetLastError());
+}
+
+// ---- device hazards -------------------------------------------------------------------
+
+int missing_syncthreads(bool fixed) {
+  int* d = device_ints(256);
+  launch(broadcast_shared, 1, 256, nullptr, d, fixed);
+  std::vector<int> h(256);
+  HZ_CHECK(cudaMemcpy(h.data(), d, sizeof(int) * 256, cudaMemcpyDeviceToHost));
+  for (int v : h)
+    if (v != 42) return wrong;
+  return ok;
+}
+
+int block_order(bool fixed) {
+  int* d = device_ints(16);
+  if (fixed) {
+    for (unsigned b = 0; b < 16; ++b) launch(chain_block, 1, 32, nullptr, d, b);  // the stream orders them
+  } else {
+    launch(chain_blocks, 16, 32, nullptr, d);
+  }
+  std::vector<int> h(16);
+  HZ_CHECK(cudaMemcpy(h.data(), d, sizeof(int) * 16, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 16; ++i)
+    if (h[static_cast<std::size_t>(i)] != i + 1) return wrong;
+  return ok;
+}
+
+int missing_event_wait(bool fixed) {
+  cudaStream_t a = nullptr, b = nullptr;
+  HZ_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  HZ_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  int* d = device_ints(1024);
+  int* h = pinned_ints(1024);
+  launch(fill, 4, 256, a, d, 7, 1024);
+  if (fixed) {
+    cudaEvent_t e = nullptr;
+    HZ_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    HZ_CHECK(cudaEventRecord(e, a));
+    HZ_CHECK(cudaStreamWaitEvent(b, e, 0));
+  }
+  HZ_CHECK(cudaMemcpyAsync(h, d, sizeof(int) * 1024, cudaMemcpyDeviceToHost, b));
+  HZ_CHECK(cudaStreamSynchronize(b));
+  for (int i = 0; i < 1024; ++i)
+    if (h[i] != 7) return wrong;
+  return ok;
+}
+
+int alloc_on_other_stream(bool fixed) {
+  cudaStream_t a = nullptr, b = nullptr;
+  HZ_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  HZ_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  void* p = nullptr;
+  HZ_CHECK(cudaMallocAsync(&p, 4096, a));
+  if (fixed) {
+    cudaEvent_t e = nullptr;
+    HZ_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    HZ_CHECK(cudaEventRecord(e, a));
+    HZ_CHECK(cudaStreamWaitEvent(b, e, 0));
+  }
+  launch(fill, 4, 256, b, static_cast<int*>(p), 5, 1024);
+  HZ_CHECK(cudaStreamSynchronize(b));
+  return ok;
+}
+
+int free_then_use(bool fixed) {
+  cudaStream_t a = nullptr, b = nullptr;
+  HZ_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  HZ_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  void* p = nullptr;
+  HZ_CHECK(cudaMallocAsync(&p, 4096, a));
+  HZ_CHECK(cudaStreamSynchronize(a));
+  launch(fill, 4, 256, b, static_cast<int*>(p), 5, 1024);  // queued on b, not yet run
+  if (fixed) {  // the free waits for b's use
+    cudaEvent_t e = nullptr;
+    HZ_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    HZ_CHECK(cudaEventRecord(e, b));
+    HZ_CHECK(cudaStreamWaitEvent(a, e, 0));
+  }
+  HZ_CHECK(cudaFreeAsync(p, a));
+  HZ_CHECK(cudaStreamSynchronize(a));  // runs the free (and, when fixed, b's kernel first)
+  HZ_CHECK(cudaStreamSynchronize(b));
+  return ok;
+}
+
+// ---- NCCL hazards: two ranks, forked, over the double's NCCL ------------------------
+
+// Runs body(rank, id) on 2 forked ranks and returns rank 0's code (the worst of both).
+int two_ranks(const std::function<int(int, const ncclUniqueId&)>& body) {
+  ncclUniqueId id;
+  HZ_CHECK(ncclGetUniqueId(&id));
+  const pid_t peer = fork();
+  if (peer == 0) std::_Exit(body(1, id));
+  const int mine = body(0, id);
+  int status = 0;
+  waitpid(peer, &status, 0);
+  const int theirs = WIFEXITED(status) ? WEXITSTATUS(status) : 2;
+  return mine > theirs ? mine : theirs;
+}
+
+ncclComm_t join(const ncclUniqueId& id, int rank, bool blocking) {
+  ncclComm_t c = nullptr;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = blocking ? 1 : 0;
+  const ncclResult_t r = ncclCommInitRankConfig(&c, 2, id, rank, &cfg);
+  HZ_CHECK(r != ncclSuccess && r != ncclInProgress);
+  ncclResult_t s = ncclInProgress;
+  while (s == ncclInProgress) HZ_CHECK(ncclCommGetAsyncError(c, &s));
+  HZ_CHECK(s != ncclSuccess);
+  return c;
+}
+
+// Waits as nccl_communicator does: the communicator, then the stream, until a deadline.
+// Returns false at the deadline.
+bool wait_with_deadline(ncclComm_t c, cudaStream_t s, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    ncclResult_t a = ncclSuccess;
+    HZ_CHECK(ncclCommGetAsyncError(c, &a));
+    if (a != ncclSuccess && a != ncclInProgress) return false;
+    if (a == ncclSuccess) {
+      const cudaError_t q = cudaStreamQuery(s);
+      if (q == cudaSuccess) return true;
+      (void)cudaGetLastError();
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) return false;
+    std::this_thread::yield();
+  }
+}
+
+int missing_group_end(bool fixed) {
+  return two_ranks([&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = join(id, rank, false);
+    cudaStream_t s = nullptr;
+    HZ_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float* d = nullptr;
+    HZ_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), 64 * sizeof(float)));
+    launch(fill, 1, 64, s, reinterpret_cast<int*>(d), 0, 64);  // zero bits: 0.0f
+    HZ_CHECK(cudaStreamSynchronize(s));
+    std::vector<float> one(64, 1.0f);
+    HZ_CHECK(cudaMemcpy(d, one.data(), sizeof(float) * 64, cudaMemcpyHostToDevice));
+    ncclGroupStart();
+    ncclAllReduce(d, d, 64, ncclFloat, ncclSum, c, s);
+    if (fixed) ncclGroupEnd();
+    if (!wait_with_deadline(c, s, 5.0)) return wrong;
+    std::vector<float> h(64);
+    HZ_CHECK(cudaMemcpy(h.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost));
+    for (float v : h)
+      if (v != 2.0f) return wrong;
+    return ok;
+  });
+}
+
+int per_thread_stream_to_nonblocking_comm(bool fixed) {
+  return two_ranks([&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = join(id, rank, false);
+    cudaStream_t own = nullptr;
+    HZ_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+    cudaStream_t s = fixed ? own : cudaStreamPerThread;
+    float* d = nullptr;
+    HZ_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), 64 * sizeof(float)));
+    std::vector<float> one(64, 1.0f);
+    HZ_CHECK(cudaMemcpy(d, one.data(), sizeof(float) * 64, cudaMemcpyHostToDevice));
+    float* h = nullptr;
+    HZ_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h), 64 * sizeof(float)));
+    const ncclResult_t r = ncclAllReduce(d, d, 64, ncclFloat, ncclSum, c, s);
+    HZ_CHECK(r != ncclSuccess && r != ncclInProgress);
+    if (!wait_with_deadline(c, s, 5.0)) return wrong;  // the communicator, then this thread's s
+    HZ_CHECK(cudaMemcpyAsync(h, d, sizeof(float) * 64, cudaMemcpyDeviceToHost, s));
+    HZ_CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 64; ++i)
+      if (h[i] != 2.0f) return wrong;
+    return ok;
+  });
+}
+
+int pageable_copy_blocks_timeout(bool fixed) {
+  return two_ranks([&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = join(id, rank, false);
+    if (rank == 1) {  // a hung peer: joins, then never calls the collective
+      std::this_thread::sleep_for(std::chrono::seconds(8));
+      ncclCommAbort(c);
+      return ok;
+    }
+    cudaStream_t s = nullptr;
+    HZ_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    double* d = nullptr;
+    HZ_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), 4 * sizeof(double)));
+    std::vector<double> pageable(4, 1.0);
+    HZ_CHECK(cudaMemcpy(d, pageable.data(), sizeof(double) * 4, cudaMemcpyHostToDevice));
+    ncclAllReduce(d, d, 4, ncclDouble, ncclSum, c, s);
+    ncclResult_t a = ncclInProgress;
+    while (a == ncclInProgress) HZ_CHECK(ncclCommGetAsyncError(c, &a));
+    if (fixed) {  // pinned staging and a polling wait: the 1 s timeout fires
+      double* pinned = nullptr;
+      HZ_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned), 4 * sizeof(double)));
+      HZ_CHECK(cudaMemcpyAsync(pinned, d, sizeof(double) * 4, cudaMemcpyDeviceToHost, s));
+      const bool done = wait_with_deadline(c, s, 1.0);
+      ncclCommAbort(c);
+      return done ? wrong : ok;  // right: the wait timed out and the rank is in control
+    }
+    HZ_CHECK(cudaMemcpyAsync(pageable.data(), d, sizeof(double) * 4, cudaMemcpyDeviceToHost, s));
+    return wrong;  // not reached: the copy blocks until the double reports the hang
+  });
+}
+
+struct hazard {
+  std::function<int(bool)> run;
+  const char* what;
+};
+
+const std::map<std::string, hazard>& hazards() {
+  static const std::map<std::string, hazard> h = {
+      {"missing_syncthreads", {missing_syncthreads, "a shared value read without __syncthreads"}},
+      {"block_order", {block_order, "a kernel whose blocks depend on running in order"}},
+      {"missing_event_wait", {missing_event_wait, "a copy on stream B of what stream A writes, without an event"}},
+      {"alloc_on_other_stream",
+       {alloc_on_other_stream, "cudaMallocAsync on stream A, used on stream B without an event"}},
+      {"free_then_use", {free_then_use, "cudaFreeAsync on stream A while stream B still uses the memory"}},
+      {"missing_group_end", {missing_group_end, "ncclGroupStart without ncclGroupEnd"}},
+      {"per_thread_stream_to_nonblocking_comm",
+       {per_thread_stream_to_nonblocking_comm, "cudaStreamPerThread named to a non-blocking NCCL communicator"}},
+      {"pageable_copy_blocks_timeout",
+       {pageable_copy_blocks_timeout, "a copy into pageable memory behind a collective a peer never joins"}},
+  };
+  return h;
+}
+
+struct outcome {
+  int code = 0;
+  std::string err;
+};
+
+// Runs one variant in a child, capturing its stderr.
+outcome run_child(const hazard& h, bool fixed) {
+  int fd[2];
+  if (pipe(fd) != 0) std::exit(2);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    dup2(fd[1], 2);
+    std::_Exit(h.run(fixed));
+  }
+  close(fd[1]);
+  outcome o;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;) o.err.append(buf, static_cast<std::size_t>(n));
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2 || !hazards().count(argv[1])) {
+    std::printf("usage: cuda_double_hazards <hazard>; hazards:\n");
+    for (const auto& [name, h] : hazards()) std::printf("  %-40s %s\n", name.c_str(), h.what);
+    return argc == 1 ? 0 : 2;
+  }
+  const hazard& h = hazards().at(argv[1]);
+  const outcome right = run_child(h, true);
+  std::printf("done right: exit %d%s%s\n", right.code, right.err.empty() ? "" : ", stderr:\n", right.err.c_str());
+  if (right.code != ok || right.err.find("gravac CUDA double") != std::string::npos) {
+    std::printf("FAILED: the correct sequence did not pass cleanly\n");
+    return 1;
+  }
+  const outcome planted = run_child(h, false);
+  const bool reported = planted.err.find("gravac CUDA double") != std::string::npos;
+  std::printf("planted defect: exit %d%s%s\n", planted.code, planted.err.empty() ? "" : ", stderr:\n",
+              planted.err.c_str());
+  if (planted.code == wrong || reported) {
+    std::printf("caught: %s (%s)\n", h.what, reported ? "reported by the double" : "wrong result");
+    return 0;
+  }
+  std::printf("NOT CAUGHT: %s\n", h.what);
+  return 1;
+}

@@ -1,0 +1,965 @@
+// The kernel engine of the CUDA host double (cuda_double/kernel.hpp): runs a grid block
+// after block on the calling OS thread, each thread of a block a fiber of Boost.Context,
+// and implements block barriers and warp operations as rendezvous of those fibers.
+//
+// A block runs in rounds. A round runs the runnable threads, in a fresh seeded random
+// order (one that does not start with the lowest thread of the round), each until it parks
+// (at a barrier or a warp operation) or returns. Then no thread
+// can run, and the round's end resolves, in this order:
+//   1. every warp operation whose lanes (its mask) have all arrived, at the same kind of
+//      operation with the same mask, completes; its lanes become runnable;
+//   2. otherwise, the lanes of each warp waiting at __activemask() are given the mask of
+//      those lanes (all the warp's live lanes when it is converged);
+//   3. otherwise, when every thread of the block waits at the block barrier (one kind),
+//      the barrier completes and every thread becomes runnable (a thread that returned
+//      while others wait there is reported by fail());
+//   4. otherwise nothing can ever progress: fail() names the threads and where they wait.
+// A lane named in the mask of a waiting warp operation that has returned is reported at
+// once (it can never arrive).
+//
+// Costs: a fiber per device thread per block, on a stack from a per-OS-thread pool (no
+// system call once the pool has grown); a switch is a Boost.Context jump (no system call);
+// per round one Fisher-Yates shuffle of the runnable threads. Under AddressSanitizer or
+// ThreadSanitizer the switches are announced to the sanitizer.
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/context/fiber.hpp>
+#include <boost/context/protected_fixedsize_stack.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cxxabi.h>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_double/core.hpp"
+#include "cuda_double/kernel.hpp"
+
+// Under AddressSanitizer or ThreadSanitizer every switch between stacks is announced to the
+// sanitizer (Boost.Context's fcontext fibers do not do it themselves).
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDA_DOUBLE_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define CUDA_DOUBLE_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDA_DOUBLE_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define CUDA_DOUBLE_TSAN 1
+#endif
+#endif
+#if defined(CUDA_DOUBLE_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(CUDA_DOUBLE_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace cuda_double::detail {
+namespace {
+
+namespace bctx = boost::context;
+
+// ---------------------------------------------------------------------------------------
+// Stacks: 64 KiB with a guard page below (an overflow faults instead of corrupting), kept
+// in a pool per OS thread, so that a block's 256 fibers cost no system call after the
+// first blocks. GRAVAC_CUDA_DOUBLE_STACK_KIB overrides the size.
+std::size_t stack_bytes() {
+  static const std::size_t bytes = [] {
+    std::size_t kib = 64;
+    if (const char* s = std::getenv("GRAVAC_CUDA_DOUBLE_STACK_KIB"); s != nullptr && std::atoi(s) >= 16)
+      kib = static_cast<std::size_t>(std::atoi(s));
+    return kib * 1024;
+  }();
+  return bytes;
+}
+
+struct stack_pool {
+  bctx::protected_fixedsize_stack alloc{stack_bytes()};
+  std::vector<bctx::stack_context> free;
+  std::size_t allocated = 0;
+  stack_pool() = default;
+  stack_pool(const stack_pool&) = delete;
+  stack_pool& operator=(const stack_pool&) = delete;
+  ~stack_pool() {
+    for (auto& s : free) alloc.deallocate(s);
+  }
+  // A stack back in the pool: AddressSanitizer's marks of the frames that never returned
+  // (Boost's entry frame, unwound ones) are cleared, or they would stain the next fiber on
+  // it, or whatever memory is later mapped where it was.
+  static void clean([[maybe_unused]] const bctx::stack_context& s) noexcept {
+#if defined(CUDA_DOUBLE_ASAN)
+    __asan_unpoison_memory_region(static_cast<char*>(s.sp) - s.size, s.size);
+#endif
+  }
+};
+
+// The StackAllocator of every fiber: takes from and returns to this OS thread's pool (a
+// fiber is created, run and ended on one OS thread).
+struct pooled_stack {
+  stack_pool* pool;
+  bctx::stack_context* given;  // where the stack is noted (for the sanitizers)
+  bctx::stack_context allocate() {
+    if (!pool->free.empty()) {
+      *given = pool->free.back();
+      pool->free.pop_back();
+      return *given;
+    }
+    *given = pool->alloc.allocate();
+    ++pool->allocated;
+    pool->free.reserve(pool->allocated);  // so that deallocate() never allocates
+    return *given;
+  }
+  void deallocate(bctx::stack_context& s) noexcept {
+    stack_pool::clean(s);
+    pool->free.push_back(s);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Random numbers: wyrand, small and fast; the bounded draw is Lemire's multiply-shift.
+struct rng {
+  std::uint64_t state;
+  std::uint64_t next() noexcept {
+    state += 0xa0761d6478bd642fULL;
+    const u128 t = static_cast<u128>(state ^ 0xe7037ed1a0b428dbULL) * state;
+    return static_cast<std::uint64_t>(t >> 64) ^ static_cast<std::uint64_t>(t);
+  }
+  std::uint64_t below(std::uint64_t n) noexcept {
+    return static_cast<std::uint64_t>((static_cast<u128>(next()) * n) >> 64);
+  }
+  template <class T>
+  void shuffle(std::vector<T>& v) noexcept {
+    for (std::size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[below(i)]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// The device threads of the running block.
+enum class lane_state : std::uint8_t { runnable, at_block, at_warp, done };
+
+struct lane {
+  bctx::fiber fib;                        // the suspended fiber (empty while it runs or once done)
+  uint3 tid{0, 0, 0};                     // threadIdx
+  std::uint16_t index = 0;                // linear index in the block
+  lane_state state = lane_state::runnable;
+  sync_kind kind = sync_kind::syncthreads;
+  unsigned mask = 0;                      // a warp operation's mask (limited to the warp's lanes)
+  int width = 32;                         // a shuffle's width
+  std::int64_t arg = 0;                   // a shuffle's source lane, delta or lane mask
+  std::uint64_t value = 0;                // the posted operand (or predicate)
+  std::uint64_t result = 0;               // what the operation returns to this lane
+  bctx::stack_context stack{};            // the fiber's stack
+  bool started = false;                   // the fiber has run
+  void* asan_fake = nullptr;              // AddressSanitizer's fake stack of the parked fiber
+  void* tsan_fiber = nullptr;             // ThreadSanitizer's fiber
+};
+
+struct engine {
+  // The launch.
+  const launch_desc* desc = nullptr;
+  void (*body)(void*) = nullptr;
+  void* self = nullptr;
+  rng random{0};
+  bool running = false;  // inside run_grid on this OS thread
+  bool direct = false;   // a block of one thread, run without a fiber
+  bool trapped = false;  // __trap() ended the kernel
+  // The block.
+  unsigned nthreads = 0, nwarps = 0;
+  std::vector<lane> lanes;
+  std::vector<std::uint16_t> runnable;  // released by the round's end, to run next round
+  std::vector<std::uint16_t> order;     // the round being run
+  std::array<unsigned, 32> warp_waiting{};  // lanes of each warp at a warp operation (not activemask)
+  std::array<unsigned, 32> active_waiting{};  // lanes of each warp at __activemask()
+  unsigned at_block = 0, done = 0;
+  lane* cur = nullptr;  // the running device thread
+  bctx::fiber sched;    // the scheduler, while a device thread runs
+  const void* sched_bottom = nullptr;  // the scheduler's stack, for the sanitizers
+  std::size_t sched_size = 0;
+  void* sched_fake = nullptr;
+  void* tsan_sched = nullptr;
+  std::vector<std::uint32_t> block_order;
+};
+
+thread_local stack_pool t_pool;
+thread_local engine t_eng;
+
+struct trap_unwind {};  // thrown by __trap() to the top of the device thread
+
+// ---------------------------------------------------------------------------------------
+// Names and reports.
+std::string demangle(const char* mangled) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  if (status != 0 || d == nullptr) return mangled;
+  std::string s(d);
+  std::free(d);
+  return s;
+}
+
+// "void ns::f<true>(float const*, int)" -> "ns::f<true>".
+std::string strip_signature(std::string s) {
+  if (!s.empty() && s.back() == ')') {
+    int depth = 0;
+    for (std::size_t i = s.size(); i-- > 0;) {
+      if (s[i] == ')') ++depth;
+      if (s[i] == '(' && --depth == 0) {
+        s.resize(i);
+        break;
+      }
+    }
+  }
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
+  return s;
+}
+
+struct object_of {
+  const void* addr;
+  std::string file;
+  std::uintptr_t bias = 0;
+  bool found = false;
+};
+
+// The symbol table of the object (executable or library) that holds addr, searched for a
+// function at exactly addr: static functions (most kernels) are not in the dynamic table.
+std::string symtab_name(const void* addr) {
+  object_of obj{addr, {}, 0, false};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) -> int {
+        auto* o = static_cast<object_of*>(data);
+        const auto a = reinterpret_cast<std::uintptr_t>(o->addr);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (a >= lo && a < lo + ph.p_memsz) {
+            o->file = (info->dlpi_name != nullptr && info->dlpi_name[0] != '\0') ? info->dlpi_name : "/proc/self/exe";
+            o->bias = info->dlpi_addr;
+            o->found = true;
+            return 1;
+          }
+        }
+        return 0;
+      },
+      &obj);
+  if (!obj.found) return {};
+  const int fd = ::open(obj.file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  struct stat st {};
+  std::string name;
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Elf64_Ehdr)) {
+    const auto size = static_cast<std::size_t>(st.st_size);
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED) {
+      const auto* base = static_cast<const unsigned char*>(map);
+      const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
+      const bool ok = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
+                      eh->e_shoff != 0 && eh->e_shoff + std::size_t{eh->e_shnum} * sizeof(Elf64_Shdr) <= size;
+      if (ok) {
+        const auto* sh = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
+        const std::uintptr_t want = reinterpret_cast<std::uintptr_t>(addr) - obj.bias;
+        for (int pass = 0; pass < 2 && name.empty(); ++pass) {
+          const unsigned type = pass == 0 ? SHT_SYMTAB : SHT_DYNSYM;
+          for (unsigned i = 0; i < eh->e_shnum && name.empty(); ++i) {
+            if (sh[i].sh_type != type || sh[i].sh_link >= eh->e_shnum) continue;
+            const Elf64_Shdr& strs = sh[sh[i].sh_link];
+            if (sh[i].sh_offset + sh[i].sh_size > size || strs.sh_offset + strs.sh_size > size) continue;
+            const auto* syms = reinterpret_cast<const Elf64_Sym*>(base + sh[i].sh_offset);
+            const std::size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
+            for (std::size_t k = 0; k < n; ++k) {
+              if (ELF64_ST_TYPE(syms[k].st_info) != STT_FUNC || syms[k].st_value != want) continue;
+              if (syms[k].st_name >= strs.sh_size) continue;
+              name = reinterpret_cast<const char*>(base + strs.sh_offset + syms[k].st_name);
+              break;
+            }
+          }
+        }
+      }
+      ::munmap(map, size);
+    }
+  }
+  ::close(fd);
+  return name;
+}
+
+std::string kernel_name(const launch_desc& d) {
+  if (d.name != nullptr) return d.name;
+  static std::mutex m;
+  static std::map<const void*, std::string> cache;
+  const std::lock_guard<std::mutex> lock(m);
+  auto it = cache.find(d.kernel);
+  if (it != cache.end()) return it->second;
+  std::string name;
+  Dl_info info{};
+  if (dladdr(d.kernel, &info) != 0 && info.dli_sname != nullptr && info.dli_saddr == d.kernel)
+    name = strip_signature(demangle(info.dli_sname));
+  if (name.empty()) {
+    const std::string s = symtab_name(d.kernel);
+    if (!s.empty()) name = strip_signature(demangle(s.c_str()));
+  }
+  if (name.empty()) {
+    std::ostringstream o;
+    o << "<kernel at " << d.kernel << " of type " << (d.type != nullptr ? demangle(d.type->name()) : "?") << ">";
+    name = o.str();
+  }
+  cache.emplace(d.kernel, name);
+  return name;
+}
+
+std::string dims(dim3 v) {
+  if (v.y == 1 && v.z == 1) return std::to_string(v.x);
+  return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) + ")";
+}
+
+const char* op_name(sync_kind k) {
+  switch (k) {
+    case sync_kind::syncthreads: return "__syncthreads";
+    case sync_kind::syncthreads_or: return "__syncthreads_or";
+    case sync_kind::syncthreads_and: return "__syncthreads_and";
+    case sync_kind::syncthreads_count: return "__syncthreads_count";
+    case sync_kind::syncwarp: return "__syncwarp";
+    case sync_kind::activemask: return "__activemask";
+    case sync_kind::shfl_idx: return "__shfl_sync";
+    case sync_kind::shfl_up: return "__shfl_up_sync";
+    case sync_kind::shfl_down: return "__shfl_down_sync";
+    case sync_kind::shfl_xor: return "__shfl_xor_sync";
+    case sync_kind::ballot: return "__ballot_sync";
+    case sync_kind::all: return "__all_sync";
+    case sync_kind::any: return "__any_sync";
+    case sync_kind::reduce_add_u:
+    case sync_kind::reduce_add_i: return "__reduce_add_sync";
+    case sync_kind::reduce_min_u:
+    case sync_kind::reduce_min_i: return "__reduce_min_sync";
+    case sync_kind::reduce_max_u:
+    case sync_kind::reduce_max_i: return "__reduce_max_sync";
+  }
+  return "?";
+}
+
+std::string hex(unsigned m) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", m);
+  return b;
+}
+
+// Where a parked thread waits: "__shfl_sync(mask 0xffffffff)", "__syncthreads".
+std::string where(const lane& l) {
+  if (l.state == lane_state::at_block) return op_name(l.kind);
+  if (l.kind == sync_kind::activemask) return op_name(l.kind);
+  return std::string(op_name(l.kind)) + "(mask " + hex(l.mask) + ")";
+}
+
+// "thread 5", or "thread (1, 2, 0)" in a block of more than one dimension.
+std::string thread_name(const engine& e, const lane& l) {
+  const dim3 b = e.desc->block;
+  if (b.y == 1 && b.z == 1) return "thread " + std::to_string(l.tid.x);
+  return "thread (" + std::to_string(l.tid.x) + ", " + std::to_string(l.tid.y) + ", " + std::to_string(l.tid.z) + ")";
+}
+
+// Linear indices as ranges: "0-31, 40, 64-127 (97 threads)".
+std::string list(const std::vector<unsigned>& ids) {
+  std::string s;
+  for (std::size_t i = 0; i < ids.size();) {
+    std::size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(ids[i]);
+    if (j > i) s += "-" + std::to_string(ids[j]);
+    i = j + 1;
+  }
+  return s + " (" + std::to_string(ids.size()) + (ids.size() == 1 ? " thread)" : " threads)");
+}
+
+std::string block_prefix(const engine& e) {
+  const uint3 b = t_ctx.block_idx;
+  return describe(*e.desc) + ", block (" + std::to_string(b.x) + ", " + std::to_string(b.y) + ", " +
+         std::to_string(b.z) + "): ";
+}
+
+// Every thread's state, grouped: "threads 0-31 (32 threads) wait at __syncthreads; ...".
+std::string states(const engine& e) {
+  std::vector<std::pair<std::string, std::vector<unsigned>>> groups;
+  for (const lane& l : e.lanes) {
+    if (l.state == lane_state::runnable) continue;
+    const std::string w = l.state == lane_state::done ? "returned" : "wait at " + where(l);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == w; });
+    if (it == groups.end()) {
+      groups.emplace_back(w, std::vector<unsigned>{});
+      it = std::prev(groups.end());
+    }
+    it->second.push_back(l.index);
+  }
+  std::string s;
+  for (const auto& g : groups) s += (s.empty() ? "" : "; ") + std::string("threads ") + list(g.second) + " " + g.first;
+  return s.empty() ? s : s + " (linear thread indices)";
+}
+
+[[noreturn]] void fail_in_block(const engine& e, const std::string& what) {
+  const std::string s = states(e);
+  fail(block_prefix(e) + what + (s.empty() ? "" : " [" + s + "]"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Warp operations.
+unsigned warp_lanes(const engine& e, unsigned w) {
+  const unsigned n = e.nthreads - w * 32;
+  return n >= 32 ? 32 : n;
+}
+unsigned existing_mask(const engine& e, unsigned w) {
+  const unsigned n = warp_lanes(e, w);
+  return n == 32 ? 0xffffffffu : (1u << n) - 1u;
+}
+
+// The lane a shuffle of lane \p i reads, as PTX's shfl.sync (b: the source lane, delta or
+// lane mask, of which only the low 5 bits count; c = ((32 - width) << 8) | clamp, the
+// clamp 0 for up and 31 otherwise). A source outside the segment is the lane itself.
+unsigned shuffle_source(sync_kind k, unsigned i, std::int64_t b, int width) {
+  const unsigned seg = static_cast<unsigned>(32 - width) & 0x1fu;  // the bits above a segment
+  const unsigned bv = static_cast<unsigned>(b) & 0x1fu;
+  const int min_lane = static_cast<int>(i & seg);
+  const int max_lane = k == sync_kind::shfl_up ? min_lane : static_cast<int>((i & seg) | (0x1fu & ~seg));
+  int j = static_cast<int>(i);
+  bool ok = true;
+  switch (k) {
+    case sync_kind::shfl_idx:
+      j = min_lane | static_cast<int>(bv & ~seg);
+      break;
+    case sync_kind::shfl_up:
+      j = static_cast<int>(i) - static_cast<int>(bv);
+      ok = j >= max_lane;
+      break;
+    case sync_kind::shfl_down:
+      j = static_cast<int>(i + bv);
+      ok = j <= max_lane;
+      break;
+    default:  // shfl_xor
+      j = static_cast<int>(i ^ bv);
+      ok = j <= max_lane;
+      break;
+  }
+  return ok ? static_cast<unsigned>(j) : i;
+}
+
+// Completes the warp operation of lanes \p m of warp \p w (every one arrived, consistent).
+void complete_warp_op(engine& e, unsigned w, unsigned m) {
+  lane* const base = e.lanes.data() + std::size_t{w} * 32;
+  const sync_kind k = base[std::countr_zero(m)].kind;
+  std::uint64_t r = 0;
+  switch (k) {
+    case sync_kind::syncwarp: break;
+    case sync_kind::activemask: r = m; break;
+    case sync_kind::ballot:
+    case sync_kind::all:
+    case sync_kind::any: {
+      unsigned bits = 0;
+      for (unsigned mm = m; mm != 0; mm &= mm - 1) {
+        const unsigned j = std::countr_zero(mm);
+        if (base[j].value != 0) bits |= 1u << j;
+      }
+      r = k == sync_kind::ballot ? bits : k == sync_kind::all ? (bits == m) : (bits != 0);
+      break;
+    }
+    case sync_kind::reduce_add_u:
+    case sync_kind::reduce_add_i:
+    case sync_kind::reduce_min_u:
+    case sync_kind::reduce_max_u:
+    case sync_kind::reduce_min_i:
+    case sync_kind::reduce_max_i: {
+      bool first = true;
+      std::uint32_t acc = 0;
+      for (unsigned mm = m; mm != 0; mm &= mm - 1) {
+        const auto v = static_cast<std::uint32_t>(base[std::countr_zero(mm)].value);
+        if (first) {
+          acc = v;
+          first = false;
+          continue;
+        }
+        switch (k) {
+          case sync_kind::reduce_add_u:
+          case sync_kind::reduce_add_i: acc += v; break;
+          case sync_kind::reduce_min_u: acc = v < acc ? v : acc; break;
+          case sync_kind::reduce_max_u: acc = v > acc ? v : acc; break;
+          case sync_kind::reduce_min_i:
+            acc = static_cast<std::int32_t>(v) < static_cast<std::int32_t>(acc) ? v : acc;
+            break;
+          default: acc = static_cast<std::int32_t>(v) > static_cast<std::int32_t>(acc) ? v : acc; break;
+        }
+      }
+      r = acc;
+      break;
+    }
+    default: {  // shuffles: each lane its own source
+      for (unsigned mm = m; mm != 0; mm &= mm - 1) {
+        const unsigned i = std::countr_zero(mm);
+        const unsigned j = shuffle_source(k, i, base[i].arg, base[i].width);
+        // A source outside the mask (or past a partial warp) is undefined in CUDA: the
+        // double gives the lane its own value.
+        base[i].result = (j < 32 && ((m >> j) & 1u)) ? base[j].value : base[i].value;
+      }
+      for (unsigned mm = m; mm != 0; mm &= mm - 1) {
+        lane& l = base[std::countr_zero(mm)];
+        l.state = lane_state::runnable;
+        e.runnable.push_back(l.index);
+      }
+      return;
+    }
+  }
+  for (unsigned mm = m; mm != 0; mm &= mm - 1) {
+    lane& l = base[std::countr_zero(mm)];
+    l.result = r;
+    l.state = lane_state::runnable;
+    e.runnable.push_back(l.index);
+  }
+}
+
+// Step 1: completes every warp operation whose lanes have all arrived; fails at once on a
+// mask that names a lane that returned.
+bool resolve_warp_ops(engine& e) {
+  bool any = false;
+  for (unsigned w = 0; w < e.nwarps; ++w) {
+    if (e.warp_waiting[w] == 0) continue;
+    lane* const base = e.lanes.data() + std::size_t{w} * 32;
+    const unsigned n = warp_lanes(e, w);
+    for (unsigned i = 0; i < n; ++i) {
+      const lane& x = base[i];
+      if (x.state != lane_state::at_warp || x.kind == sync_kind::activemask) continue;
+      bool complete = true;
+      for (unsigned mm = x.mask; mm != 0; mm &= mm - 1) {
+        const lane& y = base[std::countr_zero(mm)];
+        if (y.state == lane_state::done)
+          fail_in_block(e, thread_name(e, y) + " (lane " + std::to_string(y.index % 32) + " of warp " +
+                               std::to_string(w) + ") returned while " + thread_name(e, x) + " and the other lanes of " +
+                               hex(x.mask) + " wait for it at " + where(x));
+        if (y.state != lane_state::at_warp || y.kind != x.kind || y.mask != x.mask) {
+          complete = false;
+          break;
+        }
+      }
+      if (!complete) continue;
+      e.warp_waiting[w] -= static_cast<unsigned>(std::popcount(x.mask));
+      complete_warp_op(e, w, x.mask);
+      any = true;
+    }
+  }
+  return any;
+}
+
+// Step 2: __activemask(): the lanes of each warp parked there.
+bool resolve_activemask(engine& e) {
+  bool any = false;
+  for (unsigned w = 0; w < e.nwarps; ++w) {
+    if (e.active_waiting[w] == 0) continue;
+    const lane* const base = e.lanes.data() + std::size_t{w} * 32;
+    unsigned m = 0;
+    for (unsigned i = 0, n = warp_lanes(e, w); i < n; ++i)
+      if (base[i].state == lane_state::at_warp && base[i].kind == sync_kind::activemask) m |= 1u << i;
+    e.active_waiting[w] = 0;
+    complete_warp_op(e, w, m);
+    any = true;
+  }
+  return any;
+}
+
+// Step 3: the block barrier, when every thread is there.
+bool resolve_block(engine& e) {
+  if (e.at_block == 0) return false;
+  if (e.done > 0) {
+    std::vector<unsigned> gone, waiting;
+    const lane* first_gone = nullptr;
+    for (const lane& l : e.lanes) {
+      if (l.state == lane_state::done) {
+        gone.push_back(l.index);
+        if (first_gone == nullptr) first_gone = &l;
+      } else if (l.state == lane_state::at_block) {
+        waiting.push_back(l.index);
+      }
+    }
+    fail_in_block(e, thread_name(e, *first_gone) + " exited while threads " + list(waiting) + " wait at " +
+                         op_name(e.lanes[waiting.front()].kind) +
+                         " (every thread of a block must reach each barrier; returned: " + list(gone) + ")");
+  }
+  if (e.at_block != e.nthreads) return false;
+  const sync_kind k = e.lanes[0].kind;
+  int r = 0;
+  for (const lane& l : e.lanes) {
+    if (l.kind != k)
+      fail_in_block(e, thread_name(e, l) + " waits at " + op_name(l.kind) + " while thread 0 waits at " + op_name(k) +
+                           " (one barrier, different kinds)");
+    if (l.value != 0) ++r;
+  }
+  if (k == sync_kind::syncthreads_or) r = r != 0;
+  if (k == sync_kind::syncthreads_and) r = r == static_cast<int>(e.nthreads);
+  if (k == sync_kind::syncthreads) r = 0;
+  for (lane& l : e.lanes) {
+    l.result = static_cast<std::uint64_t>(r);
+    l.state = lane_state::runnable;
+    e.runnable.push_back(l.index);
+  }
+  e.at_block = 0;
+  return true;
+}
+
+// Step 4: a deadlock; names the most telling culprit.
+[[noreturn]] void report_deadlock(engine& e) {
+  for (unsigned w = 0; w < e.nwarps; ++w) {
+    const lane* const base = e.lanes.data() + std::size_t{w} * 32;
+    for (unsigned i = 0, n = warp_lanes(e, w); i < n; ++i) {
+      const lane& x = base[i];
+      if (x.state != lane_state::at_warp || x.kind == sync_kind::activemask) continue;
+      for (unsigned mm = x.mask; mm != 0; mm &= mm - 1) {
+        const lane& y = base[std::countr_zero(mm)];
+        if (y.state == lane_state::at_warp && y.kind == x.kind && y.mask == x.mask) continue;
+        fail_in_block(e, thread_name(e, x) + " waits at " + where(x) + " for lane " + std::to_string(y.index % 32) +
+                             " of warp " + std::to_string(w) + " (" + thread_name(e, y) + "), which " +
+                             (y.state == lane_state::done ? std::string("returned") : "waits at " + where(y)) +
+                             ": every lane of a warp operation's mask must reach the same operation");
+      }
+    }
+  }
+  fail_in_block(e, "no thread can progress");
+}
+
+// ---------------------------------------------------------------------------------------
+// Running a block.
+void run_body(engine& e) {
+  try {
+    e.body(e.self);
+  } catch (const trap_unwind&) {
+    e.trapped = true;
+  } catch (const std::exception& x) {
+    fail(block_prefix(e) + "a device thread threw " + demangle(typeid(x).name()) + ": " + x.what());
+  }
+}
+
+// The sanitizers' view of the switches (nothing without a sanitizer).
+// The scheduler is about to switch to lane l.
+inline void leaving_scheduler([[maybe_unused]] engine& e, [[maybe_unused]] lane& l) {
+#if defined(CUDA_DOUBLE_ASAN)
+  __sanitizer_start_switch_fiber(&e.sched_fake, static_cast<char*>(l.stack.sp) - l.stack.size, l.stack.size);
+#endif
+#if defined(CUDA_DOUBLE_TSAN)
+  __tsan_switch_to_fiber(l.tsan_fiber, 0);
+#endif
+}
+// The scheduler runs again.
+inline void back_in_scheduler([[maybe_unused]] engine& e) {
+#if defined(CUDA_DOUBLE_ASAN)
+  __sanitizer_finish_switch_fiber(e.sched_fake, nullptr, nullptr);
+#endif
+}
+// Lane l is about to switch to the scheduler (for good when \p ending).
+inline void leaving_lane([[maybe_unused]] engine& e, [[maybe_unused]] lane& l, [[maybe_unused]] bool ending) {
+#if defined(CUDA_DOUBLE_ASAN)
+  __sanitizer_start_switch_fiber(ending ? nullptr : &l.asan_fake, e.sched_bottom, e.sched_size);
+#endif
+#if defined(CUDA_DOUBLE_TSAN)
+  __tsan_switch_to_fiber(e.tsan_sched, 0);
+#endif
+}
+// Lane l runs again (for the first time when \p first: it learns the scheduler's stack).
+inline void back_in_lane([[maybe_unused]] engine& e, [[maybe_unused]] lane& l, [[maybe_unused]] bool first) {
+#if defined(CUDA_DOUBLE_ASAN)
+  if (first)
+    __sanitizer_finish_switch_fiber(nullptr, &e.sched_bottom, &e.sched_size);
+  else
+    __sanitizer_finish_switch_fiber(l.asan_fake, nullptr, nullptr);
+#endif
+}
+
+bctx::fiber make_fiber(engine& e, lane& l) {
+  l.started = false;
+#if defined(CUDA_DOUBLE_TSAN)
+  // Creating a fiber runs a few instructions on its stack: under the lane's own fiber.
+  l.tsan_fiber = __tsan_create_fiber(0);
+  __tsan_switch_to_fiber(l.tsan_fiber, 0);
+#endif
+  bctx::fiber f(std::allocator_arg, pooled_stack{&t_pool, &l.stack}, [&e, &l](bctx::fiber&& sched) {
+    back_in_lane(e, l, true);
+    l.started = true;
+    e.sched = std::move(sched);
+    run_body(e);
+    l.state = lane_state::done;
+    ++e.done;
+    leaving_lane(e, l, true);
+    return std::move(e.sched);
+  });
+#if defined(CUDA_DOUBLE_TSAN)
+  __tsan_switch_to_fiber(e.tsan_sched, 0);
+#endif
+  return f;
+}
+
+// Parks the running device thread until the scheduler resumes it.
+void park(engine& e) {
+#if defined(CUDA_DOUBLE_ASAN) || defined(CUDA_DOUBLE_TSAN)
+  lane& l = *e.cur;
+  leaving_lane(e, l, false);
+  try {
+    e.sched = std::move(e.sched).resume();
+  } catch (const bctx::detail::forced_unwind&) {  // the block is abandoned (__trap)
+    // The unwinding of this stack goes on, then Boost switches to the scheduler: announced
+    // to AddressSanitizer now, not "for good" (that would free its fake stack under the
+    // frames still to unwind). ThreadSanitizer stays on this lane's fiber until the
+    // scheduler is back (discard_lane).
+    back_in_lane(e, l, false);
+#if defined(CUDA_DOUBLE_ASAN)
+    __sanitizer_start_switch_fiber(&l.asan_fake, e.sched_bottom, e.sched_size);
+#endif
+    throw;
+  }
+  back_in_lane(e, l, false);
+#else
+  e.sched = std::move(e.sched).resume();
+#endif
+}
+
+void run_lane(engine& e, lane& l) {
+  t_ctx.thread_idx = l.tid;
+  e.cur = &l;
+  leaving_scheduler(e, l);
+  l.fib = std::move(l.fib).resume();
+  back_in_scheduler(e);
+}
+
+// Ends lane l's fiber: unwinds the stack of a parked one (after a __trap). One that never
+// ran unwinds inside Boost's entry frame only (without the lane's AddressSanitizer
+// handshake, which its code would have made).
+void discard_lane(engine& e, lane& l) {
+  if (l.fib) {
+    if (l.started) {
+      leaving_scheduler(e, l);
+      l.fib = bctx::fiber{};
+      back_in_scheduler(e);
+#if defined(CUDA_DOUBLE_TSAN)
+      __tsan_switch_to_fiber(e.tsan_sched, 0);
+#endif
+    } else {
+#if defined(CUDA_DOUBLE_TSAN)
+      __tsan_switch_to_fiber(l.tsan_fiber, 0);
+#endif
+      l.fib = bctx::fiber{};
+#if defined(CUDA_DOUBLE_TSAN)
+      __tsan_switch_to_fiber(e.tsan_sched, 0);
+#endif
+    }
+  }
+#if defined(CUDA_DOUBLE_TSAN)
+  if (l.tsan_fiber != nullptr) __tsan_destroy_fiber(l.tsan_fiber);
+  l.tsan_fiber = nullptr;
+#endif
+}
+
+void run_block(engine& e) {
+  if (e.direct) {
+    t_ctx.thread_idx = uint3{0, 0, 0};
+    lane& l = e.lanes[0];
+    e.cur = &l;
+    l.state = lane_state::runnable;
+    run_body(e);
+    return;
+  }
+  e.runnable.clear();
+  e.at_block = e.done = 0;
+  e.warp_waiting.fill(0);
+  e.active_waiting.fill(0);
+  for (lane& l : e.lanes) {
+    l.state = lane_state::runnable;
+    l.fib = make_fiber(e, l);
+    e.runnable.push_back(l.index);
+  }
+  std::vector<std::uint16_t>& order = e.order;
+  while (!e.runnable.empty()) {
+    order.swap(e.runnable);
+    e.runnable.clear();
+    e.random.shuffle(order);
+    // The round never starts with its lowest thread: the usual broadcast is thread 0's
+    // write read by the others, and a missing barrier there shows only when some reader
+    // runs before the writer (else 1 - 1/n of the time).
+    if (order.size() > 1) {
+      const auto lowest = std::min_element(order.begin(), order.end());
+      if (lowest == order.begin()) std::swap(order[0], order[1 + e.random.below(order.size() - 1)]);
+    }
+    for (const std::uint16_t i : order) {
+      run_lane(e, e.lanes[i]);
+      if (e.trapped) break;
+    }
+    if (e.trapped) break;
+    if (e.done == e.nthreads) break;
+    if (resolve_warp_ops(e) || resolve_activemask(e) || resolve_block(e)) continue;
+    report_deadlock(e);
+  }
+  for (lane& l : e.lanes) discard_lane(e, l);
+}
+
+// A bijection of [0, 2^bits) keyed by k (odd multipliers and xorshifts), for the order of
+// grids too large to shuffle in memory; cycle-walked into [0, n).
+std::uint64_t scramble(std::uint64_t x, std::uint64_t n, unsigned bits, const std::array<std::uint64_t, 4>& k) {
+  const std::uint64_t mask = bits >= 64 ? ~0ULL : (1ULL << bits) - 1;
+  const unsigned s = bits / 2 + 1;
+  do {
+    x = (x * (k[0] | 1) + k[1]) & mask;
+    x ^= x >> s;
+    x = (x * (k[2] | 1) + k[3]) & mask;
+    x ^= x >> s;
+  } while (x >= n);
+  return x;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// The entry points.
+std::string describe(const launch_desc& d) {
+  return "kernel " + kernel_name(d) + "<<<" + dims(d.grid) + ", " + dims(d.block) + ">>>";
+}
+
+bool check_launch(dim3 grid, dim3 block, std::size_t shared_bytes, const void* kernel, const std::type_info& type,
+                  const char* name) {
+  if (shared_bytes != 0) {
+    launch_desc d;
+    d.kernel = kernel;
+    d.type = &type;
+    d.name = name;
+    d.grid = grid;
+    d.block = block;
+    fail(describe(d) + " launched with " + std::to_string(shared_bytes) +
+         " bytes of dynamic shared memory: the double supports only 0 (gravac declares its shared memory statically)");
+  }
+  const unsigned long long threads = static_cast<unsigned long long>(block.x) * block.y * block.z;
+  const bool ok = block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 && block.y <= 1024 &&
+                  block.z <= 64 && threads <= 1024 && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 &&
+                  grid.x <= 0x7fffffffu && grid.y <= 65535 && grid.z <= 65535;
+  if (!ok) set_last_error(cudaErrorInvalidConfiguration);
+  return ok;
+}
+
+void run_grid(const launch_desc& d, void (*body)(void*), void* self) {
+  engine& e = t_eng;
+  if (e.running)
+    fail(describe(d) + " started while " + describe(*e.desc) +
+         " runs on the same OS thread (a device thread called into the runtime)");
+  e.desc = &d;
+  e.body = body;
+  e.self = self;
+  e.random.state = d.seed;
+  e.trapped = false;
+  e.running = true;
+  e.nthreads = d.block.x * d.block.y * d.block.z;
+  e.nwarps = (e.nthreads + 31) / 32;
+  e.direct = e.nthreads == 1;
+#if defined(CUDA_DOUBLE_TSAN)
+  e.tsan_sched = __tsan_get_current_fiber();
+#endif
+  e.lanes.resize(e.nthreads);
+  for (unsigned i = 0; i < e.nthreads; ++i) {
+    lane& l = e.lanes[i];
+    l.index = static_cast<std::uint16_t>(i);
+    l.tid = uint3{i % d.block.x, (i / d.block.x) % d.block.y, i / (d.block.x * d.block.y)};
+  }
+  const kernel_context saved = t_ctx;
+  t_ctx.block_dim = d.block;
+  t_ctx.grid_dim = d.grid;
+  const std::uint64_t blocks = std::uint64_t{d.grid.x} * d.grid.y * d.grid.z;
+  const std::uint64_t gxy = std::uint64_t{d.grid.x} * d.grid.y;
+  // The block order: a uniform shuffle for the grids of practice, a keyed bijection beyond.
+  constexpr std::uint64_t shuffled_limit = 1u << 20;
+  std::array<std::uint64_t, 4> keys{};
+  unsigned bits = 1;
+  if (blocks <= shuffled_limit) {
+    e.block_order.resize(blocks);
+    for (std::uint32_t b = 0; b < blocks; ++b) e.block_order[b] = b;
+    e.random.shuffle(e.block_order);
+  } else {
+    for (auto& k : keys) k = e.random.next();
+    bits = static_cast<unsigned>(std::bit_width(blocks - 1));
+  }
+  for (std::uint64_t n = 0; n < blocks && !e.trapped; ++n) {
+    const std::uint64_t b = blocks <= shuffled_limit ? e.block_order[n] : scramble(n, blocks, bits, keys);
+    t_ctx.block_idx = uint3{static_cast<unsigned>(b % d.grid.x), static_cast<unsigned>((b / d.grid.x) % d.grid.y),
+                            static_cast<unsigned>(b / gxy)};
+    run_block(e);
+  }
+  t_ctx = saved;
+  e.cur = nullptr;
+  e.running = false;
+}
+
+int block_sync(sync_kind k, int pred) {
+  engine& e = t_eng;
+  if (!e.running) fail(std::string(op_name(k)) + " called outside a kernel");
+  lane& l = *e.cur;
+  l.kind = k;
+  l.value = pred != 0;
+  if (e.direct) {
+    return k == sync_kind::syncthreads ? 0 : static_cast<int>(l.value);
+  }
+  l.state = lane_state::at_block;
+  ++e.at_block;
+  park(e);
+  return static_cast<int>(l.result);
+}
+
+std::uint64_t warp_sync(sync_kind k, unsigned mask, std::uint64_t value, std::int64_t arg, int width) {
+  engine& e = t_eng;
+  if (!e.running) fail(std::string(op_name(k)) + " called outside a kernel");
+  lane& l = *e.cur;
+  const unsigned lane_id = l.index % 32u, w = l.index / 32u;
+  if (k != sync_kind::activemask && ((mask >> lane_id) & 1u) == 0)
+    fail_in_block(e, thread_name(e, l) + " calls " + op_name(k) + " with mask " + hex(mask) +
+                         ", which does not name its own lane " + std::to_string(lane_id));
+  if (width < 1 || width > 32 || !std::has_single_bit(static_cast<unsigned>(width)))
+    fail_in_block(e, thread_name(e, l) + " calls " + op_name(k) + " with width " + std::to_string(width) +
+                         " (a power of two from 1 to 32)");
+  l.kind = k;
+  l.mask = mask & existing_mask(e, w);
+  l.value = value;
+  l.arg = arg;
+  l.width = width;
+  if (e.direct) {
+    complete_warp_op(e, 0, 1u);
+    e.runnable.clear();
+    return l.result;
+  }
+  l.state = lane_state::at_warp;
+  if (k == sync_kind::activemask)
+    ++e.active_waiting[w];
+  else
+    ++e.warp_waiting[w];
+  park(e);
+  return l.result;
+}
+
+void trap() {
+  engine& e = t_eng;
+  if (!e.running) fail("__trap() called outside a kernel");
+  set_sticky(cudaErrorLaunchFailure, block_prefix(e) + thread_name(e, *e.cur) + " called __trap()");
+  throw trap_unwind{};
+}
+
+void misaligned_atomic(const void* p, std::size_t align, const char* what) {
+  std::ostringstream o;
+  o << what << " on the misaligned address " << p << " (needs " << align << "-byte alignment)";
+  if (t_eng.running) fail_in_block(t_eng, o.str());
+  fail(o.str());
+}
+
+}  // namespace cuda_double::detail
+
+void __syncthreads() {
+  (void)::cuda_double::detail::block_sync(::cuda_double::detail::sync_kind::syncthreads, 0);
+}
