@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iomanip>
 #include <utility>
 #include <vector>
 
@@ -99,8 +100,11 @@ template <class Host, class Dev>
 struct pair_run : compressor_pair<Host, Dev> {
   using compressor_pair<Host, Dev>::compressor_pair;
 
-  //! Relative tolerance of the norms (adacomp sums squares in float lanes before double).
-  double norm_eps = 1e-9;
+  //! Relative tolerance of the norms. The host compressors sum squares in float lanes over
+  //! each block of their fused pass before adding the blocks in double (fused_lanes.hpp),
+  //! the device kernels in double per thread: about 1e-7 apart (first run, on the host
+  //! double of CUDA: 17.140727081813864 against 17.140727873744702 for 31 values).
+  double norm_eps = 1e-5;
   //! Whether two NaN norms count as close (a NaN gradient makes both norms NaN); when
   //! false every NaN norm fails the comparison.
   bool nan_norms_equal = true;
@@ -131,6 +135,7 @@ struct pair_run : compressor_pair<Host, Dev> {
     for (std::size_t i = 0; i < self.lay.size(); ++i) {
       INFO("layer " << i);
       CHECK(sd.layers[i].kept == sh.layers[i].kept);
+      INFO(std::setprecision(17) << "grad_sq dev " << sd.layers[i].grad_sq << " host " << sh.layers[i].grad_sq << " input_sq dev " << sd.layers[i].input_sq << " host " << sh.layers[i].input_sq);
       CHECK(close(sd.layers[i].grad_sq, sh.layers[i].grad_sq));
       CHECK(close(sd.layers[i].input_sq, sh.layers[i].input_sq));
       CHECK(close(sd.layers[i].kept_sq, sh.layers[i].kept_sq));
