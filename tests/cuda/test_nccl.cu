@@ -6,6 +6,7 @@
 // synchronous one and its errors. Skipped (exit 77) without a GPU.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <limits>
@@ -226,7 +227,15 @@ enum class hand_over {
   one_left_out,       // as reverse, but layer 1 is never marked: finish() takes it (legacy stream)
 };
 
-// The report fields that do not measure time, equal bit for bit.
+// The report fields that do not measure time, equal bit for bit, except the statistics:
+// the device kernels add per-block partial norms and histogram energies with floating-point
+// atomics, whose order varies from run to run on a GPU (and from launch to launch on the
+// host double, which shuffles the blocks), so those agree to a few ulps, not in every bit.
+// The packets and residuals they do not feed stay bit for bit (see the callers).
+bool close_values(double x, double y) {
+  if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && std::isnan(y);
+  return x == y || std::fabs(x - y) <= 1e-12 * std::max(std::fabs(x), std::fabs(y));
+}
 void require_same_report(const gravac::step_report& a, const gravac::step_report& b) {
   REQUIRE(a.step == b.step);
   REQUIRE(a.bytes_sent == b.bytes_sent);
@@ -237,13 +246,19 @@ void require_same_report(const gravac::step_report& a, const gravac::step_report
   REQUIRE(a.fallback == b.fallback);
   REQUIRE(a.buckets == b.buckets);
   REQUIRE(a.skipped == b.skipped);
-  REQUIRE(std::bit_cast<std::uint64_t>(a.gain) == std::bit_cast<std::uint64_t>(b.gain));
+  REQUIRE(close_values(a.gain, b.gain));
   const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
   };
+  const auto close = [](const std::vector<double>& x, const std::vector<double>& y) {
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!close_values(x[i], y[i])) return false;
+    return true;
+  };
   REQUIRE(same(a.kept_fraction, b.kept_fraction));
-  REQUIRE(same(a.layer_grad_norm, b.layer_grad_norm));
-  REQUIRE(same(a.gain_curve, b.gain_curve));
+  REQUIRE(close(a.layer_grad_norm, b.layer_grad_norm));
+  REQUIRE(close(a.gain_curve, b.gain_curve));
 }
 
 // Keeps a stream busy for about a millisecond: queued before each layer's copy, it makes a
@@ -255,7 +270,13 @@ __global__ void spin_kernel(long long cycles) {
   }
 }
 void hold(cudaStream_t s) {
+#if defined(GRAVAC_CUDA_HOST_DOUBLE)
+  // The double runs a stream only when something waits for it, so the copy after this is
+  // late whatever the spin; its clock64 counts nanoseconds, and 2 ms per layer only costs time.
+  gravac::detail::launch(&spin_kernel, 1, 1, s, 20'000LL);
+#else
   gravac::detail::launch(&spin_kernel, 1, 1, s, 2'000'000LL);
+#endif
 }
 
 // Three steps of the synchronous and of the asynchronous device step with the same options

@@ -11,11 +11,13 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -49,7 +51,10 @@ namespace gravac {
 
 //! Options of nccl_communicator.
 struct nccl_options {
-  stream_ref stream{};     //!< the stream NCCL operations are ordered on
+  //! The stream that produces the operations' device inputs: each operation is ordered
+  //! after the work queued on it so far (by an event; the default is the calling thread's
+  //! per-thread default stream). NCCL itself runs on a stream the communicator owns.
+  stream_ref stream{};
   double timeout_s = 300;  //!< an operation not complete after this long aborts the communicator
 };
 
@@ -62,6 +67,39 @@ inline ncclUniqueId nccl_unique_id(mpi_communicator& mpi, int root = 0) {
   return id;
 }
 
+class nccl_communicator;
+
+namespace detail {
+
+//! An NCCL group closed on every path. NCCL's group depth belongs to the calling thread: a
+//! call that throws between ncclGroupStart and ncclGroupEnd would leave the thread inside
+//! the group, and NCCL would defer every later call of that thread, on any communicator,
+//! to a group end that never comes. On an exception the group is ended (its calls fail on
+//! the communicator, which the owner aborts) instead.
+template <class Owner>
+class nccl_group {
+ public:
+  explicit nccl_group(Owner& owner) : owner_(owner) { GRAVAC_TRY_NCCL(ncclGroupStart()); }
+  nccl_group(const nccl_group&) = delete;
+  nccl_group& operator=(const nccl_group&) = delete;
+  ~nccl_group() {
+    if (!open_) return;
+    (void)ncclGroupEnd();  // leaves the thread's group; the calls queued so far go out
+    owner_.abort();        // the other ranks may wait for this group: they fail instead of hanging
+  }
+  //! Ends the group (queues its calls).
+  void end() {
+    open_ = false;
+    GRAVAC_TRY_NCCL(ncclGroupEnd());
+  }
+
+ private:
+  Owner& owner_;
+  bool open_ = true;
+};
+
+}  // namespace detail
+
 //! The NCCL engine. Models AlltoallCommunicator over device memory: float spans passed to
 //! allreduce_sum, broadcast, allgatherv and alltoallv are device memory (allgatherv and
 //! alltoallv also accept a host input and stage it); double spans (statistics) are host
@@ -69,6 +107,14 @@ inline ncclUniqueId nccl_unique_id(mpi_communicator& mpi, int root = 0) {
 //! type, 16-bit floats included (allreduce_sum_pieces, the 16-bit path of
 //! compressed_allreduce). Every operation returns when it has completed. Uses the device
 //! current at construction.
+//!
+//! Streams: the communicator is non-blocking, so NCCL queues a call's kernels from a thread
+//! of its own, where cudaStreamPerThread would name that thread's stream. NCCL therefore
+//! runs on a non-blocking stream the communicator owns, never on a default stream; each
+//! operation first waits (an event) for nccl_options::stream, and for the stream that
+//! allocates an output buffer it grows; the workspaces are allocated and freed on the
+//! owned stream; host results come back through pinned memory, so that every wait polls
+//! and nccl_options::timeout_s can fire.
 class nccl_communicator {
  public:
   //! Opt-in tag for the Communicator concept.
@@ -85,17 +131,22 @@ class nccl_communicator {
     require(opt.timeout_s > 0, "nccl_communicator: timeout_s must be positive");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; wait() polls with a timeout
+    GRAVAC_TRY_CUDA(cudaEventCreateWithFlags(&ordered_, cudaEventDisableTiming));
     GRAVAC_TRY_NCCL(ncclCommInitRankConfig(&comm_, size, id, rank, &config));
     wait_comm("ncclCommInitRankConfig");
-    scratch_.set_stream(opt.stream);
-    staging_.set_stream(opt.stream);
-    sizes_dev_.set_stream(opt.stream);
+    scratch_.set_stream(own_);
+    staging_.set_stream(own_);
+    sizes_dev_.set_stream(own_);
     sizes_dev_.resize(static_cast<std::size_t>(size));
     host_sizes_.resize(static_cast<std::size_t>(size));
     // alltoallv's counts: the N sent, then the N received, in one device buffer.
-    counts_dev_.set_stream(opt.stream);
+    counts_dev_.set_stream(own_);
     counts_dev_.resize(2 * static_cast<std::size_t>(size));
     host_counts_.resize(2 * static_cast<std::size_t>(size));
+    // host_reduce's staging: sized for the control plane's statistics, grown only if a
+    // caller reduces more (never in the middle of a step of the library's own).
+    scratch_.resize(initial_host_values);
+    host_values_.resize(initial_host_values);
   }
   //! Creates the unique id on rank 0 of \p mpi, exchanges it over MPI, and joins with
   //! mpi's rank and size.
@@ -105,6 +156,7 @@ class nccl_communicator {
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   //! Destroys the communicator (aborts it when it failed); never throws.
   ~nccl_communicator() {
+    if (ordered_) GRAVAC_TRY_CUDA_NO_THROW(cudaEventDestroy(ordered_));
     if (!comm_) return;
     if (failed_) {
       GRAVAC_TRY_NCCL_NO_THROW(ncclCommAbort(comm_));
@@ -129,12 +181,15 @@ class nccl_communicator {
   [[nodiscard]] int size() const noexcept { return size_; }
   //! The native communicator.
   [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
-  //! The stream operations are ordered on.
+  //! The stream whose earlier work the operations are ordered after (nccl_options::stream).
   [[nodiscard]] stream_ref stream() const noexcept { return options_.stream; }
+  //! The stream NCCL runs on (owned; non-blocking).
+  [[nodiscard]] stream_ref nccl_stream() const noexcept { return own_; }
 
   //! Sums device floats over all ranks, in place.
   void allreduce_sum(std::span<float> data) {
     if (data.empty()) return;
+    order_after(options_.stream);
     GRAVAC_TRY_NCCL(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm_, s()));
     wait("ncclAllReduce(float, sum)");
   }
@@ -148,6 +203,7 @@ class nccl_communicator {
   //! (one per non-empty rank) writes each rank's bytes at its exact offset.
   void allgatherv(std::span<const std::byte> mine, byte_buffer& out, std::vector<std::size_t>& sizes) {
     const auto n = static_cast<std::size_t>(size_);
+    order_after(options_.stream);
     host_sizes_[static_cast<std::size_t>(rank_)] = mine.size();
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(sizes_dev_.data() + rank_, host_sizes_.data() + rank_, sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s()));
@@ -165,13 +221,14 @@ class nccl_communicator {
       total += sizes[r];
     }
     out.resize(total);
+    order_after(out.stream());  // a grown buffer is allocated in the order of its own stream
     const std::byte* src = mine.data();
     if (!mine.empty() && !is_device_pointer(src)) {  // a host input (e.g. the trainer's layout check)
       staging_.resize(mine.size());
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(staging_.data(), src, mine.size(), cudaMemcpyHostToDevice, s()));
       src = staging_.data();
     }
-    GRAVAC_TRY_NCCL(ncclGroupStart());
+    detail::nccl_group group(*this);
     std::size_t at = 0;
     for (std::size_t r = 0; r < n; ++r) {
       if (sizes[r] > 0)
@@ -179,7 +236,7 @@ class nccl_communicator {
                                       out.data() + at, sizes[r], ncclChar, static_cast<int>(r), comm_, s()));
       at += sizes[r];
     }
-    GRAVAC_TRY_NCCL(ncclGroupEnd());
+    group.end();
     wait("ncclBroadcast group (allgatherv)");
   }
 
@@ -204,19 +261,20 @@ class nccl_communicator {
     std::size_t sent = 0;
     for (std::size_t j = 0; j < n; ++j) sent += send_sizes[j];
     require(sent == send.size(), "alltoallv: the blocks' sizes do not add up to the send buffer");
+    order_after(options_.stream);
     // 1. The sizes: host_counts_[j] to rank j, host_counts_[n + i] from rank i.
     for (std::size_t j = 0; j < n; ++j) host_counts_[j] = send_sizes[j];
     host_counts_[n + me] = send_sizes[me];
     if (n > 1) {
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(counts_dev_.data(), host_counts_.data(), n * sizeof(std::uint64_t),
                                       cudaMemcpyHostToDevice, s()));
-      GRAVAC_TRY_NCCL(ncclGroupStart());
+      detail::nccl_group group(*this);
       for (std::size_t j = 0; j < n; ++j) {
         if (j == me) continue;
         GRAVAC_TRY_NCCL(ncclSend(counts_dev_.data() + j, 1, ncclUint64, static_cast<int>(j), comm_, s()));
         GRAVAC_TRY_NCCL(ncclRecv(counts_dev_.data() + n + j, 1, ncclUint64, static_cast<int>(j), comm_, s()));
       }
-      GRAVAC_TRY_NCCL(ncclGroupEnd());
+      group.end();
       // Non-blocking mode: the group is on the stream only once the communicator is ready.
       wait_comm("alltoallv (its exchange of sizes)");
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_counts_.data() + n, counts_dev_.data() + n, n * sizeof(std::uint64_t),
@@ -228,6 +286,7 @@ class nccl_communicator {
     std::size_t total = 0;
     for (std::size_t i = 0; i < n; ++i) total += recv_sizes[i] = static_cast<std::size_t>(host_counts_[n + i]);
     out.resize(total);
+    order_after(out.stream());
     // 2. The blocks.
     const std::byte* src = send.data();
     if (!send.empty() && !is_device_pointer(src)) {
@@ -251,7 +310,7 @@ class nccl_communicator {
       GRAVAC_TRY_CUDA(
           cudaMemcpyAsync(out.data() + own_to, src + own_from, send_sizes[me], cudaMemcpyDeviceToDevice, s()));
     if (any) {
-      GRAVAC_TRY_NCCL(ncclGroupStart());
+      detail::nccl_group group(*this);
       send_at = recv_at = 0;
       for (std::size_t j = 0; j < n; ++j) {
         const int peer = static_cast<int>(j);
@@ -262,7 +321,7 @@ class nccl_communicator {
         send_at += send_sizes[j];
         recv_at += recv_sizes[j];
       }
-      GRAVAC_TRY_NCCL(ncclGroupEnd());
+      group.end();
     }
     wait("ncclSend/ncclRecv group (alltoallv)");
   }
@@ -281,23 +340,26 @@ class nccl_communicator {
       require(pc.offset % w == 0 && pc.offset <= in.size() && pc.count <= (in.size() - pc.offset) / w,
               "allreduce_sum_pieces: a piece lies outside the buffer or is misaligned");
     }
+    order_after(options_.stream);
     if (!in.empty() && in.data() != out.data())
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(out.data(), in.data(), in.size(), cudaMemcpyDeviceToDevice, s()));
     // A bounded number of operations per group: older NCCL releases cap a group's size.
     constexpr std::size_t per_group = 256;
     std::size_t queued = 0;
+    std::optional<detail::nccl_group<nccl_communicator>> group;
     for (const auto& pc : pieces) {
       if (pc.count == 0) continue;
-      if (queued == 0) GRAVAC_TRY_NCCL(ncclGroupStart());
+      if (queued == 0) group.emplace(*this);
       std::byte* at = out.data() + pc.offset;
       GRAVAC_TRY_NCCL(ncclAllReduce(at, at, pc.count, nccl_type(pc.type), ncclSum, comm_, s()));
       if (++queued == per_group) {
-        GRAVAC_TRY_NCCL(ncclGroupEnd());
+        group->end();
+        group.reset();
         wait_comm("ncclAllReduce group (allreduce_sum_pieces)");
         queued = 0;
       }
     }
-    if (queued) GRAVAC_TRY_NCCL(ncclGroupEnd());
+    if (group) group->end();
     wait("ncclAllReduce group (allreduce_sum_pieces)");
   }
 
@@ -305,6 +367,7 @@ class nccl_communicator {
   void broadcast(std::span<std::byte> data, int root) {
     require(root >= 0 && root < size_, "broadcast: root out of range");
     if (data.empty()) return;
+    order_after(options_.stream);
     GRAVAC_TRY_NCCL(ncclBroadcast(data.data(), data.data(), data.size(), ncclChar, root, comm_, s()));
     wait("ncclBroadcast");
   }
@@ -350,7 +413,14 @@ class nccl_communicator {
   }
 
  private:
-  [[nodiscard]] cudaStream_t s() const noexcept { return options_.stream.get(); }
+  [[nodiscard]] cudaStream_t s() const noexcept { return own_.ref().get(); }
+
+  // The owned stream waits for the work queued so far on \p producer (resolved on the
+  // calling thread, as the caller queued it).
+  void order_after(stream_ref producer) {
+    GRAVAC_TRY_CUDA(cudaEventRecord(ordered_, producer.get()));
+    GRAVAC_TRY_CUDA(cudaStreamWaitEvent(s(), ordered_, 0));
+  }
 
   static ncclDataType_t nccl_type(detail::sum_type t) noexcept {
     switch (t) {
@@ -372,14 +442,23 @@ class nccl_communicator {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
+  // Host values go through pinned staging both ways: a copy into pageable memory would
+  // block the host until the allreduce ends, where no timeout can interrupt it.
   void host_reduce(std::span<double> data, ncclRedOp_t op, const char* what) {
     if (data.empty()) return;
-    scratch_.resize(data.size());  // grows once; no allocation in steady state
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(scratch_.data(), data.data(), data.size_bytes(), cudaMemcpyHostToDevice, s()));
+    if (host_values_.size() < data.size()) {  // beyond what the library reduces (see the constructor)
+      scratch_.resize(data.size());
+      host_values_.resize(data.size());
+    }
+    std::copy(data.begin(), data.end(), host_values_.data());
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(scratch_.data(), host_values_.data(), data.size_bytes(), cudaMemcpyHostToDevice, s()));
     GRAVAC_TRY_NCCL(ncclAllReduce(scratch_.data(), scratch_.data(), data.size(), ncclDouble, op, comm_, s()));
     wait_comm(what);  // on the stream before the copy back (see allgatherv)
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(data.data(), scratch_.data(), data.size_bytes(), cudaMemcpyDeviceToHost, s()));
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_values_.data(), scratch_.data(), data.size_bytes(), cudaMemcpyDeviceToHost, s()));
     wait(what);
+    std::copy(host_values_.data(), host_values_.data() + data.size(), data.begin());
   }
 
   // Fails (and aborts) when the communicator reports an error or the deadline passes.
@@ -420,7 +499,10 @@ class nccl_communicator {
       check_async(what, t0, busy);
       if (!busy) {
         const cudaError_t q = cudaStreamQuery(s());
-        if (q == cudaSuccess) return;
+        if (q == cudaSuccess) {
+          check_async(what, t0, busy);  // an error raised while the stream finished
+          return;
+        }
         if (q != cudaErrorNotReady) {
           abort();
           detail::throw_cuda(q, what, rank_);
@@ -431,9 +513,14 @@ class nccl_communicator {
     }
   }
 
+  // Doubles host_reduce stages without growing: the trainer's statistics slots and flags.
+  static constexpr std::size_t initial_host_values = 256;
+
   int rank_ = 0;
   int size_ = 1;
   nccl_options options_;
+  cuda_stream own_;  // NCCL's stream: declared before the buffers that are freed on it
+  cudaEvent_t ordered_ = nullptr;
   ncclComm_t comm_ = nullptr;
   bool failed_ = false;
   device_buffer<double> scratch_;
@@ -442,6 +529,7 @@ class nccl_communicator {
   pinned_buffer<std::uint64_t> host_sizes_;
   device_buffer<std::uint64_t> counts_dev_;  // alltoallv: counts sent (N), then received (N)
   pinned_buffer<std::uint64_t> host_counts_;
+  pinned_buffer<double> host_values_;  // host_reduce's staging
 };
 static_assert(AlltoallCommunicator<nccl_communicator>);
 
