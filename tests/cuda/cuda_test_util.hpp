@@ -22,6 +22,18 @@
 
 namespace gravac::test {
 
+//! A GPU test's size where it runs: as written on a GPU; on the host double of CUDA
+//! (tests/cuda/host_double, where every device thread is a fiber) sizes of 2^20 and more
+//! are divided by 16, keeping what lies past a power of two (2^22 + 5 becomes 2^18 + 5), so
+//! that the whole label runs in minutes on CI's two cores. The paths the sizes choose
+//! (sampled against whole-layer histograms, several blocks, grid-stride rounds) stay taken.
+constexpr std::size_t device_size(std::size_t n) {
+#if defined(GRAVAC_CUDA_HOST_DOUBLE)
+  if (n >= (std::size_t{1} << 20)) return (n >> 4) + (n & 15);
+#endif
+  return n;
+}
+
 //! A device copy of \p h, of at least \p min_elements elements (zero-filled past h).
 template <class T>
 gravac::device_buffer<T> to_device(const std::vector<T>& h, std::size_t min_elements = 0) {

@@ -43,7 +43,9 @@ ada_pair make_ada(gravac::layout lay, gravac::adacomp_options bins = {}) {
   gravac::adacomp_cuda_options d;
   d.bins = bins;
   ada_pair r(std::move(lay), bins, d);
-  r.norm_eps = 1e-5;
+  // Both sides sum squares in float lanes before double, in different orders: 1.8e-5 apart
+  // on 70001 values of the narrow distribution (first run, on the host double of CUDA).
+  r.norm_eps = 1e-4;
   return r;
 }
 whole_pair make_whole(gravac::layout lay) {
@@ -93,14 +95,15 @@ TEST_CASE("adacomp_cuda: other bin options, and per-layer bin lengths from the p
 }
 
 TEST_CASE("adacomp_cuda at 2^22 + 5 and 2^26 values matches adacomp") {
-  for (std::size_t n : {(std::size_t{1} << 22) + 5, std::size_t{1} << 26}) {
+  const std::size_t largest = gravac::test::device_size(std::size_t{1} << 26);
+  for (std::size_t n : {gravac::test::device_size((std::size_t{1} << 22) + 5), largest}) {
     gravac::layout lay;
     lay.add("conv", {n}, gravac::layer_kind::conv);
     auto r = make_ada(lay);
     auto p = gravac::test::params_for(r.lay, 0.5);
     INFO("n = " << n);
     r.step(gravac::test::make_data(n, 11, distribution::laplace), p);
-    if (n < (std::size_t{1} << 26)) {
+    if (n < largest) {
       r.step(gravac::test::make_data(n, 12, distribution::gaussian), p);
       p.bin_length = {500};
       r.step(gravac::test::make_data(n, 13, distribution::gaussian), p);
@@ -299,7 +302,7 @@ TEST_CASE("topk_cuda whole_buffer selects exactly what topk whole_buffer selects
 
 TEST_CASE("topk_cuda whole_buffer: k over many sizes, one layer to many") {
   for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{33}, std::size_t{4097}, std::size_t{65539},
-                        (std::size_t{1} << 22) + 5}) {
+                        gravac::test::device_size((std::size_t{1} << 22) + 5)}) {
     for (std::size_t parts : {std::size_t{1}, std::size_t{3}, std::size_t{17}}) {
       gravac::layout lay;
       for (std::size_t q = 0; q < parts; ++q) {

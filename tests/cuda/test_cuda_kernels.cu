@@ -17,6 +17,7 @@
 
 namespace {
 
+using gravac::test::device_size;
 using gravac::test::distribution;
 using gravac::test::same_words;
 using gravac::test::scaled;
@@ -39,14 +40,14 @@ using threshold_pair = pair_run_t<gravac::threshold, gravac::threshold_cuda>;
 }  // namespace
 
 TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and all fractions") {
-  const std::size_t sizes[] = {1, 2, 3, 31, 32, 33, 1000, 4097, 65539, 1u << 20, (1u << 22) + 5};
+  const std::size_t sizes[] = {1, 2, 3, 31, 32, 33, 1000, 4097, 65539, device_size(1u << 20), device_size((1u << 22) + 5)};
   const double fractions[] = {0.0, 1e-6, 0.001, 0.01, 0.1, 0.3, 0.5, 0.9, 0.999999, 1.0};
   const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
                                 distribution::narrow};
   for (auto n : sizes)
     for (auto d : dists)
       for (auto f : fractions) {
-        if (n >= (1u << 20) && (f == 1e-6 || f == 0.999999 || f == 0.3)) continue;  // keep the run short
+        if (n >= device_size(1u << 20) && (f == 1e-6 || f == 0.999999 || f == 0.3)) continue;  // keep the run short
         INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
         pair_run r(gravac::layout::flat(n));
         const auto p = gravac::test::params_for(r.lay, f);
@@ -59,7 +60,7 @@ TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and 
 }
 
 TEST_CASE("topk_cuda at 2^26 values matches topk at 1% and 0.1%") {
-  const std::size_t n = std::size_t{1} << 26;
+  const std::size_t n = device_size(std::size_t{1} << 26);
   for (double f : {0.01, 0.001}) {
     INFO("fraction = " << f);
     pair_run r(gravac::layout::flat(n));
@@ -221,7 +222,7 @@ TEST_CASE("device_buffer: zero-filled, grows, and storage_for<cuda_space> is it"
 TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate, sample and k_hat)") {
   // Small layers take the whole-layer histogram, large ones the seeded sample: both paths,
   // and the raise to the k-th largest (ties included) when the estimate collected more.
-  const std::size_t sizes[] = {1, 2, 33, 1000, 4097, 65539, 1u << 20, (1u << 22) + 5};
+  const std::size_t sizes[] = {1, 2, 33, 1000, 4097, 65539, device_size(1u << 20), device_size((1u << 22) + 5)};
   const double fractions[] = {0.0, 0.001, 0.01, 0.1, 0.5, 1.0};
   const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
                                 distribution::narrow};
@@ -241,7 +242,7 @@ TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate,
 
 TEST_CASE("threshold_cuda at 2^26 values matches threshold at 1%, on a mixed layout with non-finite values") {
   {
-    const std::size_t n = std::size_t{1} << 26;
+    const std::size_t n = device_size(std::size_t{1} << 26);
     threshold_pair r(gravac::layout::flat(n));
     r.step(gravac::test::make_data(n, 81, distribution::laplace), gravac::test::params_for(r.lay, 0.01, 3));
   }

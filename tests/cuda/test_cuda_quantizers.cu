@@ -147,7 +147,7 @@ struct typed_pair : pair_run<Host, Dev> {
   using pair_run<Host, Dev>::pair_run;
 };
 
-const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3, 1u << 20};
+const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3, gravac::test::device_size(1u << 20)};
 
 // Adversarial data of n values: \p kind 0 all zero, 1 huge (squares overflow float), 2
 // near the float maximum (sums overflow), 3 subnormal and tiny, 4 NaN and infinities among
