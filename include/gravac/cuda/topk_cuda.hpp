@@ -69,9 +69,10 @@ struct threshold_cuda_options {
 //! with error feedback over device memory. Models Compressor.
 //!
 //! threshold_cuda estimates each layer's low threshold exactly as gravac::threshold (the
-//! same seeded sample, the same histogram and interpolation), collects every |u| at or
-//! above it in the fused pass, and raises it to the k-th largest (ties included) when more
-//! than k were collected; the count (k_hat) is resolved on the device.
+//! same seeded sample, the same histogram, the same order statistic of the sample),
+//! collects every |u| at or above it in the fused pass, and raises it to the k-th largest
+//! (ties included) when more than k were collected; the count (k_hat) is resolved on the
+//! device.
 //!
 //! topk_cuda with whole_buffer selects once over the concatenation of the compressed layers
 //! (see detail/whole_select_kernels.hpp): the packets of gravac::topk with whole_buffer.
@@ -105,6 +106,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       require(opt.full_histogram_above > 0.0 && opt.full_histogram_above <= 1.0,
               "threshold_cuda: full_histogram_above must be in (0, 1]");
       est_hist_ = device_buffer<std::uint32_t>(detail::estimate_bins, opt.stream);
+      est_state_ = device_buffer<detail::estimate_state>(1, opt.stream);
     }
     std::size_t largest = 0;
     for (const auto& l : lay.layers()) {
@@ -311,7 +313,12 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
         detail::launch(&cd::estimate_histogram, launch_.grid_stride(m, cd::select_threads), cd::select_threads, s, gl,
                        el, rq, est_hist_.data());
         detail::launch(&cd::estimate_threshold, cd::one_block, cd::select_threads, s, est_hist_.data(), rq,
-                       prev_threshold_.data() + i);
+                       est_state_.data(), prev_threshold_.data() + i);
+        for (int shift : {cd::estimate_digit_shift, 0}) {  // a sample: its exact order statistic, as the host's
+          if (rq.sampled)
+            detail::launch(&cd::estimate_refine, launch_.grid_stride(m, cd::select_threads), cd::select_threads, s, gl,
+                           el, rq, est_hist_.data(), est_state_.data(), shift, prev_threshold_.data() + i);
+        }
       }
       detail::launch(&cd::fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti, prev_threshold_.data() + i,
                      hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i, gains, gain_out_.data(),
@@ -494,8 +501,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       rq.seed = seed;
       const double scale = static_cast<double>(n) / static_cast<double>(runs * run);
       const double hits = k / scale;
-      rq.target = hits + 4.0 * std::sqrt(hits) + 4.0;
-      rq.target_ceil = static_cast<unsigned long long>(std::ceil(rq.target));
+      rq.target_ceil = static_cast<unsigned long long>(std::ceil(hits + 4.0 * std::sqrt(hits) + 4.0));
     }
     return rq;
   }
@@ -529,8 +535,9 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
-  device_buffer<std::uint32_t> est_hist_;           // threshold: the estimate's histogram
-  device_buffer<std::uint32_t> no_prev_threshold_;  // AR-Topk's selection: 0, no previous threshold
+  device_buffer<std::uint32_t> est_hist_;            // threshold: the estimate's histogram
+  device_buffer<detail::estimate_state> est_state_;  // threshold: a sampled estimate's radix select
+  device_buffer<std::uint32_t> no_prev_threshold_;   // AR-Topk's selection: 0, no previous threshold
   std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) queued
   bool whole_ = false;                                                   // topk: one selection over the whole buffer
   device_buffer<float> concat_;                      // whole: u of the compressed layers, concatenated
