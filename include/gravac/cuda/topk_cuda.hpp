@@ -138,12 +138,17 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     cand_ = device_buffer<std::uint32_t>(std::max<std::size_t>(cap_, 1), s);
     constexpr std::size_t chunk = static_cast<std::size_t>(detail::select_threads) * detail::tie_items;
     chunk_counts_ = device_buffer<std::uint32_t>(std::max<std::size_t>((largest + chunk - 1) / chunk, 1), s);
-    // Two-phase: the compaction's temporary storage for the largest layer, sized once.
-    std::size_t temp = 0;
+    // Two-phase: the compaction's temporary storage for the largest layer, sized once for
+    // both outputs it writes (the packet's segments, and AR-Topk's and the whole buffer's
+    // index lists): CUB sizes it per call, so each call is queried and the largest kept.
+    std::size_t temp = 0, temp_whole = 0;
     GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp, static_cast<std::int64_t>(largest),
                                               detail::selected_by_threshold{nullptr, nullptr},
                                               detail::bounded_index_writer{nullptr, nullptr}, nullptr, s.get()));
-    select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
+    GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp_whole, static_cast<std::int64_t>(largest),
+                                              detail::selected_by_threshold{nullptr, nullptr},
+                                              detail::whole_index_writer{nullptr, nullptr}, nullptr, s.get()));
+    select_temp_ = device_buffer<std::byte>(std::max<std::size_t>({temp, temp_whole, 1}), s);
     if (whole_) {
       concat_ = device_buffer<float>(std::max<std::size_t>(lay.numel(), 1), s);
       list_ = device_buffer<std::uint32_t>(std::max<std::size_t>(lay.numel(), 1), s);
