@@ -224,7 +224,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       // The gain curve of u = g + e, as the host skeleton computes it before the layer's
       // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
       if (gains.count > 0) {
-        detail::launch(&cd::fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+        detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
                        cd::select_threads, s, gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(),
                        hist_sq_.data(), nullptr, 0, sums_.data() + (dense ? L : i), gains, gain_out_.data(), false,
                        nullptr);

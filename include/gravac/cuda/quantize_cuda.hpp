@@ -349,9 +349,9 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
         for (int c = 0; c < rq.count; ++c)
           rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
         const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
-        detail::launch(&cd::fused_pass, grid, cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel,
-                       0, states_.data() + j, prev_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0,
-                       gain_sums_.data(), rq, gain_out_.data(), false, nullptr);
+        detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, g.data() + l.offset, e.data() + l.offset,
+                       l.numel, 0, states_.data() + j, prev_threshold_.data(), hist_.data(), hist_sq_.data(),
+                       cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data(), false, nullptr);
       }
     }
     float* gd = g.data();

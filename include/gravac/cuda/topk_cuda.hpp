@@ -225,9 +225,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, n));
     GRAVAC_TRY_CUDA(cudaMemsetAsync(sti, 0, sizeof(cd::select_state), s));
     // g null: u is e as it stands, read only; the sums go to a scratch slot.
-    detail::launch(&cd::fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items), cd::select_threads, s,
-                   nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), cap,
-                   sums_.data() + layout_.size() + 1, cd::gain_request{}, gain_out_.data(), false, nullptr);
+    detail::launch(&cd::select_fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items),
+                   cd::select_threads, s, nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(),
+                   hist_sq_.data(), cand_.data(), cap, sums_.data() + layout_.size() + 1, cd::gain_request{},
+                   gain_out_.data(), false, nullptr);
     const int grid1 = launch_.grid_stride(n, cd::select_threads);
     detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap);
     for (int shift : {cd::refine_digit_bits, 0}) {
@@ -325,9 +326,9 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                            el, rq, est_hist_.data(), est_state_.data(), shift, prev_threshold_.data() + i);
         }
       }
-      detail::launch(&cd::fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti, prev_threshold_.data() + i,
-                     hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i, gains, gain_out_.data(),
-                     Threshold, nullptr);
+      detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti,
+                     prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i,
+                     gains, gain_out_.data(), Threshold, nullptr);
       // Top-k: the count (k, or the finite count when smaller) is known on the device now.
       if (!Threshold || k == 0) {
         detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
@@ -397,7 +398,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     auto* sti = states_.data() + i;
     auto* slot = slots_.data() + i;
     if (gains.count > 0) {
-      detail::launch(&cd::fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+      detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
                      cd::select_threads, s, gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(),
                      hist_sq_.data(), cand_.data(), 0, sums_.data() + layout_.size(), gains, gain_out_.data(), false,
                      nullptr);
@@ -425,7 +426,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       const auto& l = layout_[i];
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      detail::launch(&cd::fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+      detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
                      cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
                      no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
                      gain_out_.data(), false, concat_.data() + total);
@@ -437,7 +438,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       const auto kk = static_cast<std::uint32_t>(k);
       const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, total));
       cd::gain_request none;
-      detail::launch(&cd::fused_pass, launch_.grid_stride(total, cd::select_threads * cd::fused_items),
+      detail::launch(&cd::select_fused_pass, launch_.grid_stride(total, cd::select_threads * cd::fused_items),
                      cd::select_threads, s, nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(),
                      hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + layers + 1, none,
                      gain_out_.data(), false, nullptr);

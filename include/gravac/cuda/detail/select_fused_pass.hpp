@@ -28,11 +28,11 @@ namespace gravac::detail {
 //! No default arguments: it is launched through detail::launch (a function pointer), so
 //! every launch passes threshold_mode (false for top-k) and copy (null: none).
 static __global__ void __launch_bounds__(select_threads)
-    fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
-               select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
-               std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
-               std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains, double* __restrict__ gain_out,
-               bool threshold_mode, float* __restrict__ copy) {
+    select_fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
+                      select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
+                      std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
+                      std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains,
+                      double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ float sh_sq[max_bins];
   const bool want_sq = gains.count > 0;

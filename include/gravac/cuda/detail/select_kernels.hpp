@@ -3,7 +3,7 @@
 //! \brief The fused error-feedback exact top-k: a radix select over the float bits of |u|.
 //!
 //! For one layer of n values and k to keep (see topk_cuda.hpp for the sequence):
-//! 1. fused_pass: u = g + e, e = u, statistics, an 11-bit histogram of key(u) =
+//! 1. select_fused_pass: u = g + e, e = u, statistics, an 11-bit histogram of key(u) =
 //!    bits(|u|) (bits 30..20) in shared memory, and a candidate buffer of the keys at or
 //!    above the previous step's threshold widened by a margin. Its last block finds the
 //!    boundary bin; when that bin holds exactly the remainder, the threshold is known
