@@ -162,10 +162,19 @@ class trainer {
   //! untouched, so the ranks must know before compressing), and the `check_consistency`
   //! debug option adds its own check. On device memory `throw_error` takes that small
   //! allreduce too (the device collectives carry no control values).
+  //!
+  //! On a device, \p grads must be produced on the calling thread's default stream (its
+  //! per-thread default stream, or the legacy default stream, which that stream follows) or
+  //! be complete: every bucket's compressor stream first waits for one CUDA event recorded
+  //! on cudaStreamPerThread here (no host wait), so compressors on streams of their own
+  //! (gravac::cuda_stream) read \p grads only after the caller's kernels wrote it. A
+  //! gradient produced on another stream must be synchronized (or ordered before the
+  //! calling thread's default stream) by the caller.
   const step_report& step(grad_view<memory_space> grads) {
     start_step(grads, false);
     const auto t0 = std::chrono::steady_clock::now();
     try {
+      order_buckets_after_caller();
       if (skip_agreed_before_sending()) {
         in_step_ = false;
         return finish_step();
@@ -228,10 +237,12 @@ class trainer {
   //! Marks layer \p layer_index final (backward has produced it); a bucket's compression
   //! and collective start once all its layers are ready and the buckets before it have
   //! started. Its ready time on the modeled timeline is the wall time since begin_step().
-  //! On a device the layer is final once the work queued so far on the legacy default
-  //! stream (cudaStreamLegacy) is: that stream runs after the work queued before on every
-  //! blocking stream of the device. Pass the stream backward ran on when it is a
-  //! non-blocking one (ready(layer, stream)).
+  //! On a device the layer is final once the work queued so far on the calling thread's
+  //! per-thread default stream (cudaStreamPerThread) is: that stream runs after the work
+  //! queued before on the legacy default stream, so a backward on either default stream of
+  //! this thread is covered, but it does not wait for other threads' streams (nor for the
+  //! communication thread's buckets in flight). Pass the stream backward ran on when it is
+  //! any other one (ready(layer, stream)).
   void ready(std::size_t layer_index) {
     check_ready(layer_index);
     events_.record_default(layer_index);
@@ -257,7 +268,7 @@ class trainer {
   //! (modeled or measured) backward since begin_step(); backward then ends at the last time
   //! given (finish() marks the layers left at that time). Communication hides behind
   //! backward on that timeline (step_report::modeled_exposed_s). On a device the layer's
-  //! stream is the legacy default stream, as for ready(layer).
+  //! stream is the calling thread's per-thread default stream, as for ready(layer).
   void ready(std::size_t layer_index, double ready_s) {
     check_ready(layer_index);
     events_.record_default(layer_index);
@@ -265,12 +276,12 @@ class trainer {
   }
 
   //! Ends the asynchronous step: marks every layer not yet ready (backward has ended; on a
-  //! device such a layer is final after the work queued so far on the legacy default
-  //! stream), waits for every bucket's collective and returns the step's report. A failure
-  //! in a bucket (a peer's malformed packet, a failed rank, a non-finite gradient) is
-  //! thrown here; the step is then abandoned (the step counter does not advance). On a
-  //! device every bucket's kernels and copies have completed when it returns, as after
-  //! step().
+  //! device such a layer is final after the work queued so far on the calling thread's
+  //! per-thread default stream, as for ready(layer)), waits for every bucket's collective
+  //! and returns the step's report. A failure in a bucket (a peer's malformed packet, a
+  //! failed rank, a non-finite gradient) is thrown here; the step is then abandoned (the
+  //! step counter does not advance). On a device every bucket's kernels and copies have
+  //! completed when it returns, as after step().
   //!
   //! With `on_non_finite = skip_step` nothing is sent before finish(): the ranks must agree
   //! to skip before any residual changes, so that mode forgoes the overlap. On device
@@ -570,6 +581,16 @@ class trainer {
     if (options_.on_non_finite != non_finite_action::skip_step) return false;
     bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
     return skip_agreed(bad_layer_);
+  }
+
+  // The synchronous step on a device: every bucket's compressor stream waits for one event
+  // recorded on the calling thread's per-thread default stream, which produced g (or
+  // follows the legacy stream that did), before its first kernel; the whole-gradient
+  // screening runs on the first bucket's. No host wait; nothing on the host. (The
+  // asynchronous step orders each bucket after its layers' events instead.)
+  void order_buckets_after_caller() {
+    events_.record_step();
+    for (const auto& s : buckets_) events_.wait_step(s->compressor);
   }
 
   // The compressor whose stream orders a screening of the whole gradient (every bucket's

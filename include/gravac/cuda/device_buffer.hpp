@@ -8,10 +8,12 @@
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/cuda/stream.hpp"
@@ -188,5 +190,22 @@ class pinned_buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+namespace detail {
+
+//! Grows pinned staging \p b to at least \p n elements (at least doubling) without freeing
+//! its memory: the old buffer moves to \p retired and is freed with it. cudaFreeHost
+//! synchronizes the whole device, which in the middle of a step would wait for every
+//! stream's work (backward's, the other buckets'); a grow path reachable during a step
+//! uses this. The contents are not kept. Does nothing when \p b holds \p n already.
+template <class T>
+void grow_pinned_keeping(pinned_buffer<T>& b, std::size_t n, std::vector<pinned_buffer<T>>& retired) {
+  if (b.size() >= n) return;
+  pinned_buffer<T> bigger(std::max(n, 2 * b.size()));
+  if (b.size()) retired.push_back(std::move(b));  // moves only: nothing is freed
+  b = std::move(bigger);                          // b is empty here: nothing is freed
+}
+
+}  // namespace detail
 
 }  // namespace gravac

@@ -5,7 +5,8 @@
 //! ran in the caller's thread before it), so the primary template does nothing. A backend
 //! whose gradients are produced asynchronously specializes it (CUDA:
 //! gravac/cuda/detail/layer_events.hpp records an event per layer on the caller's stream
-//! and orders each bucket's work after its layers' events).
+//! and orders each bucket's work after its layers' events; its synchronous step orders
+//! every bucket after one event on the caller's default stream).
 
 #include <cstddef>
 
@@ -27,8 +28,15 @@ struct layer_events {
                   "layer_events: no asynchronous step for this memory space (its backend specializes "
                   "detail::layer_events)");
   }
-  //! Layer \p layer is final once the work queued so far on the default stream is.
+  //! Layer \p layer is final once the work queued so far on the calling thread's default
+  //! stream is (the device's: its per-thread default stream, cudaStreamPerThread).
   void record_default(std::size_t /*layer*/) {}
+  //! The synchronous step: the whole gradient is final once the work queued so far on the
+  //! calling thread's default stream is.
+  void record_step() {}
+  //! Orders what compressor \p c queues next after record_step().
+  template <class C>
+  void wait_step(const C& /*c*/) const {}
   //! Called by the communication thread before a bucket (the device's: makes the
   //! caller's device current there).
   void enter_thread() const {}

@@ -128,8 +128,10 @@ static __global__ void __launch_bounds__(adacomp_threads)
   __shared__ unsigned long long sh[exponent_slots];
   for (int i = static_cast<int>(threadIdx.x); i < exponent_slots; i += adacomp_threads) sh[i] = 0;
   __syncthreads();
-  const std::uint32_t stride = gridDim.x * adacomp_threads;
-  for (std::uint32_t b = blockIdx.x * adacomp_threads + threadIdx.x; b < bins; b += stride) {
+  // 64-bit index arithmetic: b + stride (and the grid's extent) can pass 2^32 near 2^32 bins.
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * adacomp_threads;
+  for (unsigned long long b = blockIdx.x * static_cast<unsigned long long>(adacomp_threads) + threadIdx.x; b < bins;
+       b += stride) {
     const std::uint32_t v = gmax[b];
     if (v == 0) continue;  // adds nothing
     const std::uint32_t e = v >> 23, m = v & 0x7fffffu;

@@ -68,6 +68,22 @@ class ar_topk_device_passes<cuda_space> {
     host_sums_.resize(L);
     host_gain_.resize(max_gain_candidates);
     host_bad_.resize(1);
+    // The control plane's staging, sized once here: growing it would free pinned memory
+    // in the middle of a step (reduce_buffer), and cudaFreeHost synchronizes the device.
+    const std::size_t slots = control_slots(lay.size());
+    if (host_control_.size() < slots) host_control_ = pinned_buffer<float>(slots);
+  }
+  //! The control slots prepare() stages without growing, for \p layers layers: every
+  //! step_control the library hands the collective. The trainer's for that layout (the
+  //! non-finite flag 2, the statistics 1 + max_gain_candidates + 2 per layer, the previous
+  //! step's times 4, a policy's values to agree on, at most one per layer; the device
+  //! trainer carries none yet), flexible's (its codec time and a batch of up to
+  //! 4 * sync_interval timings: 33 with the default interval of 8) and VAR's norms, one per
+  //! rank, for up to 1024 ranks. A larger control plane (more ranks, a longer interval, a
+  //! caller's own slots) grows the staging once, keeping the old memory until the passes
+  //! are destroyed (detail::grow_pinned_keeping): still no cudaFreeHost during a step.
+  static constexpr std::size_t control_slots(std::size_t layers) noexcept {
+    return 2 + (1 + static_cast<std::size_t>(max_gain_candidates) + 2 * layers) + 4 + layers + (1 + 4 * 8) + 1024;
   }
   //! Device indices are 32-bit (prepare() refused larger layers).
   void configure(bool wide) const { require(!wide, "allreduce_compatible: device indices are 32-bit"); }
@@ -91,7 +107,7 @@ class ar_topk_device_passes<cuda_space> {
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       // k = 0: no selection, only u into e, the sums and the gain curve (no threshold read).
-      detail::launch(&fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, s,
+      detail::launch(&select_fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, s,
                      g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
                      hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
                      nullptr);
@@ -193,7 +209,7 @@ class ar_topk_device_passes<cuda_space> {
       values_.resize(std::max<std::size_t>(m, 1));
     }
     if (ctl.size()) {
-      if (host_control_.size() < ctl.size()) host_control_.resize(ctl.size());
+      grow_pinned_keeping(host_control_, ctl.size(), retired_control_);  // beyond control_slots() only
       ctl.write_local(std::span<float>(host_control_.data(), ctl.size()));
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(values_.data() + total, host_control_.data(), ctl.size() * sizeof(float),
                                       cudaMemcpyHostToDevice, s));
@@ -273,7 +289,8 @@ class ar_topk_device_passes<cuda_space> {
   pinned_buffer<layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;
   pinned_buffer<std::uint32_t> host_bad_;
-  pinned_buffer<float> host_control_;
+  pinned_buffer<float> host_control_;                  // the control plane's staging (control_slots)
+  std::vector<pinned_buffer<float>> retired_control_;  // outgrown staging, freed with the passes
 };
 
 }  // namespace gravac::detail

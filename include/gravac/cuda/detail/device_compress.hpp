@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 #include "gravac/cuda/stream.hpp"
 #include "gravac/error.hpp"
@@ -45,7 +46,8 @@ struct device_step {
 //!    may stage the step's plan in pinned memory); it must fit in \p out;
 //! 3. resets \p st for the layout and the step's gain candidates;
 //! 4. `queue(packet)` queues every kernel of the step and the copies of its statistics
-//!    into pinned memory on the stream;
+//!    into pinned memory on the stream; when it throws, the stream is waited for (what it
+//!    queued has finished with the buffers) and the exception is rethrown;
 //! 5. waits for the stream once;
 //! 6. `finish(bound)` reads the copied statistics into \p st, checks what the device
 //!    reported (throwing, after any repair of the residual, on a failure) and returns the
@@ -67,7 +69,15 @@ std::size_t compress_on_device(const device_step& step, grad_view<cuda_space> g,
     fail("packet buffer too small (needs up to " + std::to_string(bound) + " bytes, has " + std::to_string(out.size()) +
          ")");
   st.reset(step.lay.size(), p.gain_candidates.size());
-  queue(out.data());
+  try {
+    queue(out.data());
+  } catch (...) {
+    // Queuing failed part way (a launch error, a host allocation): the kernels already
+    // queued still read g and e and write e and the packet, which the caller may free as
+    // the exception unwinds. Wait for them first; the queuing error is the one reported.
+    GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(step.stream.get()));
+    throw;
+  }
   step.stream.synchronize();
   return finish(bound);
 }

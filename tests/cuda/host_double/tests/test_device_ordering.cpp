@@ -1,0 +1,256 @@
+// Ordering and synchronization defects of the device code that only the host double of
+// CUDA can show deterministically (its streams are deferred queues; cuda_double::stream_op
+// lets a test hold a stream at a gate; cuda_double::implicit_device_syncs counts the
+// device-wide synchronizations of cudaFree / cudaFreeHost). Double-only: label cuda_double.
+//
+// - layer_events records a layer on the caller's per-thread default stream, not on the
+//   legacy default stream, which would wait for the communication thread's buckets.
+// - compress_on_device waits for its stream when queuing throws, so no queued kernel
+//   outlives the buffers the caller frees on the exception.
+// - the synchronous device step orders each bucket's compressor stream after the work the
+//   caller queued on its default stream (the gradient's producer).
+// - AR-Topk's pinned control staging and nccl_communicator's host staging never free pinned
+//   memory during a step (cudaFreeHost synchronizes the whole device).
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "gravac/collective/allreduce_compatible.hpp"
+#include "gravac/comm/nccl_communicator.hpp"
+#include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/launch.hpp"
+#include "gravac/cuda/detail/layer_events.hpp"
+#include "gravac/cuda/topk_cuda.hpp"
+#include "gravac/gravac.hpp"
+#include "gravac_test_util.hpp"
+
+namespace {
+
+using gravac::test::to_device;
+using gravac::test::to_host;
+
+// A stream operation that completes only once *open is true: a bucket in flight.
+struct gate_op final : cuda_double::stream_op {
+  std::atomic<bool>* open;
+  explicit gate_op(std::atomic<bool>* o) : open(o) {}
+  bool poll() override { return open->load(); }
+  std::string what() const override { return "the test's gate (a bucket in flight on the communication thread)"; }
+};
+
+// Opens the gate when the test case ends, however it ends (a failed REQUIRE throws), and
+// runs every stream empty, so no later case finds the gate queued.
+struct gate_opener {
+  std::atomic<bool>& open;
+  ~gate_opener() {
+    open = true;
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+
+// A stream operation that records that it ran.
+struct flag_op final : cuda_double::stream_op {
+  std::atomic<bool>* ran;
+  explicit flag_op(std::atomic<bool>* r) : ran(r) {}
+  bool poll() override {
+    *ran = true;
+    return true;
+  }
+  std::string what() const override { return "the test's flag (a queued kernel)"; }
+};
+
+// Stands in for a compressor: layer_events::wait needs its stream().
+struct fake_compressor {
+  gravac::stream_ref s;
+  gravac::stream_ref stream() const { return s; }
+};
+
+__global__ void copy_kernel(const float* src, float* dst, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * 1ull * blockDim.x + threadIdx.x; i < n; i += 1ull * gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+// A one-rank NCCL communicator (the double's NCCL needs no MPI for one rank).
+ncclUniqueId one_rank_id() {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  return id;
+}
+
+// One process, one rank, device memory: AR-Topk with one rank calls no collective.
+struct one_rank_device_comm {
+  using communicator_tag = void;
+  using memory_space = gravac::cuda_space;
+  using byte_buffer = gravac::device_byte_buffer;
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void allreduce_sum(std::span<float>) {}
+  void allreduce_sum(std::span<double>) {}
+  void allreduce_max(std::span<double>) {}
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    out.resize(in.size());
+    if (!in.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(out.data(), in.data(), in.size(), cudaMemcpyDefault));
+    sizes.assign(1, in.size());
+  }
+  void broadcast(std::span<std::byte>, int) {}
+  void barrier() {}
+};
+static_assert(gravac::Communicator<one_rank_device_comm>);
+
+}  // namespace
+
+TEST_CASE("layer_events::record_default does not wait for another thread's per-thread stream") {
+  static std::atomic<bool> open;  // outlives the case: the gate may still be queued when it ends
+  open = false;
+  gate_opener opener{open};
+  // The communication thread's bucket in flight: a gate on that thread's per-thread stream.
+  cudaError_t queued = cudaErrorUnknown;
+  std::thread comm([&] { queued = cuda_double::enqueue(cudaStreamPerThread, std::make_unique<gate_op>(&open)); });
+  comm.join();
+  REQUIRE(queued == cudaSuccess);
+
+  gravac::cuda_stream bucket_stream;  // a compressor's non-blocking stream
+  {
+    gravac::detail::layer_events<gravac::cuda_space> ev;
+    ev.begin(2);
+    ev.record_default(0);  // ready(0) in the caller's thread: backward has queued nothing
+    ev.wait(fake_compressor{bucket_stream.ref()}, 0, 1);
+    // The bucket may start now: its layer's event must not wait for the bucket in flight.
+    const cudaError_t q = cudaStreamQuery(bucket_stream.ref().get());
+    (void)cudaGetLastError();
+    open = true;
+    GRAVAC_TRY_CUDA(cudaStreamSynchronize(bucket_stream.ref().get()));
+    REQUIRE(q == cudaSuccess);
+  }
+}
+
+TEST_CASE("compress_on_device waits for its stream when queuing throws") {
+  gravac::layout lay;
+  lay.add("w", {16}, gravac::layer_kind::dense);
+  gravac::cuda_stream s;
+  gravac::device_buffer<float> g(16), e(16);
+  gravac::device_buffer<std::byte> out(64);
+  gravac::compress_stats st;
+  const auto p = gravac::test::params_for(lay, 0.5);
+  std::atomic<bool> ran{false};
+  const gravac::detail::device_step step{"test_compressor", lay, s.ref()};
+  bool threw = false;
+  try {
+    gravac::detail::compress_on_device(
+        step, gravac::device_view(g), gravac::device_view(e), p, std::span<std::byte>(out.data(), out.size()), st,
+        [] { return std::size_t{64}; },
+        [&](std::byte*) {
+          // A kernel queued, then a failure before the step's synchronize.
+          REQUIRE(cuda_double::enqueue(s.ref().get(), std::make_unique<flag_op>(&ran)) == cudaSuccess);
+          throw std::runtime_error("queue failed");
+        },
+        [](std::size_t bound) { return bound; });
+  } catch (const std::runtime_error& err) {
+    threw = std::string(err.what()) == "queue failed";
+    // The caller frees g, e and the packet here: nothing queued may still run on them.
+    REQUIRE(ran.load());
+  }
+  REQUIRE(threw);
+}
+
+TEST_CASE("the synchronous device step reads a gradient produced on the caller's default stream") {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {20011}, gravac::layer_kind::dense);
+  gravac::cuda_stream compressor_stream;  // non-blocking: nothing orders it but the trainer
+  gravac::nccl_communicator comm(one_rank_id(), 0, 1);
+  using T = gravac::trainer<gravac::topk_cuda, gravac::allgather, gravac::fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.05;
+  opt.compressor.stream = compressor_stream.ref();
+  for (const std::size_t bb : {gravac::one_bucket, gravac::bucket_per_layer}) {
+    INFO("bucket_bytes " << bb);
+    opt.bucket_bytes = bb;
+    T ref(comm, lay, opt), t(comm, lay, opt);
+    for (std::uint64_t step = 0; step < 2; ++step) {
+      INFO("step " << step);
+      const auto h = gravac::test::make_data(lay.numel(), 40 + step);
+      auto g_ref = to_device(h);  // complete before the step
+      ref.step(gravac::device_view(g_ref));
+
+      const auto src = to_device(h);
+      gravac::device_buffer<float> g(lay.numel());  // zeros, complete
+      // The caller's backward writes g on its default stream (deferred on the double).
+      gravac::detail::launch(&copy_kernel, 4, 64, cudaStreamPerThread, src.data(), g.data(),
+                             static_cast<unsigned long long>(lay.numel()));
+      t.step(gravac::device_view(g));
+
+      const auto want = to_host(g_ref.data(), g_ref.size()), got = to_host(g.data(), g.size());
+      REQUIRE(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+      const auto e_ref = to_host(ref.residual_view().data(), lay.numel());
+      const auto e = to_host(t.residual_view().data(), lay.numel());
+      REQUIRE(std::memcmp(e.data(), e_ref.data(), e_ref.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("AR-Topk's device passes never free pinned memory during a step, whatever control rides along") {
+  const auto lay = gravac::test::mixed_layout();
+  gravac::allreduce_compatible k(lay);
+  gravac::topk_cuda c(lay);
+  k.prepare(c);
+  one_rank_device_comm comm;
+  gravac::device_buffer<float> e(lay.numel());
+  gravac::step_control ctl;
+  // flexible's pattern: nothing, then its codec time, then the time and a batch of
+  // measured timings; then a control plane beyond any bound (the grow path), then less.
+  const std::size_t slots[] = {0, 1, 33, 1, 40, 5000, 2};
+  const std::size_t syncs0 = cuda_double::implicit_device_syncs();
+  for (std::size_t s = 0; s < std::size(slots); ++s) {
+    INFO("step " << s << ", " << slots[s] << " control slots");
+    auto g = to_device(gravac::test::make_data(lay.numel(), 60 + s));
+    ctl.clear();
+    if (slots[s]) {
+      const std::size_t at = ctl.reserve(slots[s]);
+      for (std::size_t i = 0; i < slots[s]; ++i) ctl.local(at + i) = static_cast<float>(i + s);
+    }
+    gravac::step_buffers<gravac::cuda_space> b{gravac::device_view(g), gravac::device_view(e), s == 0,
+                                               slots[s] ? &ctl : nullptr};
+    gravac::compress_stats st;
+    gravac::step_report r;
+    auto p = gravac::test::params_for(lay, 0.1, s);
+    k.aggregate(c, comm, b, p, st, r);
+    REQUIRE(cuda_double::implicit_device_syncs() == syncs0);
+    if (slots[s]) {  // one rank: the sums are this rank's values
+      REQUIRE(ctl.has_sums());
+      for (std::size_t i = 0; i < slots[s]; ++i) REQUIRE(ctl.sum(i) == static_cast<float>(i + s));
+    }
+  }
+}
+
+TEST_CASE("a device AR-Topk trainer over NCCL with a statistics policy never synchronizes the device in a step") {
+  // 160 layers: the statistics the device trainer reduces over NCCL (2 per layer, the gain
+  // and its curve) are more than nccl_communicator's initial host staging.
+  gravac::layout lay;
+  for (int i = 0; i < 160; ++i) lay.add("l" + std::to_string(i), {std::size_t(37 + i % 5)}, gravac::layer_kind::dense);
+  gravac::nccl_communicator comm(one_rank_id(), 0, 1);
+  gravac::moo_policy_options pol;
+  pol.warmup_steps = 6;
+  pol.warmup_start = 0.3;
+  pol.warmup_end = 0.02;
+  for (const auto rule : {gravac::index_rank_rule::star, gravac::index_rank_rule::var}) {
+    INFO("rule " << static_cast<int>(rule));
+    using T = gravac::trainer<gravac::topk_cuda, gravac::allreduce_compatible, gravac::moo_policy>;
+    T::options opt;
+    opt.policy = pol;
+    opt.collective.rule = rule;
+    T t(comm, lay, opt);
+    const std::size_t syncs0 = cuda_double::implicit_device_syncs();
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      INFO("step " << s);
+      auto g = to_device(gravac::test::make_data(lay.numel(), 80 + s));
+      t.step(gravac::device_view(g));
+      REQUIRE(cuda_double::implicit_device_syncs() == syncs0);
+    }
+  }
+}
