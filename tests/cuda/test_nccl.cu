@@ -3,16 +3,22 @@
 // host reference, and trainer<topk_cuda, allreduce_compatible, fixed_policy> (AR-Topk's
 // NCCL broadcast and Allreduce) against the host trainer on thread ranks, and the
 // asynchronous device step (begin_step, ready per layer on a stream, finish) against the
-// synchronous one and its errors. Skipped (exit 77) without a GPU.
+// synchronous one and its errors; a collective one rank never joins (timeout) and a
+// communicator one rank aborts: the others fail instead of hanging, and every communicator
+// is destroyed. Skipped (exit 77) without a GPU.
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -467,4 +473,154 @@ TEST_CASE("skip_step in the asynchronous device step: a NaN on one rank skips th
     REQUIRE(e[j] == 0.0f);
   }
   CHECK(rep.bytes_sent == 0);
+}
+
+namespace {
+
+using seconds_since = std::chrono::duration<double>;
+
+// How many ranks of the MPI world pass true (an MPI allreduce, outside NCCL).
+int ranks_with(bool yes) {
+  std::vector<double> v = {yes ? 1.0 : 0.0};
+  world().allreduce_sum(std::span<double>(v));
+  return static_cast<int>(v[0]);
+}
+
+// What one call on a communicator threw (nothing: no code) and how long it took.
+struct outcome {
+  std::optional<gravac::status> code;
+  int engine_code = 0;
+  std::string what;
+  double seconds = 0;
+};
+template <class F>
+outcome run_timed(F&& f) {
+  outcome o;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    f();
+  } catch (const gravac::error& e) {
+    o.code = e.code();
+    o.engine_code = e.engine_code();
+    o.what = e.what();
+  }
+  o.seconds = seconds_since(std::chrono::steady_clock::now() - t0).count();
+  return o;
+}
+
+// An error a collective may end with when a peer's communicator is gone: this rank's
+// timeout, or NCCL's report of a failed peer.
+bool peer_failure(const outcome& o) {
+  if (o.code == gravac::status::timeout) return true;
+#if defined(GRAVAC_CUDA_HOST_DOUBLE)
+  // The double reports a peer's ncclCommAbort to every other rank, as ncclRemoteError.
+  return o.code == gravac::status::backend_failure && o.engine_code == static_cast<int>(ncclRemoteError);
+#else
+  // NCCL may notice the peer's closed connections (ncclRemoteError, or ncclSystemError from
+  // its proxy), or leave the wait to the timeout.
+  return o.code == gravac::status::backend_failure;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("nccl_communicator: a collective the last rank never calls times out on the others and nothing hangs") {
+  static_assert(std::is_same_v<decltype(gravac::nccl_options{}.timeout_s), double>);
+  const int n = world().size(), r = world().rank();
+  std::optional<gravac::nccl_communicator> comm;
+  comm.emplace(world(), gravac::nccl_options{.timeout_s = 1});
+  REQUIRE(comm->size() == n);
+  world().barrier();  // every rank has joined: the timeouts below cannot fail a peer's join
+  const bool waits = r != n - 1;
+  outcome o;
+  if (waits) {
+    std::vector<double> v = {1.0 + r, -2.0};
+    const auto before = v;
+    o = run_timed([&] { comm->allreduce_sum(std::span<double>(v)); });
+    INFO("rank " << r << " after " << o.seconds << " s: " << o.what);
+    CHECK(o.code.has_value());  // CHECK, not REQUIRE: every rank must reach the barriers below
+    // Its own timeout (1 s), or, with three or more ranks, the abort of a rank whose timeout
+    // fired first (its communicator aborted, NCCL fails the others' pending operation).
+    CHECK(peer_failure(o));
+    CHECK(o.seconds >= (o.code == gravac::status::timeout ? 1.0 : 0.0));
+    CHECK(o.seconds < 10.0);  // a few seconds, not a hang
+    if (o.code == gravac::status::timeout) {
+      CHECK_THAT(o.what, Catch::Contains("ncclAllReduce(double, sum)") && Catch::Contains("not complete after"));
+    }
+    CHECK(v == before);  // a failed reduction leaves the values as they were
+  }
+  // At least one waiting rank timed out by itself (the first whose deadline passed).
+  CHECK(ranks_with(waits && o.code == gravac::status::timeout) >= 1);
+  world().barrier();  // every rank past the collective, over MPI
+  // Destroyed without hanging: the failed communicators were aborted; the last rank's,
+  // which never joined the collective, finalizes (or aborts after timeout_s).
+  const auto t0 = std::chrono::steady_clock::now();
+  comm.reset();
+  const double destroy_s = seconds_since(std::chrono::steady_clock::now() - t0).count();
+  INFO("rank " << r << " destroyed its communicator in " << destroy_s << " s");
+  CHECK(destroy_s < 10.0);
+  world().barrier();
+}
+
+TEST_CASE("nccl_communicator::abort on rank 0: its later calls and the others' collectives fail and nothing hangs") {
+  const int n = world().size(), r = world().rank();
+  // 1. Rank 0 aborts before anyone calls; an MPI barrier; then every rank calls a
+  // collective on the communicator: rank 0's own call is refused at once, the others'
+  // fail (a peer's abort, or their timeout of 2 s) instead of waiting for rank 0.
+  {
+    gravac::nccl_communicator comm(world(), {.timeout_s = 2});
+    // Every rank has joined before rank 0 aborts (an abort during a peer's join fails the
+    // join: its constructor would throw, as on 4 ranks of the host double without this).
+    world().barrier();
+    if (r == 0) {
+      comm.abort();
+      comm.abort();  // a second abort does nothing
+    }
+    world().barrier();
+    auto fd = to_device(std::vector<float>(1000, 1.0f));
+    const auto o = run_timed([&] { comm.allreduce_sum(fd.span()); });
+    INFO("rank " << r << " after " << o.seconds << " s: " << o.what);
+    CHECK(o.code.has_value());  // CHECK, not REQUIRE: every rank must reach the barriers below
+    CHECK(o.seconds < 10.0);
+    if (r == 0)
+      CHECK(o.code == gravac::status::aborted);  // refused by the communicator, not left to NCCL
+    else
+      CHECK(peer_failure(o));
+    const auto back = to_host(fd.data(), fd.size());
+    CHECK(std::all_of(back.begin(), back.end(), [](float x) { return x == 1.0f; }));  // untouched
+    if (r == 0) {  // and every later call on it, host values too
+      std::vector<double> d = {1.0};
+      const auto o2 = run_timed([&] { comm.allreduce_sum(std::span<double>(d)); });
+      INFO(o2.what);
+      CHECK(o2.code == gravac::status::aborted);
+      CHECK(d[0] == 1.0);
+    }
+    world().barrier();
+  }  // destroyed: aborted ones release nothing more, none waits
+  world().barrier();
+  // 2. The other ranks are inside a collective (or about to enter it) when rank 0 aborts;
+  // rank 0 never calls it. They fail instead of waiting for rank 0.
+  if (n >= 2) {
+    std::optional<gravac::nccl_communicator> comm;
+    comm.emplace(world(), gravac::nccl_options{.timeout_s = 2});
+    world().barrier();
+    outcome o;
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm->abort();
+    } else {
+      std::vector<double> v = {static_cast<double>(r)};
+      o = run_timed([&] { comm->allreduce_sum(std::span<double>(v)); });
+      INFO("rank " << r << " after " << o.seconds << " s: " << o.what);
+      CHECK(o.code.has_value());
+      CHECK(peer_failure(o));
+      CHECK(o.seconds < 10.0);
+      CHECK(v[0] == static_cast<double>(r));
+    }
+    world().barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.reset();
+    CHECK(seconds_since(std::chrono::steady_clock::now() - t0).count() < 10.0);
+  }
+  world().barrier();
 }

@@ -317,13 +317,14 @@ std::vector<float> shard_grad(const gravac::layout& lay, std::uint64_t s, int q)
 // compressed_allreduce<D> over NCCL against the serial host reference of H with the same
 // options, over two steps: the gradient, the client residual and the server residual
 // (through save(), whose blob a host compressed_allreduce loads and saves back unchanged)
-// bit for bit; then return_sent restores both residuals.
+// bit for bit; then return_sent restores both residuals. On \p lay (default:
+// device_shard_layout()), layer \p raw_layer sent raw in both stages (none: past the last).
 template <class D, class H>
-void check_device_two_stages(const typename D::options& dopt, const typename H::options& hopt) {
+void check_device_two_stages(const typename D::options& dopt, const typename H::options& hopt,
+                             const gravac::layout& lay = device_shard_layout(), std::size_t raw_layer = 2) {
   gravac::nccl_communicator comm(world());
   const int r = comm.rank(), n = comm.size();
   const auto me = static_cast<std::size_t>(r);
-  const auto lay = device_shard_layout();
   const gravac::detail::shard_plan plan(lay, static_cast<std::size_t>(n));
   D c(lay, dopt);
   gravac::compressed_allreduce ca(lay);
@@ -335,7 +336,7 @@ void check_device_two_stages(const typename D::options& dopt, const typename H::
     INFO("step " << s);
     auto p = gravac::test::params_for(lay, 0.01, s);
     p.ranks = n;
-    p.kept_fraction[2] = 1.0;  // one layer raw in both stages
+    if (raw_layer < lay.size()) p.kept_fraction[raw_layer] = 1.0;  // one layer raw in both stages
     std::vector<std::vector<float>> g;
     for (int q = 0; q < n; ++q) g.push_back(shard_grad(lay, s, q));
     const auto server_before = server;
@@ -395,6 +396,33 @@ TEST_CASE(
     check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({.levels = 7, .bucket = 0}, {.levels = 7, .bucket = 0});
   }
   SECTION("terngrad") { check_device_two_stages<gravac::terngrad_cuda, gravac::terngrad>({}, {}); }
+}
+
+TEST_CASE("compressed_allreduce<sign_cuda|qsgd_cuda|terngrad_cuda> over NCCL: more shards than layers and empty shards") {
+  // One layer of one element: every shard but the first is empty (each rank compresses,
+  // sends, receives and recompresses header-only shard packets). Two layers of 3 and 1
+  // elements, the first raw: fewer layers than shards from 3 ranks on, the last shard
+  // empty from 4 ranks on.
+  const int n = world().size();
+  gravac::layout one;
+  one.add("one", {1}, gravac::layer_kind::dense);
+  gravac::layout two;
+  two.add("three", {3}, gravac::layer_kind::dense);
+  two.add("single", {1}, gravac::layer_kind::bias_or_norm);
+  {
+    const gravac::detail::shard_plan plan(one, static_cast<std::size_t>(n));
+    REQUIRE(plan.numel(0) == 1);
+    for (std::size_t j = 1; j < plan.size(); ++j) REQUIRE(plan.numel(j) == 0);
+  }
+  for (const auto* lay : {&one, &two}) {
+    const std::size_t raw = lay == &two ? 0 : std::size_t(-1);  // -1: none raw
+    INFO("layout of " << lay->size() << " layers, " << lay->numel() << " values, on " << n << " ranks");
+    check_device_two_stages<gravac::sign_cuda, gravac::sign>({}, {}, *lay, raw);
+    check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({}, {}, *lay, raw);
+    check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({.levels = 7, .bucket = 0}, {.levels = 7, .bucket = 0},
+                                                             *lay, raw);
+    check_device_two_stages<gravac::terngrad_cuda, gravac::terngrad>({}, {}, *lay, raw);
+  }
 }
 
 namespace gravac_nccl_test {

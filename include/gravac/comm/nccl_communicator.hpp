@@ -143,8 +143,8 @@ class nccl_communicator {
     counts_dev_.set_stream(own_);
     counts_dev_.resize(2 * static_cast<std::size_t>(size));
     host_counts_.resize(2 * static_cast<std::size_t>(size));
-    // host_reduce's staging: sized for the control plane's statistics, grown only if a
-    // caller reduces more (never in the middle of a step of the library's own).
+    // host_reduce's staging: sized for the device trainer's flags and statistics (see
+    // initial_host_values), grown without freeing if a reduction is larger.
     scratch_.resize(initial_host_values);
     host_values_.resize(initial_host_values);
   }
@@ -188,6 +188,7 @@ class nccl_communicator {
 
   //! Sums device floats over all ranks, in place.
   void allreduce_sum(std::span<float> data) {
+    require_live("ncclAllReduce(float, sum)");
     if (data.empty()) return;
     order_after(options_.stream);
     GRAVAC_TRY_NCCL(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm_, s()));
@@ -202,6 +203,7 @@ class nccl_communicator {
   //! padding to the largest: the sizes are gathered first, then one group of broadcasts
   //! (one per non-empty rank) writes each rank's bytes at its exact offset.
   void allgatherv(std::span<const std::byte> mine, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    require_live("allgatherv");
     const auto n = static_cast<std::size_t>(size_);
     order_after(options_.stream);
     host_sizes_[static_cast<std::size_t>(rank_)] = mine.size();
@@ -255,6 +257,7 @@ class nccl_communicator {
   //! this rank's own block is a device copy. A host \p send is staged to the device first.
   void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_sizes, byte_buffer& out,
                  std::vector<std::size_t>& recv_sizes) {
+    require_live("alltoallv");
     const auto n = static_cast<std::size_t>(size_);
     const auto me = static_cast<std::size_t>(rank_);
     require(send_sizes.size() == n, "alltoallv: send_sizes needs one entry per rank");
@@ -334,6 +337,7 @@ class nccl_communicator {
   //! there are many pieces), then one wait.
   void allreduce_sum_pieces(std::span<const std::byte> in, std::span<std::byte> out,
                             std::span<const detail::sum_piece> pieces) {
+    require_live("allreduce_sum_pieces");
     require(out.size() >= in.size(), "allreduce_sum_pieces: the output is shorter than the input");
     for (const auto& pc : pieces) {
       const std::size_t w = detail::sum_type_bytes(pc.type);
@@ -366,6 +370,7 @@ class nccl_communicator {
   //! Copies \p root's device bytes into every rank's \p data.
   void broadcast(std::span<std::byte> data, int root) {
     require(root >= 0 && root < size_, "broadcast: root out of range");
+    require_live("ncclBroadcast");
     if (data.empty()) return;
     order_after(options_.stream);
     GRAVAC_TRY_NCCL(ncclBroadcast(data.data(), data.data(), data.size(), ncclChar, root, comm_, s()));
@@ -379,6 +384,7 @@ class nccl_communicator {
 
   //! Waits for every rank (an allreduce of one value).
   void barrier() {
+    require_live("ncclAllReduce(barrier)");
     scratch_.resize(1);
     GRAVAC_TRY_NCCL(ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclDouble, ncclSum, comm_, s()));
     wait("ncclAllReduce(barrier)");
@@ -415,6 +421,13 @@ class nccl_communicator {
  private:
   [[nodiscard]] cudaStream_t s() const noexcept { return own_.ref().get(); }
 
+  // Every operation starts here: an aborted communicator fails with status::aborted
+  // before any NCCL call (NCCL itself would only see a null communicator).
+  void require_live(const char* what) const {
+    if (!comm_)
+      throw error(status::aborted, std::string(what) + ": the communicator was aborted", rank_, backend::nccl);
+  }
+
   // The owned stream waits for the work queued so far on \p producer (resolved on the
   // calling thread, as the caller queued it).
   void order_after(stream_ref producer) {
@@ -445,10 +458,12 @@ class nccl_communicator {
   // Host values go through pinned staging both ways: a copy into pageable memory would
   // block the host until the allreduce ends, where no timeout can interrupt it.
   void host_reduce(std::span<double> data, ncclRedOp_t op, const char* what) {
+    require_live(what);
     if (data.empty()) return;
-    if (host_values_.size() < data.size()) {  // beyond what the library reduces (see the constructor)
-      scratch_.resize(data.size());
-      host_values_.resize(data.size());
+    if (host_values_.size() < data.size()) {  // beyond initial_host_values (see there)
+      // The old pinned staging is kept, not freed: cudaFreeHost would synchronize the device.
+      detail::grow_pinned_keeping(host_values_, data.size(), retired_host_values_);
+      scratch_.resize(host_values_.size());  // as large (stream-ordered: cudaFreeAsync on NCCL's stream)
     }
     std::copy(data.begin(), data.end(), host_values_.data());
     GRAVAC_TRY_CUDA(
@@ -513,7 +528,12 @@ class nccl_communicator {
     }
   }
 
-  // Doubles host_reduce stages without growing: the trainer's statistics slots and flags.
+  // Doubles host_reduce stages without growing: the device trainer's non-finite flags (2)
+  // and, for up to about 125 layers, its statistics (2 per layer, the gain, the gain curve,
+  // the previous times). A larger reduction (a larger layout's statistics, at the end of a
+  // step) grows the staging, at least doubling, and keeps the old pinned memory until the
+  // communicator is destroyed (retired_host_values_): host_reduce never frees pinned
+  // memory, as cudaFreeHost synchronizes the whole device.
   static constexpr std::size_t initial_host_values = 256;
 
   int rank_ = 0;
@@ -529,7 +549,8 @@ class nccl_communicator {
   pinned_buffer<std::uint64_t> host_sizes_;
   device_buffer<std::uint64_t> counts_dev_;  // alltoallv: counts sent (N), then received (N)
   pinned_buffer<std::uint64_t> host_counts_;
-  pinned_buffer<double> host_values_;  // host_reduce's staging
+  pinned_buffer<double> host_values_;                       // host_reduce's staging
+  std::vector<pinned_buffer<double>> retired_host_values_;  // outgrown staging, freed with the communicator
 };
 static_assert(AlltoallCommunicator<nccl_communicator>);
 
