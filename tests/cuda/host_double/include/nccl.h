@@ -77,7 +77,7 @@ typedef struct ncclConfig_v21700 {
 
 //! Reduction operations.
 typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
-typedef enum {
+typedef enum : int {  // a fixed type: a caller may pass any value, which the double refuses
   ncclSum = 0,
   ncclProd = 1,
   ncclMax = 2,
@@ -88,7 +88,7 @@ typedef enum {
 } ncclRedOp_t;
 
 //! Data types.
-typedef enum {
+typedef enum : int {  // a fixed type: a caller may pass any value, which the double refuses
   ncclInt8 = 0,
   ncclChar = 0,
   ncclUint8 = 1,
