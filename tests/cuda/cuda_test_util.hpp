@@ -147,7 +147,8 @@ struct pair_run : compressor_pair<Host, Dev> {
     for (std::size_t i = 0; i < self.lay.size(); ++i) {
       INFO("layer " << i);
       CHECK(sd.layers[i].kept == sh.layers[i].kept);
-      INFO(std::setprecision(17) << "grad_sq dev " << sd.layers[i].grad_sq << " host " << sh.layers[i].grad_sq << " input_sq dev " << sd.layers[i].input_sq << " host " << sh.layers[i].input_sq);
+      INFO(std::setprecision(17) << "grad_sq dev " << sd.layers[i].grad_sq << " host " << sh.layers[i].grad_sq
+                                 << " input_sq dev " << sd.layers[i].input_sq << " host " << sh.layers[i].input_sq);
       CHECK(close(sd.layers[i].grad_sq, sh.layers[i].grad_sq));
       CHECK(close(sd.layers[i].input_sq, sh.layers[i].input_sq));
       CHECK(close(sd.layers[i].kept_sq, sh.layers[i].kept_sq));

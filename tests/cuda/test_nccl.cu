@@ -8,9 +8,9 @@
 // is destroyed. Skipped (exit 77) without a GPU.
 #include <algorithm>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <limits>
 #include <numeric>

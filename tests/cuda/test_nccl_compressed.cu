@@ -398,7 +398,8 @@ TEST_CASE(
   SECTION("terngrad") { check_device_two_stages<gravac::terngrad_cuda, gravac::terngrad>({}, {}); }
 }
 
-TEST_CASE("compressed_allreduce<sign_cuda|qsgd_cuda|terngrad_cuda> over NCCL: more shards than layers and empty shards") {
+TEST_CASE(
+    "compressed_allreduce<sign_cuda|qsgd_cuda|terngrad_cuda> over NCCL: more shards than layers and empty shards") {
   // One layer of one element: every shard but the first is empty (each rank compresses,
   // sends, receives and recompresses header-only shard packets). Two layers of 3 and 1
   // elements, the first raw: fewer layers than shards from 3 ranks on, the last shard

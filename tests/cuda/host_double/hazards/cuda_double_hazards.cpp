@@ -145,7 +145,7 @@ int free_then_use(bool fixed) {
   HZ_CHECK(cudaMallocAsync(&p, 4096, a));
   HZ_CHECK(cudaStreamSynchronize(a));
   launch(fill, 4, 256, b, static_cast<int*>(p), 5, 1024);  // queued on b, not yet run
-  if (fixed) {  // the free waits for b's use
+  if (fixed) {                                             // the free waits for b's use
     cudaEvent_t e = nullptr;
     HZ_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     HZ_CHECK(cudaEventRecord(e, b));

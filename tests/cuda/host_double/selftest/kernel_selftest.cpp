@@ -24,12 +24,12 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::exit(1);                                                                 \
+    }                                                                               \
   } while (0)
 
 // ---------------------------------------------------------------------------------------
@@ -91,7 +91,9 @@ struct stopwatch {
   }
   std::chrono::steady_clock::time_point w0 = std::chrono::steady_clock::now();
   double c0 = cpu();
-  [[nodiscard]] double wall() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count(); }
+  [[nodiscard]] double wall() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  }
   [[nodiscard]] double used() const { return cpu() - c0; }
 };
 
@@ -606,7 +608,9 @@ static __global__ void trapping(unsigned* finished, unsigned victim) {
   __syncthreads();
   atomicAdd(finished, 1u);
 }
-static __global__ void misaligned(unsigned* p) { atomicAdd(reinterpret_cast<unsigned*>(reinterpret_cast<char*>(p) + 2), 1u); }
+static __global__ void misaligned(unsigned* p) {
+  atomicAdd(reinterpret_cast<unsigned*>(reinterpret_cast<char*>(p) + 2), 1u);
+}
 
 void check_intrinsics() {
   const double one_plus = 1.0 + std::ldexp(1.0, -30);
@@ -914,14 +918,13 @@ int main() {
         run_queue();
       },
       {"exit_early<<<2, 64>>>, block (", "thread 7 exited while threads 0-6, 8-63 (63 threads) wait at __syncthreads"});
-  expect_failure(
-      "a lane of the mask returns before a __shfl_sync",
-      [] {
-        std::vector<int> out(64);
-        cuda_double::launch(&lane_exit_before_shfl, dim3(1), dim3(64), 0, nullptr, out.data());
-        run_queue();
-      },
-      {"thread 3 (lane 3 of warp 0) returned while", "__shfl_sync(mask 0xffffffff)"});
+  expect_failure("a lane of the mask returns before a __shfl_sync",
+                 [] {
+                   std::vector<int> out(64);
+                   cuda_double::launch(&lane_exit_before_shfl, dim3(1), dim3(64), 0, nullptr, out.data());
+                   run_queue();
+                 },
+                 {"thread 3 (lane 3 of warp 0) returned while", "__shfl_sync(mask 0xffffffff)"});
   expect_failure(
       "__syncthreads in a branch",
       [] {
@@ -930,45 +933,40 @@ int main() {
         run_queue();
       },
       {"barrier_in_branch<<<1, 32>>>", "wait at __syncwarp(mask 0xffffffff)", "which waits at __syncthreads"});
-  expect_failure(
-      "different warp operations under one mask",
-      [] {
-        std::vector<int> out(32);
-        cuda_double::launch(&mismatched_warp_ops, dim3(1), dim3(32), 0, nullptr, out.data());
-        run_queue();
-      },
-      {"waits at __ballot_sync(mask 0xffffffff)", "which waits at __any_sync(mask 0xffffffff)"});
-  expect_failure(
-      "a mask without the caller's lane",
-      [] {
-        std::vector<int> out(32);
-        cuda_double::launch(&mask_without_self, dim3(1), dim3(32), 0, nullptr, out.data());
-        run_queue();
-      },
-      {"thread 0 calls __ballot_sync with mask 0xfffffffe, which does not name its own lane 0"});
-  expect_failure(
-      "__syncthreads_or against __syncthreads",
-      [] {
-        std::vector<int> out(1);
-        cuda_double::launch(&mixed_barriers, dim3(1), dim3(64), 0, nullptr, out.data());
-        run_queue();
-      },
-      {"different kinds"});
-  expect_failure(
-      "dynamic shared memory",
-      [] {
-        std::vector<int> out(1);
-        cuda_double::launch(&exit_early, dim3(1), dim3(64), 128, nullptr, out.data());
-      },
-      {"128 bytes of dynamic shared memory"});
-  expect_failure(
-      "a misaligned atomic",
-      [] {
-        unsigned cells[4] = {};
-        cuda_double::launch(&misaligned, dim3(1), dim3(1), 0, nullptr, cells);
-        run_queue();
-      },
-      {"atomicAdd on the misaligned address"});
+  expect_failure("different warp operations under one mask",
+                 [] {
+                   std::vector<int> out(32);
+                   cuda_double::launch(&mismatched_warp_ops, dim3(1), dim3(32), 0, nullptr, out.data());
+                   run_queue();
+                 },
+                 {"waits at __ballot_sync(mask 0xffffffff)", "which waits at __any_sync(mask 0xffffffff)"});
+  expect_failure("a mask without the caller's lane",
+                 [] {
+                   std::vector<int> out(32);
+                   cuda_double::launch(&mask_without_self, dim3(1), dim3(32), 0, nullptr, out.data());
+                   run_queue();
+                 },
+                 {"thread 0 calls __ballot_sync with mask 0xfffffffe, which does not name its own lane 0"});
+  expect_failure("__syncthreads_or against __syncthreads",
+                 [] {
+                   std::vector<int> out(1);
+                   cuda_double::launch(&mixed_barriers, dim3(1), dim3(64), 0, nullptr, out.data());
+                   run_queue();
+                 },
+                 {"different kinds"});
+  expect_failure("dynamic shared memory",
+                 [] {
+                   std::vector<int> out(1);
+                   cuda_double::launch(&exit_early, dim3(1), dim3(64), 128, nullptr, out.data());
+                 },
+                 {"128 bytes of dynamic shared memory"});
+  expect_failure("a misaligned atomic",
+                 [] {
+                   unsigned cells[4] = {};
+                   cuda_double::launch(&misaligned, dim3(1), dim3(1), 0, nullptr, cells);
+                   run_queue();
+                 },
+                 {"atomicAdd on the misaligned address"});
   {
     const auto [status, err] = in_child([] {
       unsigned finished = 0, queued_after = 0;

@@ -155,30 +155,30 @@ std::string head_what(cudaStream_t s) {
 }
 cudaStream_t new_stream() { return new CUstream_st; }
 
-#define CHECK(cond)                                                                    \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
       std::fprintf(stderr, "CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                                        \
-    }                                                                                  \
+      return 1;                                                                       \
+    }                                                                                 \
   } while (0)
 
-#define NCHECK(call)                                                                                     \
-  do {                                                                                                   \
-    const ncclResult_t r_ = (call);                                                                      \
-    if (r_ != ncclSuccess) {                                                                             \
+#define NCHECK(call)                                                                                      \
+  do {                                                                                                    \
+    const ncclResult_t r_ = (call);                                                                       \
+    if (r_ != ncclSuccess) {                                                                              \
       std::fprintf(stderr, "%s:%d: %s returned %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
-      return 1;                                                                                          \
-    }                                                                                                    \
+      return 1;                                                                                           \
+    }                                                                                                     \
   } while (0)
 
-#define EXPECT_RESULT(call, want)                                                                                \
-  do {                                                                                                           \
-    const ncclResult_t r_ = (call);                                                                              \
-    if (r_ != (want)) {                                                                                          \
+#define EXPECT_RESULT(call, want)                                                                                  \
+  do {                                                                                                             \
+    const ncclResult_t r_ = (call);                                                                                \
+    if (r_ != (want)) {                                                                                            \
       std::fprintf(stderr, "%s:%d: %s returned %d, expected %d\n", __FILE__, __LINE__, #call, int(r_), int(want)); \
-      return 1;                                                                                                  \
-    }                                                                                                            \
+      return 1;                                                                                                    \
+    }                                                                                                              \
   } while (0)
 
 // Polls ncclCommGetAsyncError until it is not ncclInProgress (10 s at most); returns the state.
@@ -312,8 +312,8 @@ void show(const std::vector<child>& cs) {
 // ---------------------------------------------------------------------------------------
 // Values and the reference reductions.
 
-const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUint32,  ncclInt64,
-                                 ncclUint64,  ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16};
+const ncclDataType_t kTypes[] = {ncclInt8,   ncclUint8,   ncclInt32,   ncclUint32,  ncclInt64,
+                                 ncclUint64, ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16};
 const ncclRedOp_t kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
 
 std::size_t tsize(ncclDataType_t t) {
@@ -355,8 +355,8 @@ double value(ncclDataType_t t, ncclRedOp_t op, int r, std::size_t i) {
     return double(k);
   }
   if (op == ncclProd) return 1.0 + double(k) / 128.0;  // [0.625, 1.375], multiples of 2^-7
-  if (t == ncclBfloat16) return double(k) * 1.3125;     // multiples of 2^-4, |x| <= 63
-  return double(k) * 1.328125;                          // multiples of 2^-6, |x| <= 64
+  if (t == ncclBfloat16) return double(k) * 1.3125;    // multiples of 2^-4, |x| <= 63
+  return double(k) * 1.328125;                         // multiples of 2^-6, |x| <= 64
 }
 
 // Writes value(t, op, r, i) in type t at element i of p.
@@ -512,8 +512,8 @@ std::string first_diff(const std::vector<std::byte>& got, const std::vector<std:
   for (std::size_t i = 0; i < want.size(); ++i)
     if (got[i] != want[i]) {
       char buf[160];
-      std::snprintf(buf, sizeof buf, "element %zu (byte %zu): got 0x%02x, want 0x%02x", i / ts, i,
-                    unsigned(got[i]), unsigned(want[i]));
+      std::snprintf(buf, sizeof buf, "element %zu (byte %zu): got 0x%02x, want 0x%02x", i / ts, i, unsigned(got[i]),
+                    unsigned(want[i]));
       return buf;
     }
   return {};
@@ -648,7 +648,7 @@ int conversions(int rank, const ncclUniqueId& id) {
       const auto h = std::uint16_t(i);
       std::uint16_t want = h;
       if ((h & exp_mask) == exp_mask && (h & ~exp_mask & 0x7fff)) want = 0x7fff;  // NaN
-      if (h == 0x8000) want = 0;                                                // -0 + +0
+      if (h == 0x8000) want = 0;                                                  // -0 + +0
       if (v[i] != want) {
         std::fprintf(stderr, "type %d: 0x%04x + 0 gave 0x%04x, want 0x%04x\n", int(t), unsigned(h), unsigned(v[i]),
                      unsigned(want));
@@ -662,14 +662,14 @@ int conversions(int rank, const ncclUniqueId& id) {
     std::uint16_t a, b, want;
   };
   const edge edges[] = {
-      {ncclFloat16, 0x7bff, 0x4c00, 0x7c00},  // 65504 + 16 = 65520: halfway, ties to even: inf
-      {ncclFloat16, 0x7bff, 0x4bff, 0x7bff},  // 65504 + 15.99: below halfway
-      {ncclFloat16, 0x3c00, 0x1000, 0x3c00},  // 1 + 2^-11: tie, to even (1)
-      {ncclFloat16, 0x3c01, 0x1000, 0x3c02},  // (1 + 2^-10) + 2^-11: tie, to even (up)
-      {ncclFloat16, 0x0001, 0x0001, 0x0002},  // subnormals
-      {ncclFloat16, 0x03ff, 0x0001, 0x0400},  // largest subnormal + smallest: smallest normal
-      {ncclFloat16, 0x7c00, 0xfc00, 0x7fff},  // inf + -inf: NaN
-      {ncclFloat16, 0xc000, 0x4000, 0x0000},  // -2 + 2 = +0
+      {ncclFloat16, 0x7bff, 0x4c00, 0x7c00},   // 65504 + 16 = 65520: halfway, ties to even: inf
+      {ncclFloat16, 0x7bff, 0x4bff, 0x7bff},   // 65504 + 15.99: below halfway
+      {ncclFloat16, 0x3c00, 0x1000, 0x3c00},   // 1 + 2^-11: tie, to even (1)
+      {ncclFloat16, 0x3c01, 0x1000, 0x3c02},   // (1 + 2^-10) + 2^-11: tie, to even (up)
+      {ncclFloat16, 0x0001, 0x0001, 0x0002},   // subnormals
+      {ncclFloat16, 0x03ff, 0x0001, 0x0400},   // largest subnormal + smallest: smallest normal
+      {ncclFloat16, 0x7c00, 0xfc00, 0x7fff},   // inf + -inf: NaN
+      {ncclFloat16, 0xc000, 0x4000, 0x0000},   // -2 + 2 = +0
       {ncclBfloat16, 0x3f80, 0x3b80, 0x3f80},  // 1 + 2^-8: tie, to even (1)
       {ncclBfloat16, 0x3f81, 0x3b80, 0x3f82},  // (1 + 2^-7) + 2^-8: tie, up
       {ncclBfloat16, 0x7f7f, 0x7b00, 0x7f80},  // max + 2^119 (half an ulp): tie, to even: inf
@@ -704,7 +704,9 @@ std::size_t a2a_count(int r, int j, int n) {
   if ((r * 5 + j * 3) % 4 == 0) return 0;
   return std::size_t(r) * 1000 + std::size_t(j) * 37 + 1;
 }
-std::uint32_t a2a_value(int r, int j, std::size_t i) { return std::uint32_t(r) * 0x1000000u + std::uint32_t(j) * 0x10000u + std::uint32_t(i); }
+std::uint32_t a2a_value(int r, int j, std::size_t i) {
+  return std::uint32_t(r) * 0x1000000u + std::uint32_t(j) * 0x10000u + std::uint32_t(i);
+}
 
 // Sends and receives in groups: an uneven alltoallv with empty blocks (skipped on both
 // sides) and zero-count messages (matched), to self included; a ring mixed with a
@@ -1044,7 +1046,7 @@ int refused(int rank, const ncclUniqueId& id) {
   config.blocking = 0;
   ncclComm_t first = nullptr;
   EXPECT_RESULT(ncclCommInitRankConfig(&first, 2, id, 0, &config), ncclInProgress);
-  EXPECT_RESULT(ncclCommInitRank(&comm, 3, id, 1), ncclInvalidArgument);               // 3 ranks, not 2
+  EXPECT_RESULT(ncclCommInitRank(&comm, 3, id, 1), ncclInvalidArgument);              // 3 ranks, not 2
   EXPECT_RESULT(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclInvalidUsage);  // rank 0 again
   NCHECK(ncclCommAbort(first));
   // Two streams for one communicator in a group.
@@ -1129,12 +1131,21 @@ bool expect_all_ok(const char* name, int n, const std::function<int(int, const n
 
 int main(int argc, char** argv) {
   const std::vector<scenario> scenarios = {
-      {"collectives, 2 ranks", [] { return expect_all_ok("collectives", 2, [](int r, const ncclUniqueId& id) { return collectives(r, id, 2); }); }},
-      {"collectives, 4 ranks", [] { return expect_all_ok("collectives", 4, [](int r, const ncclUniqueId& id) { return collectives(r, id, 4); }); }},
+      {"collectives, 2 ranks",
+       [] {
+         return expect_all_ok("collectives", 2, [](int r, const ncclUniqueId& id) { return collectives(r, id, 2); });
+       }},
+      {"collectives, 4 ranks",
+       [] {
+         return expect_all_ok("collectives", 4, [](int r, const ncclUniqueId& id) { return collectives(r, id, 4); });
+       }},
       {"fp16/bf16 conversions", [] { return expect_all_ok("conversions", 2, conversions); }},
-      {"send/recv groups, 2 ranks", [] { return expect_all_ok("p2p", 2, [](int r, const ncclUniqueId& id) { return p2p(r, id, 2); }); }},
-      {"send/recv groups, 3 ranks", [] { return expect_all_ok("p2p", 3, [](int r, const ncclUniqueId& id) { return p2p(r, id, 3); }); }},
-      {"send/recv groups, 4 ranks", [] { return expect_all_ok("p2p", 4, [](int r, const ncclUniqueId& id) { return p2p(r, id, 4); }); }},
+      {"send/recv groups, 2 ranks",
+       [] { return expect_all_ok("p2p", 2, [](int r, const ncclUniqueId& id) { return p2p(r, id, 2); }); }},
+      {"send/recv groups, 3 ranks",
+       [] { return expect_all_ok("p2p", 3, [](int r, const ncclUniqueId& id) { return p2p(r, id, 3); }); }},
+      {"send/recv groups, 4 ranks",
+       [] { return expect_all_ok("p2p", 4, [](int r, const ncclUniqueId& id) { return p2p(r, id, 4); }); }},
       {"collective mismatch",
        [] {
          const auto cs = run_ranks(2, mismatch_collective);
@@ -1169,7 +1180,8 @@ int main(int argc, char** argv) {
          if (!ok) show(cs);
          return ok;
        }},
-      {"per-thread stream, blocking", [] { return expect_all_ok("per-thread blocking", 2, per_thread_stream_blocking); }},
+      {"per-thread stream, blocking",
+       [] { return expect_all_ok("per-thread blocking", 2, per_thread_stream_blocking); }},
       {"abort from one rank",
        [] {
          const auto cs = run_ranks(2, abort_peer);
@@ -1184,7 +1196,8 @@ int main(int argc, char** argv) {
       {"two threads on one communicator",
        [] {
          const auto cs = run_ranks(1, two_threads);
-         const bool ok = cs[0].aborted() && contains(cs[0].err, "gravac CUDA double: ncclAllReduce on NCCL rank 0 of 1") &&
+         const bool ok = cs[0].aborted() &&
+                         contains(cs[0].err, "gravac CUDA double: ncclAllReduce on NCCL rank 0 of 1") &&
                          contains(cs[0].err, "one thread per communicator");
          if (!ok) show(cs);
          return ok;
@@ -1199,8 +1212,8 @@ int main(int argc, char** argv) {
       {"memory checked when the operation runs",
        [] {
          const auto cs = run_ranks(1, freed_before_run);
-         const bool ok = cs[0].aborted() &&
-                         contains(cs[0].err, "gravac CUDA double: ncclAllReduce's sendbuff (NCCL rank 0 of 1)");
+         const bool ok =
+             cs[0].aborted() && contains(cs[0].err, "gravac CUDA double: ncclAllReduce's sendbuff (NCCL rank 0 of 1)");
          if (!ok) show(cs);
          return ok;
        }},

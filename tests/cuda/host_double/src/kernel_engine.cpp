@@ -22,6 +22,7 @@
 // per round one Fisher-Yates shuffle of the runnable threads. Under AddressSanitizer or
 // ThreadSanitizer the switches are announced to the sanitizer.
 
+#include <cxxabi.h>
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -35,7 +36,6 @@
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <cxxabi.h>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -154,20 +154,20 @@ struct rng {
 enum class lane_state : std::uint8_t { runnable, at_block, at_warp, done };
 
 struct lane {
-  bctx::fiber fib;                        // the suspended fiber (empty while it runs or once done)
-  uint3 tid{0, 0, 0};                     // threadIdx
-  std::uint16_t index = 0;                // linear index in the block
+  bctx::fiber fib;          // the suspended fiber (empty while it runs or once done)
+  uint3 tid{0, 0, 0};       // threadIdx
+  std::uint16_t index = 0;  // linear index in the block
   lane_state state = lane_state::runnable;
   sync_kind kind = sync_kind::syncthreads;
-  unsigned mask = 0;                      // a warp operation's mask (limited to the warp's lanes)
-  int width = 32;                         // a shuffle's width
-  std::int64_t arg = 0;                   // a shuffle's source lane, delta or lane mask
-  std::uint64_t value = 0;                // the posted operand (or predicate)
-  std::uint64_t result = 0;               // what the operation returns to this lane
-  bctx::stack_context stack{};            // the fiber's stack
-  bool started = false;                   // the fiber has run
-  void* asan_fake = nullptr;              // AddressSanitizer's fake stack of the parked fiber
-  void* tsan_fiber = nullptr;             // ThreadSanitizer's fiber
+  unsigned mask = 0;            // a warp operation's mask (limited to the warp's lanes)
+  int width = 32;               // a shuffle's width
+  std::int64_t arg = 0;         // a shuffle's source lane, delta or lane mask
+  std::uint64_t value = 0;      // the posted operand (or predicate)
+  std::uint64_t result = 0;     // what the operation returns to this lane
+  bctx::stack_context stack{};  // the fiber's stack
+  bool started = false;         // the fiber has run
+  void* asan_fake = nullptr;    // AddressSanitizer's fake stack of the parked fiber
+  void* tsan_fiber = nullptr;   // ThreadSanitizer's fiber
 };
 
 struct engine {
@@ -182,13 +182,13 @@ struct engine {
   // The block.
   unsigned nthreads = 0, nwarps = 0;
   std::vector<lane> lanes;
-  std::vector<std::uint16_t> runnable;  // released by the round's end, to run next round
-  std::vector<std::uint16_t> order;     // the round being run
-  std::array<unsigned, 32> warp_waiting{};  // lanes of each warp at a warp operation (not activemask)
+  std::vector<std::uint16_t> runnable;        // released by the round's end, to run next round
+  std::vector<std::uint16_t> order;           // the round being run
+  std::array<unsigned, 32> warp_waiting{};    // lanes of each warp at a warp operation (not activemask)
   std::array<unsigned, 32> active_waiting{};  // lanes of each warp at __activemask()
   unsigned at_block = 0, done = 0;
-  lane* cur = nullptr;  // the running device thread
-  bctx::fiber sched;    // the scheduler, while a device thread runs
+  lane* cur = nullptr;                 // the running device thread
+  bctx::fiber sched;                   // the scheduler, while a device thread runs
   const void* sched_bottom = nullptr;  // the scheduler's stack, for the sanitizers
   std::size_t sched_size = 0;
   void* sched_fake = nullptr;
@@ -328,25 +328,41 @@ std::string dims(dim3 v) {
 
 const char* op_name(sync_kind k) {
   switch (k) {
-    case sync_kind::syncthreads: return "__syncthreads";
-    case sync_kind::syncthreads_or: return "__syncthreads_or";
-    case sync_kind::syncthreads_and: return "__syncthreads_and";
-    case sync_kind::syncthreads_count: return "__syncthreads_count";
-    case sync_kind::syncwarp: return "__syncwarp";
-    case sync_kind::activemask: return "__activemask";
-    case sync_kind::shfl_idx: return "__shfl_sync";
-    case sync_kind::shfl_up: return "__shfl_up_sync";
-    case sync_kind::shfl_down: return "__shfl_down_sync";
-    case sync_kind::shfl_xor: return "__shfl_xor_sync";
-    case sync_kind::ballot: return "__ballot_sync";
-    case sync_kind::all: return "__all_sync";
-    case sync_kind::any: return "__any_sync";
+    case sync_kind::syncthreads:
+      return "__syncthreads";
+    case sync_kind::syncthreads_or:
+      return "__syncthreads_or";
+    case sync_kind::syncthreads_and:
+      return "__syncthreads_and";
+    case sync_kind::syncthreads_count:
+      return "__syncthreads_count";
+    case sync_kind::syncwarp:
+      return "__syncwarp";
+    case sync_kind::activemask:
+      return "__activemask";
+    case sync_kind::shfl_idx:
+      return "__shfl_sync";
+    case sync_kind::shfl_up:
+      return "__shfl_up_sync";
+    case sync_kind::shfl_down:
+      return "__shfl_down_sync";
+    case sync_kind::shfl_xor:
+      return "__shfl_xor_sync";
+    case sync_kind::ballot:
+      return "__ballot_sync";
+    case sync_kind::all:
+      return "__all_sync";
+    case sync_kind::any:
+      return "__any_sync";
     case sync_kind::reduce_add_u:
-    case sync_kind::reduce_add_i: return "__reduce_add_sync";
+    case sync_kind::reduce_add_i:
+      return "__reduce_add_sync";
     case sync_kind::reduce_min_u:
-    case sync_kind::reduce_min_i: return "__reduce_min_sync";
+    case sync_kind::reduce_min_i:
+      return "__reduce_min_sync";
     case sync_kind::reduce_max_u:
-    case sync_kind::reduce_max_i: return "__reduce_max_sync";
+    case sync_kind::reduce_max_i:
+      return "__reduce_max_sync";
   }
   return "?";
 }
@@ -461,8 +477,11 @@ void complete_warp_op(engine& e, unsigned w, unsigned m) {
   const sync_kind k = base[std::countr_zero(m)].kind;
   std::uint64_t r = 0;
   switch (k) {
-    case sync_kind::syncwarp: break;
-    case sync_kind::activemask: r = m; break;
+    case sync_kind::syncwarp:
+      break;
+    case sync_kind::activemask:
+      r = m;
+      break;
     case sync_kind::ballot:
     case sync_kind::all:
     case sync_kind::any: {
@@ -491,13 +510,21 @@ void complete_warp_op(engine& e, unsigned w, unsigned m) {
         }
         switch (k) {
           case sync_kind::reduce_add_u:
-          case sync_kind::reduce_add_i: acc += v; break;
-          case sync_kind::reduce_min_u: acc = v < acc ? v : acc; break;
-          case sync_kind::reduce_max_u: acc = v > acc ? v : acc; break;
+          case sync_kind::reduce_add_i:
+            acc += v;
+            break;
+          case sync_kind::reduce_min_u:
+            acc = v < acc ? v : acc;
+            break;
+          case sync_kind::reduce_max_u:
+            acc = v > acc ? v : acc;
+            break;
           case sync_kind::reduce_min_i:
             acc = static_cast<std::int32_t>(v) < static_cast<std::int32_t>(acc) ? v : acc;
             break;
-          default: acc = static_cast<std::int32_t>(v) > static_cast<std::int32_t>(acc) ? v : acc; break;
+          default:
+            acc = static_cast<std::int32_t>(v) > static_cast<std::int32_t>(acc) ? v : acc;
+            break;
         }
       }
       r = acc;
@@ -543,8 +570,8 @@ bool resolve_warp_ops(engine& e) {
         const lane& y = base[std::countr_zero(mm)];
         if (y.state == lane_state::done)
           fail_in_block(e, thread_name(e, y) + " (lane " + std::to_string(y.index % 32) + " of warp " +
-                               std::to_string(w) + ") returned while " + thread_name(e, x) + " and the other lanes of " +
-                               hex(x.mask) + " wait for it at " + where(x));
+                               std::to_string(w) + ") returned while " + thread_name(e, x) +
+                               " and the other lanes of " + hex(x.mask) + " wait for it at " + where(x));
         if (y.state != lane_state::at_warp || y.kind != x.kind || y.mask != x.mask) {
           complete = false;
           break;
@@ -841,9 +868,9 @@ bool check_launch(dim3 grid, dim3 block, std::size_t shared_bytes, const void* k
          " bytes of dynamic shared memory: the double supports only 0 (gravac declares its shared memory statically)");
   }
   const unsigned long long threads = static_cast<unsigned long long>(block.x) * block.y * block.z;
-  const bool ok = block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 && block.y <= 1024 &&
-                  block.z <= 64 && threads <= 1024 && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 &&
-                  grid.x <= 0x7fffffffu && grid.y <= 65535 && grid.z <= 65535;
+  const bool ok = block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 && block.y <= 1024 && block.z <= 64 &&
+                  threads <= 1024 && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x <= 0x7fffffffu &&
+                  grid.y <= 65535 && grid.z <= 65535;
   if (!ok) set_last_error(cudaErrorInvalidConfiguration);
   return ok;
 }
@@ -960,6 +987,4 @@ void misaligned_atomic(const void* p, std::size_t align, const char* what) {
 
 }  // namespace cuda_double::detail
 
-void __syncthreads() {
-  (void)::cuda_double::detail::block_sync(::cuda_double::detail::sync_kind::syncthreads, 0);
-}
+void __syncthreads() { (void)::cuda_double::detail::block_sync(::cuda_double::detail::sync_kind::syncthreads, 0); }

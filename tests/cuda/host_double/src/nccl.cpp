@@ -92,7 +92,7 @@ constexpr int kMaxRanks = 64;
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kSlotBytes = std::size_t{256} << 10;  // one chunk of a collective
 constexpr std::size_t kChanBytes = std::size_t{128} << 10;  // one chunk of a send
-constexpr u64 kChunkBits = 24;                                 // tag = q << 24 | chunk
+constexpr u64 kChunkBits = 24;                              // tag = q << 24 | chunk
 constexpr u64 kMaxChunks = u64{1} << kChunkBits;
 constexpr u64 kSegMagic = 0x67726176616e6363ull;
 constexpr char kIdMagic[] = "gravac-nccl-double/1 ";
@@ -140,7 +140,8 @@ constexpr std::size_t round_up(std::size_t a, std::size_t b) { return (a + b - 1
 constexpr std::size_t kHeaderRegion = round_up(sizeof(seg_header), kPage);
 constexpr std::size_t kSlotStride = kPage + kSlotBytes;
 constexpr std::size_t kChanStride = kPage + kChanBytes;
-constexpr std::size_t kSegBytes = kHeaderRegion + kMaxRanks * kSlotStride + std::size_t{kMaxRanks} * kMaxRanks * kChanStride;
+constexpr std::size_t kSegBytes =
+    kHeaderRegion + kMaxRanks * kSlotStride + std::size_t{kMaxRanks} * kMaxRanks * kChanStride;
 static_assert(sizeof(slot_header) <= kPage && sizeof(chan_header) <= kPage);
 
 template <class T>
@@ -218,8 +219,8 @@ std::size_t type_size(int t) {
 }
 
 std::string type_name(int t) {
-  static const char* const names[] = {"ncclInt8",    "ncclUint8",   "ncclInt32",   "ncclUint32",  "ncclInt64",
-                                      "ncclUint64",  "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16"};
+  static const char* const names[] = {"ncclInt8",   "ncclUint8",   "ncclInt32",   "ncclUint32",  "ncclInt64",
+                                      "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16"};
   return valid_type(t) ? names[t] : "datatype " + std::to_string(t);
 }
 
@@ -229,9 +230,9 @@ std::string op_name(int o) {
 }
 
 const char* result_name(int r) {
-  static const char* const names[] = {"ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError",
-                                      "ncclInternalError",   "ncclInvalidArgument",    "ncclInvalidUsage",
-                                      "ncclRemoteError",     "ncclInProgress"};
+  static const char* const names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                                      "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                                      "ncclRemoteError",   "ncclInProgress"};
   return r >= 0 && r < 8 ? names[r] : "unknown ncclResult_t";
 }
 
@@ -272,9 +273,9 @@ struct fmt16 {
     int e = 0;
     (void)std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1): the binade's exponent is e - 1
     int ex = std::max(e - 1, emin);
-    u64 r = static_cast<u64>(std::nearbyint(std::ldexp(a, M - ex)));  // significand in ulps, RNE
+    u64 r = static_cast<u64>(std::nearbyint(std::ldexp(a, M - ex)));         // significand in ulps, RNE
     if (ex == emin && r < (u64{1} << M)) return static_cast<u16>(sign | r);  // subnormal or zero
-    if (r == (u64{1} << (M + 1))) {                                             // rounded up a binade
+    if (r == (u64{1} << (M + 1))) {                                          // rounded up a binade
       r >>= 1;
       ++ex;
     }
@@ -526,7 +527,7 @@ struct comm_state {
   int n = 1;
   bool blocking = true;
 
-  std::mutex mu;  // guards the counters and pending
+  std::mutex mu;      // guards the counters and pending
   u64 next_q = 0;     // collectives issued (numbered from 1)
   u64 coll_done = 0;  // collectives complete, in order
   std::vector<u64> next_send, next_recv, send_done, recv_done;
@@ -1012,13 +1013,12 @@ class nccl_op final : public cuda_double::stream_op {
   int refused(const p2p_task& t, chan_header& ch) {
     comm_state& c = *s_;
     const int peer = t.c.root;
-    c.set_error(ncclInvalidUsage,
-                "the " + ordinal(t.seq) + " ncclSend from rank " + std::to_string(c.rank) + " to rank " +
-                    std::to_string(peer) + " (" + std::to_string(t.c.count) + " x " + type_name(t.c.dtype) +
-                    ") does not match rank " + std::to_string(peer) + "'s " +
-                    ordinal(at(ch.rseq).load(std::memory_order_acquire)) + " ncclRecv from rank " +
-                    std::to_string(c.rank) + " (" + std::to_string(ch.rcount) + " x " + type_name(int(ch.rdtype)) +
-                    ")");
+    c.set_error(ncclInvalidUsage, "the " + ordinal(t.seq) + " ncclSend from rank " + std::to_string(c.rank) +
+                                      " to rank " + std::to_string(peer) + " (" + std::to_string(t.c.count) + " x " +
+                                      type_name(t.c.dtype) + ") does not match rank " + std::to_string(peer) + "'s " +
+                                      ordinal(at(ch.rseq).load(std::memory_order_acquire)) + " ncclRecv from rank " +
+                                      std::to_string(c.rank) + " (" + std::to_string(ch.rcount) + " x " +
+                                      type_name(int(ch.rdtype)) + ")");
     return -1;
   }
 
@@ -1052,12 +1052,12 @@ class nccl_op final : public cuda_double::stream_op {
         ch.rdtype = u64(t.c.dtype);
         at(ch.rseq).store(t.seq, std::memory_order_relaxed);
         at(ch.refused).store(1, std::memory_order_release);
-        c.set_error(ncclInvalidUsage,
-                    "the " + ordinal(t.seq) + " ncclRecv of rank " + std::to_string(c.rank) + " from rank " +
-                        std::to_string(peer) + " (" + std::to_string(t.c.count) + " x " + type_name(t.c.dtype) +
-                        ") does not match rank " + std::to_string(peer) + "'s " + ordinal(ch.seq) +
-                        " ncclSend to rank " + std::to_string(c.rank) + " (" + std::to_string(ch.count) + " x " +
-                        type_name(int(ch.dtype)) + ")");
+        c.set_error(ncclInvalidUsage, "the " + ordinal(t.seq) + " ncclRecv of rank " + std::to_string(c.rank) +
+                                          " from rank " + std::to_string(peer) + " (" + std::to_string(t.c.count) +
+                                          " x " + type_name(t.c.dtype) + ") does not match rank " +
+                                          std::to_string(peer) + "'s " + ordinal(ch.seq) + " ncclSend to rank " +
+                                          std::to_string(c.rank) + " (" + std::to_string(ch.count) + " x " +
+                                          type_name(int(ch.dtype)) + ")");
         return -1;
       }
       const u64 off = t.k * kChanBytes, len = std::min<u64>(kChanBytes, t.bytes - off);
@@ -1101,7 +1101,9 @@ class worker {
   worker& operator=(const worker&) = delete;
   ~worker() { shutdown(); }
 
-  void start() { thread_ = std::thread([this] { run(); }); }
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
   void post(std::function<void()> job) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -1247,9 +1249,9 @@ ncclResult_t drain_pending(comm_state& c, const char* why) {
     for (cudaStream_t st : streams) {
       const cudaError_t e = cuda_double::synchronize_stream(st, why);
       if (e != cudaSuccess) {
-        c.set_error(ncclUnhandledCudaError,
-                    std::string(why) + ": waiting for this rank's NCCL operations failed with CUDA error " +
-                        std::to_string(int(e)));
+        c.set_error(ncclUnhandledCudaError, std::string(why) +
+                                                ": waiting for this rank's NCCL operations failed with CUDA error " +
+                                                std::to_string(int(e)));
         return ncclUnhandledCudaError;
       }
     }
@@ -1392,7 +1394,8 @@ ncclResult_t arg_error(ncclComm* h, const std::string& msg) {
 
 ncclResult_t check_args(const call_rec& rec, const char* fn) {
   comm_state& c = *rec.comm->s;
-  if (!valid_type(rec.dtype)) return arg_error(rec.comm, std::string(fn) + ": invalid type " + std::to_string(rec.dtype));
+  if (!valid_type(rec.dtype))
+    return arg_error(rec.comm, std::string(fn) + ": invalid type " + std::to_string(rec.dtype));
   if (has_op(u32(rec.k)) && !valid_op(rec.op))
     return arg_error(rec.comm, std::string(fn) + ": invalid reduction operation " + std::to_string(rec.op));
   if (rec.root < 0 || rec.root >= c.n)
@@ -1400,10 +1403,13 @@ ncclResult_t check_args(const call_rec& rec, const char* fn) {
                                    std::to_string(rec.root) + " (should be in 0.." + std::to_string(c.n - 1) + ")");
   const u64 bytes = u64(rec.count) * type_size(rec.dtype) * (rec.k == kind::reducescatter ? u64(c.n) : 1);
   if (rec.count > (u64{1} << 56) || chunks_for(bytes, is_collective(rec.k) ? kSlotBytes : kChanBytes) >= kMaxChunks)
-    return arg_error(rec.comm, std::string(fn) + ": count " + std::to_string(rec.count) + " is too large for the double");
+    return arg_error(rec.comm,
+                     std::string(fn) + ": count " + std::to_string(rec.count) + " is too large for the double");
   if (rec.count == 0) return ncclSuccess;
-  const bool needs_send = rec.k == kind::send || (is_collective(rec.k) && (rec.k != kind::broadcast || c.rank == rec.root));
-  const bool needs_recv = rec.k == kind::recv || (is_collective(rec.k) && (rec.k != kind::reduce || c.rank == rec.root));
+  const bool needs_send =
+      rec.k == kind::send || (is_collective(rec.k) && (rec.k != kind::broadcast || c.rank == rec.root));
+  const bool needs_recv =
+      rec.k == kind::recv || (is_collective(rec.k) && (rec.k != kind::reduce || c.rank == rec.root));
   if (needs_send && !rec.send) return arg_error(rec.comm, std::string(fn) + ": sendbuff is NULL");
   if (needs_recv && !rec.recv) return arg_error(rec.comm, std::string(fn) + ": recvbuff is NULL");
   // NCCL's pointer check (NCCL_CHECK_POINTERS): device, managed or pinned host memory only.
@@ -1608,8 +1614,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   return init(comm, nranks, commId, rank, nullptr, "ncclCommInitRank");
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
-                                    ncclConfig_t* config) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
   return init(comm, nranks, commId, rank, config, "ncclCommInitRankConfig");
 }
 
@@ -1636,7 +1641,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
       comm->ph = comm->ph == phase::joining ? phase::ready : phase::finalized;
       *asyncError = ncclResult_t(comm->job_result.load());
       if (*asyncError != ncclSuccess && c.error.load() == ncclSuccess)
-        c.set_error(*asyncError, comm->ph == phase::ready ? "joining the communicator failed" : "ncclCommFinalize failed");
+        c.set_error(*asyncError,
+                    comm->ph == phase::ready ? "joining the communicator failed" : "ncclCommFinalize failed");
       break;
     case phase::deferred: {
       // The first poll after a non-blocking call reports it in progress; the next one has
@@ -1814,8 +1820,8 @@ const char* ncclGetLastError(ncclComm_t comm) {
   return copy.c_str();
 }
 
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
   return record({kind::allreduce, sendbuff, recvbuff, count, datatype, op, 0, stream, comm}, "ncclAllReduce");
 }
 
@@ -1831,8 +1837,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-  return record({kind::allgather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, stream, comm},
-                "ncclAllGather");
+  return record({kind::allgather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, stream, comm}, "ncclAllGather");
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,

@@ -102,8 +102,8 @@ CUstream_st* resolve_stream(cudaStream_t h) {
   if (h == cudaStreamPerThread) {
     if (!per_thread_stream) {
       static std::atomic<int> n{0};
-      per_thread_stream = make_stream(false, true, "the per-thread default stream of OS thread #" +
-                                                       std::to_string(n++));
+      per_thread_stream =
+          make_stream(false, true, "the per-thread default stream of OS thread #" + std::to_string(n++));
     }
     return per_thread_stream;
   }
@@ -364,8 +364,7 @@ void retire(std::uintptr_t base, std::string how) {
 cudaError_t check_free(void* p, mem_kind kind, const char* who) {
   std::lock_guard lk(mem_lock());
   allocation* al = find_locked(reinterpret_cast<std::uintptr_t>(p));
-  if (!al || al->base != reinterpret_cast<std::uintptr_t>(p) || al->kind != kind)
-    return cudaErrorInvalidValue;
+  if (!al || al->base != reinterpret_cast<std::uintptr_t>(p) || al->kind != kind) return cudaErrorInvalidValue;
   if (al->state == mem_state::freed) fail(std::string(who) + " of memory already freed: " + describe(*al, al->base));
   return cudaSuccess;
 }
@@ -406,7 +405,8 @@ struct copy_op final : stream_op {
   std::size_t bytes;
   std::vector<unsigned char> staged;  // a pageable source, copied at the call
   bool dst_device, src_device;
-  copy_op(void* d, const void* s, std::size_t n, bool dd, bool sd) : dst(d), src(s), bytes(n), dst_device(dd), src_device(sd) {}
+  copy_op(void* d, const void* s, std::size_t n, bool dd, bool sd)
+      : dst(d), src(s), bytes(n), dst_device(dd), src_device(sd) {}
   bool poll() override {
     if (dst_device) check_device_range(dst, bytes, "cudaMemcpyAsync's destination");
     if (src_device) check_device_range(src, bytes, "cudaMemcpyAsync's source");
@@ -478,8 +478,9 @@ cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemc
     position = target->enqueued;
   }
   if (synchronous || d == where::pageable)
-    return wait_until(target, position,
-                      synchronous ? "cudaMemcpy" : "cudaMemcpyAsync into pageable host memory (it returns only when done)");
+    return wait_until(
+        target, position,
+        synchronous ? "cudaMemcpy" : "cudaMemcpyAsync into pageable host memory (it returns only when done)");
   return cudaSuccess;
 }
 

@@ -24,6 +24,8 @@
 //   CUDA's, it keeps the values of the previous block (CUDA leaves it undefined).
 // - The seed of all of this is cuda_double::next_seed(), taken once per launch.
 
+#include <math.h>  // NOLINT: ::isfinite, ::fabsf, ... unqualified in device code, as CUDA has them
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -33,7 +35,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <math.h>  // NOLINT: ::isfinite, ::fabsf, ... unqualified in device code, as CUDA has them
 #include <memory>
 #include <string>
 #include <tuple>
@@ -131,12 +132,12 @@ std::uint64_t warp_sync(sync_kind k, unsigned mask, std::uint64_t value, std::in
 
 //! What the engine needs to know of a launch.
 struct launch_desc {
-  const void* kernel = nullptr;                 //!< the kernel's address (its name is looked up lazily)
-  const char* name = nullptr;                   //!< a name given at the launch, or null
-  const std::type_info* type = nullptr;         //!< the kernel's type, when no name is found
-  dim3 grid{1, 1, 1};                           //!< grid of blocks
-  dim3 block{1, 1, 1};                          //!< threads of a block
-  std::uint64_t seed = 0;                       //!< of the block order and the thread orders
+  const void* kernel = nullptr;          //!< the kernel's address (its name is looked up lazily)
+  const char* name = nullptr;            //!< a name given at the launch, or null
+  const std::type_info* type = nullptr;  //!< the kernel's type, when no name is found
+  dim3 grid{1, 1, 1};                    //!< grid of blocks
+  dim3 block{1, 1, 1};                   //!< threads of a block
+  std::uint64_t seed = 0;                //!< of the block order and the thread orders
 };
 
 //! "kernel NAME<<<grid, block>>>" (the name from the launch, the executable's symbol table
@@ -239,8 +240,7 @@ namespace cuda_double {
 //! queues nothing. \p shared_bytes must be 0 (no dynamic shared memory in the double:
 //! anything else is reported by fail()).
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
-            A&&... args) {
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream, A&&... args) {
   detail::launch_impl(nullptr, kernel, grid, block, shared_bytes, stream, std::forward<A>(args)...);
 }
 
@@ -354,10 +354,10 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 // Atomics: on any address (global or shared), through std::atomic_ref (kernels of other
 // OS threads may run at the same time). Each returns the old value. A misaligned address
 // is reported by fail().
-#define CUDA_DOUBLE_ATOMIC_RMW(name, T, expr)                   \
-  inline T name(T* address, T val) {                            \
-    auto r = ::cuda_double::detail::atomic_at(address, #name);  \
-    return expr;                                                \
+#define CUDA_DOUBLE_ATOMIC_RMW(name, T, expr)                  \
+  inline T name(T* address, T val) {                           \
+    auto r = ::cuda_double::detail::atomic_at(address, #name); \
+    return expr;                                               \
   }
 CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, int, r.fetch_add(val))
 CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, unsigned, r.fetch_add(val))
@@ -508,10 +508,18 @@ inline I to_int(F x, rounding m) {
   if (x != x) return 0;
   F r;
   switch (m) {
-    case rounding::rn: r = std::nearbyint(x); break;
-    case rounding::rz: r = std::trunc(x); break;
-    case rounding::ru: r = std::ceil(x); break;
-    default: r = std::floor(x); break;
+    case rounding::rn:
+      r = std::nearbyint(x);
+      break;
+    case rounding::rz:
+      r = std::trunc(x);
+      break;
+    case rounding::ru:
+      r = std::ceil(x);
+      break;
+    default:
+      r = std::floor(x);
+      break;
   }
   // I's limits as F: the minimum (0 or -2^(bits-1)) and 2^bits or 2^(bits-1) are exact.
   const F lo = static_cast<F>(std::numeric_limits<I>::min());
@@ -522,11 +530,19 @@ inline I to_int(F x, rounding m) {
 }
 }  // namespace cuda_double::detail
 
-#define CUDA_DOUBLE_CONVERSIONS(prefix, From, To, Wide)                                                        \
-  inline To prefix##_rn(From x) { return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::rn); } \
-  inline To prefix##_rz(From x) { return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::rz); } \
-  inline To prefix##_ru(From x) { return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::ru); } \
-  inline To prefix##_rd(From x) { return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::rd); }
+#define CUDA_DOUBLE_CONVERSIONS(prefix, From, To, Wide)                                        \
+  inline To prefix##_rn(From x) {                                                              \
+    return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::rn); \
+  }                                                                                            \
+  inline To prefix##_rz(From x) {                                                              \
+    return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::rz); \
+  }                                                                                            \
+  inline To prefix##_ru(From x) {                                                              \
+    return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::ru); \
+  }                                                                                            \
+  inline To prefix##_rd(From x) {                                                              \
+    return ::cuda_double::detail::round_dir<Wide, To>(x, ::cuda_double::detail::rounding::rd); \
+  }
 CUDA_DOUBLE_CONVERSIONS(__double2float, double, float, double)
 CUDA_DOUBLE_CONVERSIONS(__int2float, int, float, double)
 CUDA_DOUBLE_CONVERSIONS(__uint2float, unsigned, float, double)
@@ -535,11 +551,12 @@ CUDA_DOUBLE_CONVERSIONS(__ull2float, unsigned long long, float, long double)
 CUDA_DOUBLE_CONVERSIONS(__ll2double, long long, double, long double)
 CUDA_DOUBLE_CONVERSIONS(__ull2double, unsigned long long, double, long double)
 #undef CUDA_DOUBLE_CONVERSIONS
-static_assert(std::numeric_limits<long double>::digits >= 64, "the exact comparisons of 64-bit integers need x87's long double");
+static_assert(std::numeric_limits<long double>::digits >= 64,
+              "the exact comparisons of 64-bit integers need x87's long double");
 inline double __int2double_rn(int x) { return x; }
 inline double __uint2double_rn(unsigned x) { return x; }
 
-#define CUDA_DOUBLE_TO_INT(prefix, From, To)                                                                   \
+#define CUDA_DOUBLE_TO_INT(prefix, From, To)                                                                          \
   inline To prefix##_rn(From x) { return ::cuda_double::detail::to_int<To>(x, ::cuda_double::detail::rounding::rn); } \
   inline To prefix##_rz(From x) { return ::cuda_double::detail::to_int<To>(x, ::cuda_double::detail::rounding::rz); } \
   inline To prefix##_ru(From x) { return ::cuda_double::detail::to_int<To>(x, ::cuda_double::detail::rounding::ru); } \
@@ -668,7 +685,7 @@ inline void __stwt(T* p, T v) {
 }
 
 // min and max as CUDA's math_functions.hpp declares them (global, host and device).
-#define CUDA_DOUBLE_MINMAX(R, A, B)                         \
+#define CUDA_DOUBLE_MINMAX(R, A, B)                                                                                \
   inline R min(A a, B b) { return static_cast<R>(a) < static_cast<R>(b) ? static_cast<R>(a) : static_cast<R>(b); } \
   inline R max(A a, B b) { return static_cast<R>(a) < static_cast<R>(b) ? static_cast<R>(b) : static_cast<R>(a); }
 CUDA_DOUBLE_MINMAX(int, int, int)
