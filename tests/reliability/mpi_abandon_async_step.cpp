@@ -28,7 +28,11 @@ int main(int argc, char** argv) {
         g[i] = static_cast<float>((i * 7 + step * 13 + comm.rank()) % 29) - 14.0f;
       t.begin_step(std::span<float>(g));
       for (std::size_t l = lay.size(); l-- > 0;) {
-        if (step == 1 && comm.rank() == 1 && l == 2) throw std::runtime_error("injected failure in backward on rank 1");
+        if (step == 1 && comm.rank() == 1 && l == 2) {
+          // A failed check's report, as a test framework writes it (stdout, not flushed).
+          std::printf("rank 1 reports: injected failure in backward\n");
+          throw std::runtime_error("injected failure in backward on rank 1");
+        }
         t.ready(l);
       }
       t.finish();

@@ -22,6 +22,10 @@ namespace gravac::detail {
 //! Prints "gravac: rank R of N failed: what" to stderr (one write, so lines of several
 //! ranks do not interleave) and aborts the job. Never returns.
 [[noreturn]] inline void abort_job(MPI_Comm comm, const char* what, int code) noexcept {
+  // What the rank wrote before (a test framework's report of the check that failed) goes
+  // out first: where the launcher gives stdout a pipe it is fully buffered, and MPI_Abort
+  // ends the process without flushing it.
+  std::fflush(stdout);
   int rank = -1, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
