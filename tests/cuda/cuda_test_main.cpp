@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "catch_session.hpp"
+#include "sticky_error_listener.hpp"
 
 int main(int argc, char** argv) {
   int n = 0;

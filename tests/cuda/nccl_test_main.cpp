@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "catch_session.hpp"
+#include "sticky_error_listener.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
