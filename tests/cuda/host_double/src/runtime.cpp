@@ -855,6 +855,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (st().sticky != cudaSuccess) return st().sticky;
   *e = new CUevent_st;
   (*e)->timing = (flags & cudaEventDisableTiming) == 0;
+  // Never freed (a stale handle stays detectable), but reachable: not a leak to LSan.
+  static auto* every_event = new std::vector<CUevent_st*>;
+  std::lock_guard lk(device_lock());
+  every_event->push_back(*e);
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
