@@ -583,14 +583,14 @@ class trainer {
     return skip_agreed(bad_layer_);
   }
 
-  // The synchronous step on a device: every bucket's compressor stream waits for one event
+  // The synchronous step on a device: the compressors' stream (every bucket's compressor
+  // has the same options, so the same stream; see first_compressor) waits for one event
   // recorded on the calling thread's per-thread default stream, which produced g (or
-  // follows the legacy stream that did), before its first kernel; the whole-gradient
-  // screening runs on the first bucket's. No host wait; nothing on the host. (The
-  // asynchronous step orders each bucket after its layers' events instead.)
+  // follows the legacy stream that did), before its first kernel. No host wait; nothing on
+  // the host. (The asynchronous step orders each bucket after its layers' events instead.)
   void order_buckets_after_caller() {
     events_.record_step();
-    for (const auto& s : buckets_) events_.wait_step(s->compressor);
+    events_.wait_step(first_compressor());
   }
 
   // The compressor whose stream orders a screening of the whole gradient (every bucket's
