@@ -36,7 +36,6 @@ class grad_view {
   grad_view() = default;
   //! A view of \p size floats at \p data.
   grad_view(float* data, std::size_t size) noexcept : data_(data), size_(size) {}
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! A view of a host span.
   grad_view(std::span<float> s) noexcept
@@ -55,7 +54,6 @@ class grad_view {
     return {data_ + l.offset, l.numel};
   }
 
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! Host access as a span (host spaces only).
   [[nodiscard]] std::span<float> span() const noexcept
@@ -80,6 +78,14 @@ template <class Space>
 struct storage_for {
   //! Owning buffer type.
   using type = std::vector<float>;
+};
+
+//! The growable byte buffer of memory space \p Space: what a host engine's allgatherv fills
+//! and what the collectives keep packets in (a backend specializes it for its own space).
+template <class Space>
+struct default_byte_buffer {
+  //! Host memory: a std::vector.
+  using type = std::vector<std::byte>;
 };
 
 }  // namespace gravac

@@ -26,16 +26,6 @@
 #include "gravac/detail/non_finite_ops.hpp"
 #include "gravac/error.hpp"
 
-// The CUDA side of the asynchronous step (detail::layer_events<cuda_space>) wherever nvcc
-// compiles (or the tests' host double of CUDA stands in for it), as a device trainer needs
-// it. The header is named through a macro so that the header checks (tests/headers), which
-// read the #include lines, keep this header in the backend-free group.
-#if defined(__CUDACC__) || defined(GRAVAC_CUDA_HOST_DOUBLE)
-#define GRAVAC_DETAIL_CUDA_LAYER_EVENTS "gravac/cuda/detail/layer_events.hpp"
-#include GRAVAC_DETAIL_CUDA_LAYER_EVENTS
-#undef GRAVAC_DETAIL_CUDA_LAYER_EVENTS
-#endif
-
 namespace gravac {
 
 //! What the trainer does when u = g + e (the gradient plus the error-feedback residual, as
@@ -140,7 +130,6 @@ class trainer {
     layer_ready_.assign(lay.size(), false);
   }
 
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! Runs one step on host gradients \p grads (the flat buffer of the layout): leaves the
   //! rank-averaged (compressed) gradient in place and returns the step's report.
@@ -188,7 +177,6 @@ class trainer {
     return complete_step();
   }
 
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! Starts an asynchronous step on host gradients \p grads (begin_step(grad_view)).
   void begin_step(std::span<float> grads)
@@ -249,7 +237,6 @@ class trainer {
     mark_ready_and_release(layer_index, detail::seconds_since(step_began_), false);
   }
 
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! Device memory: layer \p layer_index is final once the work queued so far on
   //! \p stream (a cudaStream_t or a stream_ref, the stream the caller's backward produced
@@ -351,7 +338,6 @@ class trainer {
     residual_zero_ = false;
     return {residual_.data(), residual_.size()};
   }
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! The error-feedback residual (host memory spaces).
   [[nodiscard]] std::span<const float> residual() const noexcept
@@ -360,7 +346,6 @@ class trainer {
     return {residual_.data(), residual_.size()};
   }
   // clang-format on
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! Mutable residual, for checkpoint restore (host memory spaces).
   [[nodiscard]] std::span<float> residual() noexcept

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
-#include "gravac/comm/nccl_communicator.hpp"
 #include "gravac/cuda/detail/launch.hpp"
+#include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"

@@ -15,9 +15,9 @@
 
 #include "cuda_test_util.hpp"
 #include "gravac/collective/compressed_allreduce.hpp"
-#include "gravac/comm/nccl_communicator.hpp"
 #include "gravac/compress/detail/half.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
+#include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
 #include "gravac/cuda/terngrad_cuda.hpp"
@@ -102,15 +102,15 @@ TEST_CASE("nccl_communicator::alltoallv: uneven and empty blocks, device and hos
 namespace {
 
 // One value of a piece of a host packet, as float (exact: 16-bit values widen exactly).
-float piece_value(const std::vector<std::byte>& packet, const gravac::detail::sum_piece& pc, std::size_t i) {
-  if (pc.type == gravac::detail::sum_type::f32) {
+float piece_value(const std::vector<std::byte>& packet, const gravac::sum_piece& pc, std::size_t i) {
+  if (pc.type == gravac::sum_type::f32) {
     float v;
     std::memcpy(&v, packet.data() + pc.offset + 4 * i, 4);
     return v;
   }
   std::uint16_t h;
   std::memcpy(&h, packet.data() + pc.offset + 2 * i, 2);
-  return pc.type == gravac::detail::sum_type::f16 ? gravac::detail::fp16_to_float(h) : gravac::detail::bf16_to_float(h);
+  return pc.type == gravac::sum_type::f16 ? gravac::detail::fp16_to_float(h) : gravac::detail::bf16_to_float(h);
 }
 
 // Steps compressed_allreduce<cast16_cuda> over NCCL and the host cast16 of every rank on
@@ -181,7 +181,7 @@ void check_cast16_path(gravac::cast16_format f, bool exact) {
     ca.aggregate(c, comm, buf, p, st, rep);
     REQUIRE(rep.collective == gravac::collective_kind::compressed_allreduce);
     const auto span = c.summed_pieces();
-    const std::vector<gravac::detail::sum_piece> pieces(span.begin(), span.end());
+    const std::vector<gravac::sum_piece> pieces(span.begin(), span.end());
     const auto got = to_host(g.data(), g.size());
     const auto res = to_host(e.data(), e.size());
     REQUIRE(
@@ -198,8 +198,8 @@ void check_cast16_path(gravac::cast16_format f, bool exact) {
       INFO("layer " << l.name);
       REQUIRE(pc.count == l.numel);
       const bool raw = layers[k] == raw_layer;
-      REQUIRE((pc.type == gravac::detail::sum_type::f32) == raw);
-      piece_bytes += static_cast<double>(pc.count * gravac::detail::sum_type_bytes(pc.type));
+      REQUIRE((pc.type == gravac::sum_type::f32) == raw);
+      piece_bytes += static_cast<double>(pc.count * gravac::sum_type_bytes(pc.type));
       const double u = raw ? std::ldexp(1.0, -24) : u16;
       const double sub = raw || f == gravac::cast16_format::bf16 ? 0.0 : std::ldexp(1.0, -25);
       for (std::size_t i = 0; i < pc.count; ++i) {

@@ -6,7 +6,7 @@
 #include "gravac/collective/allreduce_compatible.hpp"
 #include "gravac/collective/flexible.hpp"
 #include "gravac/comm/mpi_communicator.hpp"
-#include "gravac/network/simulated_network.hpp"
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;

@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac/comm/thread_communicator.hpp"
-#include "gravac/network/simulated_network.hpp"
 #include "gravac/trainer.hpp"
 #include "policy_test_util.hpp"
 

@@ -15,9 +15,9 @@
 
 #include "bucket_checks.hpp"
 #include "gravac/checkpoint.hpp"
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/topk.hpp"
-#include "gravac/network/simulated_network.hpp"
 
 using namespace gravac;
 

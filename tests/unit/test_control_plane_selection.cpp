@@ -7,10 +7,10 @@
 #include <map>
 
 #include "control_plane_checks.hpp"
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac/compress/randomk.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
-#include "gravac/network/simulated_network.hpp"
 
 using namespace gravac;
 

@@ -15,8 +15,8 @@
 #include <type_traits>
 
 #include "gravac/collective/flexible.hpp"
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac/detail/checkpoint_agreement.hpp"
-#include "gravac/network/simulated_network.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "gravac/collective/flexible.hpp"
-#include "gravac/network/simulated_network.hpp"
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;

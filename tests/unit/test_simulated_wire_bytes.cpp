@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "gravac/network/simulated_network.hpp"
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;

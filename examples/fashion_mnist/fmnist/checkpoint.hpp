@@ -31,7 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <gravac/atomic_file.hpp>
-#include <gravac/network/simulated_network.hpp>
+#include <gravac/comm/simulated_communicator.hpp>
 #include <optional>
 #include <span>
 #include <string>

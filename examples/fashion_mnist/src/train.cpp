@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <gravac/checkpoint.hpp>
-#include <gravac/network/simulated_network.hpp>
+#include <gravac/comm/simulated_communicator.hpp>
 #include <memory>
 #include <numeric>
 #include <optional>

@@ -20,12 +20,12 @@
 #include "gravac/collective/detail/shard_plan.hpp"
 #include "gravac/collective/detail/space_ops.hpp"
 #include "gravac/collective/detail/space_workspace.hpp"
-#include "gravac/collective/detail/sum_pieces.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/comm/communicator_ref.hpp"
+#include "gravac/comm/sum_piece.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/bucket_states.hpp"
 #include "gravac/detail/random.hpp"
+#include "gravac/memory.hpp"
 #include "gravac/network/wire_bytes.hpp"
 #include "gravac/packet/format.hpp"
 
@@ -95,7 +95,7 @@ concept DeviceShardableCompressor =
 
 //! Compressors whose packets a communicator can sum in place, piece by piece, in the
 //! values' own type: `summed_pieces()` lists where the last packet's values lie (a span
-//! of detail::sum_piece); everything else in the packet is the same on every rank.
+//! of sum_piece); everything else in the packet is the same on every rank.
 //! cast16_cuda is one (its 16-bit codes and its raw floats).
 template <class C>
 concept PieceSummableCompressor = Compressor<C> && requires(C& c) {
@@ -314,7 +314,7 @@ class compressed_allreduce {
     sent_ = true;  // w.packet keeps this rank's packet until the next step (return_sent reads it)
     const auto pieces = c.summed_pieces();
     double summed_bytes = 0;
-    for (const auto& pc : pieces) summed_bytes += static_cast<double>(pc.count * detail::sum_type_bytes(pc.type));
+    for (const auto& pc : pieces) summed_bytes += static_cast<double>(pc.count * sum_type_bytes(pc.type));
     r.compress_s = detail::seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
     comm.allreduce_sum_pieces(std::span<const std::byte>(w.packet.data(), bytes),

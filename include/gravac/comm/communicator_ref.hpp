@@ -8,18 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "gravac/collective/detail/sum_pieces.hpp"
+#include "gravac/comm/sum_piece.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 
 namespace gravac {
-
-//! The growable byte buffer a host engine's allgatherv fills.
-template <class Space>
-struct default_byte_buffer {
-  //! Host engines gather into a std::vector.
-  using type = std::vector<std::byte>;
-};
 
 //! Refers to a Communicator of memory space \p Space without owning it. Models Communicator.
 template <class Space>
@@ -76,7 +69,7 @@ class communicator_ref {
   //! referenced engine has none (has_allreduce_sum_pieces() is false). Forwarded so that a
   //! trainer, which holds its engine through this reference, reaches the engine's own sum.
   void allreduce_sum_pieces(std::span<const std::byte> in, std::span<std::byte> out,
-                            std::span<const detail::sum_piece> pieces) {
+                            std::span<const sum_piece> pieces) {
     if (!vt_->sum_pieces)
       throw error(status::invalid_argument,
                   "allreduce_sum_pieces: this communicator has none (the 16-bit path of the compressed allreduce "
@@ -118,7 +111,7 @@ class communicator_ref {
     void (*alltoall)(void*, std::span<const std::byte>, std::span<const std::size_t>, byte_buffer&,
                      std::vector<std::size_t>&);  // null when the engine has no alltoallv
     void (*sum_pieces)(void*, std::span<const std::byte>, std::span<std::byte>,
-                       std::span<const detail::sum_piece>);  // null when the engine has no allreduce_sum_pieces
+                       std::span<const sum_piece>);  // null when the engine has no allreduce_sum_pieces
     void (*bcast)(void*, std::span<std::byte>, int);
     void (*barrier)(void*);
     double (*modeled)(const void*);
@@ -139,11 +132,11 @@ class communicator_ref {
 
   template <class M>
   static constexpr auto sum_pieces_entry() noexcept {
-    using fn = void (*)(void*, std::span<const std::byte>, std::span<std::byte>, std::span<const detail::sum_piece>);
+    using fn = void (*)(void*, std::span<const std::byte>, std::span<std::byte>, std::span<const sum_piece>);
     if constexpr (requires(M & m, std::span<const std::byte> in, std::span<std::byte> out,
-                           std::span<const detail::sum_piece> pc) { m.allreduce_sum_pieces(in, out, pc); })
+                           std::span<const sum_piece> pc) { m.allreduce_sum_pieces(in, out, pc); })
       return static_cast<fn>(
-          [](void* s, std::span<const std::byte> in, std::span<std::byte> out, std::span<const detail::sum_piece> pc) {
+          [](void* s, std::span<const std::byte> in, std::span<std::byte> out, std::span<const sum_piece> pc) {
             static_cast<M*>(s)->allreduce_sum_pieces(in, out, pc);
           });
     else

@@ -17,11 +17,11 @@
 
 #include "gravac/composition.hpp"
 #include "gravac/compress/detail/adacomp_bits.hpp"
-#include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/packet/detail/bit_codes.hpp"
 #include "gravac/packet/packet_bound.hpp"
 
 namespace gravac {

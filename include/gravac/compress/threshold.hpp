@@ -16,10 +16,10 @@
 
 #include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/select_topk_indices.hpp"
-#include "gravac/compress/detail/sparse_layers.hpp"
 #include "gravac/compress/detail/threshold_key.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/layered.hpp"
+#include "gravac/compress/sparse_layers.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/error.hpp"
@@ -57,7 +57,7 @@ struct threshold_options {
 //! only those between it and t are written again, at scattered places (a few thousand
 //! at 2^24 and 1%, against the 20-25 thousand of the low threshold's margin).
 //! Infinities and NaNs are never sent (compress_stats::non_finite reports them).
-class threshold : public detail::sparse_layers {
+class threshold : public sparse_layers {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;

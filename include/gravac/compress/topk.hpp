@@ -13,9 +13,9 @@
 
 #include "gravac/compress/detail/fused_topk.hpp"
 #include "gravac/compress/detail/select_topk_indices.hpp"
-#include "gravac/compress/detail/sparse_layers.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/layered.hpp"
+#include "gravac/compress/sparse_layers.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/packet/packet_bound.hpp"
@@ -44,7 +44,7 @@ struct topk_options {
 //! k = kept_count(numel, fraction) values of largest |u| are sent, ties to the lower
 //! index. Infinities and NaNs are never selected: they stay in the residual and
 //! compress_stats::non_finite is set (k is then at most the number of finite values).
-class topk : public detail::sparse_layers {
+class topk : public sparse_layers {
  public:
   //! Opt-in tag for the Compressor concept.
   using compressor_tag = void;

@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "gravac/comm/communicator_ref.hpp"
 #include "gravac/cuda/stream.hpp"
 #include "gravac/memory.hpp"
 

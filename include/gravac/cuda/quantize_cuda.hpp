@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "gravac/collective/detail/sum_pieces.hpp"
+#include "gravac/comm/sum_piece.hpp"
 #include "gravac/composition.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
@@ -27,12 +27,12 @@
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
-#include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/shard_staging.hpp"  // compressed_allreduce's two stages on this space
+#include "gravac/cuda/detail/space_hooks.hpp"    // the trainer's hooks on this space
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -195,14 +195,14 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   //! multiplier N) follows from the layout and the step's parameters, so it is the same on
   //! every rank, and a packet whose pieces hold the ranks' sums decodes, with the
   //! multiplier N and a scale of 1/N, to the sum of the ranks' codes. Valid until the next compress.
-  [[nodiscard]] std::span<const detail::sum_piece> summed_pieces() requires(Q == quantizer_cuda::cast16) {
+  [[nodiscard]] std::span<const sum_piece> summed_pieces() requires(Q == quantizer_cuda::cast16) {
     pieces_.clear();  // reserved at construction: no allocation per step
-    const detail::sum_type t = options_.format == cast16_format::bf16 ? detail::sum_type::bf16 : detail::sum_type::f16;
+    const sum_type t = options_.format == cast16_format::bf16 ? sum_type::bf16 : sum_type::f16;
     for (std::uint32_t j = 0; j < last_jobs_; ++j) {
       const auto& d = plan_host_[j];
       const std::size_t payload = d.at + sizeof(segment_header);
       if (d.header.encoding == raw_encoding)
-        pieces_.push_back({payload, static_cast<std::size_t>(d.header.numel), detail::sum_type::f32});
+        pieces_.push_back({payload, static_cast<std::size_t>(d.header.numel), sum_type::f32});
       else
         pieces_.push_back({payload + quant_prefix_bytes, static_cast<std::size_t>(d.header.numel), t});
     }
@@ -554,8 +554,8 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   pinned_buffer<double> gain_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
-  std::uint32_t last_jobs_ = 0;            // segments of the last complete packet (summed_pieces)
-  std::vector<detail::sum_piece> pieces_;  // summed_pieces' answer
+  std::uint32_t last_jobs_ = 0;    // segments of the last complete packet (summed_pieces)
+  std::vector<sum_piece> pieces_;  // summed_pieces' answer
 };
 
 //! QSGD with error feedback on the device: the packets of gravac::qsgd.

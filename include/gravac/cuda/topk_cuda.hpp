@@ -29,9 +29,9 @@
 #include "gravac/cuda/detail/device_packets.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
-#include "gravac/cuda/detail/non_finite_kernels.hpp"  // the trainer screens u on this space
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/space_hooks.hpp"  // the trainer's hooks on this space
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/detail/threshold_kernels.hpp"

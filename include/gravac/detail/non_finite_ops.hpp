@@ -3,8 +3,8 @@
 // space: non_finite_ops<Space> finds the first bad layer of a range, zeroes g where u is
 // not finite, and zeroes all of g. The primary template is the host's (plain loops over
 // host-accessible memory); a backend specializes it for its own space (the CUDA one in
-// gravac/cuda/detail/non_finite_kernels.hpp, included by every CUDA compressor's header),
-// so the trainer names no backend.
+// gravac/cuda/detail/non_finite_kernels.hpp, which every CUDA compressor includes through
+// cuda/detail/space_hooks.hpp), so the trainer names no backend.
 
 #include <algorithm>
 #include <cmath>

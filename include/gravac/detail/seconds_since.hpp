@@ -4,9 +4,6 @@
 
 #include <chrono>
 
-#include "gravac/collective/step_control.hpp"
-#include "gravac/memory.hpp"
-
 namespace gravac::detail {
 
 //! Seconds elapsed since \p t0 on the steady clock.

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <span>
 
-#include "gravac/compress/detail/bit_codes.hpp"
+#include "gravac/packet/detail/bit_codes.hpp"
 #include "gravac/packet/format.hpp"
 
 namespace gravac {

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "gravac/compress/detail/bit_codes.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/packet/detail/bit_codes.hpp"
 
 namespace gravac::detail {
 

@@ -4,7 +4,7 @@
 //! (on_non_finite): detail::non_finite_ops<cuda_space>, the specialization of the core's
 //! trait (gravac/detail/non_finite_ops.hpp), and its kernels. Each operation runs on the
 //! stream of the compressor it is given (the bucket's), so it is ordered before that
-//! compressor reads g. Compiled, not run (no GPU on the machine that wrote it).
+//! compressor reads g.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)

@@ -23,10 +23,10 @@
 
 #include "cuda_test_util.hpp"
 #include "gravac/collective/allreduce_compatible.hpp"
-#include "gravac/comm/nccl_communicator.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/layer_events.hpp"
+#include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"

@@ -1,7 +1,8 @@
 #pragma once
 //! \file
-//! \brief What top-k and threshold share: packets of sparse segments over the layered
-//! skeleton (validation, decoding, the packet bound) and AR-Topk's exact-k index
+//! \brief sparse_layers: the public base of the host sparsifiers (top-k, threshold, a
+//! user's own, docs/custom_sparse_compressor.md): packets of sparse segments over the
+//! layered skeleton (validation, decoding, the packet bound) and AR-Topk's exact-k index
 //! selection at the index rank.
 
 #include <cstddef>
@@ -17,7 +18,7 @@
 #include "gravac/packet/sparse_packet.hpp"
 #include "gravac/step.hpp"
 
-namespace gravac::detail {
+namespace gravac {
 
 //! The base of the host sparsifiers: their layout, and every member that depends only on
 //! their packets being sparse segments.
@@ -42,7 +43,7 @@ class sparse_layers {
   //! and top-k's whole_buffer option do not apply here.
   void select_indices(std::span<const float> u, std::size_t i, const step_params& p, std::vector<std::uint64_t>& out,
                       std::vector<std::uint64_t>& scratch) const {
-    select_topk_indices(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
+    detail::select_topk_indices(u, kept_count(u.size(), p.kept_fraction[i]), scratch, out);
   }
 
   //! Validates an untrusted packet.
@@ -64,4 +65,4 @@ class sparse_layers {
   layout layout_;  //!< the layers compressed
 };
 
-}  // namespace gravac::detail
+}  // namespace gravac

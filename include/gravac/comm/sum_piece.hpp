@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! \brief detail::sum_piece: a run of values inside a packet that a communicator can sum
+//! \brief sum_piece: a run of values inside a packet that a communicator can sum
 //! over the ranks in place, in the values' own type. cast16_cuda lists the pieces of its
 //! last packet (the 16-bit codes of each cast layer, the floats of each raw layer), and
 //! nccl_communicator::allreduce_sum_pieces sums exactly those, leaving the segment headers
@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gravac::detail {
+namespace gravac {
 
 //! The type a piece is summed in.
 enum class sum_type : std::uint8_t {
@@ -28,4 +28,4 @@ struct sum_piece {
   sum_type type = sum_type::f32;  //!< what they are summed as
 };
 
-}  // namespace gravac::detail
+}  // namespace gravac

@@ -1,5 +1,5 @@
 #pragma once
-//! \file simulated_network.hpp
+//! \file simulated_communicator.hpp
 //! \brief simulated_communicator<Inner>: a communicator decorator that performs every
 //! collective through the real engine and charges the time the cost model gives for
 //! that call, under the profile's current network, to a virtual clock. This is how one
@@ -195,7 +195,6 @@ class simulated_communicator {
   }
   //! The wrapped engine.
   [[nodiscard]] Inner& inner() noexcept { return *inner_; }
-  // clang-format 14 would join the requires-clause onto the line, which Doxygen misreads.
   // clang-format off
   //! Forwards abort to the inner engine when it has one.
   void abort(const std::string& why) noexcept
