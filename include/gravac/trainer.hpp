@@ -8,45 +8,29 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "gravac/bucket_plan.hpp"
+#include "gravac/collective/collective_for.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/collective/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
+#include "gravac/detail/async_schedule.hpp"
 #include "gravac/detail/bucket_worker.hpp"
 #include "gravac/detail/composition_checks.hpp"
 #include "gravac/detail/consistency.hpp"
 #include "gravac/detail/layer_events.hpp"
-#include "gravac/detail/non_finite_ops.hpp"
+#include "gravac/detail/non_finite_guard.hpp"
+#include "gravac/detail/seconds_since.hpp"
+#include "gravac/detail/step_statistics.hpp"
 #include "gravac/error.hpp"
+#include "gravac/non_finite_action.hpp"
 
 namespace gravac {
-
-//! What the trainer does when u = g + e (the gradient plus the error-feedback residual, as
-//! every compressor computes it) holds NaN or infinity: a non-finite gradient, or a finite
-//! one whose sum with the residual overflows the float range.
-enum class non_finite_action : std::uint8_t {
-  //! throw gravac::error on every rank, naming the layer (the failing rank) or the failing
-  //! rank (the others). The flag rides in the step's collective, so the others learn of it
-  //! after sending: each gives what it sent back to its residual (it then holds u = g + e);
-  //! the failing rank's residual is unchanged. The step counter does not advance. On
-  //! device memory (no control plane rides in the device collectives) every rank screens
-  //! its whole u before anything is sent and one small Allreduce decides: every residual
-  //! is then unchanged. The asynchronous device step decides so per bucket, before each is
-  //! sent: the buckets sent before give back what they sent, as on the host.
-  throw_error,
-  //! skip the step on every rank: gradient zeroed, residuals untouched. The ranks must know
-  //! before anything is sent, which costs one small Allreduce per step.
-  skip_step,
-  zero_values,  //!< zero g wherever g + e is not finite (u is then the residual there) and go on
-  ignore,       //!< do not check (fastest; the caller guarantees finite gradients)
-};
 
 //! Composes compressor \p C, collective \p K and policy \p P.
 //!
@@ -88,6 +72,10 @@ class trainer {
   using policy_type = P;
   //! Memory space of gradients and residuals.
   using memory_space = typename C::memory_space;
+  //! Whether ready(layer, stream) takes \p Stream as the stream a layer was produced on
+  //! (device memory: cudaStream_t and gravac::stream_ref; host memory: none).
+  template <class Stream>
+  static constexpr bool accepts_stream = detail::layer_events<memory_space>::template accepts_stream<Stream>;
 
   //! Options of the trainer and of its three parts.
   struct options {
@@ -112,7 +100,12 @@ class trainer {
   //! fails on every rank if any rank's layout differs.
   template <class M, bool = detail::check_communicator<M, C>()>
   trainer(M& comm, const layout& lay, const options& opt = {})
-      : comm_(comm), layout_(lay), options_(opt), plan_(checked_plan(lay, opt)), policy_(lay, opt.policy) {
+      : comm_(comm),
+        layout_(lay),
+        options_(opt),
+        plan_(checked_plan(lay, opt)),
+        policy_(lay, opt.policy),
+        guard_(opt.on_non_finite) {
     if (opt.verify_layout) verify_layout_across_ranks();
     residual_ = typename storage_for<memory_space>::type(lay.numel());
     for (std::size_t b = 0; b < plan_.size(); ++b) {
@@ -127,7 +120,6 @@ class trainer {
     report_.layer_grad_norm.assign(lay.size(), 0.0);
     report_.buckets = plan_.size();
     stats_.reset(lay.size(), 0);
-    layer_ready_.assign(lay.size(), false);
   }
 
   // clang-format off
@@ -163,8 +155,9 @@ class trainer {
     start_step(grads, false);
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      order_buckets_after_caller();
-      if (skip_agreed_before_sending()) {
+      events_.record_step();  // device: the compressors' one stream waits for the caller's
+      events_.wait_step(first_compressor());
+      if (guard_.before_sending(first_compressor(), screened(), comm_, false, report_)) {
         in_step_ = false;
         return finish_step();
       }
@@ -208,7 +201,7 @@ class trainer {
                   "engine needs MPI_Init_thread with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE); use step() or "
                   "initialise MPI with a thread level",
                   comm_.rank());
-    if (!worker_) worker_ = std::make_unique<detail::bucket_worker>(&trainer::run_bucket_on_worker, this);
+    if (!worker_) worker_ = std::make_unique<detail::bucket_worker<trainer>>(&trainer::run_bucket_on_worker);
     start_step(grads, true);
     try {
       // After start_step's check: a refused begin_step must not touch the events (nor the
@@ -219,7 +212,7 @@ class trainer {
       in_step_ = false;
       throw;
     }
-    step_began_ = std::chrono::steady_clock::now();
+    schedule_.start_clock();
   }
 
   //! Marks layer \p layer_index final (backward has produced it); a bucket's compression
@@ -234,7 +227,7 @@ class trainer {
   void ready(std::size_t layer_index) {
     check_ready(layer_index);
     events_.record_default(layer_index);
-    mark_ready_and_release(layer_index, detail::seconds_since(step_began_), false);
+    mark_ready(layer_index, schedule_.since_begin(), false);
   }
 
   // clang-format off
@@ -243,11 +236,11 @@ class trainer {
   //! it on) is. Records the layer's CUDA event on \p stream and returns at once; the
   //! bucket's compression waits for that event on the device, not in any host thread.
   template <class Stream>
-    requires(detail::layer_events<memory_space>::template accepts_stream<Stream>)
+    requires(accepts_stream<Stream>)
   void ready(std::size_t layer_index, Stream stream) {
     check_ready(layer_index);
     events_.record(layer_index, stream);
-    mark_ready_and_release(layer_index, detail::seconds_since(step_began_), false);
+    mark_ready(layer_index, schedule_.since_begin(), false);
   }
   // clang-format on
 
@@ -259,7 +252,7 @@ class trainer {
   void ready(std::size_t layer_index, double ready_s) {
     check_ready(layer_index);
     events_.record_default(layer_index);
-    mark_ready_and_release(layer_index, ready_s, true);
+    mark_ready(layer_index, ready_s, true);
   }
 
   //! Ends the asynchronous step: marks every layer not yet ready (backward has ended; on a
@@ -278,20 +271,19 @@ class trainer {
   //! residual and the others are left as they were.
   const step_report& finish() {
     require(in_step_ && async_, "trainer::finish: no asynchronous step in progress (call begin_step first)");
-    // Backward ends now, or, on a timeline the caller gave, at its last ready time.
-    const double backward_s = given_times_ ? backward_end_s_ : detail::seconds_since(step_began_);
+    const double backward_s = schedule_.backward_end_now();
     for (std::size_t i = layout_.size(); i-- > 0;) {
-      if (layer_ready_[i]) continue;
+      if (schedule_.is_ready(i)) continue;
       events_.record_default(i);
-      mark_ready(i, backward_s);
+      schedule_.mark_ready(i, plan_.bucket_of(i), backward_s);
     }
-    backward_end_s_ = std::max(backward_end_s_, backward_s);
+    schedule_.end_backward(backward_s);
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      // The whole-gradient screening below runs on this thread's compressor stream: after
-      // every layer's event (only when nothing was sent yet, so no bucket runs beside it).
-      if (!sends_before_finish()) events_.wait(first_compressor(), 0, layout_.size());
-      if (skip_agreed_before_sending()) {
+      // A whole-gradient screening runs on this thread's compressor stream: after every
+      // layer's event (only when nothing was sent yet, so no bucket runs beside it).
+      if (!guard_.sends_before_finish()) events_.wait(first_compressor(), 0, layout_.size());
+      if (guard_.before_sending(first_compressor(), screened(), comm_, true, report_)) {
         report_.exposed_communicate_s = detail::seconds_since(t0);
         in_step_ = false;
         return finish_step();
@@ -345,8 +337,6 @@ class trainer {
   {
     return {residual_.data(), residual_.size()};
   }
-  // clang-format on
-  // clang-format off
   //! Mutable residual, for checkpoint restore (host memory spaces).
   [[nodiscard]] std::span<float> residual() noexcept
     requires memory_space::host_accessible
@@ -355,31 +345,15 @@ class trainer {
     return {residual_.data(), residual_.size()};
   }
   // clang-format on
+
   //! Appends the trainer's own state between steps to \p out (checkpoint.hpp): this
   //! rank's times of the last step, which ride in the next step's collective for a policy
   //! that needs statistics. Restored by load_step_state, so that a resumed run sends and
   //! decides what an uninterrupted one does.
-  void save_step_state(std::vector<std::byte>& out) const {
-    const double v[5] = {has_pending_times_ ? 1.0 : 0.0, pending_times_.compress_s, pending_times_.communicate_s,
-                         pending_times_.decompress_s, pending_times_.iteration_s};
-    const auto* b = reinterpret_cast<const std::byte*>(v);
-    out.insert(out.end(), b, b + sizeof v);
-  }
+  void save_step_state(std::vector<std::byte>& out) const { plane_.pending().save(out); }
   //! Restores what save_step_state wrote; an empty \p in (a checkpoint without it) means
   //! no times are pending. Throws gravac::error for any other length.
-  void load_step_state(std::span<const std::byte> in) {
-    if (in.empty()) {
-      has_pending_times_ = false;
-      return;
-    }
-    double v[5];
-    require(in.size() == sizeof v, "trainer::load_step_state: the step state has " + std::to_string(in.size()) +
-                                       " bytes, not " + std::to_string(sizeof v));
-    std::memcpy(v, in.data(), sizeof v);
-    for (double x : v) require(std::isfinite(x), "trainer::load_step_state: a time is not finite");
-    has_pending_times_ = v[0] != 0.0;
-    pending_times_ = {v[1], v[2], v[3], v[4]};
-  }
+  void load_step_state(std::span<const std::byte> in) { plane_.pending().load(in); }
   //! Steps run so far.
   [[nodiscard]] std::uint64_t steps() const noexcept { return step_; }
   //! Sets the step counter (checkpoint restore).
@@ -423,9 +397,17 @@ class trainer {
     compress_stats stats;
     step_report report;
     step_buffers<memory_space> buffers{};
-    std::size_t pending = 0;  // layers not yet ready this step
-    double ready_s = 0;       // when its last layer was ready, seconds since the step began
-    double modeled_s = 0;     // seconds the network model charged for its messages
+    double modeled_s = 0;  // seconds the network model charged for its messages
+  };
+
+  // The last bucket's collective seals the control values once it has compressed (every
+  // other bucket has run): the merged statistics go into their slots.
+  struct statistics_sealer final : step_control::sealer {
+    trainer* owner = nullptr;
+    void seal(const compress_stats&) override {
+      owner->merge_stats();
+      owner->plane_.write(owner->stats_, owner->layout_);
+    }
   };
 
   static bucket_plan checked_plan(const layout& lay, const options& opt) {
@@ -442,28 +424,18 @@ class trainer {
                   comm_.rank());
   }
 
-  static constexpr std::size_t no_slot = step_control::no_slot;
-
-  // The start of every step, synchronous or not: the buffer is checked, the policy plans
-  // the step (its decisions are fixed from here on), the buckets get their slices of the
-  // parameters and the control slots are laid out.
+  // The start of every step: the buffer is checked, the policy plans the step (its
+  // decisions are fixed from here on), the buckets get their slices of the parameters and
+  // the control slots are laid out.
   void start_step(grad_view<memory_space> grads, bool async) {
     require(!in_step_, "trainer: a step is already in progress (call finish() first)");
     begin_report(grads);
     for (std::size_t b = 0; b < buckets_.size(); ++b) slice_params(b);
-    bad_layer_ = -1;
-    bad_is_overflow_ = false;
+    guard_.begin_step();
     prepare_control();
     grads_ = grads;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      auto& s = *buckets_[b];
-      s.pending = plan_[b].last_layer - plan_[b].first_layer;
-      s.ready_s = s.modeled_s = 0;
-    }
-    std::fill(layer_ready_.begin(), layer_ready_.end(), false);
-    released_ = 0;
-    backward_end_s_ = 0;
-    given_times_ = false;
+    for (auto& s : buckets_) s->modeled_s = 0;
+    schedule_.begin(plan_, layout_.size());
     async_ = async;
     in_step_ = true;
   }
@@ -475,11 +447,12 @@ class trainer {
     merge_buckets();
     // A collective that dropped the control values would leave the ranks deciding on
     // local numbers (and a failing rank alone): refuse rather than diverge.
-    if (!control_.empty() && !control_.has_sums())
+    if (!plane_.control().empty() && !plane_.control().has_sums())
       throw error(status::invalid_argument,
                   "trainer::step: the collective did not carry the step's control values (see step_control.hpp)",
                   comm_.rank());
-    if (flag_slot_ != no_slot) throw_if_flagged();
+    guard_.after_collectives(plane_, layout_, comm_.rank(), buckets_.size(),
+                             [this](std::size_t n) { return_sent_buckets(n); });
     observe_step();
     return finish_step();
   }
@@ -519,202 +492,94 @@ class trainer {
     slice(params_.approximation_rank, q.approximation_rank);
   }
 
+  // Host memory: the non-finite flag, the statistics a policy needs (with the previous
+  // step's times) and the values it asked to agree on ride in the step's collective.
+  void prepare_control() {
+    if constexpr (memory_space::host_accessible) {
+      std::span<const double> agree;
+      if constexpr (requires(const P& p) { p.agreement_request(); }) agree = policy_.agreement_request();
+      plane_.prepare(decltype(guard_)::flag_rides(options_.on_non_finite), P::needs_statistics, layout_.size(),
+                     params_.gain_candidates.size(), agree);
+      if constexpr (P::needs_statistics) {
+        sealer_.owner = this;  // the trainer may have moved since the last step
+        plane_.control().on_seal(sealer_);
+      }
+    } else {
+      plane_.prepare_none();
+    }
+  }
+
   // ready(): checks the call before anything is recorded (a refused call changes nothing).
   void check_ready(std::size_t layer_index) const {
     require(in_step_ && async_, "trainer::ready: no asynchronous step in progress (call begin_step first)");
-    require(layer_index < layout_.size(), "trainer::ready: layer " + std::to_string(layer_index) +
-                                              " is outside the layout (" + std::to_string(layout_.size()) + " layers)");
-    require(!layer_ready_[layer_index],
-            "trainer::ready: layer '" + layout_[layer_index].name + "' was already marked ready this step");
+    schedule_.check_ready(layout_, layer_index);
   }
   // ready(), after the layer's event (device) is recorded: marks the layer and lets the
   // buckets that are complete start (the worker's mutex orders the record before the
   // communication thread's wait for it).
-  void mark_ready_and_release(std::size_t layer_index, double ready_s, bool given) {
-    given_times_ = given_times_ || given;
-    mark_ready(layer_index, ready_s);
-    if (sends_before_finish()) worker_->release(released_);
+  void mark_ready(std::size_t layer_index, double ready_s, bool given) {
+    const std::size_t released = schedule_.mark_ready(layer_index, plan_.bucket_of(layer_index), ready_s, given);
+    if (guard_.sends_before_finish()) worker_->release(released);
   }
 
-  // Whether the asynchronous step may send buckets before finish(): not when the ranks
-  // must first agree on the whole gradient's non-finite values (skip_step), as the
-  // synchronous step does before its first bucket.
-  [[nodiscard]] bool sends_before_finish() const noexcept {
-    return options_.on_non_finite != non_finite_action::skip_step;
-  }
-
-  // Marks layer i ready at ready_s; the buckets whose layers are all ready, in order from
-  // bucket 0, may start.
-  void mark_ready(std::size_t i, double ready_s) {
-    layer_ready_[i] = true;
-    auto& s = *buckets_[plan_.bucket_of(i)];
-    if (--s.pending == 0) s.ready_s = ready_s;
-    backward_end_s_ = std::max(backward_end_s_, ready_s);
-    while (released_ < buckets_.size() && buckets_[released_]->pending == 0) ++released_;
-  }
-
-  // skip_step: every rank screens its whole gradient and one allreduce of the flag decides
-  // before anything is sent. Returns true when every rank skips the step. On device
-  // memory throw_error is decided here too (throw_if_non_finite_before_sending).
-  bool skip_agreed_before_sending() {
-    if constexpr (!memory_space::host_accessible) {
-      if (options_.on_non_finite == non_finite_action::throw_error) {
-        if (!async_) throw_if_non_finite_before_sending();  // the asynchronous step agrees per bucket
-        return false;
-      }
-    }
-    if (options_.on_non_finite != non_finite_action::skip_step) return false;
-    bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
-    return skip_agreed(bad_layer_);
-  }
-
-  // The synchronous step on a device: the compressors' stream (every bucket's compressor
-  // has the same options, so the same stream; see first_compressor) waits for one event
-  // recorded on the calling thread's per-thread default stream, which produced g (or
-  // follows the legacy stream that did), before its first kernel. No host wait; nothing on
-  // the host. (The asynchronous step orders each bucket after its layers' events instead.)
-  void order_buckets_after_caller() {
-    events_.record_step();
-    events_.wait_step(first_compressor());
-  }
-
-  // The compressor whose stream orders a screening of the whole gradient (every bucket's
+  // The compressor whose stream orders work over the whole gradient (every bucket's
   // compressor has the same options, so the same stream).
   C& first_compressor() noexcept { return buckets_.front()->compressor; }
 
-  // Device memory, throw_error: the device collectives carry no control plane, so the flag
-  // cannot ride in the last bucket's collective as on the host. Every rank screens its
-  // whole u before anything is sent and one allreduce of two host doubles (failing ranks,
-  // the sum of their rank + 1) decides. Its cost, every step: one kernel over g and e, one
-  // copy of a flag per layer back, one wait for the stream and that small allreduce. When
-  // any rank failed, every rank throws as the host does (naming its layer, or the failing
-  // rank) with nothing sent: gradients, residuals and step counter are as before the step
-  // (on the host a rank's gradient then holds what its collective left there). The
-  // asynchronous step decides per bucket instead (throw_if_non_finite_before_sending_bucket).
-  void throw_if_non_finite_before_sending() {
-    bad_layer_ = scan_non_finite(first_compressor(), 0, layout_.size());
-    agree_non_finite(bad_layer_ >= 0, 0);
-  }
-
-  // Device memory: one allreduce of two host doubles (the failing ranks, the sum of their
-  // rank + 1) tells every rank whether any found a non-finite value; if one did, the first
-  // \p sent buckets give back what they sent and every rank throws.
-  void agree_non_finite(bool bad, std::size_t sent) {
-    double flag[2] = {bad ? 1.0 : 0.0, bad ? comm_.rank() + 1.0 : 0.0};
-    comm_.allreduce_sum(std::span<double>(flag, 2));
-    if (flag[0] == 0) return;
-    return_sent_buckets(sent);
-    throw_non_finite(flag[0], flag[1]);
+  // What the non-finite screening reads now.
+  detail::screened_step<memory_space> screened() noexcept {
+    return {&layout_, grads_, residual_.data(), residual_zero_};
   }
 
   // The first \p count buckets give what they sent back to their residuals (collectives
   // with return_sent; the others had nothing to give back).
   void return_sent_buckets(std::size_t count) {
     if (count == 0) return;
-    if constexpr (requires(K & k, C & c, step_buffers<memory_space> & sb) { k.return_sent(c, sb); }) {
+    if constexpr (ReturnsSent<K, C>) {
       for (std::size_t b = 0; b < count; ++b)
         buckets_[b]->collective.return_sent(buckets_[b]->compressor, buckets_[b]->buffers);
     }
     residual_zero_ = false;
   }
 
-  // Device memory, throw_error, asynchronous step: the whole gradient is not there before
-  // the first bucket, so the agreement of throw_if_non_finite_before_sending runs per
-  // bucket, on the communication thread just before the bucket is sent: this rank screens
-  // the bucket's u and one allreduce of two host doubles decides. When any rank failed,
-  // the buckets already sent give what they sent back to their residuals (which then hold
-  // u = g + e there, as on the host) and every rank throws, naming its layer or the
-  // failing rank; the bucket and the later ones are left as they were (nothing of them
-  // was sent). Its cost per bucket: one kernel over the bucket's g and e, one copy back,
-  // one wait for the compressor's stream and that small allreduce, none of it in the
-  // caller's thread. A step without non-finite values gives step()'s bits.
-  void throw_if_non_finite_before_sending_bucket(std::size_t b) {
-    if constexpr (!memory_space::host_accessible) {
-      if (options_.on_non_finite != non_finite_action::throw_error) return;
-      const bucket& bk = plan_[b];
-      const long bad = scan_non_finite(buckets_[b]->compressor, bk.first_layer, bk.last_layer);
-      if (bad >= 0 && bad_layer_ < 0) bad_layer_ = bad;
-      agree_non_finite(bad >= 0, b);
-    } else {
-      (void)b;
-    }
-  }
-
   // The communication thread's bucket: on a device the step's device is made current
   // there first (a thread starts on device 0).
-  static void run_bucket_on_worker(void* self, std::size_t b) {
-    auto& t = *static_cast<trainer*>(self);
-    t.events_.enter_thread();
-    t.run_bucket(b);
+  void run_bucket_on_worker(std::size_t b) {
+    events_.enter_thread();
+    run_bucket(b);
   }
 
-  // One bucket: its layers are screened for non-finite values (by on_non_finite), a policy
-  // that accumulates the gradient sees them, then its collective compresses, exchanges and
-  // decompresses them, carrying the step's control values when it is the last bucket (the
-  // last to run, so every other bucket's statistics are known when it seals them).
-  //
-  // In the asynchronous step on a device, the bucket's compressor stream first waits for
-  // its layers' events (issued here, in the thread that queues the bucket's kernels next),
-  // so the bucket's first kernel runs after backward produced its layers, without a host
-  // thread waiting for that. Everything after is the synchronous step's code: the
-  // collective waits for the compressor and the communicator on the host (they read
-  // counts and sizes), in this (the communication) thread.
+  // One bucket: screened for non-finite values, seen by a policy that accumulates the
+  // gradient, then compressed, exchanged and decompressed by its collective, which carries
+  // the step's control values when it is the last bucket (every other bucket's statistics
+  // are known when it seals them). In the asynchronous step on a device its compressor
+  // stream first waits for its layers' events, so no host thread waits for backward.
   void run_bucket(std::size_t b) {
     bucket_state& s = *buckets_[b];
     const bucket& bk = plan_[b];
     const grad_view<memory_space> g(grads_.data() + bk.offset, bk.numel);
     const grad_view<memory_space> e(residual_.data() + bk.offset, bk.numel);
-    if (async_) events_.wait(s.compressor, bk.first_layer, bk.last_layer);
-    if (async_) throw_if_non_finite_before_sending_bucket(b);
-    screen_bucket(s, bk, g);
+    if (async_) {
+      events_.wait(s.compressor, bk.first_layer, bk.last_layer);
+      guard_.before_bucket(s.compressor, screened(), b, bk, comm_, [this](std::size_t n) { return_sent_buckets(n); });
+    }
+    guard_.screen_bucket(s.compressor, screened(), bk, g, plane_, comm_.rank());
     if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x, std::size_t{}, std::size_t{}); }) {
       if constexpr (memory_space::host_accessible)
         policy_.accumulate(std::span<const float>(grads_.span()), bk.first_layer, bk.last_layer);
     } else if constexpr (requires(P & p, std::span<const float> x) { p.accumulate(x); }) {
       static_assert(sizeof(P) == 0, "a policy that accumulates the gradient must take a layer range");
     }
-    const bool carries_control = b + 1 == buckets_.size() && !control_.empty();
-    s.buffers = step_buffers<memory_space>{g, e, residual_zero_, carries_control ? &control_ : nullptr};
+    const bool carries_control = b + 1 == buckets_.size() && !plane_.control().empty();
+    s.buffers = step_buffers<memory_space>{g, e, residual_zero_, carries_control ? &plane_.control() : nullptr};
     const double modeled_before = comm_.modeled_seconds();
     s.report.wire_bytes_sent = s.report.wire_bytes_received = 0;  // a collective that counts them sets them
     s.collective.aggregate(s.compressor, comm_, s.buffers, s.params, s.stats, s.report);
     s.modeled_s = comm_.modeled_seconds() - modeled_before;
   }
 
-  // Non-finite values in bucket bk's u = g + e, handled by on_non_finite (skip_step was
-  // decided before anything was sent). The first bad layer is remembered; under
-  // throw_error this rank leaves that bucket and every later one out (zeroed): its flag
-  // rides in the last bucket's collective, and what it already sent of the earlier ones
-  // goes back to its residual when every rank throws.
-  //
-  // On device memory throw_error was decided before anything was sent too, and zero_values
-  // zeroes without a scan: its kernel leaves finite values as they are, and a scan would
-  // cost a wait for the stream per bucket.
-  void screen_bucket(bucket_state& s, const bucket& bk, grad_view<memory_space> g) {
-    const auto action = options_.on_non_finite;
-    if (action == non_finite_action::ignore || action == non_finite_action::skip_step) return;
-    if constexpr (!memory_space::host_accessible) {
-      if (action == non_finite_action::zero_values) zero_non_finite(s.compressor, bk);
-      return;
-    }
-    if (bad_layer_ < 0) {
-      const long bad = scan_non_finite(s.compressor, bk.first_layer, bk.last_layer);
-      if (bad < 0) return;
-      bad_layer_ = bad;
-      if (action == non_finite_action::throw_error && flag_slot_ != no_slot) {
-        control_.local(flag_slot_) = 1.0f;
-        control_.local(flag_slot_ + 1) = static_cast<float>(comm_.rank() + 1);
-      }
-    } else if (action == non_finite_action::zero_values &&
-               scan_non_finite(s.compressor, bk.first_layer, bk.last_layer) < 0) {
-      return;
-    }
-    if (action == non_finite_action::zero_values) zero_non_finite(s.compressor, bk);
-    if (action == non_finite_action::throw_error) zero_all(s.compressor, g);
-  }
-
-  // The step's statistics and report from its buckets': per-layer statistics in layout
-  // order, gain-curve energies, bytes and times summed, the modeled timeline.
+  // The step's statistics from its buckets': per-layer statistics in layout order,
+  // gain-curve energies summed.
   void merge_stats() {
     std::size_t candidates = 0;
     for (const auto& s : buckets_) candidates = std::max(candidates, s->stats.candidate_kept_sq.size());
@@ -727,6 +592,7 @@ class trainer {
       stats_.non_finite = stats_.non_finite || st.non_finite;
     }
   }
+  // The report from the buckets': bytes and times summed, the modeled timeline.
   void merge_buckets() {
     merge_stats();
     report_.compress_s = report_.communicate_s = report_.decompress_s = 0;
@@ -743,11 +609,11 @@ class trainer {
       report_.wire_bytes_sent += s.report.wire_bytes_sent;
       report_.wire_bytes_received += s.report.wire_bytes_received;
       report_.modeled_communicate_s += s.modeled_s;
-      timeline = std::max(timeline, s.ready_s) + s.modeled_s;
+      timeline = std::max(timeline, schedule_.ready_s(b)) + s.modeled_s;
       if (plan_[b].numel > plan_[largest].numel) largest = b;
     }
     report_.collective = buckets_[largest]->report.collective;
-    report_.modeled_exposed_s = std::max(0.0, timeline - backward_end_s_);
+    report_.modeled_exposed_s = std::max(0.0, timeline - schedule_.backward_end_s());
     report_.buckets = buckets_.size();
   }
 
@@ -757,137 +623,16 @@ class trainer {
     residual_zero_ = params_.all_dense();
     fill_report();
     report_.fallback = params_.fallback;
-    if constexpr (P::needs_statistics) read_statistics();
-    deliver_agreement();
+    if constexpr (P::needs_statistics) plane_.average(stats_, layout_, comm_, report_);
+    if constexpr (requires(P & p, std::span<const double> s) { p.agreed(s); }) {
+      const std::span<const double> agreed = plane_.agreed(policy_.agreement_request(), comm_);
+      if (!agreed.empty()) policy_.agreed(agreed);
+    }
     policy_.observe(report_);
   }
 
-  // Ends a step that ran (or was skipped by every rank): the counter advances.
-  const step_report& finish_step() {
-    ++step_;
-    last_return_ = std::chrono::steady_clock::now();
-    return report_;
-  }
-
-  // The first layer in [first, last) where this rank's u = g + e holds NaN or infinity,
-  // or -1 (also when the check is off), found by the memory space's non_finite_ops on
-  // compressor c's stream. u is what every compressor computes, in float and in the same
-  // order, so a gradient finite by itself whose sum with the residual leaves the float
-  // range is caught too; bad_is_overflow_ then says g itself was finite in that layer. A
-  // residual known to be zero is not read (u = g).
-  long scan_non_finite(const C& c, std::size_t first, std::size_t last) {
-    if (options_.on_non_finite == non_finite_action::ignore) return -1;
-    const detail::non_finite_scan found = non_finite_.first_non_finite(
-        c, layout_, first, last, grads_.data(), residual_.data(), residual_zero_, bad_layer_ < 0);
-    if (found.layer >= 0 && bad_layer_ < 0) bad_is_overflow_ = found.overflow;
-    return found.layer;
-  }
-  // zero_values: g is zeroed wherever u = g + e is not finite (a non-finite g, or a sum that
-  // overflows), so u there is the residual alone and the step goes on.
-  void zero_non_finite(const C& c, const bucket& bk) {
-    non_finite_.zero_non_finite(c, grads_.data() + bk.offset, residual_.data() + bk.offset, bk.numel, residual_zero_);
-  }
-  void zero_all(const C& c, grad_view<memory_space> g) { non_finite_.zero_all(c, g.data(), g.size()); }
-
-  // skip_step: one allreduce of a flag, so that every rank skips together before anything
-  // touches a residual. Returns true when the step is skipped.
-  bool skip_agreed(long bad_layer) {
-    double flag = bad_layer >= 0 ? comm_.rank() + 1.0 : 0.0;
-    comm_.allreduce_max(std::span<double>(&flag, 1));
-    if (flag == 0) return false;
-    zero_all(first_compressor(), grads_);
-    report_.skipped = true;
-    report_.bytes_sent = 0;
-    report_.wire_bytes_sent = report_.wire_bytes_received = 0;
-    return true;
-  }
-
-  // Slots of this step's control plane (host memory only): the non-finite flag (count of
-  // failing ranks, sum of their rank + 1; set when a bucket finds one), the statistics a
-  // policy needs, and the values the policy asked to agree on. The collective may add
-  // slots of its own.
-  void prepare_control() {
-    control_.clear();
-    flag_slot_ = stats_slot_ = agree_slot_ = times_slot_ = no_slot;
-    agree_count_ = 0;
-    if constexpr (memory_space::host_accessible) {
-      if (options_.on_non_finite == non_finite_action::throw_error) flag_slot_ = control_.reserve(2);
-      if constexpr (P::needs_statistics) {
-        stats_slot_ = control_.reserve(1 + params_.gain_candidates.size() + 2 * layout_.size());
-        control_.on_seal(&trainer::seal_statistics, this);
-        if (has_pending_times_) {  // the previous step's times, known only now
-          times_slot_ = control_.reserve(4);
-          control_.local(times_slot_) = static_cast<float>(pending_times_.compress_s);
-          control_.local(times_slot_ + 1) = static_cast<float>(pending_times_.communicate_s);
-          control_.local(times_slot_ + 2) = static_cast<float>(pending_times_.decompress_s);
-          control_.local(times_slot_ + 3) = static_cast<float>(pending_times_.iteration_s);
-        }
-      }
-      if constexpr (requires(const P& p) { p.agreement_request(); }) {
-        const std::span<const double> req = policy_.agreement_request();
-        if (!req.empty()) {
-          agree_slot_ = control_.reserve(req.size());
-          agree_count_ = req.size();
-          for (std::size_t i = 0; i < req.size(); ++i) control_.local(agree_slot_ + i) = static_cast<float>(req[i]);
-        }
-      }
-    }
-  }
-
-  // Runs when the last bucket's collective has compressed (every other bucket has run): this
-  // rank's gain, gain curve, layer norms and kept fractions over all buckets go into the
-  // statistics slots.
-  static void seal_statistics(void* self, const compress_stats&) {
-    auto& t = *static_cast<trainer*>(self);
-    t.merge_stats();
-    const compress_stats& st = t.stats_;
-    std::size_t at = t.stats_slot_;
-    const double in = st.input_sq();
-    t.control_.local(at++) = static_cast<float>(gain_from_sq(st.kept_sq(), in));
-    for (std::size_t c = 0; c < t.params_.gain_candidates.size(); ++c)
-      t.control_.local(at++) =
-          static_cast<float>(c < st.candidate_kept_sq.size() ? gain_from_sq(st.candidate_kept_sq[c], in) : 1.0);
-    for (std::size_t i = 0; i < t.layout_.size(); ++i)
-      t.control_.local(at++) = static_cast<float>(std::sqrt(st.layers[i].grad_sq));
-    for (std::size_t i = 0; i < t.layout_.size(); ++i) {
-      const auto n = static_cast<double>(t.layout_[i].numel);
-      t.control_.local(at++) = n > 0 ? static_cast<float>(static_cast<double>(st.layers[i].kept) / n) : 0.0f;
-    }
-  }
-
-  // After the collectives: when any rank flagged a non-finite gradient, every rank gives
-  // back what it sent to its residual (so nothing is lost: the residuals hold u = g + e
-  // where the rank sent, and the failing rank's buckets from its bad layer on hold their
-  // old residual) and throws, naming its own layer or a failing rank. The step counter
-  // does not advance.
-  void throw_if_flagged() {
-    if (!control_.has_sums()) return;
-    const float failing = control_.sum(flag_slot_);
-    if (failing == 0.0f) return;
-    return_sent_buckets(buckets_.size());
-    throw_non_finite(control_.sum(flag_slot_), control_.sum(flag_slot_ + 1));
-  }
-
-  // Every rank's error for a step where \p failing ranks (the sum of their rank + 1:
-  // \p rank_sum) found a non-finite u: a failing rank names its first bad layer (and says
-  // when g + e overflowed from finite values), the others the failing rank or their count.
-  [[noreturn]] void throw_non_finite(double failing, double rank_sum) {
-    std::string where;
-    if (bad_layer_ >= 0) {
-      where = "layer '" + layout_[static_cast<std::size_t>(bad_layer_)].name + "'";
-      if (bad_is_overflow_)
-        throw error(status::non_finite,
-                    "gradient + residual overflows the float range in " + where +
-                        " (the gradient itself is finite; u = g + e is not)",
-                    comm_.rank());
-    } else if (failing == 1.0) {
-      where = "rank " + std::to_string(static_cast<int>(rank_sum) - 1) + "'s gradient";
-    } else {
-      where = "the gradients of " + std::to_string(static_cast<int>(failing)) + " ranks";
-    }
-    throw error(status::non_finite, "non-finite gradient in " + where, comm_.rank());
-  }
-
+  // This rank's statistics in the report (their rank averages replace them where the
+  // policy needs them).
   void fill_report() {
     report_.dense_bytes = layout_.numel() * sizeof(float);
     for (std::size_t i = 0; i < layout_.size(); ++i) {
@@ -905,75 +650,11 @@ class trainer {
     report_.statistics_synchronized = false;
   }
 
-  // The rank averages of the statistics slots replace the local values in the report. On
-  // device memory (no control plane yet) one allreduce of the statistics does it instead.
-  void read_statistics() {
-    if (stats_slot_ == no_slot || !control_.has_sums()) {
-      if constexpr (!memory_space::host_accessible) synchronize_statistics();
-    } else {
-      const double inv = 1.0 / comm_.size();
-      std::size_t at = stats_slot_;
-      report_.gain = control_.sum(at++) * inv;
-      for (auto& g : report_.gain_curve) g = control_.sum(at++) * inv;
-      for (auto& n : report_.layer_grad_norm) n = control_.sum(at++) * inv;
-      for (auto& k : report_.kept_fraction) k = control_.sum(at++) * inv;
-      report_.statistics_synchronized = true;
-      report_.previous_times_agreed = times_slot_ != no_slot;
-      if (report_.previous_times_agreed)
-        report_.previous_times = {control_.sum(times_slot_) * inv, control_.sum(times_slot_ + 1) * inv,
-                                  control_.sum(times_slot_ + 2) * inv, control_.sum(times_slot_ + 3) * inv};
-    }
-    pending_times_ = {report_.compress_s, report_.communicate_s, report_.decompress_s, report_.iteration_s};
-    has_pending_times_ = true;
-  }
-
-  // Hands the policy the sums of the values it asked to agree on (they rode in this step's
-  // collective; on device memory they take one allreduce of their own).
-  void deliver_agreement() {
-    if constexpr (requires(P & p, std::span<const double> s) { p.agreed(s); }) {
-      if constexpr (memory_space::host_accessible) {
-        if (agree_slot_ == no_slot || !control_.has_sums()) return;
-        agreed_.resize(agree_count_);
-        for (std::size_t i = 0; i < agree_count_; ++i) agreed_[i] = control_.sum(agree_slot_ + i);
-      } else {
-        const std::span<const double> req = policy_.agreement_request();
-        if (req.empty()) return;
-        agreed_.assign(req.begin(), req.end());
-        comm_.allreduce_sum(std::span<double>(agreed_));
-      }
-      policy_.agreed(std::span<const double>(agreed_));
-    }
-  }
-
-  // Device memory: the statistics in one allreduce of their own (the control plane rides
-  // only in host collectives so far).
-  void synchronize_statistics() {
-    // Layout of sync_: L norms, L kept fractions, the gain, G gain-curve points.
-    const std::size_t L = layout_.size(), G = report_.gain_curve.size(), T = has_pending_times_ ? 4 : 0;
-    sync_.resize(2 * L + 1 + G + T);
-    if (T) {
-      sync_[2 * L + 1 + G] = pending_times_.compress_s;
-      sync_[2 * L + 2 + G] = pending_times_.communicate_s;
-      sync_[2 * L + 3 + G] = pending_times_.decompress_s;
-      sync_[2 * L + 4 + G] = pending_times_.iteration_s;
-    }
-    std::copy(report_.layer_grad_norm.begin(), report_.layer_grad_norm.end(), sync_.begin());
-    std::copy(report_.kept_fraction.begin(), report_.kept_fraction.end(),
-              sync_.begin() + static_cast<std::ptrdiff_t>(L));
-    sync_[2 * L] = report_.gain;
-    std::copy(report_.gain_curve.begin(), report_.gain_curve.end(),
-              sync_.begin() + static_cast<std::ptrdiff_t>(2 * L + 1));
-    comm_.allreduce_sum(std::span<double>(sync_));
-    const double inv = 1.0 / comm_.size();
-    for (std::size_t i = 0; i < L; ++i) report_.layer_grad_norm[i] = sync_[i] * inv;
-    for (std::size_t i = 0; i < L; ++i) report_.kept_fraction[i] = sync_[L + i] * inv;
-    report_.gain = sync_[2 * L] * inv;
-    for (std::size_t c = 0; c < G; ++c) report_.gain_curve[c] = sync_[2 * L + 1 + c] * inv;
-    report_.statistics_synchronized = true;
-    report_.previous_times_agreed = T != 0;
-    if (T)
-      report_.previous_times = {sync_[2 * L + 1 + G] * inv, sync_[2 * L + 2 + G] * inv, sync_[2 * L + 3 + G] * inv,
-                                sync_[2 * L + 4 + G] * inv};
+  // Ends a step that ran (or was skipped by every rank): the counter advances.
+  const step_report& finish_step() {
+    ++step_;
+    last_return_ = std::chrono::steady_clock::now();
+    return report_;
   }
 
   communicator_ref<memory_space> comm_;
@@ -984,35 +665,22 @@ class trainer {
   std::vector<std::unique_ptr<bucket_state>> buckets_;
   typename storage_for<memory_space>::type residual_;
   bool residual_zero_ = true;
-  bool bad_is_overflow_ = false;  // the last screened bad layer had finite g and e, and g + e overflowed
-  [[no_unique_address]] detail::non_finite_ops<memory_space> non_finite_;  // the screening kernels on a device
-  [[no_unique_address]] detail::layer_events<memory_space> events_;        // device: one CUDA event per layer
+  detail::non_finite_guard<memory_space> guard_;                     // the non-finite protocol
+  detail::step_statistics plane_;                                    // the control plane
+  statistics_sealer sealer_;                                         // its seal, run by the last collective
+  detail::async_schedule schedule_;                                  // ready layers, releasable buckets
+  [[no_unique_address]] detail::layer_events<memory_space> events_;  // device: one CUDA event per layer
   step_params params_;
   compress_stats stats_;
   step_report report_;
   grad_view<memory_space> grads_{};  // the gradient of the step in flight
-  std::vector<double> sync_;
-  std::vector<double> agreed_;
-  step_control control_;
-  std::size_t flag_slot_ = no_slot, stats_slot_ = no_slot, agree_slot_ = no_slot, agree_count_ = 0;
-  std::size_t times_slot_ = no_slot;
-  step_times pending_times_{};  // this rank's times of the last step, sent with the next
-  bool has_pending_times_ = false;
   detail::consistency_checker consistency_;
   std::uint64_t step_ = 0;
   std::chrono::steady_clock::time_point last_return_{};
-  // The step in flight: which layers are ready, how many buckets may start, whether the
-  // asynchronous step runs it, where this rank's first bad layer is.
-  std::vector<bool> layer_ready_;
-  std::size_t released_ = 0;
-  double backward_end_s_ = 0;  // the last ready time: when backward ended
-  bool given_times_ = false;   // the caller gave ready times (a modeled timeline), not the wall clock
   bool in_step_ = false;
   bool async_ = false;
-  long bad_layer_ = -1;
-  std::chrono::steady_clock::time_point step_began_{};
   // Last: its destructor joins the communication thread before anything it uses goes.
-  std::unique_ptr<detail::bucket_worker> worker_;
+  std::unique_ptr<detail::bucket_worker<trainer>> worker_;
 };
 
 }  // namespace gravac

@@ -30,8 +30,15 @@ class step_control {
  public:
   //! An index that names no slot (a slot not reserved this step).
   static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
-  //! The hook seal() runs: it writes the statistics of the compressed step into its slots.
-  using seal_hook = void (*)(void* context, const compress_stats& stats);
+  //! What seal() runs: it writes the statistics of the compressed step into their slots.
+  class sealer {
+   public:
+    //! Writes the slots once the step's last collective has compressed (\p stats: its own).
+    virtual void seal(const compress_stats& stats) = 0;
+
+   protected:
+    ~sealer() = default;
+  };
 
   //! Forgets every slot (start of a step); keeps the memory.
   void clear() noexcept {
@@ -59,17 +66,14 @@ class step_control {
   //! Slot \p i of this rank.
   float& local(std::size_t i) { return local_.at(i); }
 
-  //! Called by a collective after compression, before it communicates: runs the hook
+  //! Called by a collective after compression, before it communicates: runs the sealer
   //! the trainer installed (it writes the statistics of the compressed step into its slots).
   void seal(const compress_stats& st) {
-    if (seal_ && !sealed_) seal_(seal_ctx_, st);
+    if (sealer_ && !sealed_) sealer_->seal(st);
     sealed_ = true;
   }
-  //! Installs the hook seal() runs: \p fn(\p ctx, the step's compress_stats).
-  void on_seal(seal_hook fn, void* ctx) noexcept {
-    seal_ = fn;
-    seal_ctx_ = ctx;
-  }
+  //! Installs the sealer seal() runs (it must outlive the step).
+  void on_seal(sealer& s) noexcept { sealer_ = &s; }
 
   //! Allreduce path: copies the local values to \p out (the tail of the reduction buffer).
   void write_local(std::span<float> out) const noexcept { std::copy(local_.begin(), local_.end(), out.begin()); }
@@ -102,8 +106,7 @@ class step_control {
  private:
   std::vector<float> local_;
   std::vector<float> summed_;
-  seal_hook seal_ = nullptr;
-  void* seal_ctx_ = nullptr;
+  sealer* sealer_ = nullptr;
   bool sealed_ = false;
 };
 

@@ -12,16 +12,17 @@
 
 namespace gravac::detail {
 
-//! Runs `run(context, b)` for b = 0, 1, ... in order on a thread of its own, bucket b once
+//! Runs `(owner->*run)(b)` for b = 0, 1, ... in order on a thread of its own, bucket b once
 //! release(n) has been called with n > b. The first exception stops the step: later buckets
 //! are not run and wait() rethrows it. One step at a time: begin(), releases, wait().
+template <class Owner>
 class bucket_worker {
  public:
-  //! The function that processes one bucket.
-  using run_fn = void (*)(void* context, std::size_t bucket);
+  //! The member function of the owner that processes one bucket.
+  using run_fn = void (Owner::*)(std::size_t bucket);
 
-  //! A worker that calls \p run with \p context; the thread starts on the first begin().
-  bucket_worker(run_fn run, void* context) noexcept : run_(run), context_(context) {}
+  //! A worker that calls \p run on its owner; the thread starts on the first begin().
+  explicit bucket_worker(run_fn run) noexcept : run_(run) {}
   bucket_worker(const bucket_worker&) = delete;
   bucket_worker& operator=(const bucket_worker&) = delete;
   //! Waits for the bucket in progress (if any) and ends the thread.
@@ -34,12 +35,12 @@ class bucket_worker {
     if (thread_.joinable()) thread_.join();
   }
 
-  //! Starts a step of \p buckets buckets, none released yet, run with \p context (the
-  //! owner may have moved since the last step).
-  void begin(std::size_t buckets, void* context) {
+  //! Starts a step of \p buckets buckets, none released yet, run on \p owner (it may have
+  //! moved since the last step).
+  void begin(std::size_t buckets, Owner* owner) {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     std::lock_guard lock(m_);
-    context_ = context;
+    owner_ = owner;
     total_ = buckets;
     released_ = done_ = 0;
     failure_ = nullptr;
@@ -72,11 +73,11 @@ class bucket_worker {
       cv_.wait(lock, [&] { return stop_ || (done_ < released_ && !failure_); });
       if (stop_) return;
       const std::size_t b = done_;
-      void* const context = context_;
+      Owner* const owner = owner_;
       lock.unlock();
       std::exception_ptr failed;
       try {
-        run_(context, b);
+        (owner->*run_)(b);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -90,7 +91,7 @@ class bucket_worker {
   }
 
   run_fn run_;
-  void* context_;
+  Owner* owner_ = nullptr;
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::thread thread_;

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "gravac/collective/collective_for.hpp"
 #include "gravac/composition.hpp"
 #include "gravac/concepts.hpp"
 
@@ -174,6 +175,23 @@ consteval bool check_accepts() {
   return r == rejection::none;
 }
 
+//! The operations the trainer calls on collective \p K for compressor \p C (CollectiveFor),
+//! one readable assertion each.
+template <class C, class K>
+consteval bool check_operations() {
+  static_assert(std::constructible_from<K, const layout&, const typename K::options&>,
+                "gravac::trainer: Collective requirement: a constructor K(const gravac::layout&, const K::options&)");
+  static_assert(
+      requires(K & k, C & c) { k.prepare(c); },
+      "gravac::trainer: Collective requirement: void prepare(C&) (sizes the workspaces from the compressor)");
+  static_assert(
+      requires(K & k, C & c, communicator_ref<typename C::memory_space> & m, step_buffers<typename C::memory_space> & b,
+               const step_params& p, compress_stats& st, step_report& r) { k.aggregate(c, m, b, p, st, r); },
+      "gravac::trainer: Collective requirement: void aggregate(C&, Communicator&, step_buffers<space>&, const "
+      "step_params&, compress_stats&, step_report&) (see docs/concept_collective.md)");
+  return CollectiveFor<K, C>;
+}
+
 //! A policy whose every decision the compressor ignores is refused (composition.hpp).
 template <class C, class P>
 consteval bool check_decisions() {
@@ -205,7 +223,10 @@ template <class C, class K, class P>
 consteval bool check_composition() {
   constexpr bool concepts = check_compressor<C>() && check_collective<K>() && check_policy<P>();
   if constexpr (concepts) {
-    return check_accepts<C, K>() && check_decisions<C, P>();
+    if constexpr (why_refused<C, K>() == rejection::none)
+      return check_operations<C, K>() && check_decisions<C, P>();
+    else
+      return check_accepts<C, K>();
   } else {
     return false;
   }
