@@ -1,10 +1,11 @@
 #pragma once
-//! \file quantize_cuda.hpp
-//! \brief The quantizing compressors on the device: qsgd_cuda, terngrad_cuda, sign_cuda and
-//! cast16_cuda. Same packets as gravac::qsgd, terngrad, sign and cast16 on the same input,
-//! bit for bit (the same scales, random draws, codes and padding), and the same residual
-//! e = u - decompress(packet); see detail/quantize_cuda_kernels.hpp for how. Part of target
-//! gravac::cuda.
+//! \file quantize_cuda_base.hpp
+//! \brief detail::quantize_cuda_base: the body the quantizing compressors on the device
+//! share (qsgd_cuda, terngrad_cuda, sign_cuda and cast16_cuda, each in its own header under
+//! cuda/, which adds its options, their checks and its documentation). Same packets as
+//! gravac::qsgd, terngrad, sign and cast16 on the same input, bit for bit (the same scales,
+//! random draws, codes and padding), and the same residual e = u - decompress(packet); see
+//! quantize_cuda_kernels.hpp for how. Part of target gravac::cuda.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
@@ -14,15 +15,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "gravac/comm/sum_piece.hpp"
 #include "gravac/composition.hpp"
-#include "gravac/compress/cast16.hpp"
-#include "gravac/compress/qsgd.hpp"
-#include "gravac/compress/sign.hpp"
-#include "gravac/compress/terngrad.hpp"
+#include "gravac/compress/cast16_format.hpp"
+#include "gravac/compress/detail/cast16_limits.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
@@ -41,33 +38,12 @@
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/packet/raw_segment.hpp"
 
-namespace gravac {
+namespace gravac::detail {
 
-//! Options of qsgd_cuda: the stream, and those of gravac::qsgd (same meaning, same checks).
-struct qsgd_cuda_options {
-  stream_ref stream{};         //!< the stream every kernel of the compressor runs on
-  std::uint32_t levels = 127;  //!< see qsgd_options
-  std::uint32_t bucket = 512;  //!< see qsgd_options
-};
-//! Options of terngrad_cuda: the stream, and those of gravac::terngrad.
-struct terngrad_cuda_options {
-  stream_ref stream{};         //!< the stream every kernel of the compressor runs on
-  std::uint32_t bucket = 512;  //!< see terngrad_options
-};
-//! Options of sign_cuda: the stream.
-struct sign_cuda_options {
-  stream_ref stream{};  //!< the stream every kernel of the compressor runs on
-};
-//! Options of cast16_cuda: the stream, and the format of gravac::cast16.
-struct cast16_cuda_options {
-  stream_ref stream{};                         //!< the stream every kernel of the compressor runs on
-  cast16_format format = cast16_format::fp16;  //!< see cast16_options
-};
-
-//! Which quantizer a basic_quantize_cuda runs.
-using quantizer_cuda = detail::quant_family;
-
-//! A quantizing compressor with error feedback over device memory. Models Compressor.
+//! The quantizing compressor \p Q with error feedback over device memory, \p Options being
+//! its options (a `stream`, and for cast16 a `format`): the whole of a Compressor but its
+//! constructor. The public classes derive from it, check their options and pass their
+//! level count and bucket.
 //!
 //! compress() plans the packet on the host (every segment's size follows from the layout,
 //! the options and which layers go raw), uploads the plan, and runs a fixed sequence of
@@ -78,9 +54,9 @@ using quantizer_cuda = detail::quant_family;
 //! allocated at construction (no allocation per step). compress_stats::non_finite reports a
 //! NaN or infinity in u = g + e (the host trainer checks g itself; device memory it cannot
 //! read, so the device compressor reports it, as topk_cuda does).
-template <quantizer_cuda Q>
-class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>> {
-  static constexpr bool leveled = Q == quantizer_cuda::qsgd || Q == quantizer_cuda::terngrad;
+template <quant_family Q, class Options>
+class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>> {
+  static constexpr bool leveled = Q == quant_family::qsgd || Q == quant_family::terngrad;
 
  public:
   //! Opt-in tag for the Compressor concept.
@@ -90,10 +66,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   //! Works on device memory.
   using memory_space = cuda_space;
   //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options or cast16_cuda_options).
-  using options = std::conditional_t<
-      Q == quantizer_cuda::qsgd, qsgd_cuda_options,
-      std::conditional_t<Q == quantizer_cuda::terngrad, terngrad_cuda_options,
-                         std::conditional_t<Q == quantizer_cuda::sign, sign_cuda_options, cast16_cuda_options>>>;
+  using options = Options;
   //! Each rank has its own scales, so codes cannot be summed elementwise.
   static constexpr bool summable_by_index = false;
   //! Packet kind written (that of the host quantizers).
@@ -102,27 +75,70 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   //! only on the layout (a shard layout has its own names, so its own random streams, as on
   //! the host), the options and the step. Not cast16_cuda: its path there is the 16-bit sum
   //! of one whole packet (PieceSummableCompressor).
-  static constexpr bool runs_on_shards = Q != quantizer_cuda::cast16;
+  static constexpr bool runs_on_shards = Q != quant_family::cast16;
 
-  //! A compressor for \p lay; checks the options as the host quantizer does and allocates
-  //! the whole workspace.
-  basic_quantize_cuda(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
-    if constexpr (Q == quantizer_cuda::qsgd) {
-      require(
-          opt.levels >= 1 && opt.levels <= qsgd_max_levels,
-          "qsgd_cuda: levels must be in 1.." + std::to_string(qsgd_max_levels) + ", got " + std::to_string(opt.levels));
-      require(opt.bucket % 64 == 0,
-              "qsgd_cuda: bucket must be a multiple of 64 (or 0 for whole layers), got " + std::to_string(opt.bucket));
-      levels_ = opt.levels;
-      bucket_ = opt.bucket;
-    } else if constexpr (Q == quantizer_cuda::terngrad) {
-      require(opt.bucket % 64 == 0, "terngrad_cuda: bucket must be a multiple of 64 (or 0 for whole layers), got " +
-                                        std::to_string(opt.bucket));
-      levels_ = 1;
-      bucket_ = opt.bucket;
-    } else if constexpr (Q == quantizer_cuda::cast16) {
-      require(opt.format == cast16_format::fp16 || opt.format == cast16_format::bf16, "cast16_cuda: unknown format");
-    }
+  //! Upper bound of the packet size, as the host quantizer's.
+  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
+    return packet_bytes_bound(
+        layout_, [this](std::size_t, const layer& l) { return sizeof(segment_header) + payload_bytes(l.numel); });
+  }
+
+  //! Quantizes every layer whose kept fraction is below 1 (the others go raw); e = u -
+  //! decompress(packet). \p g, \p e and \p out are device memory. Returns the packet size
+  //! once the packet, the residual and the statistics are ready.
+  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
+                       compress_stats& st) {
+    step_plan plan;
+    last_jobs_ = 0;  // until this step's packet is complete, there are no pieces to sum
+    const std::size_t bytes = detail::compress_on_device(
+        {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return plan_step(p, plan); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, plan); },
+        [&](std::size_t b) { return finish_step(p, st, plan, b); });
+    last_jobs_ = plan.jobs;
+    return bytes;
+  }
+
+  //! Validates an untrusted packet in device memory: the header walk, then every scale,
+  //! code and padding bit, on the device; only the verdict is copied back.
+  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
+    if (packet.size() < sizeof(packet_header))
+      return validation::fail(detail::validation_reason(detail::v_truncated_header));
+    if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      return validation::fail(detail::validation_reason(detail::v_misaligned));
+    const cudaStream_t s = options_.stream.get();
+    launch_walk(packet);
+    detail::launch(&detail::check_quantized_payloads, detail::launch_config::per_layer(layout_.size()),
+                   detail::packet_threads, s, packet.data(), table_.data(), walk_.data());
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result), cudaMemcpyDeviceToHost, s));
+    options_.stream.synchronize();
+    const std::uint32_t v = walk_host_[0].verdict;
+    if (v == detail::v_ok) return {};
+    if (v == detail::v_layout) return {status::layout_mismatch, detail::quant_validation_reason(v)};
+    return validation::fail(detail::quant_validation_reason(v));
+  }
+
+  //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
+  //! arithmetic. The packet must have been validated. Asynchronous on the compressor's stream.
+  void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
+    require(out.size() == layout_.numel(),
+            std::string(name()) + "::decompress_add: buffer size does not match the layout");
+    if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
+      throw error(status::malformed_packet, "decompress_add: packet was not validated");
+    launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
+    detail::launch(&detail::decode_quantized, detail::launch_config::per_layer(layout_.size()), detail::packet_threads,
+                   options_.stream.get(), packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
+  }
+
+  //! The options it was built with.
+  [[nodiscard]] const options& get_options() const noexcept { return options_; }
+
+ protected:
+  //! A compressor for \p lay with options \p opt, already checked by the public class, and
+  //! \p levels and \p bucket (qsgd's; terngrad's bucket with one level; 1 and 0 for sign
+  //! and cast16); allocates the whole workspace.
+  quantize_cuda_base(const layout& lay, const options& opt, std::uint32_t levels, std::uint32_t bucket)
+      : layout_(lay), options_(opt), levels_(levels), bucket_(bucket) {
     const stream_ref s = opt.stream;
     launch_ = detail::launch_config::current_device();
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
@@ -163,86 +179,11 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
     gain_host_.resize(detail::max_gain_candidates);
     walk_host_.resize(1);
     job_layer_.resize(L);
-    pieces_.reserve(L);
     s.synchronize();  // the pinned staging above is freed when this returns
   }
 
-  //! Upper bound of the packet size, as the host quantizer's.
-  [[nodiscard]] std::size_t max_packet_bytes() const noexcept {
-    return packet_bytes_bound(
-        layout_, [this](std::size_t, const layer& l) { return sizeof(segment_header) + payload_bytes(l.numel); });
-  }
-
-  //! Quantizes every layer whose kept fraction is below 1 (the others go raw); e = u -
-  //! decompress(packet). \p g, \p e and \p out are device memory. Returns the packet size
-  //! once the packet, the residual and the statistics are ready.
-  std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
-                       compress_stats& st) {
-    step_plan plan;
-    last_jobs_ = 0;  // until this step's packet is complete, there are no pieces to sum
-    const std::size_t bytes = detail::compress_on_device(
-        {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return plan_step(p, plan); },
-        [&](std::byte* packet) { queue_step(g, e, p, packet, plan); },
-        [&](std::size_t b) { return finish_step(p, st, plan, b); });
-    last_jobs_ = plan.jobs;
-    return bytes;
-  }
-
-  //! cast16_cuda only: where the last packet's values lie, for a communicator that sums them
-  //! in place (nccl_communicator::allreduce_sum_pieces, the 16-bit path of
-  //! compressed_allreduce): the 16-bit codes of every cast layer (summed in fp16 or bf16)
-  //! and the floats of every raw layer. Everything else in the packet (headers, the
-  //! multiplier N) follows from the layout and the step's parameters, so it is the same on
-  //! every rank, and a packet whose pieces hold the ranks' sums decodes, with the
-  //! multiplier N and a scale of 1/N, to the sum of the ranks' codes. Valid until the next compress.
-  [[nodiscard]] std::span<const sum_piece> summed_pieces() requires(Q == quantizer_cuda::cast16) {
-    pieces_.clear();  // reserved at construction: no allocation per step
-    const sum_type t = options_.format == cast16_format::bf16 ? sum_type::bf16 : sum_type::f16;
-    for (std::uint32_t j = 0; j < last_jobs_; ++j) {
-      const auto& d = plan_host_[j];
-      const std::size_t payload = d.at + sizeof(segment_header);
-      if (d.header.encoding == raw_encoding)
-        pieces_.push_back({payload, static_cast<std::size_t>(d.header.numel), sum_type::f32});
-      else
-        pieces_.push_back({payload + quant_prefix_bytes, static_cast<std::size_t>(d.header.numel), t});
-    }
-    return pieces_;
-  }
-
-  //! Validates an untrusted packet in device memory: the header walk, then every scale,
-  //! code and padding bit, on the device; only the verdict is copied back.
-  [[nodiscard]] validation validate(std::span<const std::byte> packet) const {
-    if (packet.size() < sizeof(packet_header))
-      return validation::fail(detail::validation_reason(detail::v_truncated_header));
-    if (reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
-      return validation::fail(detail::validation_reason(detail::v_misaligned));
-    const cudaStream_t s = options_.stream.get();
-    launch_walk(packet);
-    detail::launch(&detail::check_quantized_payloads, detail::launch_config::per_layer(layout_.size()),
-                   detail::packet_threads, s, packet.data(), table_.data(), walk_.data());
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(walk_host_.data(), walk_.data(), sizeof(detail::walk_result), cudaMemcpyDeviceToHost, s));
-    options_.stream.synchronize();
-    const std::uint32_t v = walk_host_[0].verdict;
-    if (v == detail::v_ok) return {};
-    if (v == detail::v_layout) return {status::layout_mismatch, detail::quant_validation_reason(v)};
-    return validation::fail(detail::quant_validation_reason(v));
-  }
-
-  //! Adds scale * decompress(packet) to \p out (device memory), with the host decoder's
-  //! arithmetic. The packet must have been validated. Asynchronous on the compressor's stream.
-  void decompress_add(std::span<const std::byte> packet, grad_view<cuda_space> out, float scale) const {
-    require(out.size() == layout_.numel(),
-            std::string(name()) + "::decompress_add: buffer size does not match the layout");
-    if (packet.size() < sizeof(packet_header) || reinterpret_cast<std::uintptr_t>(packet.data()) % 8 != 0)
-      throw error(status::malformed_packet, "decompress_add: packet was not validated");
-    launch_walk(packet);  // rebuilds the segment table on the device (no host round trip)
-    detail::launch(&detail::decode_quantized, detail::launch_config::per_layer(layout_.size()), detail::packet_threads,
-                   options_.stream.get(), packet.data(), desc(), table_.data(), walk_.data(), out.data(), scale);
-  }
-
-  //! The options it was built with.
-  [[nodiscard]] const options& get_options() const noexcept { return options_; }
+  //! The segments of the last complete packet, as planned on the host (empty until one is).
+  [[nodiscard]] std::span<const segment_desc> last_segments() const noexcept { return {plan_host_.data(), last_jobs_}; }
 
  private:
   // What plan_step works out on the host for the step's launches.
@@ -297,7 +238,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
         bucket_at += sh.buckets;
         const unsigned long long slots = code_slots(l.numel);
         blocks[cd::pass_codes] += cd::blocks_covering(slots, T);
-        if constexpr (Q != quantizer_cuda::cast16) {
+        if constexpr (Q != quant_family::cast16) {
           blocks[cd::pass_accumulate] += cd::blocks_covering(sh.chunks, cd::chunks_per_block);
           blocks[cd::pass_scales] += leveled ? cd::blocks_covering(sh.buckets, T) : cd::one_block;
         }
@@ -368,7 +309,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
                        packet, sd);
     }
     if (blocks[cd::pass_codes]) {
-      if constexpr (Q == quantizer_cuda::cast16) {
+      if constexpr (Q == quant_family::cast16) {
         const float ranks = static_cast<float>(std::max(1, p.ranks));
         const float inv = 1.0f / ranks;  // on the host, as cast16 computes it
         const std::uint32_t lim = detail::cast16_limit_bits(options_.format, ranks);
@@ -396,12 +337,12 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
           detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd);
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
-        if constexpr (Q == quantizer_cuda::sign) {
+        if constexpr (Q == quant_family::sign) {
           detail::launch(&cd::sign_layer_scale, gs, cd::quant_threads, s, jd, jobs, chunks_.data(), scales_.data(),
                          packet, sd);
           detail::launch(&cd::sign_codes, gc, cd::quant_threads, s, ed, jd, jobs, scales_.data(), packet);
         } else {
-          detail::launch(&cd::bucket_scales<Q == quantizer_cuda::qsgd>, gs, cd::quant_threads, s, jd, jobs,
+          detail::launch(&cd::bucket_scales<Q == quant_family::qsgd>, gs, cd::quant_threads, s, jd, jobs,
                          chunks_.data(), scales_.data(), packet, levels_, bucket_);
           launch_codes(gc, ed, packet, jobs);
         }
@@ -431,7 +372,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   };
   [[nodiscard]] layer_shape shape_of(std::size_t n) const noexcept {
     layer_shape sh;
-    if (n == 0 || Q == quantizer_cuda::cast16) return sh;
+    if (n == 0 || Q == quant_family::cast16) return sh;
     constexpr unsigned long long C = detail::quant_chunk_elems;
     sh.bucket = leveled && bucket_ ? bucket_ : n;  // EF-sign: one bucket, the layer
     sh.buckets = (n + sh.bucket - 1) / sh.bucket;
@@ -449,7 +390,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   [[nodiscard]] unsigned code_bits() const noexcept {
     if constexpr (leveled)
       return code_width(levels_);
-    else if constexpr (Q == quantizer_cuda::sign)
+    else if constexpr (Q == quant_family::sign)
       return 1;
     else
       return 16;
@@ -458,7 +399,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   [[nodiscard]] std::size_t payload_bytes(std::size_t n) const noexcept {
     if constexpr (leveled)
       return leveled_payload_bytes(n, levels_, bucket_);
-    else if constexpr (Q == quantizer_cuda::sign)
+    else if constexpr (Q == quant_family::sign)
       return sign_payload_bytes(n);
     else
       return half_payload_bytes(n);
@@ -466,24 +407,24 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
 
   [[nodiscard]] std::uint8_t encoding_for() const noexcept {
     quant_encoding enc = quant_encoding::fp16;
-    if constexpr (Q == quantizer_cuda::qsgd)
+    if constexpr (Q == quant_family::qsgd)
       enc = quant_encoding::qsgd;
-    else if constexpr (Q == quantizer_cuda::terngrad)
+    else if constexpr (Q == quant_family::terngrad)
       enc = quant_encoding::terngrad;
-    else if constexpr (Q == quantizer_cuda::sign)
+    else if constexpr (Q == quant_family::sign)
       enc = quant_encoding::sign;
-    else if constexpr (Q == quantizer_cuda::cast16)
+    else if constexpr (Q == quant_family::cast16)
       enc = options_.format == cast16_format::bf16 ? quant_encoding::bf16 : quant_encoding::fp16;
     return static_cast<std::uint8_t>(enc);
   }
 
   static constexpr const char* name() noexcept {
     switch (Q) {
-      case quantizer_cuda::qsgd:
+      case quant_family::qsgd:
         return "qsgd_cuda";
-      case quantizer_cuda::terngrad:
+      case quant_family::terngrad:
         return "terngrad_cuda";
-      case quantizer_cuda::sign:
+      case quant_family::sign:
         return "sign_cuda";
       default:
         return "cast16_cuda";
@@ -526,7 +467,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   }
 
   layout layout_;
-  friend class detail::stream_members<basic_quantize_cuda>;  // stream() reads options_.stream
+  friend class stream_members<quantize_cuda_base>;  // stream() reads options_.stream
   options options_;
   std::uint32_t levels_ = 1;
   std::uint32_t bucket_ = 0;
@@ -554,21 +495,7 @@ class basic_quantize_cuda : public detail::stream_members<basic_quantize_cuda<Q>
   pinned_buffer<double> gain_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
-  std::uint32_t last_jobs_ = 0;    // segments of the last complete packet (summed_pieces)
-  std::vector<sum_piece> pieces_;  // summed_pieces' answer
+  std::uint32_t last_jobs_ = 0;  // segments of the last complete packet (last_segments)
 };
 
-//! QSGD with error feedback on the device: the packets of gravac::qsgd.
-using qsgd_cuda = basic_quantize_cuda<quantizer_cuda::qsgd>;
-//! TernGrad with error feedback on the device: the packets of gravac::terngrad.
-using terngrad_cuda = basic_quantize_cuda<quantizer_cuda::terngrad>;
-//! EF-sign on the device: the packets of gravac::sign.
-using sign_cuda = basic_quantize_cuda<quantizer_cuda::sign>;
-//! cast16 (fp16 or bf16 of u / N) on the device: the packets of gravac::cast16.
-using cast16_cuda = basic_quantize_cuda<quantizer_cuda::cast16>;
-static_assert(Compressor<qsgd_cuda>);
-static_assert(Compressor<terngrad_cuda>);
-static_assert(Compressor<sign_cuda>);
-static_assert(Compressor<cast16_cuda>);
-
-}  // namespace gravac
+}  // namespace gravac::detail
