@@ -31,7 +31,12 @@ class mlp final : public model {
 
   [[nodiscard]] std::string name() const override {
     std::string s = "mlp(";
-    for (std::size_t i = 0; i < sizes_.size(); ++i) s += (i ? "-" : "") + std::to_string(sizes_[i]);
+    for (std::size_t i = 0; i < sizes_.size(); ++i) {
+      // Appended piece by piece: `"-" + std::to_string(...)` trips GCC 12's -Wrestrict
+      // false positive in std::string's operator+.
+      if (i) s += '-';
+      s += std::to_string(sizes_[i]);
+    }
     return s + ")";
   }
 
