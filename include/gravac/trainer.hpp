@@ -26,6 +26,7 @@
 #include "gravac/detail/layer_events.hpp"
 #include "gravac/detail/non_finite_guard.hpp"
 #include "gravac/detail/seconds_since.hpp"
+#include "gravac/detail/step_buckets.hpp"
 #include "gravac/detail/step_statistics.hpp"
 #include "gravac/error.hpp"
 #include "gravac/non_finite_action.hpp"
@@ -105,13 +106,10 @@ class trainer {
         options_(opt),
         plan_(checked_plan(lay, opt)),
         policy_(lay, opt.policy),
-        guard_(opt.on_non_finite) {
+        guard_(opt.on_non_finite),
+        buckets_(plan_, opt) {
     if (opt.verify_layout) verify_layout_across_ranks();
     residual_ = typename storage_for<memory_space>::type(lay.numel());
-    for (std::size_t b = 0; b < plan_.size(); ++b) {
-      buckets_.push_back(std::make_unique<bucket_state>(plan_[b].layers, opt));
-      buckets_.back()->collective.prepare(buckets_.back()->compressor);
-    }
     params_.kept_fraction.assign(lay.size(), dense_fraction);
     params_.bin_length.assign(lay.size(), 0);
     params_.ranks = comm_.size();
@@ -133,24 +131,11 @@ class trainer {
   // clang-format on
 
   //! Runs one step on the flat gradient buffer \p grads: its buckets one after the other,
-  //! in the calling thread.
-  //!
-  //! On host memory the step makes no collective besides the gradient's own: the
-  //! non-finite flag, the statistics a policy needs and the values it asked to agree on
-  //! ride in that collective (step_control.hpp; in the last bucket's when there are
-  //! several). Exceptions: `on_non_finite = skip_step` agrees on the flag by one small
-  //! allreduce before anything is sent (a skipped step must leave every residual
-  //! untouched, so the ranks must know before compressing), and the `check_consistency`
-  //! debug option adds its own check. On device memory `throw_error` takes that small
-  //! allreduce too (the device collectives carry no control values).
-  //!
-  //! On a device, \p grads must be produced on the calling thread's default stream (its
-  //! per-thread default stream, or the legacy default stream, which that stream follows) or
-  //! be complete: every bucket's compressor stream first waits for one CUDA event recorded
-  //! on cudaStreamPerThread here (no host wait), so compressors on streams of their own
-  //! (gravac::cuda_stream) read \p grads only after the caller's kernels wrote it. A
-  //! gradient produced on another stream must be synchronized (or ordered before the
-  //! calling thread's default stream) by the caller.
+  //! in the calling thread. On host memory the non-finite flag, the policy's statistics and
+  //! its values to agree on ride in the gradient's own collective (step_control.hpp);
+  //! `skip_step`, and `throw_error` on device memory, add one small Allreduce before
+  //! anything is sent. On a device \p grads must be produced on the calling thread's
+  //! default stream or be complete (docs/overlap.md, "On a GPU").
   const step_report& step(grad_view<memory_space> grads) {
     start_step(grads, false);
     const auto t0 = std::chrono::steady_clock::now();
@@ -179,21 +164,12 @@ class trainer {
   }
   // clang-format on
 
-  //! Starts an asynchronous step on the flat gradient buffer \p grads (host or device
-  //! memory), which backward is about to fill: the policy plans the step (its decisions
-  //! are fixed from here on, so every rank agrees without a collective) and the
-  //! communication thread waits for buckets. Until finish(), the caller must not touch a
-  //! layer after marking it ready(), and \p grads must outlive the step: the communication
-  //! thread may still be writing it until finish() returns or the trainer is destroyed
-  //! (declare the gradient buffer before the trainer, so an exception in backward destroys
-  //! the trainer first).
-  //!
-  //! The communication thread calls the communicator while the caller computes, and
-  //! during the step only it does (the caller's thread calls it before the first bucket
-  //! and after the last, never beside it): an MPI engine needs MPI initialised with
-  //! MPI_THREAD_SERIALIZED or more (checked here); NCCL allows a communicator to be used
-  //! from another thread one call at a time, which is what this is. On a device the
-  //! device current here is made current in the communication thread for every bucket.
+  //! Starts an asynchronous step on \p grads, which backward is about to fill: the policy
+  //! plans the step (its decisions are fixed from here on) and the communication thread
+  //! waits for buckets. Until finish() the caller must not touch a layer after ready(), and
+  //! \p grads must outlive the step. During the step only the communication thread calls
+  //! the communicator: an MPI engine needs MPI_THREAD_SERIALIZED or more (checked here).
+  //! docs/overlap.md has the rules in full.
   void begin_step(grad_view<memory_space> grads) {
     if (!comm_.accepts_calls_from_other_threads())
       throw error(status::invalid_argument,
@@ -215,15 +191,10 @@ class trainer {
     schedule_.start_clock();
   }
 
-  //! Marks layer \p layer_index final (backward has produced it); a bucket's compression
-  //! and collective start once all its layers are ready and the buckets before it have
-  //! started. Its ready time on the modeled timeline is the wall time since begin_step().
-  //! On a device the layer is final once the work queued so far on the calling thread's
-  //! per-thread default stream (cudaStreamPerThread) is: that stream runs after the work
-  //! queued before on the legacy default stream, so a backward on either default stream of
-  //! this thread is covered, but it does not wait for other threads' streams (nor for the
-  //! communication thread's buckets in flight). Pass the stream backward ran on when it is
-  //! any other one (ready(layer, stream)).
+  //! Marks layer \p layer_index final; a bucket starts once all its layers are ready and
+  //! the buckets before it have started. Its time on the modeled timeline is the wall time
+  //! since begin_step(). On a device the layer is final once the work queued so far on the
+  //! calling thread's per-thread default stream is; pass another stream to ready(layer, stream).
   void ready(std::size_t layer_index) {
     check_ready(layer_index);
     events_.record_default(layer_index);
@@ -232,9 +203,7 @@ class trainer {
 
   // clang-format off
   //! Device memory: layer \p layer_index is final once the work queued so far on
-  //! \p stream (a cudaStream_t or a stream_ref, the stream the caller's backward produced
-  //! it on) is. Records the layer's CUDA event on \p stream and returns at once; the
-  //! bucket's compression waits for that event on the device, not in any host thread.
+  //! \p stream is. Records the layer's CUDA event there and returns at once.
   template <class Stream>
     requires(accepts_stream<Stream>)
   void ready(std::size_t layer_index, Stream stream) {
@@ -245,30 +214,17 @@ class trainer {
   // clang-format on
 
   //! ready() with the layer's time on the modeled timeline given: \p ready_s seconds of
-  //! (modeled or measured) backward since begin_step(); backward then ends at the last time
-  //! given (finish() marks the layers left at that time). Communication hides behind
-  //! backward on that timeline (step_report::modeled_exposed_s). On a device the layer's
-  //! stream is the calling thread's per-thread default stream, as for ready(layer).
+  //! backward since begin_step(); backward ends at the last time given.
   void ready(std::size_t layer_index, double ready_s) {
     check_ready(layer_index);
     events_.record_default(layer_index);
     mark_ready(layer_index, ready_s, true);
   }
 
-  //! Ends the asynchronous step: marks every layer not yet ready (backward has ended; on a
-  //! device such a layer is final after the work queued so far on the calling thread's
-  //! per-thread default stream, as for ready(layer)), waits for every bucket's collective
-  //! and returns the step's report. A failure in a bucket (a peer's malformed packet, a
-  //! failed rank, a non-finite gradient) is thrown here; the step is then abandoned (the
-  //! step counter does not advance). On a device every bucket's kernels and copies have
-  //! completed when it returns, as after step().
-  //!
-  //! With `on_non_finite = skip_step` nothing is sent before finish(): the ranks must agree
-  //! to skip before any residual changes, so that mode forgoes the overlap. On device
-  //! memory `throw_error` (the default) agrees per bucket instead, just before the bucket
-  //! is sent (the device collectives carry no flag): when a rank finds a non-finite value
-  //! every rank throws there, the buckets already sent give what they sent back to the
-  //! residual and the others are left as they were.
+  //! Ends the asynchronous step: marks every layer not yet ready, waits for every bucket's
+  //! collective and returns the step's report (on a device, every bucket's work has
+  //! completed). A failure in a bucket is thrown here and abandons the step (the step
+  //! counter does not advance). With `skip_step` nothing is sent before finish().
   const step_report& finish() {
     require(in_step_ && async_, "trainer::finish: no asynchronous step in progress (call begin_step first)");
     const double backward_s = schedule_.backward_end_now();
@@ -304,10 +260,8 @@ class trainer {
   trainer(trainer&&) noexcept = default;
   //! Moves a trainer between steps.
   trainer& operator=(trainer&&) noexcept = default;
-  //! Destroying a trainer between begin_step() and finish() (an exception in backward)
-  //! abandons the step: the other ranks are or will be in its collectives, which can never
-  //! complete, so the communicator is told (communicator_ref::abandon: a thread team is
-  //! aborted with a message naming this rank, an MPI job ends) rather than leave them waiting.
+  //! Destroying a trainer between begin_step() and finish() abandons the step: the
+  //! communicator is told (communicator_ref::abandon), so no other rank waits forever.
   ~trainer() {
     if (!(in_step_ && async_)) return;
     try {
@@ -369,13 +323,13 @@ class trainer {
   //! Number of buckets.
   [[nodiscard]] std::size_t bucket_count() const noexcept { return plan_.size(); }
   //! The compressor of bucket \p b (over the bucket's layers; with one bucket, the whole layout).
-  [[nodiscard]] C& compressor(std::size_t b = 0) { return buckets_.at(b)->compressor; }
+  [[nodiscard]] C& compressor(std::size_t b = 0) { return buckets_.at(b).compressor; }
   //! The compressor of bucket \p b.
-  [[nodiscard]] const C& compressor(std::size_t b = 0) const { return buckets_.at(b)->compressor; }
+  [[nodiscard]] const C& compressor(std::size_t b = 0) const { return buckets_.at(b).compressor; }
   //! The collective of bucket \p b.
-  [[nodiscard]] K& collective(std::size_t b = 0) { return buckets_.at(b)->collective; }
+  [[nodiscard]] K& collective(std::size_t b = 0) { return buckets_.at(b).collective; }
   //! The collective of bucket \p b.
-  [[nodiscard]] const K& collective(std::size_t b = 0) const { return buckets_.at(b)->collective; }
+  [[nodiscard]] const K& collective(std::size_t b = 0) const { return buckets_.at(b).collective; }
   //! The policy.
   [[nodiscard]] P& policy() noexcept { return policy_; }
   //! The last step's report.
@@ -386,20 +340,6 @@ class trainer {
   [[nodiscard]] communicator_ref<memory_space>& communicator() noexcept { return comm_; }
 
  private:
-  // One bucket's compressor and collective (over the bucket's own layout), the slice of
-  // the step's parameters they see, and what they report.
-  struct bucket_state {
-    bucket_state(const layout& lay, const options& opt)
-        : compressor(lay, opt.compressor), collective(lay, opt.collective) {}
-    C compressor;
-    K collective;
-    step_params params;
-    compress_stats stats;
-    step_report report;
-    step_buffers<memory_space> buffers{};
-    double modeled_s = 0;  // seconds the network model charged for its messages
-  };
-
   // The last bucket's collective seals the control values once it has compressed (every
   // other bucket has run): the merged statistics go into their slots.
   struct statistics_sealer final : step_control::sealer {
@@ -430,11 +370,11 @@ class trainer {
   void start_step(grad_view<memory_space> grads, bool async) {
     require(!in_step_, "trainer: a step is already in progress (call finish() first)");
     begin_report(grads);
-    for (std::size_t b = 0; b < buckets_.size(); ++b) slice_params(b);
+    buckets_.slice(params_, plan_, layout_.size());
     guard_.begin_step();
     prepare_control();
     grads_ = grads;
-    for (auto& s : buckets_) s->modeled_s = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].modeled_s = 0;
     schedule_.begin(plan_, layout_.size());
     async_ = async;
     in_step_ = true;
@@ -444,7 +384,8 @@ class trainer {
   // non-finite gradient, then the report and the policy.
   const step_report& complete_step() {
     in_step_ = false;
-    merge_buckets();
+    merge_stats();
+    buckets_.merge_report(plan_, schedule_, report_);
     // A collective that dropped the control values would leave the ranks deciding on
     // local numbers (and a failing rank alone): refuse rather than diverge.
     if (!plane_.control().empty() && !plane_.control().has_sums())
@@ -475,21 +416,6 @@ class trainer {
     report_.skipped = false;
     report_.previous_times_agreed = false;
     report_.modeled_communicate_s = report_.modeled_exposed_s = report_.exposed_communicate_s = 0;
-  }
-
-  // Bucket b's view of the step's parameters: the per-layer decisions of its layers.
-  void slice_params(std::size_t b) {
-    step_params& q = buckets_[b]->params;
-    q = params_;  // reuses q's memory after the first step
-    if (buckets_.size() == 1) return;
-    const auto first = static_cast<std::ptrdiff_t>(plan_[b].first_layer);
-    const auto last = static_cast<std::ptrdiff_t>(plan_[b].last_layer);
-    const auto slice = [&](const auto& all, auto& part) {
-      if (all.size() == layout_.size()) part.assign(all.begin() + first, all.begin() + last);
-    };
-    slice(params_.kept_fraction, q.kept_fraction);
-    slice(params_.bin_length, q.bin_length);
-    slice(params_.approximation_rank, q.approximation_rank);
   }
 
   // Host memory: the non-finite flag, the statistics a policy needs (with the previous
@@ -524,21 +450,17 @@ class trainer {
 
   // The compressor whose stream orders work over the whole gradient (every bucket's
   // compressor has the same options, so the same stream).
-  C& first_compressor() noexcept { return buckets_.front()->compressor; }
+  C& first_compressor() noexcept { return buckets_[0].compressor; }
 
   // What the non-finite screening reads now.
   detail::screened_step<memory_space> screened() noexcept {
     return {&layout_, grads_, residual_.data(), residual_zero_};
   }
 
-  // The first \p count buckets give what they sent back to their residuals (collectives
-  // with return_sent; the others had nothing to give back).
+  // The first \p count buckets give what they sent back to their residuals.
   void return_sent_buckets(std::size_t count) {
     if (count == 0) return;
-    if constexpr (ReturnsSent<K, C>) {
-      for (std::size_t b = 0; b < count; ++b)
-        buckets_[b]->collective.return_sent(buckets_[b]->compressor, buckets_[b]->buffers);
-    }
+    buckets_.return_sent(count);
     residual_zero_ = false;
   }
 
@@ -555,7 +477,7 @@ class trainer {
   // are known when it seals them). In the asynchronous step on a device its compressor
   // stream first waits for its layers' events, so no host thread waits for backward.
   void run_bucket(std::size_t b) {
-    bucket_state& s = *buckets_[b];
+    auto& s = buckets_[b];
     const bucket& bk = plan_[b];
     const grad_view<memory_space> g(grads_.data() + bk.offset, bk.numel);
     const grad_view<memory_space> e(residual_.data() + bk.offset, bk.numel);
@@ -578,50 +500,13 @@ class trainer {
     s.modeled_s = comm_.modeled_seconds() - modeled_before;
   }
 
-  // The step's statistics from its buckets': per-layer statistics in layout order,
-  // gain-curve energies summed.
-  void merge_stats() {
-    std::size_t candidates = 0;
-    for (const auto& s : buckets_) candidates = std::max(candidates, s->stats.candidate_kept_sq.size());
-    stats_.reset(layout_.size(), candidates);
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      const compress_stats& st = buckets_[b]->stats;
-      for (std::size_t i = 0; i < st.layers.size(); ++i) stats_.layers[plan_[b].first_layer + i] = st.layers[i];
-      for (std::size_t c = 0; c < st.candidate_kept_sq.size(); ++c)
-        stats_.candidate_kept_sq[c] += st.candidate_kept_sq[c];
-      stats_.non_finite = stats_.non_finite || st.non_finite;
-    }
-  }
-  // The report from the buckets': bytes and times summed, the modeled timeline.
-  void merge_buckets() {
-    merge_stats();
-    report_.compress_s = report_.communicate_s = report_.decompress_s = 0;
-    report_.bytes_sent = 0;
-    report_.wire_bytes_sent = report_.wire_bytes_received = 0;
-    std::size_t largest = 0;
-    double timeline = 0;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      const bucket_state& s = *buckets_[b];
-      report_.compress_s += s.report.compress_s;
-      report_.communicate_s += s.report.communicate_s;
-      report_.decompress_s += s.report.decompress_s;
-      report_.bytes_sent += s.report.bytes_sent;
-      report_.wire_bytes_sent += s.report.wire_bytes_sent;
-      report_.wire_bytes_received += s.report.wire_bytes_received;
-      report_.modeled_communicate_s += s.modeled_s;
-      timeline = std::max(timeline, schedule_.ready_s(b)) + s.modeled_s;
-      if (plan_[b].numel > plan_[largest].numel) largest = b;
-    }
-    report_.collective = buckets_[largest]->report.collective;
-    report_.modeled_exposed_s = std::max(0.0, timeline - schedule_.backward_end_s());
-    report_.buckets = buckets_.size();
-  }
+  void merge_stats() { buckets_.merge_stats(plan_, layout_.size(), stats_); }
 
   // The report from the compressor's statistics, their rank averages where the policy
   // needs them, the values the policy asked to agree on, then the policy observes.
   void observe_step() {
     residual_zero_ = params_.all_dense();
-    fill_report();
+    detail::step_statistics::local(stats_, layout_, params_.gain_candidates, report_);
     report_.fallback = params_.fallback;
     if constexpr (P::needs_statistics) plane_.average(stats_, layout_, comm_, report_);
     if constexpr (requires(P & p, std::span<const double> s) { p.agreed(s); }) {
@@ -629,25 +514,6 @@ class trainer {
       if (!agreed.empty()) policy_.agreed(agreed);
     }
     policy_.observe(report_);
-  }
-
-  // This rank's statistics in the report (their rank averages replace them where the
-  // policy needs them).
-  void fill_report() {
-    report_.dense_bytes = layout_.numel() * sizeof(float);
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      const auto& s = stats_.layers[i];
-      report_.kept_fraction[i] = l.numel ? static_cast<double>(s.kept) / static_cast<double>(l.numel) : 0.0;
-      report_.layer_grad_norm[i] = std::sqrt(s.grad_sq);
-    }
-    report_.gain = gain_from_sq(stats_.kept_sq(), stats_.input_sq());
-    report_.gain_candidates.assign(params_.gain_candidates.begin(), params_.gain_candidates.end());
-    report_.gain_curve.resize(params_.gain_candidates.size());
-    const double in = stats_.input_sq();
-    for (std::size_t c = 0; c < report_.gain_curve.size(); ++c)
-      report_.gain_curve[c] = c < stats_.candidate_kept_sq.size() ? gain_from_sq(stats_.candidate_kept_sq[c], in) : 1.0;
-    report_.statistics_synchronized = false;
   }
 
   // Ends a step that ran (or was skipped by every rank): the counter advances.
@@ -662,10 +528,10 @@ class trainer {
   options options_;
   bucket_plan plan_;
   P policy_;
-  std::vector<std::unique_ptr<bucket_state>> buckets_;
   typename storage_for<memory_space>::type residual_;
   bool residual_zero_ = true;
   detail::non_finite_guard<memory_space> guard_;                     // the non-finite protocol
+  detail::step_buckets<C, K> buckets_;                               // built from plan_
   detail::step_statistics plane_;                                    // the control plane
   statistics_sealer sealer_;                                         // its seal, run by the last collective
   detail::async_schedule schedule_;                                  // ready layers, releasable buckets

@@ -74,6 +74,24 @@ class step_statistics {
  public:
   static constexpr std::size_t no_slot = step_control::no_slot;
 
+  //! This rank's statistics \p st (over \p lay, with gain candidates \p candidates) in
+  //! report \p r; their rank averages replace them where a policy needs them (average()).
+  static void local(const compress_stats& st, const layout& lay, std::span<const double> candidates, step_report& r) {
+    r.dense_bytes = lay.numel() * sizeof(float);
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      const auto n = lay[i].numel;
+      r.kept_fraction[i] = n ? static_cast<double>(st.layers[i].kept) / static_cast<double>(n) : 0.0;
+      r.layer_grad_norm[i] = std::sqrt(st.layers[i].grad_sq);
+    }
+    const double in = st.input_sq();
+    r.gain = gain_from_sq(st.kept_sq(), in);
+    r.gain_candidates.assign(candidates.begin(), candidates.end());
+    r.gain_curve.resize(candidates.size());
+    for (std::size_t c = 0; c < r.gain_curve.size(); ++c)
+      r.gain_curve[c] = c < st.candidate_kept_sq.size() ? gain_from_sq(st.candidate_kept_sq[c], in) : 1.0;
+    r.statistics_synchronized = false;
+  }
+
   //! Lays out the step's slots (host memory: they ride in the step's collective). \p flag:
   //! the non-finite flag (failing ranks, sum of their rank + 1); \p statistics: a policy
   //! needs them (over \p layers layers and \p candidates gain candidates); \p agree: the
