@@ -1,4 +1,4 @@
-// expect: Collective requirement: void aggregate(
+// expect: Collective requirement: void aggregate
 // A collective that opts in and accepts every compressor but has no aggregate(): the first
 // error names the operation the trainer calls (CollectiveFor), not a failure deep inside it.
 #include "gravac/gravac.hpp"
