@@ -87,7 +87,6 @@ struct step_params {
   int ranks = 1;                          //!< number of ranks (cast16 divides by it before the sum)
   //! Per layer: the rank of a low-rank approximation (PowerSGD); 0 or empty: the compressor's own.
   std::vector<std::uint32_t> approximation_rank;
-  fallback_reason fallback = fallback_reason::none;  //!< why the policy sent this step less compressed
 
   //! Sets every layer (and the whole-buffer fraction) to \p f.
   void set_all(double f) {

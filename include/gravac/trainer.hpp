@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -507,7 +508,12 @@ class trainer {
   void observe_step() {
     residual_zero_ = params_.all_dense();
     detail::step_statistics::local(stats_, layout_, params_.gain_candidates, report_);
-    report_.fallback = params_.fallback;
+    if constexpr (requires(const P& p) {
+                    { p.fallback() } -> std::convertible_to<fallback_reason>;
+                  })
+      report_.fallback = policy_.fallback();
+    else
+      report_.fallback = fallback_reason::none;
     if constexpr (P::needs_statistics) plane_.average(stats_, layout_, comm_, report_);
     if constexpr (requires(P & p, std::span<const double> s) { p.agreed(s); }) {
       const std::span<const double> agreed = plane_.agreed(policy_.agreement_request(), comm_);
