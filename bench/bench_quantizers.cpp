@@ -81,7 +81,6 @@ void run(benchmark::State& state, typename C::options opt, bool decompress, bool
   std::vector<std::byte> packet(c.max_packet_bytes());
   gravac::step_params p;
   p.kept_fraction = {0.01};
-  p.bin_length = {0};
   p.ranks = 4;
   p.seed = 1;
   gravac::compress_stats st;

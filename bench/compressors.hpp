@@ -76,11 +76,14 @@ bench_compressor wrap(std::string name, const gravac::layout& lay, const typenam
   auto st = std::make_shared<state>(lay, opt);
   st->p.kept_fraction.assign(lay.size(), s.fraction);
   st->p.global_fraction = s.fraction;
-  st->p.bin_length.assign(lay.size(), s.bin_length);
   st->p.ranks = s.ranks;
   st->p.seed = 1;
   st->p.gain_candidates = s.gain_candidates;
-  if (s.rank != 0) st->p.approximation_rank.assign(lay.size(), s.rank);
+  // The compressor's own step settings: AdaComp's L_T, PowerSGD's rank, on every layer.
+  if constexpr (requires { st->c.set_step_settings(gravac::adacomp_settings{}); })
+    st->c.set_step_settings(gravac::adacomp_settings{std::vector<std::uint32_t>(lay.size(), s.bin_length)});
+  if constexpr (requires { st->c.set_step_settings(gravac::powersgd_settings{}); })
+    if (s.rank != 0) st->c.set_step_settings(gravac::powersgd_settings{std::vector<std::uint32_t>(lay.size(), s.rank)});
   bench_compressor b;
   b.name = std::move(name);
   b.floor_second_pass = std::is_same_v<C, gravac::sign>;

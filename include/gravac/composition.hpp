@@ -16,13 +16,13 @@
 
 namespace gravac {
 
-//! The per-layer decisions of a step (step_params) that a policy makes or a compressor
-//! acts on; a bit set.
+//! The per-layer decisions of a step (step_params, or a compressor's step settings) that
+//! a policy makes or a compressor acts on; a bit set.
 enum class decision : std::uint8_t {
   none = 0,
   kept_fraction = 1,       //!< step_params::kept_fraction below 1: how much of a layer to send
-  approximation_rank = 2,  //!< step_params::approximation_rank: PowerSGD's rank
-  bin_length = 4,          //!< step_params::bin_length: AdaComp's bin length L_T
+  approximation_rank = 2,  //!< powersgd_settings::approximation_rank: PowerSGD's rank
+  bin_length = 4,          //!< adacomp_settings::bin_length: AdaComp's bin length L_T
 };
 
 //! Union of two decision sets.

@@ -72,7 +72,9 @@ constexpr std::size_t kept_count(std::size_t numel, double fraction) noexcept {
   return std::clamp<std::size_t>(static_cast<std::size_t>(k), 1, numel);
 }
 
-//! The parameters of one step, decided by the policy identically on every rank.
+//! The parameters of one step, decided by the policy identically on every rank. A setting
+//! that only one compressor acts on is that compressor's step_settings (AdaComp's bin
+//! length, PowerSGD's rank: concept_compressor.md), not a field here.
 struct step_params {
   std::uint64_t step = 0;                   //!< global step counter
   std::uint64_t seed = 0;                   //!< seed shared by all ranks (random-k, stochastic rounding)
@@ -82,12 +84,8 @@ struct step_params {
   //! Kept fractions whose gain the compressor must report, in the order of
   //! step_report::gain_curve (owned: a policy copies its request; no allocation once sized).
   std::vector<double> gain_candidates;
-  bool collect_norms = true;              //!< fill per-layer norms even on the dense fast path
-  std::vector<std::uint32_t> bin_length;  //!< AdaComp's L_T per layer (0: the compressor's default for the kind)
-  int ranks = 1;                          //!< number of ranks (cast16 divides by it before the sum)
-  //! Per layer: the rank of a low-rank approximation (PowerSGD); 0 or empty: the compressor's own.
-  std::vector<std::uint32_t> approximation_rank;
-  fallback_reason fallback = fallback_reason::none;  //!< why the policy sent this step less compressed
+  bool collect_norms = true;  //!< fill per-layer norms even on the dense fast path
+  int ranks = 1;              //!< number of ranks (cast16 divides by it before the sum)
 
   //! Sets every layer (and the whole-buffer fraction) to \p f.
   void set_all(double f) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "gravac/detail/non_finite_guard.hpp"
 #include "gravac/detail/seconds_since.hpp"
 #include "gravac/detail/step_buckets.hpp"
+#include "gravac/detail/step_settings.hpp"
 #include "gravac/detail/step_statistics.hpp"
 #include "gravac/error.hpp"
 #include "gravac/non_finite_action.hpp"
@@ -86,9 +88,9 @@ class trainer {
     std::uint64_t seed = 0;            //!< seed shared by all ranks (random-k, stochastic rounding)
     non_finite_action on_non_finite = non_finite_action::throw_error;  //!< what to do with NaN / infinity
     bool verify_layout = true;  //!< check at construction that every rank has the same layout
-    //! Debug: check every step that all ranks planned identical step_params (one allreduce
-    //! of a 64-bit hash); a divergence throws gravac::error(diverged) on every rank, naming
-    //! the ranks that differ from rank 0.
+    //! Debug: check every step that all ranks planned identical step_params and compressor
+    //! step settings (one allreduce of a 64-bit hash); a divergence throws
+    //! gravac::error(diverged) on every rank, naming the ranks that differ from rank 0.
     bool check_consistency = false;
     //! Target bucket size in bytes of float gradient (bucket_plan.hpp): one_bucket for a
     //! single bucket (the step of a release without buckets), bucket_per_layer for one per
@@ -111,7 +113,6 @@ class trainer {
     if (opt.verify_layout) verify_layout_across_ranks();
     residual_ = typename storage_for<memory_space>::type(lay.numel());
     params_.kept_fraction.assign(lay.size(), dense_fraction);
-    params_.bin_length.assign(lay.size(), 0);
     params_.ranks = comm_.size();
     params_.seed = opt.seed;
     report_.kept_fraction.assign(lay.size(), 0.0);
@@ -336,6 +337,9 @@ class trainer {
   [[nodiscard]] const step_report& last_report() const noexcept { return report_; }
   //! The parameters the policy chose for the last step.
   [[nodiscard]] const step_params& last_params() const noexcept { return params_; }
+  //! The compressor's step settings of the last step, for the whole layout (what the
+  //! policy's plan_settings() filled; the compressor's defaults when it has none).
+  [[nodiscard]] const auto& last_settings() const noexcept requires detail::HasStepSettings<C> { return settings_; }
   //! The communicator.
   [[nodiscard]] communicator_ref<memory_space>& communicator() noexcept { return comm_; }
 
@@ -371,6 +375,7 @@ class trainer {
     require(!in_step_, "trainer: a step is already in progress (call finish() first)");
     begin_report(grads);
     buckets_.slice(params_, plan_, layout_.size());
+    if constexpr (detail::HasStepSettings<C>) buckets_.give_settings(settings_, plan_, layout_.size());
     guard_.begin_step();
     prepare_control();
     grads_ = grads;
@@ -406,7 +411,12 @@ class trainer {
                                                 " elements, the layout " + std::to_string(layout_.numel()));
     params_.step = step_;
     policy_.plan(params_);
-    if (options_.check_consistency) consistency_.check(comm_, detail::hash_step_params(params_), step_);
+    if constexpr (detail::PlansSettings<P, decltype(settings_)>) policy_.plan_settings(settings_);
+    if (options_.check_consistency) {
+      std::uint64_t h = detail::hash_step_params(params_);
+      if constexpr (detail::HasStepSettings<C>) h = detail::hash_step_settings(settings_, h);
+      consistency_.check(comm_, h, step_);
+    }
     params_.collect_norms = P::needs_statistics;
     report_.step = step_;
     const auto now = std::chrono::steady_clock::now();
@@ -507,7 +517,12 @@ class trainer {
   void observe_step() {
     residual_zero_ = params_.all_dense();
     detail::step_statistics::local(stats_, layout_, params_.gain_candidates, report_);
-    report_.fallback = params_.fallback;
+    if constexpr (requires(const P& p) {
+                    { p.fallback() } -> std::convertible_to<fallback_reason>;
+                  })
+      report_.fallback = policy_.fallback();
+    else
+      report_.fallback = fallback_reason::none;
     if constexpr (P::needs_statistics) plane_.average(stats_, layout_, comm_, report_);
     if constexpr (requires(P & p, std::span<const double> s) { p.agreed(s); }) {
       const std::span<const double> agreed = plane_.agreed(policy_.agreement_request(), comm_);
@@ -537,6 +552,7 @@ class trainer {
   detail::async_schedule schedule_;                                  // ready layers, releasable buckets
   [[no_unique_address]] detail::layer_events<memory_space> events_;  // device: one CUDA event per layer
   step_params params_;
+  [[no_unique_address]] detail::step_settings_for<C> settings_;  // the compressor's, for the whole layout
   compress_stats stats_;
   step_report report_;
   grad_view<memory_space> grads_{};  // the gradient of the step in flight

@@ -48,6 +48,11 @@ ada_pair make_ada(gravac::layout lay, gravac::adacomp_options bins = {}) {
   r.norm_eps = 1e-4;
   return r;
 }
+// Both sides get the same step settings (the bin length per layer; 0: the option of the kind).
+void set_bins(ada_pair& r, const std::vector<std::uint32_t>& bins) {
+  r.host.set_step_settings({.bin_length = bins});
+  r.dev.set_step_settings({.bin_length = bins});
+}
 whole_pair make_whole(gravac::layout lay) {
   gravac::topk_options h;
   h.whole_buffer = true;
@@ -76,7 +81,7 @@ TEST_CASE("adacomp_cuda sends exactly what adacomp sends: layer kinds, bin lengt
       INFO("bin override " << bin << ", distribution " << static_cast<int>(d));
       auto r = make_ada(ada_layout());
       auto p = gravac::test::params_for(r.lay, 0.5);
-      p.bin_length.assign(r.lay.size(), bin);  // 0: the option of the layer's kind
+      set_bins(r, std::vector<std::uint32_t>(r.lay.size(), bin));  // 0: the option of the layer's kind
       // Several steps: the residue carries over, and a jump in scale changes every bin.
       r.step(gravac::test::make_data(r.lay.numel(), 1, d), p);
       r.step(gravac::test::make_data(r.lay.numel(), 2, d), p);
@@ -88,9 +93,10 @@ TEST_CASE("adacomp_cuda: other bin options, and per-layer bin lengths from the p
   auto r = make_ada(ada_layout(), {.conv_bin = 9, .dense_bin = 1000, .bias_bin = 3});
   auto p = gravac::test::params_for(r.lay, 0.5);
   for (std::uint64_t s = 0; s < 2; ++s) r.step(gravac::test::make_data(r.lay.numel(), 5 + s), p);
-  p.bin_length.assign(r.lay.size(), 0);
-  p.bin_length[0] = 4;
-  p.bin_length[6] = 1;  // shorter than any bin seen: the bin maxima grow once
+  std::vector<std::uint32_t> bins(r.lay.size(), 0);
+  bins[0] = 4;
+  bins[6] = 1;  // shorter than any bin seen: the bin maxima grow once
+  set_bins(r, bins);
   for (std::uint64_t s = 0; s < 2; ++s) r.step(gravac::test::make_data(r.lay.numel(), 7 + s), p);
 }
 
@@ -105,7 +111,7 @@ TEST_CASE("adacomp_cuda at 2^22 + 5 and 2^26 values matches adacomp") {
     r.step(gravac::test::make_data(n, 11, distribution::laplace), p);
     if (n < largest) {
       r.step(gravac::test::make_data(n, 12, distribution::gaussian), p);
-      p.bin_length = {500};
+      set_bins(r, {500});
       r.step(gravac::test::make_data(n, 13, distribution::gaussian), p);
     }
   }

@@ -54,7 +54,6 @@ inline step_params corpus_params(const layout& lay, std::uint64_t step, double f
   if (mixed)
     for (std::size_t i = 0; i < lay.size(); i += 2) p.kept_fraction[i] = dense_fraction;
   p.global_fraction = fraction;
-  p.bin_length.assign(lay.size(), 0);
   p.ranks = 4;
   return p;
 }

@@ -66,15 +66,21 @@ inline step_params params_for(const layout& lay, double f, std::uint64_t step = 
 
 // The serial reference of one step: rank r's packet is C(g_r + e_r); the result is
 // sum_r (1/N) * decompress(packet_r), accumulated in rank order (as allgather does).
-// Residuals are updated as each rank's would be.
-template <class C>
+// Residuals are updated as each rank's would be. \p setup(c) runs on each rank's fresh
+// compressor first (to give it its step settings).
+struct no_setup {
+  template <class C>
+  void operator()(C&) const noexcept {}
+};
+template <class C, class Setup = no_setup>
 std::vector<float> serial_reference(const layout& lay, const typename C::options& opt, const step_params& p,
                                     const std::vector<std::vector<float>>& grads,
-                                    std::vector<std::vector<float>>& residuals) {
+                                    std::vector<std::vector<float>>& residuals, const Setup& setup = {}) {
   const auto n = grads.size();
   std::vector<float> out(lay.numel(), 0.0f);
   for (std::size_t r = 0; r < n; ++r) {
     C c(lay, opt);
+    setup(c);
     std::vector<std::byte> packet(c.max_packet_bytes());
     std::vector<float> g = grads[r];
     compress_stats st;

@@ -53,7 +53,6 @@ std::vector<std::byte> make_packet(C& c, const layout& lay, const step_params& p
 
 inline step_params battery_params(const layout& lay, double f, std::uint64_t step = 3) {
   auto p = params_for(lay, f, step, 11);
-  p.bin_length.assign(lay.size(), 0);
   p.ranks = 4;
   return p;
 }

@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "gravac/compress/step_settings.hpp"
+#include "gravac/detail/consistency.hpp"
 #include "gravac_test_util.hpp"
 
 namespace gravac::test {
@@ -20,12 +22,12 @@ inline std::uint64_t params_hash(const step_params& p) {
   h = detail::fnv1a_u64(std::bit_cast<std::uint64_t>(p.global_fraction), h);
   h = detail::fnv1a_u64(static_cast<std::uint64_t>(p.collective), h);
   for (double f : p.gain_candidates) h = detail::fnv1a_u64(std::bit_cast<std::uint64_t>(f), h);
-  for (auto b : p.bin_length) h = detail::fnv1a_u64(b, h);
   h = detail::fnv1a_u64(static_cast<std::uint64_t>(p.ranks), h);
   return h;
 }
 
-// The parameters of one step, owned (they outlive the trainer).
+// The parameters of one step, owned (they outlive the trainer), with AdaComp's bin
+// lengths when the trainer's compressor has them (its step settings).
 struct recorded_params {
   std::uint64_t step = 0, seed = 0, hash = 0;
   std::vector<double> kept_fraction;
@@ -34,8 +36,20 @@ struct recorded_params {
   int ranks = 1;
 
   static recorded_params of(const step_params& p) {
-    return {p.step, p.seed, params_hash(p), p.kept_fraction, p.global_fraction, p.bin_length, p.ranks};
+    return {p.step, p.seed, params_hash(p), p.kept_fraction, p.global_fraction, {}, p.ranks};
   }
+  // The parameters and the step settings of trainer \p t's last step.
+  template <class T>
+  static recorded_params of_trainer(const T& t) {
+    recorded_params r = of(t.last_params());
+    if constexpr (requires { t.last_settings().bin_length; }) {
+      r.bin_length = t.last_settings().bin_length;
+      r.hash = detail::hash_step_settings(t.last_settings(), r.hash);
+    }
+    return r;
+  }
+  // AdaComp's settings for the serial reference.
+  [[nodiscard]] adacomp_settings settings() const { return {bin_length}; }
   // Parameters for the serial reference (no gain candidates: they do not change what is sent).
   [[nodiscard]] step_params params() const {
     step_params p;
@@ -43,7 +57,6 @@ struct recorded_params {
     p.seed = seed;
     p.kept_fraction = kept_fraction;
     p.global_fraction = global_fraction;
-    p.bin_length = bin_length;
     p.ranks = ranks;
     return p;
   }
@@ -131,7 +144,7 @@ void run_schedule(T& t, int rank, int from, int to, rank_log& log) {
   for (int s = from; s < to; ++s) {
     auto g = rank_gradient(t.get_layout(), s, rank, amplitude_at(s));
     t.step(std::span<float>(g));
-    log.params.push_back(recorded_params::of(t.last_params()));
+    log.params.push_back(recorded_params::of_trainer(t));
     log.out.push_back(std::move(g));
     end_interval_after(t, s);
   }
@@ -151,7 +164,9 @@ std::vector<std::vector<float>> schedule_reference(const layout& lay, const type
     std::vector<std::vector<float>> grads;
     for (int r = 0; r < ranks; ++r)
       grads.push_back(rank_gradient(lay, static_cast<int>(s), r, amplitude_at(static_cast<int>(s))));
-    outs.push_back(serial_reference<C>(lay, copt, params[s].params(), grads, residuals));
+    outs.push_back(serial_reference<C>(lay, copt, params[s].params(), grads, residuals, [&](C& c) {
+      if constexpr (requires { c.set_step_settings(adacomp_settings{}); }) c.set_step_settings(params[s].settings());
+    }));
   }
   return outs;
 }

@@ -83,7 +83,7 @@ TEST_CASE("adacomp equals the reference six steps, layer by layer", "[compress][
       INFO("bin override " << override_bin << " distribution " << static_cast<int>(dist));
       adacomp c(lay);
       auto p = test::params_for(lay, 0.5);
-      p.bin_length.assign(lay.size(), override_bin);
+      c.set_step_settings({.bin_length = std::vector<std::uint32_t>(lay.size(), override_bin)});
       std::vector<float> r = test::make_data(lay.numel(), 3, dist);
       for (auto& x : r) x *= 0.3f;
       std::vector<float> r_ref = r;
@@ -97,7 +97,7 @@ TEST_CASE("adacomp equals the reference six steps, layer by layer", "[compress][
         for (std::size_t li = 0; li < lay.size(); ++li) {
           const auto& l = lay[li];
           if (l.numel == 0) continue;
-          const std::size_t bin = override_bin ? override_bin : c.bin_length(li, test::params_for(lay, 0.5));
+          const std::size_t bin = override_bin ? override_bin : c.bin_length(li);
           auto ref = reference_adacomp(std::span<const float>(g).subspan(l.offset, l.numel),
                                        std::span<float>(r_ref).subspan(l.offset, l.numel), bin);
           CHECK(st.layers[li].kept == ref.sent.size());
@@ -115,18 +115,22 @@ TEST_CASE("adacomp equals the reference six steps, layer by layer", "[compress][
 TEST_CASE("adacomp bin lengths: option defaults by layer kind, policy override", "[compress][adacomp]") {
   const auto lay = test::mixed_layout();
   adacomp c(lay);
-  auto p = test::params_for(lay, 0.5);
-  CHECK(c.bin_length(0, p) == 50);   // conv
-  CHECK(c.bin_length(1, p) == 50);   // bias_or_norm
-  CHECK(c.bin_length(2, p) == 500);  // dense
-  p.bin_length.assign(lay.size(), 0);
-  p.bin_length[2] = 9;
-  CHECK(c.bin_length(2, p) == 9);
-  CHECK(c.bin_length(4, p) == 500);
+  CHECK(c.bin_length(0) == 50);   // conv
+  CHECK(c.bin_length(1) == 50);   // bias_or_norm
+  CHECK(c.bin_length(2) == 500);  // dense
+  adacomp_settings s;
+  s.bin_length.assign(lay.size(), 0);
+  s.bin_length[2] = 9;
+  c.set_step_settings(s);
+  CHECK(c.bin_length(2) == 9);
+  CHECK(c.bin_length(4) == 500);
+  CHECK(c.settings().bin_length == s.bin_length);
+  c.set_step_settings({});  // empty: the defaults again
+  CHECK(c.bin_length(2) == 500);
   CHECK_THROWS_AS(adacomp(lay, {.conv_bin = 0}), gravac::error);
   layout rec;
   rec.add("lstm", {40, 10}, layer_kind::recurrent);
-  CHECK(adacomp(rec).bin_length(0, test::params_for(rec, 0.5)) == 500);
+  CHECK(adacomp(rec).bin_length(0) == 500);
 }
 
 TEST_CASE("adacomp error feedback: decompress(sent) + R_new == R_old + g", "[compress][adacomp][ef]") {
@@ -185,7 +189,7 @@ TEST_CASE("adacomp validation rejects malformed packets", "[compress][adacomp][v
   std::vector<float> r(300, 0.0f);
   compress_stats st;
   auto p = test::params_for(lay, 0.5);
-  p.bin_length = {10};
+  c.set_step_settings({.bin_length = {10}});
   const auto good = compress_packet(c, g, r, p, st);
   REQUIRE(c.validate(good));
   const std::size_t k = st.layers[0].kept;
@@ -224,7 +228,7 @@ TEST_CASE("adacomp: infinities and NaNs are never sent, do not count in a bin's 
   const auto lay = layout::flat(n);
   adacomp c(lay);
   auto p = test::params_for(lay, 0.5);
-  p.bin_length = {static_cast<std::uint32_t>(bin)};
+  c.set_step_settings({.bin_length = {static_cast<std::uint32_t>(bin)}});
   auto g = test::make_data(n, 9);
   g[3] = std::numeric_limits<float>::infinity();
   g[60] = -std::numeric_limits<float>::infinity();

@@ -120,6 +120,7 @@ TEST_CASE("control plane: GraVAC's dense fallback is a ring Allreduce of the gra
       auto g = test::rank_gradient(lay, s, comm.rank());
       const auto calls = sim.calls();
       const auto& rep = t.step(g);
+      CHECK(rep.fallback == t.policy().fallback());  // the reason of the step the policy planned
       if (comm.rank() == 0)
         charges[static_cast<std::size_t>(s)] = {sim.last_charge().first.latency, sim.last_charge().first.bytes,
                                                 sim.calls() - calls, rep.fallback, rep.collective};

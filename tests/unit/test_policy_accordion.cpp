@@ -116,10 +116,12 @@ TEST_CASE("accordion: first decision low, then the eta threshold per layer", "[p
   const auto lay = four_layers();
   accordion_policy p(lay, {.compare_every = 1});
   step_params sp;
+  powersgd_settings ss;
   p.plan(sp);
+  p.plan_settings(ss);
   CHECK(levels(p) == std::vector<lv>{lv::low, lv::dense, lv::low, lv::low});  // 1-D bias dense
   CHECK(sp.kept_fraction == std::vector<double>{0.1, 1.0, 0.1, 0.1});
-  CHECK(sp.approximation_rank == std::vector<std::uint32_t>{2, 0, 2, 2});
+  CHECK(ss.approximation_rank == std::vector<std::uint32_t>{2, 0, 2, 2});
   CHECK(sp.global_fraction == Approx(0.1));
   CHECK(sp.gain_candidates.empty());
 
@@ -138,8 +140,9 @@ TEST_CASE("accordion: first decision low, then the eta threshold per layer", "[p
   CHECK(p.change_ratios()[3] == Approx(0.1));
   CHECK(levels(p) == std::vector<lv>{lv::low, lv::dense, lv::high, lv::high});
   p.plan(sp);
+  p.plan_settings(ss);
   CHECK(sp.kept_fraction[2] == 0.01);
-  CHECK(sp.approximation_rank == std::vector<std::uint32_t>{2, 0, 1, 1});
+  CHECK(ss.approximation_rank == std::vector<std::uint32_t>{2, 0, 1, 1});
   CHECK(sp.global_fraction == Approx((0.1 * 108 + 0.01 * 200 + 0.01 * 50) / 358));
 }
 
@@ -321,15 +324,18 @@ TEST_CASE("accordion: 1-D tensors dense by default, configurable levels", "[poli
       lay,
       {.low_compression = 0.5, .high_compression = 0.25, .low_rank = 4, .compare_every = 1, .one_dim_dense = false});
   step_params sp;
+  powersgd_settings ss;
   all.plan(sp);
+  all.plan_settings(ss);
   CHECK(sp.kept_fraction == std::vector<double>{0.5, 0.5, 0.5, 0.5, 0.5});
-  CHECK(sp.approximation_rank == std::vector<std::uint32_t>{4, 4, 4, 4, 4});
+  CHECK(ss.approximation_rank == std::vector<std::uint32_t>{4, 4, 4, 4, 4});
   const auto g = with_norms(lay, {1, 1, 1, 1, 0});
   epoch(all, g, 1);
   epoch(all, g, 1);
   all.plan(sp);
+  all.plan_settings(ss);
   CHECK(sp.kept_fraction == std::vector<double>{0.25, 0.25, 0.25, 0.25, 0.25});
-  CHECK(sp.approximation_rank == std::vector<std::uint32_t>{1, 1, 1, 1, 1});
+  CHECK(ss.approximation_rank == std::vector<std::uint32_t>{1, 1, 1, 1, 1});
   // eta is configurable: with eta = 0.1 a 20% change is critical.
   const auto four = four_layers();
   accordion_policy eta(four, {.eta = 0.1, .compare_every = 1});

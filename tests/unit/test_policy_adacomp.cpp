@@ -22,8 +22,10 @@ TEST_CASE("adacomp: L_T by layer kind, biases dense, 1 / L_T for fraction compre
   const auto lay = kinds();
   adacomp_policy p(lay);
   step_params sp;
+  adacomp_settings ss;
   p.plan(sp);
-  CHECK(sp.bin_length == std::vector<std::uint32_t>{50, 50, 500, 500});
+  p.plan_settings(ss);
+  CHECK(ss.bin_length == std::vector<std::uint32_t>{50, 50, 500, 500});
   CHECK(sp.kept_fraction == std::vector<double>{1.0 / 50, 1.0, 1.0 / 500, 1.0 / 500});
   CHECK(sp.global_fraction == Approx((216.0 / 50 + 1200.0 / 500 + 6400.0 / 500) / (216 + 1200 + 6400)));
   CHECK(p.compressed(0));
@@ -37,7 +39,8 @@ TEST_CASE("adacomp: L_T by layer kind, biases dense, 1 / L_T for fraction compre
                               .bias_or_norm_dense = false,
                               .collective = collective_kind::allgather});
   custom.plan(sp);
-  CHECK(sp.bin_length == std::vector<std::uint32_t>{20, 4, 100, 300});
+  custom.plan_settings(ss);
+  CHECK(ss.bin_length == std::vector<std::uint32_t>{20, 4, 100, 300});
   CHECK(sp.kept_fraction == std::vector<double>{1.0 / 20, 1.0 / 4, 1.0 / 100, 1.0 / 300});
   CHECK(sp.collective == collective_kind::allgather);
 }
@@ -83,7 +86,9 @@ TEST_CASE("adacomp: works with a fraction compressor (top-k) in the trainer", "[
     for (int s = 0; s < 3; ++s) {
       auto g = test::make_data(lay.numel(), 10 * s + comm.rank());
       t.step(g);
-      CHECK(t.last_params().bin_length == std::vector<std::uint32_t>{50, 50, 500, 500});
+      adacomp_settings ss;  // top-k has no step settings: the bin lengths stay with the policy
+      t.policy().plan_settings(ss);
+      CHECK(ss.bin_length == std::vector<std::uint32_t>{50, 50, 500, 500});
     }
     const auto& pol = t.policy();
     for (std::size_t i : {0u, 2u, 3u}) {
@@ -93,6 +98,28 @@ TEST_CASE("adacomp: works with a fraction compressor (top-k) in the trainer", "[
     }
     CHECK(pol.achieved_cf(1) == 1.0);
   });
+}
+
+TEST_CASE("adacomp: the trainer gives each bucket's AdaComp its layers' bin lengths", "[policy][adacomp][threads]") {
+  const auto lay = kinds();
+  for (std::size_t bucket_bytes : {one_bucket, bucket_per_layer}) {
+    INFO("bucket_bytes " << bucket_bytes);
+    run_ranks(2, [&](thread_communicator& comm) {
+      trainer<adacomp, allgather, adacomp_policy> t(
+          comm, lay,
+          {.policy = {.conv_bin = 20, .dense_bin = 100, .recurrent_bin = 300, .bias_or_norm_bin = 4},
+           .check_consistency = true,
+           .bucket_bytes = bucket_bytes});
+      auto g = test::make_data(lay.numel(), 3 + comm.rank());
+      t.step(g);
+      CHECK(t.last_settings().bin_length == std::vector<std::uint32_t>{20, 4, 100, 300});
+      for (std::size_t b = 0; b < t.buckets().size(); ++b) {
+        const auto& bk = t.buckets()[b];
+        for (std::size_t i = bk.first_layer; i < bk.last_layer; ++i)
+          CHECK(t.compressor(b).bin_length(i - bk.first_layer) == t.policy().bin_length(i));
+      }
+    });
+  }
 }
 
 TEST_CASE("adacomp: options validated, state saved and restored", "[policy][adacomp][state]") {

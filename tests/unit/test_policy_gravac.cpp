@@ -94,12 +94,14 @@ TEST_CASE("gravac: the warm-up sends at CF_min whatever the gain, then the eps r
   for (int s = 0; s < 4; ++s) {
     INFO("warm-up step " << s);
     CHECK(d.pol.phase() == gravac_phase::warmup);
-    CHECK(d.run({{10, 0.1}}, 1.0) == 10);             // gain far below eps = 0.7: still CF_min
-    CHECK(d.asked() == std::vector<double>{10, 20});  // CF_min, and the next candidate
+    CHECK(d.run({{10, 0.1}}, 1.0) == 10);              // gain far below eps = 0.7: still CF_min
+    CHECK(d.pol.fallback() == fallback_reason::none);  // by design, not a fallback
+    CHECK(d.asked() == std::vector<double>{10, 20});   // CF_min, and the next candidate
   }
   CHECK(d.pol.phase() == gravac_phase::searching);
   // Smoothed gain(CF_min) = 0.1 < eps and the candidate is CF_min: dense.
   CHECK(d.plan() == 1);
+  CHECK(d.pol.fallback() == fallback_reason::minimum_gain_below_eps);
   CHECK(d.p.kept_fraction == std::vector<double>{1.0, 1.0});
 }
 
@@ -129,8 +131,10 @@ TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for b
   CHECK(d.pol.candidate_cf() == 20);  // advanced
   // First step at 20: gain(20) not measured yet, counts as below eps -> CF_min (0.9 >= eps).
   CHECK(d.run({{20, 0.8}, {10, 0.9}}, 0.5) == 10);
+  CHECK(d.pol.fallback() == fallback_reason::candidate_gain_below_eps);
   CHECK(d.asked() == std::vector<double>{20, 10, 40});  // all gains from the same u
   CHECK(d.run({{20, 0.6}, {10, 0.65}}, 0.5) == 20);     // gain(20) = 0.8 >= eps
+  CHECK(d.pol.fallback() == fallback_reason::none);
   // Only the step sent at 20 counts: CT(20) = 1 / 0.5 s * 0.6 = 1.2; the best two (1.2, 0.9)
   // differ by 25% > omega, CT rose, 20 < CF_max: advance to 40.
   CHECK(d.pol.throughput_table()[1] == Approx(1.2));
@@ -138,8 +142,10 @@ TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for b
   CHECK(d.pol.searching());
   // gain(40), measured alongside as 0 (absent from the script), and gain(10) = 0.65 < eps: dense.
   CHECK(d.run({{40, 0.75}, {10, 0.9}}, 0.5) == 1);
+  CHECK(d.pol.fallback() == fallback_reason::minimum_gain_below_eps);
   // gain(40) = 0.75 >= eps: send at 40.
   CHECK(d.plan() == 40);
+  CHECK(d.pol.fallback() == fallback_reason::none);
   CHECK(d.p.kept_fraction[0] == 1.0 / 40);
   CHECK(d.p.kept_fraction[1] == 1.0 / 40);  // 1-D tensors compressed unless one_dim_dense
   // CT(40) = 1 / 0.1 s * 0.5 = 5 (the dense step does not count; rising) and 40 is CF_max:
@@ -149,6 +155,7 @@ TEST_CASE("gravac: send at c, else at CF_min, else dense; one gain request for b
   CHECK(d.pol.phase() == gravac_phase::monitoring);
   CHECK(d.pol.candidate_cf() == 40);
   CHECK(d.plan() == 10);
+  CHECK(d.pol.fallback() == fallback_reason::candidate_gain_below_eps);
 }
 
 TEST_CASE("gravac: stop when the two best CTs are within omega, keeping the more aggressive", "[policy][gravac]") {

@@ -283,7 +283,7 @@ TEST_CASE("powersgd validation rejects malformed packets", "[compress][powersgd]
   CHECK_FALSE(c.validate(bad));
 }
 
-TEST_CASE("powersgd: a per-layer rank from step_params, capped by options.rank", "[compress][powersgd][rank]") {
+TEST_CASE("powersgd: a per-layer rank from its step settings, capped by options.rank", "[compress][powersgd][rank]") {
   layout lay = matrix_layout();
   lay.add("small", {3, 3}, layer_kind::dense);  // raw at rank 2 (2 * 6 >= 9), compressed at rank 1
   powersgd c(lay, {.rank = 2});
@@ -293,7 +293,7 @@ TEST_CASE("powersgd: a per-layer rank from step_params, capped by options.rank",
   compress_stats st;
   auto run = [&](std::vector<std::uint32_t> ranks, int step) {
     auto p = test::params_for(lay, 0.1, static_cast<std::uint64_t>(step));
-    p.approximation_rank = std::move(ranks);
+    c.set_step_settings({.approximation_rank = std::move(ranks)});
     auto g = test::make_data(lay.numel(), 40 + static_cast<std::uint64_t>(step));
     const auto e_old = e;
     const auto bytes = c.compress(host_view(g), host_view(e), p, packet, st);
@@ -331,10 +331,11 @@ TEST_CASE("powersgd: a per-layer rank from step_params, capped by options.rank",
   CHECK(c.last_rank(2) == 2);
   const auto w2 = c.warm_start(2);
   CHECK(std::any_of(w2.begin() + 25, w2.end(), [](float x) { return x != 0.0f; }));
-  auto bad = test::params_for(lay, 0.1);
-  bad.approximation_rank = {1, 1};
-  auto g = test::make_data(lay.numel(), 1);
-  CHECK_THROWS_WITH(c.compress(host_view(g), host_view(e), bad, packet, st), Catch::Contains("approximation_rank"));
+  // A wrong length is rejected before anything changes: the previous ranks stay in use.
+  CHECK_THROWS_WITH(c.set_step_settings({.approximation_rank = {1, 1}}), Catch::Contains("approximation_rank"));
+  CHECK(c.settings().approximation_rank == std::vector<std::uint32_t>{2, 2, 2, 2, 2});
+  run({}, 4);  // empty: options.rank everywhere
+  CHECK(c.last_rank(2) == 2);
 }
 
 TEST_CASE("powersgd x accordion_policy: the rank follows the level, identical on every rank",

@@ -40,7 +40,6 @@ void check_edges(const typename C::options& opt) {
       INFO("fraction " << f << " pass " << rep);
       auto g = test::make_data(lay.numel(), 31 + step, test::distribution::laplace);
       auto p = test::params_for(lay, f, step++, 9);
-      p.bin_length.assign(lay.size(), 0);
       p.ranks = 1;
       std::vector<float> u(lay.numel());
       for (std::size_t i = 0; i < u.size(); ++i) u[i] = g[i] + e[i];

@@ -266,7 +266,6 @@ TEST_CASE("faults: check_consistency passes identical decisions, with every poli
 TEST_CASE("faults: hash_step_params sees every field that changes what is sent", "[reliability][consistency]") {
   const auto lay = test::mixed_layout();
   step_params base = test::params_for(lay, 0.1);
-  base.bin_length.assign(lay.size(), 0);
   const auto h0 = detail::hash_step_params(base);
   CHECK(detail::hash_step_params(base) == h0);
   auto p = base;
@@ -285,12 +284,27 @@ TEST_CASE("faults: hash_step_params sees every field that changes what is sent",
   p.collective = collective_kind::allgather;
   CHECK(detail::hash_step_params(p) != h0);
   p = base;
-  p.bin_length[0] = 50;
-  CHECK(detail::hash_step_params(p) != h0);
-  p = base;
   const double cands[] = {0.1, 0.01};
   p.gain_candidates.assign(std::begin(cands), std::end(cands));
   CHECK(detail::hash_step_params(p) != h0);
+}
+
+TEST_CASE("faults: hash_step_settings sees every per-layer setting of a compressor", "[reliability][consistency]") {
+  const auto lay = test::mixed_layout();
+  const auto h0 = detail::hash_step_params(test::params_for(lay, 0.1));
+  adacomp_settings a;
+  a.bin_length.assign(lay.size(), 0);
+  const auto ha = detail::hash_step_settings(a, h0);
+  CHECK(detail::hash_step_settings(a, h0) == ha);
+  CHECK(ha != h0);
+  CHECK(detail::hash_step_settings(adacomp_settings{}, h0) != ha);  // the length counts
+  auto b = a;
+  b.bin_length[0] = 50;
+  CHECK(detail::hash_step_settings(b, h0) != ha);
+  powersgd_settings r{{2, 0, 1}};
+  const auto hr = detail::hash_step_settings(r, h0);
+  r.approximation_rank[2] = 2;
+  CHECK(detail::hash_step_settings(r, h0) != hr);
 }
 
 namespace {

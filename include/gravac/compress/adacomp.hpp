@@ -20,6 +20,7 @@
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/layered.hpp"
+#include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/packet/detail/bit_codes.hpp"
 #include "gravac/packet/packet_bound.hpp"
@@ -27,7 +28,7 @@
 namespace gravac {
 
 //! Options of AdaComp: the default bin length L_T per layer kind, used where
-//! step_params::bin_length is 0 for the layer.
+//! adacomp_settings::bin_length is 0 for the layer.
 struct adacomp_options {
   std::uint32_t conv_bin = 50;    //!< L_T of convolution layers (the paper: about 50)
   std::uint32_t dense_bin = 500;  //!< L_T of dense and recurrent layers (the paper: about 500)
@@ -76,6 +77,8 @@ class adacomp {
   using memory_space = host_space;
   //! Options (see adacomp_options).
   using options = adacomp_options;
+  //! Per-step settings: the bin length per layer (set_step_settings).
+  using step_settings = adacomp_settings;
   //! Each rank sends its own indices and scale: values at shared indices are not summable.
   static constexpr bool summable_by_index = false;
   //! Packet kind written.
@@ -95,9 +98,18 @@ class adacomp {
     gmax_.resize(detail::quant_chunk);
   }
 
-  //! L_T of layer \p index under \p p: the policy's value when non-zero, else the option for the layer's kind.
-  [[nodiscard]] std::uint32_t bin_length(std::size_t index, const step_params& p) const noexcept {
-    if (index < p.bin_length.size() && p.bin_length[index] > 0) return p.bin_length[index];
+  //! The bin lengths of the following compress() calls, one per layer of this layout (0,
+  //! a missing layer or an empty vector: the option for the layer's kind), until set again.
+  void set_step_settings(const step_settings& s) {
+    settings_.bin_length.assign(s.bin_length.begin(), s.bin_length.end());  // no allocation once sized
+  }
+  //! The settings in use (set_step_settings).
+  [[nodiscard]] const step_settings& settings() const noexcept { return settings_; }
+
+  //! L_T of layer \p index: the step settings' value when non-zero, else the option for the layer's kind.
+  [[nodiscard]] std::uint32_t bin_length(std::size_t index) const noexcept {
+    const auto& b = settings_.bin_length;
+    if (index < b.size() && b[index] > 0) return b[index];
     switch (layout_[index].kind) {
       case layer_kind::conv:
         return options_.conv_bin;
@@ -120,7 +132,7 @@ class adacomp {
     return compress_layers(
         layout_, kind, g.span(), e.span(), p, out, st, scratch_,
         [&](byte_writer& w, std::uint32_t index, std::span<const float> gl, std::span<float> el, double,
-            layer_stats& ls) { write_layer(w, index, gl, el, bin_length(index, p), ls, st.non_finite); });
+            layer_stats& ls) { write_layer(w, index, gl, el, bin_length(index), ls, st.non_finite); });
   }
 
   //! Validates an untrusted packet: index width, count, sizes, a finite scale, indices in
@@ -288,6 +300,7 @@ class adacomp {
 
   layout layout_;
   options options_;
+  step_settings settings_;  // set_step_settings
   layered_scratch scratch_;
   std::vector<std::uint32_t> indices32_;  // sent indices of layers with 32-bit indices (+ 8 scratch)
   std::vector<std::uint64_t> indices64_;  // sent indices of larger layers (usually empty; + 8 scratch)

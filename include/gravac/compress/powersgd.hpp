@@ -31,6 +31,7 @@
 
 #include "gravac/composition.hpp"
 #include "gravac/compress/layered.hpp"
+#include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
@@ -41,7 +42,7 @@ namespace gravac {
 //! Options of PowerSGD.
 struct powersgd_options {
   //! r, the rank of the approximation (at least 1; capped by min(rows, cols)). Also the
-  //! workspace: a policy may ask for less per layer and step (step_params::approximation_rank).
+  //! workspace: a policy may ask for less per layer and step (powersgd_settings::approximation_rank).
   std::uint32_t rank = 2;
   bool warm_start = true;  //!< reuse last step's Q (the paper's default); false draws Q afresh every step
 };
@@ -67,11 +68,11 @@ inline constexpr std::uint8_t low_rank_encoding = 1;
 //! packet. dense_allreduce uses them (each rank's own rank-r approximation, summed densely),
 //! which is correct but keeps the warm start per rank.
 //!
-//! The rank of layer i in a step is min(step_params::approximation_rank[i], options.rank)
-//! when a policy sets it (> 0), else options.rank; always capped by min(rows, cols). The
-//! kept fraction's value does not set r. Layers sent raw: 1-D layers, layers whose kept
-//! fraction is >= 1, and layers where r (rows + cols) >= rows * cols (no saving at the
-//! step's r). When a layer's rank changes, its warm start keeps its first columns; the
+//! The rank of layer i in a step is min(powersgd_settings::approximation_rank[i],
+//! options.rank) when set (> 0, set_step_settings), else options.rank; always capped by
+//! min(rows, cols). The kept fraction's value does not set r. Layers sent raw: 1-D layers,
+//! layers whose kept fraction is >= 1, and layers where r (rows + cols) >= rows * cols (no
+//! saving at the step's r). When a layer's rank changes, its warm start keeps its first columns; the
 //! columns dropped are zeroed, so that a later rise draws them afresh (as for a fresh Q).
 //! Error feedback invariant: P^ Q_local^T + e_new == u up to one rounding of the
 //! subtraction and of the addition (the decoder computes P^ Q_local^T in exactly the order
@@ -90,6 +91,8 @@ class powersgd {
   using memory_space = host_space;
   //! Options (see powersgd_options).
   using options = powersgd_options;
+  //! Per-step settings: the rank per layer (set_step_settings).
+  using step_settings = powersgd_settings;
   //! Factors of different ranks cannot be summed elementwise.
   static constexpr bool summable_by_index = false;
   //! Packet kind written by compress().
@@ -130,25 +133,34 @@ class powersgd {
     });
   }
 
+  //! The ranks of the following steps, one per layer of this layout (0: options.rank;
+  //! empty: options.rank everywhere), each capped by options.rank, until set again. Rejects
+  //! any other length, keeping the previous settings.
+  void set_step_settings(const step_settings& s) {
+    require(s.approximation_rank.empty() || s.approximation_rank.size() == layout_.size(),
+            "powersgd: approximation_rank must be empty or hold one rank per layer");
+    settings_.approximation_rank.assign(s.approximation_rank.begin(), s.approximation_rank.end());
+  }
+  //! The settings in use (set_step_settings).
+  [[nodiscard]] const step_settings& settings() const noexcept { return settings_; }
+
   // ----- the low-rank protocol (driven by low_rank_allreduce) -----
 
   //! Phase 1: e += g (e then holds u), P = M Q for the low-rank layers, u of the raw
   //! layers copied out (their e becomes 0). Returns [P factors | raw values], to be summed
   //! over the ranks in place. Fills grad and input norms. Sets each layer's rank for the
-  //! step (step_params::approximation_rank).
+  //! step (the step settings' approximation_rank).
   std::span<float> project(host_view g, host_view e, const step_params& p, compress_stats& st) {
     require(g.size() == layout_.numel() && e.size() == layout_.numel(),
             "powersgd: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(), "powersgd: one kept fraction per layer is required");
-    require(p.approximation_rank.empty() || p.approximation_rank.size() == layout_.size(),
-            "powersgd: approximation_rank must be empty or hold one rank per layer");
     st.reset(layout_.size(), p.gain_candidates.size());
     auto gs = g.span(), es = e.span();
     std::size_t at = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i) {  // P factors first
       auto& s = layers_[i];
       const auto& l = layout_[i];
-      s.r = step_rank(i, p);
+      s.r = step_rank(i);
       s.low_rank = s.matrix && p.kept_fraction[i] < dense_fraction && s.r * (s.rows + s.cols) < l.numel;
       s.u_max = accumulate(gs.subspan(l.offset, l.numel), es.subspan(l.offset, l.numel), st.layers[i]);
       if (!p.gain_candidates.empty() && l.numel > 0)
@@ -404,9 +416,10 @@ class powersgd {
   }
 
   // This step's rank of layer \p i: the policy's (capped by the workspace) or options.rank.
-  std::size_t step_rank(std::size_t i, const step_params& p) const noexcept {
+  std::size_t step_rank(std::size_t i) const noexcept {
     const auto& s = layers_[i];
-    const std::size_t asked = p.approximation_rank.empty() ? 0 : p.approximation_rank[i];
+    const auto& r = settings_.approximation_rank;
+    const std::size_t asked = r.empty() ? 0 : r[i];
     return asked > 0 ? std::min(asked, s.r_max) : s.r_max;
   }
 
@@ -485,6 +498,7 @@ class powersgd {
 
   layout layout_;
   options options_;
+  step_settings settings_;  // set_step_settings
   std::vector<layer_state> layers_;
   std::vector<float> warm_q_;
   std::vector<float> q_buf_;

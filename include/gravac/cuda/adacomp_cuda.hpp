@@ -63,6 +63,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   using memory_space = cuda_space;
   //! Options (see adacomp_cuda_options).
   using options = adacomp_cuda_options;
+  //! Per-step settings: the bin length per layer, as gravac::adacomp (set_step_settings).
+  using step_settings = adacomp_settings;
   //! Each rank sends its own indices and scale: values at shared indices are not summable.
   static constexpr bool summable_by_index = false;
   //! Packet kind written (the same as gravac::adacomp).
@@ -119,10 +121,18 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     s.synchronize();  // the pinned staging above is freed when this returns
   }
 
-  //! L_T of layer \p index under \p p: the policy's value when non-zero, else the option
-  //! for the layer's kind (as gravac::adacomp::bin_length).
-  [[nodiscard]] std::uint32_t bin_length(std::size_t index, const step_params& p) const noexcept {
-    if (index < p.bin_length.size() && p.bin_length[index] > 0) return p.bin_length[index];
+  //! The bin lengths of the following compress() calls, as gravac::adacomp::set_step_settings.
+  void set_step_settings(const step_settings& s) {
+    settings_.bin_length.assign(s.bin_length.begin(), s.bin_length.end());
+  }
+  //! The settings in use (set_step_settings).
+  [[nodiscard]] const step_settings& settings() const noexcept { return settings_; }
+
+  //! L_T of layer \p index: the step settings' value when non-zero, else the option for
+  //! the layer's kind (as gravac::adacomp::bin_length).
+  [[nodiscard]] std::uint32_t bin_length(std::size_t index) const noexcept {
+    const auto& b = settings_.bin_length;
+    if (index < b.size() && b[index] > 0) return b[index];
     return default_bin(index);
   }
 
@@ -190,7 +200,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
         bound += raw_segment_bytes(l.numel);
       } else {
         bound += adacomp_segment_bytes(l.numel, l.numel);
-        most_bins = std::max(most_bins, bins_of(l.numel, bin_length(i, p)));
+        most_bins = std::max(most_bins, bins_of(l.numel, bin_length(i)));
       }
     }
     return bound;
@@ -236,7 +246,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
                        packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
         continue;
       }
-      const std::uint32_t bin = bin_length(i, p);
+      const std::uint32_t bin = bin_length(i);
       const std::size_t bins = bins_of(l.numel, bin);
       GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
       detail::launch(&cd::adacomp_bins, launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)),
@@ -311,6 +321,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   layout layout_;
   friend class detail::stream_members<adacomp_cuda>;  // stream() reads options_.stream
   options options_;
+  step_settings settings_;        // set_step_settings
   detail::launch_config launch_;  // the grids of this device
   device_buffer<detail::select_state> states_;
   device_buffer<detail::layer_sums> sums_;

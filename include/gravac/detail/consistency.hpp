@@ -10,6 +10,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gravac/error.hpp"
@@ -34,11 +35,23 @@ inline std::uint64_t hash_step_params(const step_params& p) noexcept {
   h = fnv1a_u64(static_cast<std::uint64_t>(p.collective), h);
   h = fnv1a_u64(p.gain_candidates.size(), h);
   for (double f : p.gain_candidates) h = fnv1a_u64(bits(f), h);
-  h = fnv1a_u64(p.bin_length.size(), h);
-  for (auto b : p.bin_length) h = fnv1a_u64(b, h);
   h = fnv1a_u64(static_cast<std::uint64_t>(p.ranks), h);
-  h = fnv1a_u64(p.approximation_rank.size(), h);
-  for (auto r : p.approximation_rank) h = fnv1a_u64(r, h);
+  return h;
+}
+
+//! \p h (hash_step_params's) combined with a compressor's step settings \p s: the sizes and
+//! values of its per-layer vectors (S::per_layer(), compress/step_settings.hpp).
+template <class S>
+std::uint64_t hash_step_settings(const S& s, std::uint64_t h) noexcept {
+  std::apply(
+      [&](const auto&... v) {
+        const auto one = [&](const auto& vec) {
+          h = fnv1a_u64(vec.size(), h);
+          for (const auto x : vec) h = fnv1a_u64(static_cast<std::uint64_t>(x), h);
+        };
+        (one(v), ...);
+      },
+      s.per_layer());
   return h;
 }
 

@@ -1,9 +1,9 @@
 #pragma once
 //! \file
 //! \brief detail::step_buckets<C, K>: the trainer's buckets. Each owns a compressor and a
-//! collective over its own layers, its slice of the step's parameters and what it
-//! reports; together they merge into the step's statistics and report, and give back what
-//! they sent when a step is abandoned.
+//! collective over its own layers, its slice of the step's parameters (and of the
+//! compressor's step settings) and what it reports; together they merge into the step's
+//! statistics and report, and give back what they sent when a step is abandoned.
 
 #include <algorithm>
 #include <cstddef>
@@ -14,6 +14,7 @@
 #include "gravac/collective/collective_for.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/detail/async_schedule.hpp"
+#include "gravac/detail/step_settings.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/step.hpp"
 
@@ -26,13 +27,14 @@ struct bucket_state {
   template <class Options>
   bucket_state(const layout& lay, const Options& opt)
       : compressor(lay, opt.compressor), collective(lay, opt.collective) {}
-  C compressor;                                      //!< over the bucket's layers
-  K collective;                                      //!< over the bucket's layers
-  step_params params;                                //!< the step's decisions for its layers
-  compress_stats stats;                              //!< what its compressor reported
-  step_report report;                                //!< what its collective reported
-  step_buffers<typename C::memory_space> buffers{};  //!< the views its collective ran on
-  double modeled_s = 0;                              //!< seconds the network model charged
+  C compressor;                                         //!< over the bucket's layers
+  K collective;                                         //!< over the bucket's layers
+  step_params params;                                   //!< the step's decisions for its layers
+  [[no_unique_address]] step_settings_for<C> settings;  //!< its compressor's step settings (its layers)
+  compress_stats stats;                                 //!< what its compressor reported
+  step_report report;                                   //!< what its collective reported
+  step_buffers<typename C::memory_space> buffers{};     //!< the views its collective ran on
+  double modeled_s = 0;                                 //!< seconds the network model charged
 };
 
 //! The buckets of a bucket_plan (stable addresses: the trainer moves, its buckets do not).
@@ -72,8 +74,21 @@ class step_buckets {
         if (whole.size() == layers) mine.assign(whole.begin() + first, whole.begin() + last);
       };
       part(all.kept_fraction, q.kept_fraction);
-      part(all.bin_length, q.bin_length);
-      part(all.approximation_rank, q.approximation_rank);
+    }
+  }
+
+  //! Gives each bucket's compressor its part of the step settings \p all (for a layout of
+  //! \p layers layers): the whole with one bucket, else its layers' slice.
+  template <class S>
+  void give_settings(const S& all, const bucket_plan& plan, std::size_t layers) {
+    for (std::size_t b = 0; b < all_.size(); ++b) {
+      bucket_state<C, K>& s = *all_[b];
+      if (all_.size() == 1) {
+        s.compressor.set_step_settings(all);
+        continue;
+      }
+      slice_step_settings(all, plan[b].first_layer, plan[b].last_layer, layers, s.settings);
+      s.compressor.set_step_settings(s.settings);
     }
   }
 

@@ -28,8 +28,8 @@
 //! - Only tensors with more than one dimension are compressed (`one_dim_dense`, default);
 //!   1-D tensors (biases, norms) are sent dense.
 //! - A level means something to every compressor: the kept fraction (top-k, threshold,
-//!   random-k: step_params::kept_fraction) and the rank (PowerSGD:
-//!   step_params::approximation_rank), both filled by plan().
+//!   random-k: step_params::kept_fraction, filled by plan()) and the rank (PowerSGD:
+//!   powersgd_settings::approximation_rank, filled by plan_settings()).
 //!
 //! Timing: the statistics of an interval that ends between steps s and s + 1 are summed
 //! over the ranks by step s + 1's collective, so the decision applies from step s + 2: the
@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
+#include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
@@ -159,18 +160,16 @@ class accordion_policy {
                        .value();
   }
 
-  //! Kept fraction and PowerSGD rank per layer from its level; the whole-buffer fraction is
-  //! the numel-weighted mean over the compressed layers (the same total budget). Records
-  //! the number of ranks (agreed() divides the sums by it).
+  //! Kept fraction per layer from its level (the rank: plan_settings()); the whole-buffer
+  //! fraction is the numel-weighted mean over the compressed layers (the same total
+  //! budget). Records the number of ranks (agreed() divides the sums by it).
   void plan(step_params& p) {
     ranks_ = p.ranks > 0 ? p.ranks : 1;
     p.kept_fraction.resize(levels_.size());
-    p.approximation_rank.resize(levels_.size());
     double kept = 0, total = 0;
     for (std::size_t i = 0; i < levels_.size(); ++i) {
       const double f = fraction(levels_[i]);
       p.kept_fraction[i] = f;
-      p.approximation_rank[i] = rank(levels_[i]);
       if (levels_[i] != accordion_level::dense) {
         kept += f * numel_[i];
         total += numel_[i];
@@ -179,6 +178,13 @@ class accordion_policy {
     p.global_fraction = total > 0 ? kept / total : dense_fraction;
     p.collective = opt_.collective;
     p.gain_candidates.clear();
+  }
+
+  //! PowerSGD's settings for the step plan() planned: the rank of each layer from its level
+  //! (0 for a dense layer: the compressor's own, unused since the layer is sent raw).
+  void plan_settings(powersgd_settings& s) const {
+    s.approximation_rank.resize(levels_.size());
+    for (std::size_t i = 0; i < levels_.size(); ++i) s.approximation_rank[i] = rank(levels_[i]);
   }
 
   //! Trainer hook, every step before aggregation: adds this rank's flat local gradient

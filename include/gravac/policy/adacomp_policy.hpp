@@ -4,9 +4,9 @@
 //! chosen by layer kind, and the compressor decides per bin how much to send. The policy
 //! reports the compression that was achieved per layer.
 //!
-//! - step_params::bin_length: conv_bin for convolution layers, dense_bin for dense,
-//!   recurrent_bin for recurrent, bias_or_norm_bin for biases and norms (which are sent
-//!   dense by default).
+//! - adacomp_settings::bin_length (plan_settings()): conv_bin for convolution layers,
+//!   dense_bin for dense, recurrent_bin for recurrent, bias_or_norm_bin for biases and
+//!   norms (which are sent dense by default).
 //! - step_params::kept_fraction: 1 / L_T for compressed layers. The AdaComp compressor
 //!   only reads "below 1 = compress"; a compressor that needs a fraction (top-k, random-k)
 //!   gets 1 / L_T, AdaComp's scale of about one value per bin, so the policy works with
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
+#include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
@@ -87,10 +88,9 @@ class adacomp_policy {
                        .value();
   }
 
-  //! L_T per layer, compressed layers marked with 1 / L_T, dense ones with 1.
+  //! Compressed layers marked with 1 / L_T, dense ones with 1 (L_T itself: plan_settings()).
   void plan(step_params& p) const {
     p.kept_fraction.assign(fractions_.begin(), fractions_.end());
-    p.bin_length.assign(bins_.begin(), bins_.end());
     double kept = 0, total = 0;
     for (std::size_t i = 0; i < fractions_.size(); ++i)
       if (fractions_[i] < dense_fraction) {
@@ -101,6 +101,10 @@ class adacomp_policy {
     p.collective = opt_.collective;
     p.gain_candidates.clear();
   }
+
+  //! AdaComp's settings for the step plan() planned: L_T per layer (the bins of the layers
+  //! sent dense too; the compressor sends those raw).
+  void plan_settings(adacomp_settings& s) const { s.bin_length.assign(bins_.begin(), bins_.end()); }
 
   //! Records the kept fraction each layer achieved.
   void observe(const step_report& r) {

@@ -14,7 +14,7 @@
 //!   of the next candidate (the gain curve prices any ratio from the same pass), so a new
 //!   candidate starts with a smoothed gain instead of one blind fallback step. A gain that
 //!   was never measured counts as below eps: a ratio is never sent blind. The step's
-//!   step_params::fallback (and step_report::fallback) says which gain was below eps.
+//!   policy's fallback() (and step_report::fallback) says which gain was below eps.
 //!   A dense step is an Allreduce of the dense gradient under every collective.
 //! - CT(c) = samples per second * mean gain(c), both over the steps of c's evaluation
 //!   period that were actually sent at c (a step that fell back says nothing about c's
@@ -161,9 +161,9 @@ class gravac_policy {
     for (std::size_t i = 0; i < one_dim_.size(); ++i) p.kept_fraction[i] = one_dim_[i] ? dense_fraction : f;
     p.global_fraction = f;
     p.collective = opt_.collective;
-    p.fallback = phase_ == gravac_phase::warmup || cf == candidates_[candidate_] ? fallback_reason::none
-                 : cf > 1 ? fallback_reason::candidate_gain_below_eps
-                          : fallback_reason::minimum_gain_below_eps;
+    fallback_ = phase_ == gravac_phase::warmup || cf == candidates_[candidate_] ? fallback_reason::none
+                : cf > 1 ? fallback_reason::candidate_gain_below_eps
+                         : fallback_reason::minimum_gain_below_eps;
     // gain_curve[0]: the candidate; [1]: CF_min (unless that is the candidate); then the
     // next candidate while searching.
     std::size_t n = 0;
@@ -175,6 +175,10 @@ class gravac_policy {
     planned_candidate_ = candidate_;
     planned_cf_ = cf;
   }
+
+  //! Why the step plan() planned last is sent less compressed than the current candidate
+  //! (fallback_reason::none when it is not); the trainer copies it into step_report::fallback.
+  [[nodiscard]] fallback_reason fallback() const noexcept { return fallback_; }
 
   //! Takes in one step's rank-averaged gains and the times of this step (a shared clock)
   //! or of the previous one (averaged over the ranks).
@@ -472,12 +476,13 @@ class gravac_policy {
   ewma gain_min_;
   ewma gain_next_;  // the next candidate's, measured during the search
   period_sums period_;
-  std::size_t planned_candidate_ = 0;  // the candidate when the step in flight was planned
-  double planned_cf_ = 0;              // the CF it was sent at (1: dense)
-  bool planned_next_ = false;          // it asked for the next candidate's gain
-  step_record previous_;               // a clock read one step late: the step whose time comes next
-  double previous_modeled_s_ = 0;      // its modeled communication (the same on every rank)
-  bool close_pending_ = false;         // an interval ended: close the period once its last step has its time
+  std::size_t planned_candidate_ = 0;                 // the candidate when the step in flight was planned
+  double planned_cf_ = 0;                             // the CF it was sent at (1: dense)
+  bool planned_next_ = false;                         // it asked for the next candidate's gain
+  fallback_reason fallback_ = fallback_reason::none;  // why it was sent below the candidate
+  step_record previous_;                              // a clock read one step late: the step whose time comes next
+  double previous_modeled_s_ = 0;                     // its modeled communication (the same on every rank)
+  bool close_pending_ = false;  // an interval ended: close the period once its last step has its time
   double close_samples_per_step_ = 0;
 };
 static_assert(Policy<gravac_policy>);
