@@ -93,8 +93,8 @@ class trainer {
     //! gravac::error(diverged) on every rank, naming the ranks that differ from rank 0.
     bool check_consistency = false;
     //! Target bucket size in bytes of float gradient (bucket_plan.hpp): one_bucket for a
-    //! single bucket (the step of a release without buckets), bucket_per_layer for one per
-    //! layer. A compressor that selects over the whole buffer selects per bucket.
+    //! single bucket, bucket_per_layer for one per layer. A compressor that selects over
+    //! the whole buffer selects per bucket.
     std::size_t bucket_bytes = default_bucket_bytes;
   };
 
