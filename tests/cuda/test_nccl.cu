@@ -1,7 +1,8 @@
 // nccl_communicator with one rank per GPU (run under mpiexec): every collective against
 // what it must produce, trainer<topk_cuda, allgather, fixed_policy> against the serial
-// host reference, and trainer<topk_cuda, allreduce_compatible, fixed_policy> (AR-Topk's
-// NCCL broadcast and Allreduce) against the host trainer on thread ranks, and the
+// host reference, trainer<topk_cuda, allreduce_compatible, fixed_policy> (AR-Topk's NCCL
+// broadcast and Allreduce) and trainer<adacomp_cuda, allgather, adacomp_policy> (the
+// policy's bin lengths in every bucket) against the host trainer on thread ranks, and the
 // asynchronous device step (begin_step, ready per layer on a stream, finish) against the
 // synchronous one and its errors; a collective one rank never joins (timeout) and a
 // communicator one rank aborts: the others fail instead of hanging, and every communicator
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
@@ -193,6 +195,58 @@ TEST_CASE("trainer<topk_cuda, allreduce_compatible, fixed_policy> over NCCL equa
       const auto res = to_host(t.residual_view().data(), lay.numel());
       REQUIRE(std::memcmp(res.data(), want_e[step].data(), res.size() * sizeof(float)) == 0);
     }
+  }
+}
+
+TEST_CASE("trainer<adacomp_cuda, allgather, adacomp_policy> over NCCL, bucket per layer, equals the host") {
+  gravac::nccl_communicator comm(world());
+  const int r = comm.rank(), n = comm.size();
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {65537}, gravac::layer_kind::dense);
+  using D = gravac::trainer<gravac::adacomp_cuda, gravac::allgather, gravac::adacomp_policy>;
+  using H = gravac::trainer<gravac::adacomp, gravac::allgather, gravac::adacomp_policy>;
+  // Bin lengths other than the compressor's defaults, so a bucket that missed them would differ.
+  D::options opt;
+  opt.policy.conv_bin = 7;
+  opt.policy.dense_bin = 33;
+  opt.bucket_bytes = gravac::bucket_per_layer;
+  H::options host_opt;
+  host_opt.policy = opt.policy;
+  host_opt.bucket_bytes = gravac::bucket_per_layer;
+  constexpr std::uint64_t steps = 3;
+  auto grad = [&](std::uint64_t step, int q) {
+    return gravac::test::make_data(lay.numel(), 700 * step + static_cast<std::uint64_t>(q));
+  };
+  std::vector<std::vector<float>> want_g(steps), want_e(steps);
+  gravac::run_ranks(n, [&](gravac::thread_communicator& tc) {
+    H t(tc, lay, host_opt);
+    for (std::uint64_t step = 0; step < steps; ++step) {
+      auto g = grad(step, tc.rank());
+      t.step(std::span<float>(g));
+      if (tc.rank() == r) {
+        want_g[step] = g;
+        const auto e = t.residual();
+        want_e[step].assign(e.begin(), e.end());
+      }
+    }
+  });
+  D t(comm, lay, opt);
+  REQUIRE(t.bucket_count() > 1);
+  for (std::uint64_t step = 0; step < steps; ++step) {
+    INFO("step " << step);
+    auto g = to_device(grad(step, r));
+    t.step(gravac::device_view(g));
+    for (std::size_t b = 0; b < t.bucket_count(); ++b) {
+      const auto& bk = t.buckets()[b];
+      const auto& bins = t.compressor(b).settings().bin_length;
+      REQUIRE(bins.size() == bk.last_layer - bk.first_layer);
+      for (std::size_t i = 0; i < bins.size(); ++i) REQUIRE(bins[i] == t.policy().bin_length(bk.first_layer + i));
+    }
+    const auto got = to_host(g.data(), g.size());
+    REQUIRE(gravac::test::max_rel_diff(got, want_g[step]) <= 1e-6);  // NCCL gathers; decoding order is the same
+    // adacomp_cuda sends what adacomp sends (test_cuda_adacomp), so the residuals are equal.
+    const auto res = to_host(t.residual_view().data(), lay.numel());
+    REQUIRE(std::memcmp(res.data(), want_e[step].data(), res.size() * sizeof(float)) == 0);
   }
 }
 
