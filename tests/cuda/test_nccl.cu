@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -36,6 +37,28 @@ namespace {
 using gravac::test::to_device;
 using gravac::test::to_host;
 using gravac::test::world;
+
+// The host reference of a device trainer: host trainer \p H on \p n thread ranks of this
+// process for \p steps steps of gradients grad(step, rank); rank \p r's averaged gradient
+// and residual after each step.
+template <class H, class Grad>
+std::pair<std::vector<std::vector<float>>, std::vector<std::vector<float>>> host_reference(
+    int n, int r, const gravac::layout& lay, const typename H::options& opt, std::uint64_t steps, Grad&& grad) {
+  std::vector<std::vector<float>> want_g(steps), want_e(steps);
+  gravac::run_ranks(n, [&](gravac::thread_communicator& tc) {
+    H t(tc, lay, opt);
+    for (std::uint64_t step = 0; step < steps; ++step) {
+      auto g = grad(step, tc.rank());
+      t.step(std::span<float>(g));
+      if (tc.rank() == r) {
+        want_g[step] = g;
+        const auto e = t.residual();
+        want_e[step].assign(e.begin(), e.end());
+      }
+    }
+  });
+  return {std::move(want_g), std::move(want_e)};
+}
 
 }  // namespace
 
@@ -170,20 +193,7 @@ TEST_CASE("trainer<topk_cuda, allreduce_compatible, fixed_policy> over NCCL equa
     auto grad = [&](std::uint64_t step, int q) {
       return gravac::test::make_data(lay.numel(), 500 * step + static_cast<std::uint64_t>(q));
     };
-    // The host reference: every rank on a thread of this process; rank r's outputs kept.
-    std::vector<std::vector<float>> want_g(steps), want_e(steps);
-    gravac::run_ranks(n, [&](gravac::thread_communicator& tc) {
-      H t(tc, lay, host_opt);
-      for (std::uint64_t step = 0; step < steps; ++step) {
-        auto g = grad(step, tc.rank());
-        t.step(std::span<float>(g));
-        if (tc.rank() == r) {
-          want_g[step] = g;
-          const auto e = t.residual();
-          want_e[step].assign(e.begin(), e.end());
-        }
-      }
-    });
+    const auto [want_g, want_e] = host_reference<H>(n, r, lay, host_opt, steps, grad);
     D t(comm, lay, opt);
     for (std::uint64_t step = 0; step < steps; ++step) {
       INFO("step " << step);
@@ -217,19 +227,7 @@ TEST_CASE("trainer<adacomp_cuda, allgather, adacomp_policy> over NCCL, bucket pe
   auto grad = [&](std::uint64_t step, int q) {
     return gravac::test::make_data(lay.numel(), 700 * step + static_cast<std::uint64_t>(q));
   };
-  std::vector<std::vector<float>> want_g(steps), want_e(steps);
-  gravac::run_ranks(n, [&](gravac::thread_communicator& tc) {
-    H t(tc, lay, host_opt);
-    for (std::uint64_t step = 0; step < steps; ++step) {
-      auto g = grad(step, tc.rank());
-      t.step(std::span<float>(g));
-      if (tc.rank() == r) {
-        want_g[step] = g;
-        const auto e = t.residual();
-        want_e[step].assign(e.begin(), e.end());
-      }
-    }
-  });
+  const auto [want_g, want_e] = host_reference<H>(n, r, lay, host_opt, steps, grad);
   D t(comm, lay, opt);
   REQUIRE(t.bucket_count() > 1);
   for (std::uint64_t step = 0; step < steps; ++step) {

@@ -4,21 +4,11 @@
 //! buffers described by a gravac::layout, so the gradient a model writes is exactly the
 //! buffer gravac's trainer steps on.
 
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics (the
-// `__m512 __Y = __Y;` of _mm512_undefined_ps) when Eigen's packet code is inlined into a
-// caller: a false positive in third-party code, silenced for Eigen's headers only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <gravac/compress/detail/eigen_core.hpp>  // <Eigen/Core>, without GCC 12's false positives
 #include <gravac/layout.hpp>
 #include <memory>
 #include <random>

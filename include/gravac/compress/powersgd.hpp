@@ -8,17 +8,6 @@
 #error "gravac/compress/powersgd.hpp needs Eigen 3: link the gravac::powersgd target"
 #endif
 
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics (the
-// `__m512 __Y = __Y;` of _mm512_undefined_ps) when Eigen's packet code is inlined into a
-// caller: a false positive in third-party code, silenced for Eigen's headers only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -30,6 +19,7 @@
 #include <vector>
 
 #include "gravac/composition.hpp"
+#include "gravac/compress/detail/eigen_core.hpp"  // <Eigen/Core>, without GCC 12's false positives
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
