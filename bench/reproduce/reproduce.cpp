@@ -40,27 +40,26 @@
 // and per-layer ready times (calibrated by the first run), plus the synchronous step with
 // one bucket (the step before buckets existed). It prints the exposed communication over
 // the total from the same run and checks the target (at most 30%).
-#include <sys/utsname.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <gravac/comm/thread_communicator.hpp>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "fmnist/report.hpp"
 #include "fmnist/train.hpp"
+#include "summary_stats.hpp"
 
 namespace {
+
+using namespace repro;
 
 // The library's recommended adaptive configuration, the one to use when the network is
 // unknown: GraVAC over top-k and Allgather, at the default eps. It learns the network from
@@ -201,78 +200,6 @@ struct pass {
   double wall_s = 0;
 };
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
-// Mean and sample standard deviation of the finite values of v.
-struct summary {
-  double mean = std::nan("");
-  double sd = std::nan("");
-  int n = 0;
-};
-summary summarize(const std::vector<double>& v) {
-  summary s;
-  double sum = 0;
-  for (double x : v)
-    if (std::isfinite(x)) {
-      sum += x;
-      ++s.n;
-    }
-  if (s.n == 0) return s;
-  s.mean = sum / s.n;
-  double ss = 0;
-  for (double x : v)
-    if (std::isfinite(x)) ss += (x - s.mean) * (x - s.mean);
-  s.sd = s.n > 1 ? std::sqrt(ss / (s.n - 1)) : 0.0;
-  return s;
-}
-
-// "m ± sd" (m alone from one seed) of the values times scale; a signed format's sign is
-// kept off the deviation.
-std::string pm(const summary& s, const char* f, double scale = 1.0) {
-  if (s.n == 0) return "-";
-  std::string r = fmt(f, s.mean * scale), unsigned_f = f;
-  if (const auto plus = unsigned_f.find('+'); plus != std::string::npos) unsigned_f.erase(plus, 1);
-  if (s.n > 1) r += " ± " + fmt(unsigned_f.c_str(), s.sd * scale);
-  return r;
-}
-
-// Times to target over the seeds (negative: not reached): the mean ± sd over the seeds that
-// reached it, and "k/N reached" when not all did.
-summary reached(const std::vector<double>& t) {
-  std::vector<double> ok;
-  for (double x : t)
-    if (x >= 0) ok.push_back(x);
-  return summarize(ok);
-}
-std::string time_cell(const std::vector<double>& t) {
-  if (t.empty()) return "-";
-  const summary s = reached(t);
-  const std::string of = " (" + std::to_string(s.n) + "/" + std::to_string(t.size()) + " reached)";
-  if (s.n == 0) return "not reached" + (t.size() > 1 ? of : std::string());
-  return pm(s, "%.2f") + (s.n < static_cast<int>(t.size()) ? of : std::string());
-}
-
-std::string machine_line() {
-  utsname u{};
-  uname(&u);
-  std::string cpu = "unknown CPU";
-  std::ifstream ci("/proc/cpuinfo");
-  for (std::string line; std::getline(ci, line);)
-    if (line.rfind("model name", 0) == 0) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  const std::time_t t = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
-  return cpu + ", " + std::to_string(std::thread::hardware_concurrency()) + " hardware threads, " + u.sysname + "; " +
-         date;
-}
-
 // What the tables read from a pass's runs.
 class view {
  public:
@@ -351,8 +278,6 @@ class view {
   summary dense_acc_, dense_wire_;
   double target_ = std::nan("");
 };
-
-std::string met(bool ok) { return ok ? "**met**" : "**missed**"; }
 
 // The paragraph that describes pass p's setting (model, data, schedule, seeds, compute).
 std::string setting(const pass& p, int ranks) {
