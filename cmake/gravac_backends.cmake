@@ -30,7 +30,15 @@ endif()
 add_library(gravac_cuda INTERFACE)
 add_library(gravac::cuda ALIAS gravac_cuda)
 set_target_properties(gravac_cuda PROPERTIES EXPORT_NAME cuda)
-target_link_libraries(gravac_cuda INTERFACE gravac CUDA::cudart)
+# The CUDA runtime gravac::cuda links: shared by default; static for scripts/gpu-kit, whose
+# binaries travel to a machine that may have a driver but no toolkit.
+option(GRAVAC_CUDART_STATIC "Link gravac::cuda (and gravac's CUDA tests) with the static CUDA runtime" OFF)
+if(GRAVAC_CUDART_STATIC)
+  set(GRAVAC_CUDART CUDA::cudart_static)
+else()
+  set(GRAVAC_CUDART CUDA::cudart)
+endif()
+target_link_libraries(gravac_cuda INTERFACE gravac ${GRAVAC_CUDART})
 # The kernels are templates in headers: whatever includes them must be compiled as CUDA
 # (C++20). --extended-lambda lets device code take lambdas; --expt-relaxed-constexpr lets
 # the kernels call the core's constexpr helpers (pad8, index_width_for).

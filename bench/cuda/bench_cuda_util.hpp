@@ -1,15 +1,17 @@
 #pragma once
 // Shared by the GPU benchmarks (bench_cuda_topk, bench_cuda_quantizers): CUDA-event timing,
-// Gaussian device data, the copy-bandwidth baseline BM_copy, one timed compress loop that
-// reports bytes moved and copy_fraction against that baseline, and a main that skips
-// (exit 77) without a CUDA device.
+// Gaussian device data (a counter-based generator on the device: a fresh gradient per step
+// costs one untimed kernel), the copy-bandwidth baseline BM_copy, one timed compress loop
+// under training-like dynamics (a fresh gradient every step, the residual carried, timed
+// once the residual has settled) that reports bytes moved and copy_fraction against that
+// baseline, and a main that skips (exit 77) without a CUDA device.
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <random>
-#include <vector>
+#include <cstdlib>
 
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -52,15 +54,95 @@ struct events {
   }
 };
 
+//! SplitMix64's finaliser: a counter-based generator, so that element i of step s is the
+//! same on every GPU and in every benchmark (bench/cuda/bench_torch_topk.py uses the same).
+__host__ __device__ inline std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+//! Writes n Gaussian values of standard deviation \p scale: element i from the counter
+//! (seed, i) by Box-Muller on two 24-bit uniforms.
+__global__ inline void gaussian_kernel(float* x, std::size_t n, std::uint64_t seed, float scale) {
+  const std::uint64_t key = mix64(seed * 0x9e3779b97f4a7c15ull + 1);
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t r = mix64(key ^ (i * 0xd1b54a32d192ed03ull));
+    const float u1 = (static_cast<float>(r >> 40) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+    const float u2 = static_cast<float>((r >> 8) & 0xffffffu) * (1.0f / 16777216.0f);
+    x[i] = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+  }
+}
+
+//! Fills \p x with n Gaussian values (seed, scale) on \p s: one kernel, no host data.
+inline void fill_gaussian(float* x, std::size_t n, std::uint64_t seed, float scale, cudaStream_t s) {
+  gaussian_kernel<<<1024, 256, 0, s>>>(x, n, seed, scale);
+  GRAVAC_TRY_CUDA(cudaGetLastError());
+}
+
 //! n Gaussian values of standard deviation \p scale (seeded), on the device.
 inline gravac::device_buffer<float> gaussian(std::size_t n, std::uint64_t seed, float scale) {
-  std::vector<float> h(n);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  for (auto& x : h) x = d(rng);
   gravac::device_buffer<float> b(n);
-  GRAVAC_TRY_CUDA(cudaMemcpy(b.data(), h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  fill_gaussian(b.data(), n, seed, scale, cudaStreamPerThread);
+  GRAVAC_TRY_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
   return b;
+}
+
+//! Adds the squares of x[0, n) into *out (double, by atomics; a warm-up measure only).
+__global__ inline void sum_squares_kernel(const float* x, std::size_t n, double* out) {
+  double a = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    a += static_cast<double>(x[i]) * x[i];
+  atomicAdd(out, a);
+}
+
+//! The Euclidean norm of x[0, n) (synchronises \p s).
+inline double norm(const float* x, std::size_t n, cudaStream_t s) {
+  gravac::device_buffer<double> acc(1);
+  GRAVAC_TRY_CUDA(cudaMemsetAsync(acc.data(), 0, sizeof(double), s));
+  sum_squares_kernel<<<256, 256, 0, s>>>(x, n, acc.data());
+  GRAVAC_TRY_CUDA(cudaGetLastError());
+  double h = 0;
+  GRAVAC_TRY_CUDA(cudaMemcpyAsync(&h, acc.data(), sizeof(double), cudaMemcpyDeviceToHost, s));
+  GRAVAC_TRY_CUDA(cudaStreamSynchronize(s));
+  return std::sqrt(h);
+}
+
+//! The seed of step \p step's gradient (the residual's initial value uses seed 4).
+inline std::uint64_t gradient_seed(std::uint64_t step) { return 1000 + step; }
+
+//! Untimed warm-up of an error-feedback compressor: steps (a fresh gradient each, by
+//! \p step_fn(step)) until the residual's norm changes by less than 1% per step on
+//! average over 8 steps, or GRAVAC_BENCH_MAX_WARMUP steps (default 64: an 8-minute
+//! GPU turn runs 40 cases; the steady counter says whether the residual settled) have run. Returns
+//! the number of steps run; \p steady says whether the residual settled.
+template <class StepFn>
+std::size_t warm_up(StepFn&& step_fn, const float* e, std::size_t n, cudaStream_t s, bool& steady) {
+  const char* cap_env = std::getenv("GRAVAC_BENCH_MAX_WARMUP");
+  const std::size_t cap = cap_env ? std::strtoull(cap_env, nullptr, 10) : 64;
+  constexpr std::size_t window = 8;
+  double norms[window + 1] = {};
+  std::size_t step = 0;
+  steady = false;
+  while (step < cap) {
+    step_fn(step);
+    norms[step % (window + 1)] = norm(e, n, s);
+    ++step;
+    if (step > window) {
+      double change = 0;
+      for (std::size_t j = step - window; j < step; ++j) {
+        const double a = norms[(j - 1) % (window + 1)], b = norms[j % (window + 1)];
+        change += a > 0 ? std::fabs(b - a) / a : 1.0;
+      }
+      if (change / window < 0.01) {
+        steady = true;
+        break;
+      }
+    }
+  }
+  return step;
 }
 
 //! Baseline: copy of the n floats (device to device); bytes moved = read + write.
@@ -89,38 +171,58 @@ struct compress_timing {
   double seconds = 0;     //!< mean seconds of one compress
 };
 
-//! Times \p c.compress on n Gaussian values (g, and a residual e of a tenth the scale,
-//! carried over as in training): one warm-up, then one compress per iteration between CUDA
-//! events. With \p advance_step, p.step grows by one before each timed compress (outside
-//! the timed region). Sets bytes processed (read g and e, write e, write the packet) and,
-//! once BM_copy of the same N has run, copy_fraction (that rate over the copy's rate).
-//! \p st holds the last compress's statistics.
+//! The rate of the bytes an error-feedback compressor must move (read g and e, write e,
+//! write a packet of \p packet_bytes) in \p seconds, over the copy's rate of the same run
+//! for the same N (0 until BM_copy of that N has run).
+inline double copy_fraction(std::size_t n, std::size_t packet_bytes, double seconds) {
+  const int b = log2_of(n);
+  if (copy_seconds[b] <= 0 || seconds <= 0) return 0;
+  const double moved = 3.0 * static_cast<double>(n) * sizeof(float) + static_cast<double>(packet_bytes);
+  const double copy_rate = 2.0 * static_cast<double>(n) * sizeof(float) / copy_seconds[b];
+  return (moved / seconds) / copy_rate;
+}
+
+//! Times \p c.compress as training runs it: a fresh gradient g every step (written before
+//! the step, untimed), the residual e (initially Gaussian of a tenth the scale) carried
+//! from step to step; warm_up's untimed steps first, then one timed compress per
+//! iteration between CUDA events. p.step grows by one each step when \p advance_step.
+//! Sets bytes processed (read g and e, write e, write the packet), copy_fraction (once
+//! BM_copy of the same N has run) and warmup_steps / steady. \p st holds the last
+//! compress's statistics.
 template <class C>
 compress_timing time_compress(benchmark::State& state, C& c, std::size_t n, gravac::step_params& p,
                               gravac::compress_stats& st, bool advance_step = false) {
-  auto g = gaussian(n, 3, 1.0f);
+  const cudaStream_t s = cudaStreamPerThread;
+  gravac::device_buffer<float> g(n);
   auto e = gaussian(n, 4, 0.1f);
   gravac::device_buffer<std::byte> packet(c.max_packet_bytes());
-  std::size_t bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);  // warm-up
+  std::size_t bytes = 0;
+  std::uint64_t step = 0;
+  auto one_step = [&](std::uint64_t) {
+    fill_gaussian(g.data(), n, gradient_seed(step++), 1.0f, s);
+    if (advance_step) ++p.step;
+    bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);
+  };
+  bool steady = false;
+  const std::size_t warm = warm_up(one_step, e.data(), n, s, steady);
   events ev;
   double total = 0;
   for (auto _ : state) {
+    fill_gaussian(g.data(), n, gradient_seed(step++), 1.0f, s);
     if (advance_step) ++p.step;
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
+    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, s));
     bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double s = ev.seconds();
-    state.SetIterationTime(s);
-    total += s;
+    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, s));
+    const double sec = ev.seconds();
+    state.SetIterationTime(sec);
+    total += sec;
   }
   const double per = total / static_cast<double>(state.iterations());
   const double moved = 3.0 * static_cast<double>(n) * sizeof(float) + static_cast<double>(bytes);
   state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
-  const int b = log2_of(n);
-  if (copy_seconds[b] > 0) {
-    const double copy_rate = 2.0 * static_cast<double>(n) * sizeof(float) / copy_seconds[b];
-    state.counters["copy_fraction"] = (moved / per) / copy_rate;
-  }
+  if (const double f = copy_fraction(n, bytes, per); f > 0) state.counters["copy_fraction"] = f;
+  state.counters["warmup_steps"] = static_cast<double>(warm);
+  state.counters["steady"] = steady ? 1.0 : 0.0;
   return {bytes, per};
 }
 

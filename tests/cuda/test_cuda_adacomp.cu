@@ -89,6 +89,18 @@ TEST_CASE("adacomp_cuda sends exactly what adacomp sends: layer kinds, bin lengt
     }
 }
 
+// A small case for compute-sanitizer (scripts/gpu-check): bins that leave a partial bin.
+TEST_CASE("adacomp_cuda: partial bins, small (compute-sanitizer)", "[sanitize]") {
+  for (std::uint32_t bin : {7u, 33u}) {
+    INFO("bin override " << bin);
+    auto r = make_ada(ada_layout());
+    auto p = gravac::test::params_for(r.lay, 0.5);
+    set_bins(r, std::vector<std::uint32_t>(r.lay.size(), bin));
+    r.step(gravac::test::make_data(r.lay.numel(), 1, distribution::gaussian), p);
+    r.step(gravac::test::make_data(r.lay.numel(), 2, distribution::gaussian), p);
+  }
+}
+
 TEST_CASE("adacomp_cuda: other bin options, and per-layer bin lengths from the policy") {
   auto r = make_ada(ada_layout(), {.conv_bin = 9, .dense_bin = 1000, .bias_bin = 3});
   auto p = gravac::test::params_for(r.lay, 0.5);

@@ -90,6 +90,17 @@ TEST_CASE("topk_cuda: ties go to the lower index (many equal magnitudes at the b
   }
 }
 
+// The small cases scripts/gpu-check runs under compute-sanitizer (memcheck and racecheck),
+// which slows a kernel by 10 to 100 times: tagged [sanitize], one each of the hard parts.
+TEST_CASE("topk_cuda: ties at the boundary, small (compute-sanitizer)", "[sanitize]") {
+  const std::size_t n = 4099;
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = (i % 7 == 0 ? -1.0f : 1.0f) * static_cast<float>(1 + i % 5);
+  pair_run r(gravac::layout::flat(n));
+  r.step(g, gravac::test::params_for(r.lay, 0.21));
+  r.step(g, gravac::test::params_for(r.lay, 0.05));
+}
+
 TEST_CASE("topk_cuda: mixed layout, dense layers, gain curve") {
   auto lay = gravac::test::mixed_layout();
   lay.add("big", {300000}, gravac::layer_kind::dense);

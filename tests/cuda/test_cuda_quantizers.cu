@@ -299,6 +299,22 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
   }
 }
 
+// A small case for compute-sanitizer (scripts/gpu-check): QSGD's buckets on a mixed layout
+// with a dense and an empty layer.
+TEST_CASE("qsgd_cuda: mixed layout, small (compute-sanitizer)", "[sanitize]") {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("zero", {4096}, gravac::layer_kind::dense);
+  typed_pair<gravac::qsgd, gravac::qsgd_cuda> r(lay, {.levels = 15, .bucket = 128}, {.levels = 15, .bucket = 128});
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    auto p = gravac::test::params_for(r.lay, 0.1, s, 17);
+    p.kept_fraction[1] = 1.0;  // a layer sent dense
+    auto g = gravac::test::make_data(r.lay.numel(), 81 + s);
+    for (std::size_t j = 0; j < r.lay[5].numel; ++j) g[r.lay[5].offset + j] = 0.0f;
+    r.step(g, p);
+    r.check_decode(0.5f);
+  }
+}
+
 TEST_CASE("device quantizers: invalid options are rejected as on the host") {
   const auto lay = gravac::layout::flat(100);
   CHECK_THROWS_AS(gravac::qsgd_cuda(lay, {.levels = 0}), gravac::error);

@@ -416,6 +416,13 @@ TEST_CASE("the asynchronous device step over NCCL equals the synchronous one bit
       }
 }
 
+// One asynchronous step sequence, small, for compute-sanitizer (scripts/gpu-check).
+TEST_CASE("the asynchronous device step equals the synchronous one: one case (compute-sanitizer)", "[sanitize]") {
+  gravac::nccl_communicator comm(world());
+  async_equals_sync<gravac::allgather>(comm, gravac::one_bucket, gravac::non_finite_action::throw_error,
+                                       hand_over::reverse);
+}
+
 TEST_CASE("the asynchronous device step on streams of its own (compressors and NCCL) equals the synchronous one") {
   // What docs/overlap.md recommends for overlap: non-blocking streams, which the legacy
   // stream does not order, so every hand-over depends on the layers' events.

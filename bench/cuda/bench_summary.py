@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The device benchmarks' figures as Markdown, for scripts/gpu-check's summary: the medians
+of bench_cuda_topk and bench_cuda_quantizers (time, copy_fraction and the ratios to the
+peers that each binary measured in its own run), torch.topk's run beside them, and the
+issue's targets, each stated as met or missed with its figure.
+
+  python3 bench/cuda/bench_summary.py DIR   (DIR holds bench_cuda_*.json, torch_topk.json)
+"""
+import json
+import os
+import sys
+
+COUNTERS = ("copy_fraction", "speedup_vs_unfused", "speedup_vs_sort", "k_error", "warmup_steps", "steady")
+
+
+def medians(path):
+    """{benchmark name without the aggregate suffix: its median row}."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    rows = {}
+    for b in data.get("benchmarks", []):
+        if b.get("aggregate_name") == "median":
+            rows[b["run_name"].replace("/manual_time", "")] = b
+    return rows
+
+
+def table(rows):
+    out = ["| benchmark | median µs | " + " | ".join(COUNTERS) + " |", "|---|---:|" + "---:|" * len(COUNTERS)]
+    for name, b in rows.items():
+        cells = [f"{b[c]:.3g}" if c in b else "" for c in COUNTERS]
+        out.append(f"| {name} | {b['real_time']:.1f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def verdict(ok, text):
+    return f"- {'met' if ok else '**missed**'}: {text}"
+
+
+def main():
+    d = sys.argv[1]
+    topk = medians(os.path.join(d, "bench_cuda_topk.json"))
+    quant = medians(os.path.join(d, "bench_cuda_quantizers.json"))
+    lines = ["## Device benchmarks (medians of 3; ratios to peers measured in the same run)", ""]
+    lines += table(topk) + [""] + table(quant) + [""]
+    torch_path = os.path.join(d, "torch_topk.json")
+    torch_rows = {}
+    if os.path.exists(torch_path):
+        with open(torch_path) as f:
+            t = json.load(f)
+        lines += [f"torch.topk ({t['torch']}, {t['device']}), a separate process right after:", "",
+                  "| N | fraction | ms | copy ms | copy_fraction | warm-up steps | steady |", "|---:|---:|---:|---:|---:|---:|---|"]
+        for r in t["results"]:
+            torch_rows[(r["n"], r["fraction"])] = r
+            lines.append(f"| {r['n']} | {r['fraction']} | {r['seconds'] * 1e3:.3f} | {r['copy_seconds'] * 1e3:.3f} | "
+                         f"{r['copy_fraction']:.3f} | {r['warmup_steps']} | {r['steady']} |")
+        lines.append("")
+    lines += ["## Targets (H200)", ""]
+    fused = topk.get(f"BM_topk_cuda/{1 << 26}/100/1")
+    if fused:
+        cf = fused.get("copy_fraction", 0)
+        lines.append(verdict(cf >= 0.5, f"fused EF top-k, 2^26, 1%, whole buffer: copy_fraction {cf:.3f} (target >= 0.5)"))
+        if "speedup_vs_unfused" in fused:
+            s = fused["speedup_vs_unfused"]
+            lines.append(verdict(s >= 2, f"speedup over add + cub::DeviceTopK + gather + zero: {s:.2f}x (target >= 2)"))
+        else:
+            lines.append("- not measured: the unfused path (bench_cuda_topk built without cub::DeviceTopK)")
+        tr = torch_rows.get((1 << 26, 0.01))
+        if tr:
+            # Across two processes: each time is also shown against its own run's copy.
+            s = tr["seconds"] / (fused["real_time"] * 1e-6)
+            lines.append(verdict(s > 1, f"faster than torch.topk: torch {tr['seconds'] * 1e3:.3f} ms / fused "
+                                        f"{fused['real_time'] / 1e3:.3f} ms = {s:.2f}x (copy_fraction {tr['copy_fraction']:.3f} "
+                                        f"against {cf:.3f})"))
+        else:
+            lines.append("- not measured: torch.topk (PyTorch with CUDA did not import)")
+    else:
+        lines.append("- not measured: BM_topk_cuda/2^26/1%/whole buffer")
+    for name, b in quant.items():
+        if name.startswith("BM_copy"):
+            continue
+        cf = b.get("copy_fraction", 0)
+        lines.append(verdict(cf >= 0.6, f"{name}: copy_fraction {cf:.3f} (target >= 0.6)"))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
