@@ -410,6 +410,7 @@ class trainer {
       throw error(status::invalid_argument, "trainer::step: gradient buffer has " + std::to_string(grads.size()) +
                                                 " elements, the layout " + std::to_string(layout_.numel()));
     params_.step = step_;
+    params_.collect_norms = P::needs_statistics;  // before plan(): a policy that reads no norms may clear it
     policy_.plan(params_);
     if constexpr (detail::PlansSettings<P, decltype(settings_)>) policy_.plan_settings(settings_);
     if (options_.check_consistency) {
@@ -417,7 +418,6 @@ class trainer {
       if constexpr (detail::HasStepSettings<C>) h = detail::hash_step_settings(settings_, h);
       consistency_.check(comm_, h, step_);
     }
-    params_.collect_norms = P::needs_statistics;
     report_.step = step_;
     const auto now = std::chrono::steady_clock::now();
     // No previous return yet (first step, or first after a checkpoint restore): 0, not "since boot".

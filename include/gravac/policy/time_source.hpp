@@ -19,10 +19,11 @@ enum class time_source : std::uint8_t {
   //! compress, communicate and decompress times.
   measured,
   //! Measured compute, compress and decompress, with the measured communication replaced
-  //! by the time the network model charged (step_report::modeled_communicate_s).
+  //! by the time the network model charged and backward did not hide
+  //! (step_report::modeled_exposed_s: all of it in a synchronous step).
   modeled,
   //! A fixed compute time per step (time_options::compute_s), this rank's measured
-  //! compression and decompression time, and the modeled communication: how a simulated
+  //! compression and decompression time, and the exposed modeled communication: how a simulated
   //! experiment charges a step. With time_options::include_codec false nothing is
   //! measured, and the clock is deterministic when the network model is (tests).
   simulated,
@@ -64,11 +65,17 @@ inline double step_seconds(const step_report& r, const time_options& t) noexcept
     case time_source::measured:
       return r.iteration_s + r.compress_s + r.communicate_s + r.decompress_s;
     case time_source::modeled:
-      return r.iteration_s + r.compress_s + r.modeled_communicate_s + r.decompress_s;
+      return r.iteration_s + r.compress_s + r.modeled_exposed_s + r.decompress_s;
     case time_source::simulated:
-      return t.compute_s + r.modeled_communicate_s + (t.include_codec ? r.compress_s + r.decompress_s : 0.0);
+      return t.compute_s + r.modeled_exposed_s + (t.include_codec ? r.compress_s + r.decompress_s : 0.0);
   }
   return 0.0;
+}
+
+//! Of step_seconds(r, t), the communication: the measured collective time on the steady
+//! clock, the exposed time the network model charged on the others.
+inline double communication_seconds(const step_report& r, const time_options& t) noexcept {
+  return t.source == time_source::measured ? r.communicate_s : r.modeled_exposed_s;
 }
 
 }  // namespace gravac
