@@ -179,6 +179,10 @@ int main(int argc, char** argv) {
   me->add_option("--gravac-warmup", m.gravac.warmup_steps, "gravac: warm-up steps at CF_min")->capture_default_str();
   me->add_option("--gravac-period", m.gravac.period_steps, "gravac: steps per evaluation period (0: one epoch)")
       ->capture_default_str();
+  me->add_flag("--gravac-dense", m.gravac.dense_candidate,
+               "gravac: dense among the choices, weighed by the same progress per second");
+  me->add_option("--gravac-dense-probe", m.gravac.dense_probe_steps, "gravac: steps of a probe of the other choice")
+      ->capture_default_str();
   me->add_option("--gravac-time", gravac_time, "gravac: clock of the throughput (measured, modeled, simulated)")
       ->check(CLI::IsMember({"measured", "modeled", "simulated"}))
       ->capture_default_str();

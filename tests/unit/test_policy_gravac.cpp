@@ -55,8 +55,8 @@ struct driver {
       auto it = gains.find(std::lround(1.0 / f));
       r.gain_curve.push_back(it == gains.end() ? 0.0 : it->second);
     }
-    r.iteration_s = seconds;            // time_source::measured adds the (zero) codec times
-    r.modeled_communicate_s = seconds;  // the shared (simulated) clock
+    r.iteration_s = seconds;                                  // time_source::measured adds the (zero) codec times
+    r.modeled_communicate_s = r.modeled_exposed_s = seconds;  // the shared (simulated) clock, synchronous
     r.previous_times_agreed = last_seconds >= 0;
     r.previous_times.iteration_s = last_seconds;
     last_seconds = seconds;
@@ -263,10 +263,18 @@ TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
   r.communicate_s = 0.5;
   r.decompress_s = 0.05;
   r.modeled_communicate_s = 2.0;
+  r.modeled_exposed_s = 2.0;  // a synchronous step: backward hides none of it
   CHECK(step_seconds(r, {time_source::measured}) == Approx(1.65));
   CHECK(step_seconds(r, {time_source::modeled}) == Approx(3.15));
   CHECK(step_seconds(r, {time_source::simulated, 0.25}) == Approx(2.4));  // with the measured codec time
   CHECK(step_seconds(r, {time_source::simulated, 0.25, false}) == Approx(2.25));
+  CHECK(communication_seconds(r, {time_source::measured}) == Approx(0.5));
+  CHECK(communication_seconds(r, {time_source::simulated}) == Approx(2.0));
+  // Overlapped with backward, a step costs only what backward did not hide.
+  r.modeled_exposed_s = 0.5;
+  CHECK(step_seconds(r, {time_source::modeled}) == Approx(1.65));
+  CHECK(step_seconds(r, {time_source::simulated, 0.25, false}) == Approx(0.75));
+  CHECK(communication_seconds(r, {time_source::modeled}) == Approx(0.5));
   CHECK_THROWS_WITH(time_options({time_source::simulated, -1}).validate("x"), Catch::Contains("compute_s"));
 
   // The modeled clock drives CT: the measured communication is ignored. It has measured
@@ -277,10 +285,10 @@ TEST_CASE("gravac: time sources", "[policy][gravac][time]") {
   step_params p;
   p.kept_fraction.assign(2, 1.0);
   step_report s;
-  s.communicate_s = 100;        // ignored
-  s.modeled_communicate_s = 2;  // used
-  s.gain_curve = {0.8, 0.8};    // CF 10, and the next candidate
-  pol.plan(p);                  // warm-up step
+  s.communicate_s = 100;                              // ignored
+  s.modeled_communicate_s = s.modeled_exposed_s = 2;  // used
+  s.gain_curve = {0.8, 0.8};                          // CF 10, and the next candidate
+  pol.plan(p);                                        // warm-up step
   pol.observe(s);
   pol.plan(p);  // the first step of the search, sent at CF 10
   s.previous_times_agreed = true;
@@ -436,4 +444,164 @@ TEST_CASE("gravac: load rejects foreign, mismatched or truncated state", "[polic
   }
   CHECK(other.current_cf() == before);  // a failed load changes nothing
   CHECK(other.steps_observed() == 0);
+}
+
+// --- dense among the choices (options::dense_candidate) ------------------------------------
+// The scripts below run on the shared clock with 1 s of compute per step: run(gains, c)
+// is a step whose communication took c seconds, so it lasted 1 + c seconds.
+namespace {
+
+gravac_policy_options with_dense(gravac_policy_options o) {
+  o.dense_candidate = true;
+  o.dense_probe_steps = 4;  // the first is not timed
+  o.window = 1;             // the smoothed values are the last ones
+  o.samples_per_step = 1;
+  o.time = {time_source::simulated, 1.0, false};
+  return o;
+}
+
+// The dense probe (4 steps), then the warm-up at CF 10 (3 steps) with gain 0.9 and CF 10's
+// communication taking \p c10 seconds, dense's \p dense.
+void probe_and_warm_up(driver& d, double dense, double c10) {
+  for (int s = 0; s < 4; ++s) {
+    CHECK(d.pol.phase() == gravac_phase::dense_probe);
+    CHECK(d.run({}, dense) == 1);
+    CHECK(d.asked().empty());  // no gain asked for: dense runs without the compressor
+    CHECK(d.pol.fallback() == fallback_reason::none);
+  }
+  for (int s = 0; s < 3; ++s) {
+    CHECK(d.pol.phase() == gravac_phase::warmup);
+    CHECK(d.run({{10, 0.9}, {20, 0.8}}, c10) == 10);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gravac + dense: dense that beats a ratio even without its communication wins at once",
+          "[policy][gravac][dense]") {
+  driver d(two_layers(), with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 10}));
+  // Dense: 1.1 s a step (rate 1 / 1.1 = 0.909). CF 10 at gain 0.9 without its 0.01 s of
+  // communication: 0.9 / 1.0 = 0.9 <= 0.909, and no larger ratio can do better.
+  probe_and_warm_up(d, 0.1, 0.01);
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK(d.pol.dense_kept());
+  CHECK(d.pol.dense_throughput() == Approx(1 / 1.1));
+  for (int s = 0; s < 20; ++s) CHECK(d.run({}, 0.1) == 1);  // a steady network: dense, no probe
+  CHECK(d.asked().empty());
+  CHECK(d.pol.rechecks() == 0);
+}
+
+TEST_CASE("gravac + dense: on a slow network the search runs and keeps a ratio", "[policy][gravac][dense]") {
+  driver d(two_layers(), with_dense({.cf_max = 20, .warmup_steps = 3, .period_steps = 10}));
+  probe_and_warm_up(d, 10, 1);  // dense 11 s a step; CF 10 at most 0.9 / 1 s: not dominated
+  CHECK(d.pol.phase() == gravac_phase::searching);
+  for (int s = 0; s < 10; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 1) == 10);  // CT(10) = 0.9 / 2 s
+  CHECK(d.pol.throughput_table()[0] == Approx(0.45));
+  CHECK(d.pol.dense_throughput() == Approx(1 / 11.0));
+  for (int s = 0; s < 10; ++s) CHECK(d.run({{20, 0.8}, {10, 0.9}}, 0.5) == 20);  // CT(20) = 0.8 / 1.5 s
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK_FALSE(d.pol.dense_kept());
+  CHECK(d.pol.candidate_cf() == 20);
+  CHECK(d.plan() == 20);
+}
+
+TEST_CASE("gravac + dense: the search ends on dense when dense's CT beats the best ratio's",
+          "[policy][gravac][dense]") {
+  driver d(two_layers(), with_dense({.cf_max = 20, .warmup_steps = 3, .period_steps = 10}));
+  // Dense 1.2 s (0.833); CF 10 without communication 0.9 / 1 s: not dominated.
+  probe_and_warm_up(d, 0.2, 0.15);
+  for (int s = 0; s < 10; ++s) d.run({{10, 0.9}, {20, 0.8}}, 0.15);  // CT(10) = 0.9 / 1.15 = 0.783
+  CHECK(d.pol.searching());
+  // CT(20) = 0.8 / 1.1 = 0.727; even without its communication CF 20 (0.8) cannot beat dense.
+  for (int s = 0; s < 10; ++s) d.run({{20, 0.8}, {10, 0.9}}, 0.1);
+  CHECK(d.pol.phase() == gravac_phase::monitoring);
+  CHECK(d.pol.candidate_cf() == 10);  // the best ratio, kept for a later probe
+  CHECK(d.pol.dense_kept());          // 0.833 >= 0.783
+  CHECK(d.plan() == 1);
+}
+
+TEST_CASE("gravac + dense: a network that slows or speeds up is probed once, with hysteresis",
+          "[policy][gravac][dense]") {
+  driver d(two_layers(), with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 10}));
+  probe_and_warm_up(d, 0.1, 0.01);
+  REQUIRE(d.pol.dense_kept());
+  for (int s = 0; s < 5; ++s) d.run({}, 0.1);  // the watch settles on 0.1 s of communication
+  // The network slows 100x: the next dense step moves the watch past recheck_drift (25%),
+  // and CF 10 (the candidate kept for it) is probed for 4 steps, whatever its gain.
+  CHECK(d.run({}, 10) == 1);
+  CHECK(d.pol.rechecks() == 1);
+  for (int s = 0; s < 4; ++s) {
+    CHECK(d.run({{10, 0.9}, {20, 0.8}}, 1) == 10);
+    CHECK_FALSE(d.asked().empty());
+  }
+  // CF 10: 0.9 / 2 s = 0.45 against dense's 1 / 11 s: switched.
+  CHECK_FALSE(d.pol.dense_kept());
+  CHECK(d.pol.switches() == 1);
+  CHECK(d.plan() == 10);
+  for (int s = 0; s < 30; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 1) == 10);  // steady: no probe
+  CHECK(d.pol.rechecks() == 1);
+  // The network gets faster: CF 10's communication falls to 0.01 s and dense is probed at
+  // once (window 1), but at 1.1 s (0.909) it beats CF 10 (0.9 / 1.01 = 0.891) by less than
+  // omega (5%): CF 10 is kept.
+  CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);
+  CHECK(d.pol.rechecks() == 2);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.1) == 1);
+  CHECK_FALSE(d.pol.dense_kept());
+  CHECK(d.pol.switches() == 1);
+  CHECK(d.plan() == 10);
+  // A probe resets the watch: it settles again where CF 10 now is (0.005 s) ...
+  for (int s = 0; s < 3; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.005) == 10);
+  CHECK(d.pol.rechecks() == 2);
+  // ... and when it falls further, dense at 1.02 s (0.980) beats CF 10 at 1.001 s (0.899)
+  // by 9%: switched.
+  CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.001) == 10);
+  CHECK(d.pol.rechecks() == 3);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.02) == 1);
+  CHECK(d.pol.dense_kept());
+  CHECK(d.pol.switches() == 2);
+  CHECK(d.plan() == 1);
+}
+
+TEST_CASE("gravac + dense: save / load in every phase continues with the same decisions",
+          "[policy][gravac][dense][state]") {
+  const auto lay = two_layers();
+  const auto o = with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 5});
+  // Dense is cheap for 40 steps, then costly for 40, then cheap again.
+  const auto comm_at = [](int s, double cf) {
+    const double dense = s < 40 || s >= 80 ? 0.1 : 10.0;
+    return cf <= 1 ? dense : dense / cf;
+  };
+  const std::map<long, double> gains{{10, 0.9}, {20, 0.8}, {40, 0.75}};
+  const auto run = [&](driver& d, int s) {
+    const double cf = d.plan();
+    return d.run(gains, comm_at(s, cf));
+  };
+  driver full(lay, o);
+  std::vector<double> expect;
+  for (int s = 0; s < 120; ++s) expect.push_back(run(full, s));
+  CHECK(full.pol.rechecks() >= 2);  // the script probed both ways
+  for (int cut : {2, 5, 8, 41, 43, 45, 83, 85}) {
+    INFO("restored after step " << cut);
+    driver first(lay, o);
+    for (int s = 0; s < cut; ++s) run(first, s);
+    std::vector<std::byte> bytes;
+    first.pol.save(bytes);
+    driver second(lay, o);
+    second.pol.load(bytes);
+    second.step = static_cast<std::uint64_t>(cut);
+    second.last_seconds = first.last_seconds;
+    for (int s = cut; s < 120; ++s) {
+      INFO("step " << s);
+      CHECK(run(second, s) == expect[static_cast<std::size_t>(s)]);
+    }
+  }
+}
+
+TEST_CASE("gravac + dense: invalid options are rejected", "[policy][gravac][dense][errors]") {
+  const auto lay = two_layers();
+  using O = gravac_policy_options;
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.dense_candidate = true, .dense_probe_steps = 1}),
+                    Catch::Contains("dense_probe_steps"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.recheck_drift = 0}), Catch::Contains("recheck_drift"));
+  CHECK_THROWS_WITH(gravac_policy(lay, O{.recheck_drift = NAN}), Catch::Contains("recheck_drift"));
 }

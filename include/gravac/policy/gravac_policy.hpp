@@ -32,6 +32,22 @@
 //!
 //! Works with any compressor; one that reports no gain curve leaves every gain at 1, so
 //! the search then weighs throughput alone.
+//!
+//! With options::dense_candidate, sending dense is one of the choices, weighed by the same
+//! progress per second (gain / seconds per step, gain 1 for dense; docs/algorithms.md,
+//! "GraVAC with dense among the choices", a deviation from the paper):
+//! - The first dense_probe_steps steps are sent dense and timed (the first one not: it is
+//!   a transition), before the warm-up.
+//! - Dense dominates a measured ratio when its progress rate is at least that ratio's with
+//!   its communication time taken away: then no more aggressive ratio can win either, and
+//!   the search stops at once, keeping dense. This is checked after the warm-up (CF_min's
+//!   steps) and after every evaluation period.
+//! - When the search stops, dense is kept if its rate is at least the kept ratio's.
+//! - While monitoring, the kept choice's communication time is smoothed (the gain's EWMA);
+//!   once it moves by more than recheck_drift from where it settled (down for a ratio: the
+//!   network got faster; up for dense: slower), the other choice is probed for
+//!   dense_probe_steps steps and the policy switches only if the other's rate is higher by
+//!   more than omega. A probe resets the reference, so a steady network never re-probes.
 
 #include <algorithm>
 #include <array>
@@ -50,6 +66,7 @@
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
+#include "gravac/policy/detail/step_time_sums.hpp"
 #include "gravac/policy/time_source.hpp"
 
 namespace gravac {
@@ -68,13 +85,20 @@ struct gravac_policy_options {
   time_options time{};              //!< the clock CT is measured with (measured, modeled or simulated)
   bool one_dim_dense = false;       //!< send 1-D tensors (biases, norms) uncompressed
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
+  //! Weigh sending dense against the ratios (see the rules in the file comment).
+  bool dense_candidate = false;
+  std::uint32_t dense_probe_steps = 10;  //!< steps of a probe of the other choice, >= 2 (the first is not timed)
+  //! Relative change in the kept choice's smoothed communication time that makes the policy
+  //! probe the other choice, > 0.
+  double recheck_drift = 0.25;
 };
 
 //! Where gravac_policy is in its life.
 enum class gravac_phase : std::uint8_t {
-  warmup,      //!< sending at CF_min for the first warmup_steps steps
-  searching,   //!< evaluating candidates one period each
-  monitoring,  //!< search over: the kept CF, with the eps fallback every step
+  warmup,       //!< sending at CF_min for the first warmup_steps steps
+  searching,    //!< evaluating candidates one period each
+  monitoring,   //!< search over: the kept CF, with the eps fallback every step (or dense, when kept)
+  dense_probe,  //!< options::dense_candidate: the first steps, sent dense and timed
 };
 
 //! Short name of a gravac phase.
@@ -86,6 +110,8 @@ constexpr std::string_view to_string(gravac_phase p) noexcept {
       return "searching";
     case gravac_phase::monitoring:
       return "monitoring";
+    case gravac_phase::dense_probe:
+      return "dense_probe";
   }
   return "unknown";
 }
@@ -105,7 +131,7 @@ class gravac_policy {
   //! Most candidates a configuration may produce (guards against s close to 1).
   static constexpr std::size_t max_candidates = 4096;
   //! Version of the bytes save() writes.
-  static constexpr std::uint32_t state_version = 2;
+  static constexpr std::uint32_t state_version = 3;
 
   //! A policy for \p lay; throws gravac::error on an option out of its domain.
   gravac_policy(const layout& lay, const options& opt = {}) : opt_(opt) {
@@ -121,6 +147,10 @@ class gravac_policy {
     require(std::isfinite(opt.samples_per_step) && opt.samples_per_step >= 0,
             "gravac_policy: samples_per_step must be finite and >= 0, got " + num(opt.samples_per_step));
     opt.time.validate("gravac_policy");
+    require(!opt.dense_candidate || opt.dense_probe_steps >= 2,
+            "gravac_policy: dense_probe_steps must be >= 2 (the first step of a probe is not timed)");
+    require(std::isfinite(opt.recheck_drift) && opt.recheck_drift > 0,
+            "gravac_policy: recheck_drift must be finite and > 0, got " + num(opt.recheck_drift));
     // Candidates: multiply by 1/s while below CF_max (a relative margin absorbs rounding), then CF_max.
     for (double c = opt.cf_min; c < opt.cf_max * (1 - 1e-9); c /= opt.scale) {
       candidates_.push_back(c);
@@ -132,7 +162,10 @@ class gravac_policy {
     one_dim_.resize(lay.size());
     for (std::size_t i = 0; i < lay.size(); ++i) one_dim_[i] = opt.one_dim_dense && lay[i].rank() <= 1;
     alpha_ = 2.0 / (static_cast<double>(opt.window) + 1.0);
-    phase_ = opt.warmup_steps > 0 ? gravac_phase::warmup : gravac_phase::searching;
+    phase_ = opt.dense_candidate    ? gravac_phase::dense_probe
+             : opt.warmup_steps > 0 ? gravac_phase::warmup
+                                    : gravac_phase::searching;
+    probe_left_ = opt.dense_candidate ? opt.dense_probe_steps : 0;
     fingerprint_ = detail::fingerprint(lay)
                        .add(opt.cf_min)
                        .add(opt.cf_max)
@@ -148,6 +181,9 @@ class gravac_policy {
                        .add(std::uint64_t{opt.time.include_codec})
                        .add(std::uint64_t{opt.one_dim_dense})
                        .add(std::uint64_t(opt.collective))
+                       .add(std::uint64_t{opt.dense_candidate})
+                       .add(std::uint64_t{opt.dense_probe_steps})
+                       .add(opt.recheck_drift)
                        .value();
   }
 
@@ -161,6 +197,18 @@ class gravac_policy {
     for (std::size_t i = 0; i < one_dim_.size(); ++i) p.kept_fraction[i] = one_dim_[i] ? dense_fraction : f;
     p.global_fraction = f;
     p.collective = opt_.collective;
+    p.collect_norms = false;  // GraVAC reads gains, never norms: a dense step skips that pass
+    planned_candidate_ = candidate_;
+    planned_cf_ = cf;
+    planned_measure_ = measure_of_next(cf);
+    if (dense_by_choice()) {
+      // Dense is chosen, not fallen back to: no gain is asked for, so that the step runs
+      // without the compressor (once the residual is empty) and is timed as dense is.
+      fallback_ = fallback_reason::none;
+      planned_next_ = false;
+      p.gain_candidates.clear();
+      return;
+    }
     fallback_ = phase_ == gravac_phase::warmup || cf == candidates_[candidate_] ? fallback_reason::none
                 : cf > 1 ? fallback_reason::candidate_gain_below_eps
                          : fallback_reason::minimum_gain_below_eps;
@@ -172,8 +220,6 @@ class gravac_policy {
     planned_next_ = phase_ != gravac_phase::monitoring && candidate_ + 1 < candidates_.size();
     if (planned_next_) request_[n++] = 1.0 / candidates_[candidate_ + 1];
     p.gain_candidates.assign(request_.begin(), request_.begin() + static_cast<std::ptrdiff_t>(n));
-    planned_candidate_ = candidate_;
-    planned_cf_ = cf;
   }
 
   //! Why the step plan() planned last is sent less compressed than the current candidate
@@ -200,19 +246,32 @@ class gravac_policy {
     if (planned_next_ && planned_candidate_ == candidate_ && r.gain_curve.size() > next_at)
       gain_next_.update(r.gain_curve[next_at], alpha_);
 
-    const step_record now{planned_candidate_, planned_cf_, g_c, has_c, phase_ == gravac_phase::searching, true};
+    const step_record now{planned_candidate_, planned_cf_, g_c, has_c, phase_ == gravac_phase::searching, true,
+                          planned_measure_};
+    expect(now);
     if (shared_clock()) {
-      account(now, step_seconds(r, opt_.time));
+      account(now, step_seconds(r, opt_.time), communication_seconds(r, opt_.time));
     } else {
-      if (previous_.valid && r.previous_times_agreed) account(previous_, seconds_of_previous(r));
+      if (previous_.valid) {
+        if (r.previous_times_agreed) {
+          const step_report prev = previous_report(r);
+          account(previous_, step_seconds(prev, opt_.time), communication_seconds(prev, opt_.time));
+        } else {
+          drop(previous_);
+        }
+      }
       previous_ = now;
-      previous_modeled_s_ = r.modeled_communicate_s;
+      previous_modeled_s_ = r.modeled_exposed_s;
     }
     if (close_pending_) close_period(close_samples_per_step_);
-    if (phase_ == gravac_phase::warmup && observed_ >= opt_.warmup_steps) {
+    if (phase_ == gravac_phase::dense_probe && --probe_left_ == 0)
+      phase_ = opt_.warmup_steps > 0 ? gravac_phase::warmup : gravac_phase::searching;
+    if (phase_ == gravac_phase::warmup && observed_ >= warmup_end()) {
       phase_ = gravac_phase::searching;
       period_ = {};
+      dominance_pending_ = opt_.dense_candidate;
     }
+    if (opt_.dense_candidate) advance_dense_choice();
   }
 
   //! The end of an interval: closes the evaluation period when periods are intervals (with a
@@ -264,6 +323,22 @@ class gravac_policy {
                                                   close_pending_ << 3));
     w.put(previous_modeled_s_);
     w.put(close_samples_per_step_);
+    w.put(period_.comm_seconds);
+    w.put(static_cast<std::uint8_t>(planned_measure_));
+    w.put(static_cast<std::uint8_t>(previous_.what));
+    w.put(static_cast<std::uint8_t>(recheck_));
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(kept_dense_ | dominance_pending_ << 1));
+    w.put<std::uint64_t>(probe_left_);
+    for (const auto* t : {&dense_, &warm_, &recheck_sums_}) t->save(w);
+    for (const ewma* e : {&kept_s_, &kept_comm_, &kept_gain_}) {
+      w.put(e->value);
+      w.put<std::uint8_t>(e->ready);
+    }
+    w.put<std::uint64_t>(kept_steps_);
+    w.put(kept_ref_comm_);
+    w.put(ct_dense_);
+    w.put<std::uint64_t>(rechecks_);
+    w.put<std::uint64_t>(switches_);
   }
   //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
   //! another policy, version, options or layout, or on truncated or corrupt bytes.
@@ -297,14 +372,42 @@ class gravac_policy {
     const auto flags = r.get<std::uint8_t>();
     const auto previous_modeled = r.get<double>();
     const auto close_samples = r.get<double>();
+    period.comm_seconds = r.get<double>();
+    const auto planned_measure = r.get<std::uint8_t>();
+    const auto previous_measure = r.get<std::uint8_t>();
+    const auto recheck = r.get<std::uint8_t>();
+    const auto dense_flags = r.get<std::uint8_t>();
+    const auto probe_left = r.get<std::uint64_t>();
+    const auto dense = detail::step_time_sums::load(r);
+    const auto warm = detail::step_time_sums::load(r);
+    const auto recheck_sums = detail::step_time_sums::load(r);
+    ewma kept_s, kept_comm, kept_gain;
+    for (ewma* e : {&kept_s, &kept_comm, &kept_gain}) {
+      e->value = r.get<double>();
+      e->ready = r.get<std::uint8_t>() != 0;
+    }
+    const auto kept_steps = r.get<std::uint64_t>();
+    const auto kept_ref_comm = r.get<double>();
+    const auto ct_dense = r.get<double>();
+    const auto rechecks = r.get<std::uint64_t>();
+    const auto switches = r.get<std::uint64_t>();
     r.finish();
+    if (planned_measure > static_cast<std::uint8_t>(measure::recheck) ||
+        previous_measure > static_cast<std::uint8_t>(measure::recheck))
+      r.fail("unknown measurement");
+    if (recheck > static_cast<std::uint8_t>(recheck_kind::compressed)) r.fail("unknown re-check");
+    if (dense_flags > 3) r.fail("unknown dense flags");
+    if (probe_left > opt_.dense_probe_steps) r.fail("probe steps out of range");
     if (planned_candidate >= candidates_.size() || previous.candidate >= candidates_.size())
       r.fail("planned candidate index out of range");
     if (flags > 15) r.fail("unknown flags");
     previous.has_gain = flags & 1;
     previous.searching = (flags >> 1) & 1;
     previous.valid = (flags >> 2) & 1;
-    if (phase > static_cast<std::uint8_t>(gravac_phase::monitoring)) r.fail("unknown phase");
+    if (phase > static_cast<std::uint8_t>(gravac_phase::dense_probe)) r.fail("unknown phase");
+    if (!opt_.dense_candidate && (phase == static_cast<std::uint8_t>(gravac_phase::dense_probe) || dense_flags != 0 ||
+                                  recheck != 0 || probe_left != 0))
+      r.fail("dense choice state without options::dense_candidate");
     if (candidate >= candidates_.size()) r.fail("candidate index out of range");
     phase_ = static_cast<gravac_phase>(phase);
     observed_ = observed;
@@ -322,10 +425,29 @@ class gravac_policy {
     close_pending_ = (flags >> 3) & 1;
     previous_modeled_s_ = previous_modeled;
     close_samples_per_step_ = close_samples;
+    planned_measure_ = static_cast<measure>(planned_measure);
+    previous_.what = static_cast<measure>(previous_measure);
+    recheck_ = static_cast<recheck_kind>(recheck);
+    kept_dense_ = dense_flags & 1;
+    dominance_pending_ = (dense_flags >> 1) & 1;
+    probe_left_ = probe_left;
+    dense_ = dense;
+    warm_ = warm;
+    recheck_sums_ = recheck_sums;
+    kept_s_ = kept_s;
+    kept_comm_ = kept_comm;
+    kept_gain_ = kept_gain;
+    kept_steps_ = kept_steps;
+    kept_ref_comm_ = kept_ref_comm;
+    ct_dense_ = ct_dense;
+    rechecks_ = rechecks;
+    switches_ = switches;
   }
 
   //! The compression factor the next step will use (1 = dense).
   [[nodiscard]] double current_cf() const noexcept {
+    if (dense_by_choice()) return 1.0;
+    if (recheck_ == recheck_kind::compressed && probe_left_ > 0) return candidates_[candidate_];  // a probe: forced
     if (phase_ == gravac_phase::warmup) return opt_.cf_min;
     const double c = candidates_[candidate_];
     if (gain_c_.ready && gain_c_.value >= opt_.epsilon) return c;
@@ -352,6 +474,16 @@ class gravac_policy {
   [[nodiscard]] std::uint64_t steps_observed() const noexcept { return observed_; }
   //! Steps of the evaluation period in progress.
   [[nodiscard]] std::uint64_t period_steps_done() const noexcept { return period_.steps; }
+  //! options::dense_candidate: dense is the kept choice (set when the search stops, changed by
+  //! a probe while monitoring).
+  [[nodiscard]] bool dense_kept() const noexcept { return kept_dense_; }
+  //! options::dense_candidate: dense's CT (samples per second, gain 1) at the last comparison
+  //! that closed a period; NaN before one.
+  [[nodiscard]] double dense_throughput() const noexcept { return ct_dense_; }
+  //! Probes of the other choice started while monitoring (options::dense_candidate).
+  [[nodiscard]] std::uint64_t rechecks() const noexcept { return rechecks_; }
+  //! Of them, those that switched between dense and the kept ratio.
+  [[nodiscard]] std::uint64_t switches() const noexcept { return switches_; }
   //! The options.
   [[nodiscard]] const options& get_options() const noexcept { return opt_; }
 
@@ -375,7 +507,18 @@ class gravac_policy {
     double gain_sum = 0;      // their gains
     std::uint64_t gain_count = 0;
     std::uint64_t sent_at_c = 0;  // steps sent at the candidate
+    double comm_seconds = 0;      // of seconds, the communication
   };
+  // What a step's time measures besides the search's period (options::dense_candidate).
+  enum class measure : std::uint8_t {
+    none,         // nothing (the first step of a probe, a fallback step)
+    dense_probe,  // dense at the start
+    warmup,       // CF_min during the warm-up
+    kept,         // the kept choice while monitoring
+    recheck,      // the other choice, probed while monitoring
+  };
+  // Which choice a probe while monitoring measures.
+  enum class recheck_kind : std::uint8_t { none, dense, compressed };
 
   // What the policy remembers of a step until its time is known.
   struct step_record {
@@ -385,30 +528,61 @@ class gravac_policy {
     bool has_gain = false;
     bool searching = false;  // planned during the search
     bool valid = false;
+    measure what = measure::none;
   };
 
   // True when every rank reads the same clock (no measured part): its time is used at once.
   [[nodiscard]] bool shared_clock() const noexcept {
     return opt_.time.source == time_source::simulated && !opt_.time.include_codec;
   }
-  // The previous step's seconds on the clock of time_options, from the ranks' average times.
-  [[nodiscard]] double seconds_of_previous(const step_report& r) const {
+  // The previous step's times, from the ranks' averages, as a report step_seconds() reads.
+  [[nodiscard]] step_report previous_report(const step_report& r) const {
     step_report prev;
     prev.compress_s = r.previous_times.compress_s;
     prev.communicate_s = r.previous_times.communicate_s;
     prev.decompress_s = r.previous_times.decompress_s;
     prev.iteration_s = r.previous_times.iteration_s;
-    prev.modeled_communicate_s = previous_modeled_s_;
-    return step_seconds(prev, opt_.time);
+    prev.modeled_communicate_s = prev.modeled_exposed_s = previous_modeled_s_;
+    return prev;
   }
-  // Adds a step whose time is known to the evaluation period; closes the period after P steps.
-  void account(const step_record& s, double seconds) {
+  // The sums a step's time belongs to (null: none).
+  detail::step_time_sums* sums_of(const step_record& s) noexcept {
+    switch (s.what) {
+      case measure::dense_probe:
+        return &dense_;
+      case measure::warmup:
+        return &warm_;
+      case measure::recheck:
+        return &recheck_sums_;
+      default:
+        return nullptr;
+    }
+  }
+  void expect(const step_record& s) {
+    if (auto* t = sums_of(s)) t->expect();
+  }
+  // A step whose time will never come (the ranks did not agree on it).
+  void drop(const step_record& s) {
+    if (auto* t = sums_of(s)) t->drop();
+  }
+  // Adds a step whose time is known to what it measures: the evaluation period (closed
+  // after P steps) or, with dense_candidate, a probe, the warm-up or the kept choice.
+  void account(const step_record& s, double seconds, double comm) {
+    const double gain = s.cf <= 1 || !s.has_gain ? 1.0 : s.gain;
+    if (auto* t = sums_of(s)) t->add(seconds, comm, gain);
+    if (s.what == measure::kept) {
+      kept_s_.update(seconds, alpha_);
+      kept_comm_.update(comm, alpha_);
+      kept_gain_.update(gain, alpha_);
+      ++kept_steps_;
+    }
     // A period holds the steps planned while its candidate was under evaluation.
     if (!s.searching || phase_ != gravac_phase::searching || s.candidate != candidate_) return;
     ++period_.steps;
     if (s.candidate == candidate_ && s.cf == candidates_[candidate_]) {
       ++period_.sent_at_c;
       period_.seconds += seconds;
+      period_.comm_seconds += comm;
       if (s.has_gain) {
         period_.gain_sum += s.gain;
         ++period_.gain_count;
@@ -428,7 +602,14 @@ class gravac_policy {
   void end_period(double samples, double seconds) {
     const double mean_gain = period_.gain_count ? period_.gain_sum / static_cast<double>(period_.gain_count) : 0.0;
     ct_[candidate_] = seconds > 0 && period_.sent_at_c > 0 ? samples / seconds * mean_gain : 0.0;
+    const period_sums done = period_;
     period_ = {};
+    bool dominated = false;
+    if (opt_.dense_candidate && dense_.timed > 0 && done.sent_at_c > 0 && seconds > 0) {
+      const auto n = static_cast<double>(done.sent_at_c);
+      ct_dense_ = samples / n / dense_.mean_s();  // the same samples per step, gain 1
+      dominated = detail::dense_dominates(dense_, seconds / n, done.comm_seconds / n, mean_gain);
+    }
     const std::size_t i = candidate_;
     std::size_t best = 0, second = 0;
     // Candidates 0..i are evaluated (the search goes in order). Ties go to the more aggressive.
@@ -440,6 +621,7 @@ class gravac_policy {
         second = j;
       }
     }
+    if (dominated) return stop(best, true);
     if (i >= 1) {
       const double top = ct_[best], next = ct_[second];
       const bool close = top <= 0 ? true : (top - next) < opt_.omega * top;
@@ -452,12 +634,94 @@ class gravac_policy {
     gain_next_ = {};
   }
 
-  void stop(std::size_t keep) {
+  // Ends the search keeping candidate \p keep, or dense (dense_candidate) when \p dense_wins
+  // or when dense's CT is at least the kept ratio's.
+  void stop(std::size_t keep, bool dense_wins = false) {
     phase_ = gravac_phase::monitoring;
+    dominance_pending_ = false;
     if (keep != candidate_) {
       candidate_ = keep;
       gain_c_ = keep == 0 ? gain_min_ : ewma{};  // the kept ratio's gain is measured afresh
     }
+    if (opt_.dense_candidate)
+      settle(dense_wins || (std::isfinite(ct_dense_) && std::isfinite(ct_[keep]) && ct_dense_ >= ct_[keep]));
+  }
+
+  // The first step after warm_up_end() searches; with a dense probe first, it ends later.
+  [[nodiscard]] std::uint64_t warmup_end() const noexcept {
+    return opt_.warmup_steps + (opt_.dense_candidate ? opt_.dense_probe_steps : 0);
+  }
+  // Dense is sent by choice (a probe, or kept), not as the eps fallback.
+  [[nodiscard]] bool dense_by_choice() const noexcept {
+    if (!opt_.dense_candidate) return false;
+    if (phase_ == gravac_phase::dense_probe) return true;
+    if (recheck_ != recheck_kind::none && probe_left_ > 0) return recheck_ == recheck_kind::dense;
+    return phase_ == gravac_phase::monitoring && kept_dense_;
+  }
+  // What the time of the step about to be sent at \p cf measures (dense_candidate only).
+  [[nodiscard]] measure measure_of_next(double cf) const noexcept {
+    if (!opt_.dense_candidate) return measure::none;
+    const bool probing = phase_ == gravac_phase::dense_probe || (recheck_ != recheck_kind::none && probe_left_ > 0);
+    if (probing)  // the first step of a probe changes what the residual holds: not timed
+      return probe_left_ == opt_.dense_probe_steps ? measure::none
+             : phase_ == gravac_phase::dense_probe ? measure::dense_probe
+                                                   : measure::recheck;
+    if (phase_ == gravac_phase::warmup) return measure::warmup;
+    if (phase_ == gravac_phase::monitoring && recheck_ == recheck_kind::none)
+      return (kept_dense_ ? cf <= 1 : cf == candidates_[candidate_]) ? measure::kept : measure::none;
+    return measure::none;
+  }
+  // Sets the kept choice and starts watching its communication time afresh.
+  void settle(bool dense) {
+    kept_dense_ = dense;
+    kept_s_ = kept_comm_ = kept_gain_ = ewma{};
+    kept_steps_ = 0;
+    kept_ref_comm_ = 0;
+  }
+  // After a step, with dense_candidate: the dominance check once the warm-up is timed, and
+  // while monitoring the drift watch and the probes it starts.
+  void advance_dense_choice() {
+    if (dominance_pending_ && dense_.complete() && warm_.accounted >= warm_.expected) {
+      dominance_pending_ = false;
+      if (phase_ == gravac_phase::searching && warm_.timed > 0 &&
+          detail::dense_dominates(dense_, warm_.mean_s(), warm_.mean_comm_s(), warm_.mean_gain())) {
+        ct_dense_ = (opt_.samples_per_step > 0 ? opt_.samples_per_step : 1.0) / dense_.mean_s();
+        return stop(0, true);
+      }
+    }
+    if (phase_ != gravac_phase::monitoring) return;
+    if (recheck_ != recheck_kind::none) {
+      if (probe_left_ > 0) --probe_left_;
+      if (probe_left_ == 0 && recheck_sums_.accounted >= recheck_sums_.expected) close_recheck();
+      return;
+    }
+    if (kept_steps_ < opt_.window) return;  // the watch has not settled yet
+    if (kept_ref_comm_ <= 0) {
+      kept_ref_comm_ = kept_comm_.value;  // where the kept choice settled
+      return;
+    }
+    const double change = kept_comm_.value / kept_ref_comm_ - 1;
+    if (kept_dense_ ? change > opt_.recheck_drift : change < -opt_.recheck_drift) {
+      recheck_ = kept_dense_ ? recheck_kind::compressed : recheck_kind::dense;
+      probe_left_ = opt_.dense_probe_steps;
+      recheck_sums_ = {};
+      ++rechecks_;
+    }
+  }
+  // A probe while monitoring is timed: switch if the other choice's progress rate beats the
+  // kept one's by more than omega, and watch the kept choice afresh either way.
+  void close_recheck() {
+    const bool other_dense = recheck_ == recheck_kind::dense;
+    recheck_ = recheck_kind::none;
+    bool switch_over = false;
+    if (recheck_sums_.timed > 0 && kept_s_.ready) {
+      const double other = detail::progress_rate(other_dense ? 1.0 : recheck_sums_.mean_gain(), recheck_sums_.mean_s());
+      const double kept = detail::progress_rate(kept_dense_ ? 1.0 : kept_gain_.value, kept_s_.value);
+      switch_over = other > kept * (1 + opt_.omega);
+    }
+    if (switch_over && other_dense) dense_ = recheck_sums_;
+    if (switch_over) ++switches_;
+    settle(switch_over ? other_dense : kept_dense_);
   }
 
   options opt_;
@@ -481,9 +745,24 @@ class gravac_policy {
   bool planned_next_ = false;                         // it asked for the next candidate's gain
   fallback_reason fallback_ = fallback_reason::none;  // why it was sent below the candidate
   step_record previous_;                              // a clock read one step late: the step whose time comes next
-  double previous_modeled_s_ = 0;                     // its modeled communication (the same on every rank)
+  double previous_modeled_s_ = 0;                     // its exposed modeled communication (the same on every rank)
   bool close_pending_ = false;  // an interval ended: close the period once its last step has its time
   double close_samples_per_step_ = 0;
+  // options::dense_candidate (saved and restored).
+  measure planned_measure_ = measure::none;                     // what the step in flight's time measures
+  recheck_kind recheck_ = recheck_kind::none;                   // the probe in progress while monitoring
+  bool kept_dense_ = false;                                     // dense is the kept choice
+  bool dominance_pending_ = false;                              // check dense's dominance once the warm-up is timed
+  std::uint64_t probe_left_ = 0;                                // steps of the probe in progress still to send
+  detail::step_time_sums dense_;                                // dense's latest measurement
+  detail::step_time_sums warm_;                                 // CF_min during the warm-up
+  detail::step_time_sums recheck_sums_;                         // the probe in progress while monitoring
+  ewma kept_s_, kept_comm_, kept_gain_;                         // the kept choice, while monitoring
+  std::uint64_t kept_steps_ = 0;                                // steps in kept_s_
+  double kept_ref_comm_ = 0;                                    // where kept_comm_ settled (0: not yet)
+  double ct_dense_ = std::numeric_limits<double>::quiet_NaN();  // dense's CT at the last comparison
+  std::uint64_t rechecks_ = 0;
+  std::uint64_t switches_ = 0;
 };
 static_assert(Policy<gravac_policy>);
 
