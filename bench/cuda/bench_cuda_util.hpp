@@ -1,10 +1,10 @@
 #pragma once
-// Shared by the GPU benchmarks (bench_cuda_topk, bench_cuda_quantizers): CUDA-event timing,
-// Gaussian device data (a counter-based generator on the device: a fresh gradient per step
-// costs one untimed kernel), the copy-bandwidth baseline BM_copy, one timed compress loop
-// under training-like dynamics (a fresh gradient every step, the residual carried, timed
-// once the residual has settled) that reports bytes moved and copy_fraction against that
-// baseline, and a main that skips (exit 77) without a CUDA device.
+// Shared by the GPU benchmarks (bench_cuda_topk, bench_cuda_quantizers, bench_cuda_steps):
+// CUDA-event timing, Gaussian device data (a counter-based generator on the device: a fresh
+// gradient per step costs one untimed kernel), the copy-bandwidth baseline BM_copy, one
+// timed compress loop under training-like dynamics (a fresh gradient every step, the
+// residual carried, timed once the residual has settled) that reports bytes moved and
+// copy_fraction against that baseline, and a main that skips (exit 77) without a CUDA device.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -62,17 +62,31 @@ __host__ __device__ inline std::uint64_t mix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
+//! The key of seed \p seed's stream: element i's bits are mix64(key ^ (i * odd constant)).
+__host__ __device__ inline std::uint64_t gaussian_key(std::uint64_t seed) {
+  return mix64(seed * 0x9e3779b97f4a7c15ull + 1);
+}
+
+//! Element \p i's 64 random bits of the stream \p key.
+__host__ __device__ inline std::uint64_t gaussian_bits(std::uint64_t key, std::size_t i) {
+  return mix64(key ^ (i * 0xd1b54a32d192ed03ull));
+}
+
+//! A Gaussian value of standard deviation \p scale from 64 random bits: Box-Muller on two
+//! 24-bit uniforms.
+__device__ inline float gaussian_from(std::uint64_t r, float scale) {
+  const float u1 = (static_cast<float>(r >> 40) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+  const float u2 = static_cast<float>((r >> 8) & 0xffffffu) * (1.0f / 16777216.0f);
+  return scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
 //! Writes n Gaussian values of standard deviation \p scale: element i from the counter
-//! (seed, i) by Box-Muller on two 24-bit uniforms.
+//! (seed, i).
 __global__ inline void gaussian_kernel(float* x, std::size_t n, std::uint64_t seed, float scale) {
-  const std::uint64_t key = mix64(seed * 0x9e3779b97f4a7c15ull + 1);
+  const std::uint64_t key = gaussian_key(seed);
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::uint64_t r = mix64(key ^ (i * 0xd1b54a32d192ed03ull));
-    const float u1 = (static_cast<float>(r >> 40) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
-    const float u2 = static_cast<float>((r >> 8) & 0xffffffu) * (1.0f / 16777216.0f);
-    x[i] = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-  }
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    x[i] = gaussian_from(gaussian_bits(key, i), scale);
 }
 
 //! Fills \p x with n Gaussian values (seed, scale) on \p s: one kernel, no host data.

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The device benchmarks' figures as Markdown, for scripts/gpu-check's summary: the medians
-of bench_cuda_topk and bench_cuda_quantizers (time, copy_fraction and the ratios to the
-peers that each binary measured in its own run), torch.topk's run beside them, and the
-issue's targets, each stated as met or missed with its figure.
+of bench_cuda_topk, bench_cuda_quantizers and bench_cuda_steps (time, copy_fraction and the
+ratios to the peers that each binary measured in its own run), torch.topk's run beside
+them, and the issue's targets, each stated as met or missed with its figure (the whole
+steps have no target: their ratios are shown as measured).
 
   python3 bench/cuda/bench_summary.py DIR   (DIR holds bench_cuda_*.json, torch_topk.json)
 """
@@ -11,6 +12,9 @@ import os
 import sys
 
 COUNTERS = ("copy_fraction", "speedup_vs_unfused", "speedup_vs_sort", "k_error", "warmup_steps", "steady")
+# bench_cuda_steps: AR-Topk against the dense step, the asynchronous step against the synchronous one.
+STEP_COUNTERS = ("step_s", "ratio_to_dense", "copy_fraction", "ratio_to_sync", "hidden_fraction", "backward_s",
+                 "buckets", "warmup_steps", "steady")
 
 
 def medians(path):
@@ -26,10 +30,10 @@ def medians(path):
     return rows
 
 
-def table(rows):
-    out = ["| benchmark | median µs | " + " | ".join(COUNTERS) + " |", "|---|---:|" + "---:|" * len(COUNTERS)]
+def table(rows, counters=COUNTERS):
+    out = ["| benchmark | median µs | " + " | ".join(counters) + " |", "|---|---:|" + "---:|" * len(counters)]
     for name, b in rows.items():
-        cells = [f"{b[c]:.3g}" if c in b else "" for c in COUNTERS]
+        cells = [f"{b[c]:.3g}" if c in b else "" for c in counters]
         out.append(f"| {name} | {b['real_time']:.1f} | " + " | ".join(cells) + " |")
     return out
 
@@ -44,6 +48,12 @@ def main():
     quant = medians(os.path.join(d, "bench_cuda_quantizers.json"))
     lines = ["## Device benchmarks (medians of 3; ratios to peers measured in the same run)", ""]
     lines += table(topk) + [""] + table(quant) + [""]
+    steps = medians(os.path.join(d, "bench_cuda_steps.json"))
+    if steps:
+        lines += ["Whole steps on one rank (bench_cuda_steps: ratio_to_dense = AR-Topk / dense step, "
+                  "ratio_to_sync = asynchronous / synchronous step, hidden_fraction = (sync - async) / "
+                  "(sync - backward)):", ""]
+        lines += table(steps, STEP_COUNTERS) + [""]
     torch_path = os.path.join(d, "torch_topk.json")
     torch_rows = {}
     if os.path.exists(torch_path):
