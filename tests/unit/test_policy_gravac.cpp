@@ -526,10 +526,12 @@ TEST_CASE("gravac + dense: a network that slows or speeds up is probed once, wit
   probe_and_warm_up(d, 0.1, 0.01);
   REQUIRE(d.pol.dense_kept());
   for (int s = 0; s < 5; ++s) d.run({}, 0.1);  // the watch settles on 0.1 s of communication
-  // The network slows 100x: the next dense step moves the watch past recheck_drift (25%),
-  // and CF 10 (the candidate kept for it) is probed for 4 steps, whatever its gain.
+  // The network slows 100x: the next dense step moves the watch past recheck_drift (25%);
+  // dense is timed afresh for 4 steps, then CF 10 (the candidate kept for it) is probed
+  // for 4 steps, whatever its gain.
   CHECK(d.run({}, 10) == 1);
   CHECK(d.pol.rechecks() == 1);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 10) == 1);
   for (int s = 0; s < 4; ++s) {
     CHECK(d.run({{10, 0.9}, {20, 0.8}}, 1) == 10);
     CHECK_FALSE(d.asked().empty());
@@ -545,6 +547,7 @@ TEST_CASE("gravac + dense: a network that slows or speeds up is probed once, wit
   // omega (5%): CF 10 is kept.
   CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);
   CHECK(d.pol.rechecks() == 2);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);  // CF 10 afresh
   for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.1) == 1);
   CHECK_FALSE(d.pol.dense_kept());
   CHECK(d.pol.switches() == 1);
@@ -556,6 +559,7 @@ TEST_CASE("gravac + dense: a network that slows or speeds up is probed once, wit
   // by 9%: switched.
   CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.001) == 10);
   CHECK(d.pol.rechecks() == 3);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.001) == 10);
   for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.02) == 1);
   CHECK(d.pol.dense_kept());
   CHECK(d.pol.switches() == 2);

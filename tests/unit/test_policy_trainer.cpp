@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 
+#include "gravac/comm/simulated_communicator.hpp"
 #include "gravac/policy/accordion_policy.hpp"
 #include "gravac/policy/adacomp_policy.hpp"
 #include "gravac/policy/gravac_policy.hpp"
@@ -152,6 +153,55 @@ TEST_CASE("threads: the search settles on every rank alike", "[policy][gravac][t
     CHECK(kept[r] == kept[0]);
     // NaN marks unevaluated candidates; compare bit patterns.
     CHECK(std::memcmp(table[r].data(), table[0].data(), table[0].size() * sizeof(double)) == 0);
+  }
+}
+
+TEST_CASE("threads: GraVAC with dense among its choices keeps dense on a fast network and a ratio once it slows",
+          "[policy][gravac][dense][threads]") {
+  layout lay;
+  lay.add("fc1.weight", {64, 64}, layer_kind::dense);
+  lay.add("fc2.weight", {16, 128}, layer_kind::dense);
+  // 40 steps on a fast network (5 us, 100 GB/s), then a slow one for ever (1 ms, 1 MB/s):
+  // dense's 36.9 KB on the ring cost 37 ms there, CF 16's Allgather a quarter of it.
+  const network_params fast{5e-6, 1e-11}, slow{1e-3, 1e-6};
+  const auto sched = network_profile::schedule({{40, fast}, {1, slow}}, profile_index::step, false);
+  // A clock every rank shares (1 ms of compute, the modeled communication, no measured
+  // codec time): the decisions are the same in every run.
+  const gravac_policy_options o{.cf_min = 16,
+                                .cf_max = 64,
+                                .window = 3,
+                                .warmup_steps = 3,
+                                .epsilon = 0.3,
+                                .period_steps = 4,
+                                .samples_per_step = 32,
+                                .time = {time_source::simulated, 1e-3, false},
+                                .dense_candidate = true,
+                                .dense_probe_steps = 3};
+  constexpr int steps = 100;
+  std::vector<std::vector<double>> sent(ranks);
+  std::vector<int> dense_when_fast(ranks), dense_at_end(ranks);
+  std::vector<std::uint64_t> rechecks(ranks);
+  run_ranks(ranks, [&](thread_communicator& tc) {
+    simulated_communicator<thread_communicator> sim(tc, sched);
+    trainer<topk, allgather, gravac_policy> t(sim, lay, {.policy = o});
+    for (int s = 0; s < steps; ++s) {
+      sim.set_step(static_cast<std::uint64_t>(s));
+      auto g = test::make_data(lay.numel(), static_cast<std::uint64_t>(1000 * tc.rank() + s));
+      const auto& r = t.step(g);
+      sent[tc.rank()].push_back(r.kept_fraction.empty() ? 1.0 : r.kept_fraction[0]);
+      if (s == 39) dense_when_fast[tc.rank()] = t.policy().dense_kept();
+    }
+    dense_at_end[tc.rank()] = t.policy().dense_kept();
+    rechecks[tc.rank()] = t.policy().rechecks();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(dense_when_fast[r] == 1);  // dense beat CF 16 even with CF 16's communication free
+    CHECK(sent[r][39] == 1.0);
+    CHECK(dense_at_end[r] == 0);  // the slow network was noticed, CF 16 probed and kept
+    CHECK(sent[r].back() < 0.1);
+    CHECK(rechecks[r] == 1);  // once: the slow network is steady
+    CHECK(sent[r] == sent[0]);
   }
 }
 

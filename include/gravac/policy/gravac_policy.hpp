@@ -45,9 +45,10 @@
 //! - When the search stops, dense is kept if its rate is at least the kept ratio's.
 //! - While monitoring, the kept choice's communication time is smoothed (the gain's EWMA);
 //!   once it moves by more than recheck_drift from where it settled (down for a ratio: the
-//!   network got faster; up for dense: slower), the other choice is probed for
-//!   dense_probe_steps steps and the policy switches only if the other's rate is higher by
-//!   more than omega. A probe resets the reference, so a steady network never re-probes.
+//!   network got faster; up for dense: slower), the kept choice is timed afresh for
+//!   dense_probe_steps steps, then the other is probed as long, and the policy switches only
+//!   if the other's rate is higher by more than omega. A probe resets the reference, so a
+//!   steady network never re-probes.
 
 #include <algorithm>
 #include <array>
@@ -329,11 +330,10 @@ class gravac_policy {
     w.put(static_cast<std::uint8_t>(recheck_));
     w.put<std::uint8_t>(static_cast<std::uint8_t>(kept_dense_ | dominance_pending_ << 1));
     w.put<std::uint64_t>(probe_left_);
-    for (const auto* t : {&dense_, &warm_, &recheck_sums_}) t->save(w);
-    for (const ewma* e : {&kept_s_, &kept_comm_, &kept_gain_}) {
-      w.put(e->value);
-      w.put<std::uint8_t>(e->ready);
-    }
+    w.put<std::uint64_t>(kept_left_);
+    for (const auto* t : {&dense_, &warm_, &recheck_sums_, &kept_fresh_}) t->save(w);
+    w.put(kept_comm_.value);
+    w.put<std::uint8_t>(kept_comm_.ready);
     w.put<std::uint64_t>(kept_steps_);
     w.put(kept_ref_comm_);
     w.put(ct_dense_);
@@ -378,26 +378,26 @@ class gravac_policy {
     const auto recheck = r.get<std::uint8_t>();
     const auto dense_flags = r.get<std::uint8_t>();
     const auto probe_left = r.get<std::uint64_t>();
+    const auto kept_left = r.get<std::uint64_t>();
     const auto dense = detail::step_time_sums::load(r);
     const auto warm = detail::step_time_sums::load(r);
     const auto recheck_sums = detail::step_time_sums::load(r);
-    ewma kept_s, kept_comm, kept_gain;
-    for (ewma* e : {&kept_s, &kept_comm, &kept_gain}) {
-      e->value = r.get<double>();
-      e->ready = r.get<std::uint8_t>() != 0;
-    }
+    const auto kept_fresh = detail::step_time_sums::load(r);
+    ewma kept_comm;
+    kept_comm.value = r.get<double>();
+    kept_comm.ready = r.get<std::uint8_t>() != 0;
     const auto kept_steps = r.get<std::uint64_t>();
     const auto kept_ref_comm = r.get<double>();
     const auto ct_dense = r.get<double>();
     const auto rechecks = r.get<std::uint64_t>();
     const auto switches = r.get<std::uint64_t>();
     r.finish();
-    if (planned_measure > static_cast<std::uint8_t>(measure::recheck) ||
-        previous_measure > static_cast<std::uint8_t>(measure::recheck))
+    if (planned_measure > static_cast<std::uint8_t>(measure::kept_fresh) ||
+        previous_measure > static_cast<std::uint8_t>(measure::kept_fresh))
       r.fail("unknown measurement");
     if (recheck > static_cast<std::uint8_t>(recheck_kind::compressed)) r.fail("unknown re-check");
     if (dense_flags > 3) r.fail("unknown dense flags");
-    if (probe_left > opt_.dense_probe_steps) r.fail("probe steps out of range");
+    if (probe_left > opt_.dense_probe_steps || kept_left > opt_.dense_probe_steps) r.fail("probe steps out of range");
     if (planned_candidate >= candidates_.size() || previous.candidate >= candidates_.size())
       r.fail("planned candidate index out of range");
     if (flags > 15) r.fail("unknown flags");
@@ -406,7 +406,7 @@ class gravac_policy {
     previous.valid = (flags >> 2) & 1;
     if (phase > static_cast<std::uint8_t>(gravac_phase::dense_probe)) r.fail("unknown phase");
     if (!opt_.dense_candidate && (phase == static_cast<std::uint8_t>(gravac_phase::dense_probe) || dense_flags != 0 ||
-                                  recheck != 0 || probe_left != 0))
+                                  recheck != 0 || probe_left != 0 || kept_left != 0))
       r.fail("dense choice state without options::dense_candidate");
     if (candidate >= candidates_.size()) r.fail("candidate index out of range");
     phase_ = static_cast<gravac_phase>(phase);
@@ -434,9 +434,9 @@ class gravac_policy {
     dense_ = dense;
     warm_ = warm;
     recheck_sums_ = recheck_sums;
-    kept_s_ = kept_s;
+    kept_left_ = kept_left;
+    kept_fresh_ = kept_fresh;
     kept_comm_ = kept_comm;
-    kept_gain_ = kept_gain;
     kept_steps_ = kept_steps;
     kept_ref_comm_ = kept_ref_comm;
     ct_dense_ = ct_dense;
@@ -516,6 +516,7 @@ class gravac_policy {
     warmup,       // CF_min during the warm-up
     kept,         // the kept choice while monitoring
     recheck,      // the other choice, probed while monitoring
+    kept_fresh,   // the kept choice, timed afresh before a probe
   };
   // Which choice a probe while monitoring measures.
   enum class recheck_kind : std::uint8_t { none, dense, compressed };
@@ -554,6 +555,8 @@ class gravac_policy {
         return &warm_;
       case measure::recheck:
         return &recheck_sums_;
+      case measure::kept_fresh:
+        return &kept_fresh_;
       default:
         return nullptr;
     }
@@ -571,9 +574,7 @@ class gravac_policy {
     const double gain = s.cf <= 1 || !s.has_gain ? 1.0 : s.gain;
     if (auto* t = sums_of(s)) t->add(seconds, comm, gain);
     if (s.what == measure::kept) {
-      kept_s_.update(seconds, alpha_);
       kept_comm_.update(comm, alpha_);
-      kept_gain_.update(gain, alpha_);
       ++kept_steps_;
     }
     // A period holds the steps planned while its candidate was under evaluation.
@@ -667,14 +668,16 @@ class gravac_policy {
              : phase_ == gravac_phase::dense_probe ? measure::dense_probe
                                                    : measure::recheck;
     if (phase_ == gravac_phase::warmup) return measure::warmup;
-    if (phase_ == gravac_phase::monitoring && recheck_ == recheck_kind::none)
-      return (kept_dense_ ? cf <= 1 : cf == candidates_[candidate_]) ? measure::kept : measure::none;
-    return measure::none;
+    if (phase_ != gravac_phase::monitoring) return measure::none;
+    const bool at_kept = kept_dense_ ? cf <= 1 : cf == candidates_[candidate_];
+    if (!at_kept) return measure::none;
+    if (recheck_ == recheck_kind::none) return measure::kept;
+    return kept_left_ > 0 ? measure::kept_fresh : measure::none;
   }
   // Sets the kept choice and starts watching its communication time afresh.
   void settle(bool dense) {
     kept_dense_ = dense;
-    kept_s_ = kept_comm_ = kept_gain_ = ewma{};
+    kept_comm_ = ewma{};
     kept_steps_ = 0;
     kept_ref_comm_ = 0;
   }
@@ -691,8 +694,14 @@ class gravac_policy {
     }
     if (phase_ != gravac_phase::monitoring) return;
     if (recheck_ != recheck_kind::none) {
+      if (kept_left_ > 0) {  // the kept choice, timed afresh; then the other one
+        if (--kept_left_ == 0) probe_left_ = opt_.dense_probe_steps;
+        return;
+      }
       if (probe_left_ > 0) --probe_left_;
-      if (probe_left_ == 0 && recheck_sums_.accounted >= recheck_sums_.expected) close_recheck();
+      if (probe_left_ == 0 && recheck_sums_.accounted >= recheck_sums_.expected &&
+          kept_fresh_.accounted >= kept_fresh_.expected)
+        close_recheck();
       return;
     }
     if (kept_steps_ < opt_.window) return;  // the watch has not settled yet
@@ -703,8 +712,8 @@ class gravac_policy {
     const double change = kept_comm_.value / kept_ref_comm_ - 1;
     if (kept_dense_ ? change > opt_.recheck_drift : change < -opt_.recheck_drift) {
       recheck_ = kept_dense_ ? recheck_kind::compressed : recheck_kind::dense;
-      probe_left_ = opt_.dense_probe_steps;
-      recheck_sums_ = {};
+      kept_left_ = opt_.dense_probe_steps;
+      recheck_sums_ = kept_fresh_ = {};
       ++rechecks_;
     }
   }
@@ -714,9 +723,9 @@ class gravac_policy {
     const bool other_dense = recheck_ == recheck_kind::dense;
     recheck_ = recheck_kind::none;
     bool switch_over = false;
-    if (recheck_sums_.timed > 0 && kept_s_.ready) {
+    if (recheck_sums_.timed > 0 && kept_fresh_.timed > 0) {
       const double other = detail::progress_rate(other_dense ? 1.0 : recheck_sums_.mean_gain(), recheck_sums_.mean_s());
-      const double kept = detail::progress_rate(kept_dense_ ? 1.0 : kept_gain_.value, kept_s_.value);
+      const double kept = detail::progress_rate(kept_dense_ ? 1.0 : kept_fresh_.mean_gain(), kept_fresh_.mean_s());
       switch_over = other > kept * (1 + opt_.omega);
     }
     if (switch_over && other_dense) dense_ = recheck_sums_;
@@ -757,8 +766,10 @@ class gravac_policy {
   detail::step_time_sums dense_;                                // dense's latest measurement
   detail::step_time_sums warm_;                                 // CF_min during the warm-up
   detail::step_time_sums recheck_sums_;                         // the probe in progress while monitoring
-  ewma kept_s_, kept_comm_, kept_gain_;                         // the kept choice, while monitoring
-  std::uint64_t kept_steps_ = 0;                                // steps in kept_s_
+  detail::step_time_sums kept_fresh_;                           // the kept choice, timed afresh before it
+  std::uint64_t kept_left_ = 0;                                 // steps of kept_fresh_ still to send
+  ewma kept_comm_;                                              // the kept choice's communication, smoothed
+  std::uint64_t kept_steps_ = 0;                                // steps in kept_comm_
   double kept_ref_comm_ = 0;                                    // where kept_comm_ settled (0: not yet)
   double ct_dense_ = std::numeric_limits<double>::quiet_NaN();  // dense's CT at the last comparison
   std::uint64_t rechecks_ = 0;
