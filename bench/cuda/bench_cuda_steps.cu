@@ -42,7 +42,6 @@
 namespace {
 
 using gravac::bench::BM_copy;
-using gravac::bench::events;
 using gravac::bench::log2_of;
 
 // One rank needs no MPI: the unique id is made here and nobody else joins, so the binary
@@ -113,18 +112,9 @@ double time_flat_step(benchmark::State& state, std::size_t n, double fraction) {
   } else {
     for (; warm < 4; ++warm) one_step(warm);
   }
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    gravac::bench::fill_gaussian(g.data(), n, gravac::bench::gradient_seed(step++), 1.0f, s);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, s));
-    t.step(gravac::device_view(g));
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, s));
-    const double sec = ev.seconds();
-    state.SetIterationTime(sec);
-    total += sec;
-  }
-  const double per = total / static_cast<double>(state.iterations());
+  const double per = gravac::bench::timed_loop(
+      state, s, [&] { gravac::bench::fill_gaussian(g.data(), n, gravac::bench::gradient_seed(step++), 1.0f, s); },
+      [&] { t.step(gravac::device_view(g)); });
   state.counters["step_s"] = per;
   state.counters["warmup_steps"] = static_cast<double>(warm);
   state.counters["steady"] = steady ? 1.0 : 0.0;
@@ -198,19 +188,13 @@ void BM_backward(benchmark::State& state) {
   const int rounds = static_cast<int>(state.range(0));
   const auto lay = model_layout();
   gravac::device_buffer<float> g(lay.numel());
-  events ev;
-  double total = 0;
   std::uint64_t step = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    for (std::size_t i = lay.size(); i-- > 0;) backward_layer(g.data(), lay, i, step, rounds);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    ++step;
-    const double sec = ev.seconds();
-    state.SetIterationTime(sec);
-    total += sec;
-  }
-  backward_seconds[state.range(0)] = total / static_cast<double>(state.iterations());
+  backward_seconds[state.range(0)] = gravac::bench::timed_loop(
+      state, cudaStreamPerThread, [&] {},
+      [&] {
+        for (std::size_t i = lay.size(); i-- > 0;) backward_layer(g.data(), lay, i, step, rounds);
+        ++step;
+      });
 }
 
 // One step per iteration of trainer<topk_cuda, allgather, fixed_policy> at 1% on
@@ -248,17 +232,8 @@ double time_model_step(benchmark::State& state, bool async) {
   };
   bool steady = false;
   const std::size_t warm = gravac::bench::warm_up(one_step, t.residual_view().data(), n, cudaStreamPerThread, steady);
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    one_step(step);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double sec = ev.seconds();
-    state.SetIterationTime(sec);
-    total += sec;
-  }
-  const double per = total / static_cast<double>(state.iterations());
+  const double per = gravac::bench::timed_loop(
+      state, cudaStreamPerThread, [&] {}, [&] { one_step(step); });
   state.counters["step_s"] = per;
   state.counters["buckets"] = static_cast<double>(buckets);
   state.counters["warmup_steps"] = static_cast<double>(warm);

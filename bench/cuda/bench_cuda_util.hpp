@@ -180,6 +180,24 @@ inline void BM_copy(benchmark::State& state) {
 }
 
 //! What time_compress measured: the last packet's size and the mean seconds per compress.
+//! The benchmark loop: each iteration runs \p untimed, then \p timed between two CUDA
+//! events on \p s, and sets the iteration's time from them. Returns the mean seconds.
+template <class Untimed, class Timed>
+double timed_loop(benchmark::State& state, cudaStream_t s, Untimed&& untimed, Timed&& timed) {
+  events ev;
+  double total = 0;
+  for (auto _ : state) {
+    untimed();
+    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, s));
+    timed();
+    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, s));
+    const double sec = ev.seconds();
+    state.SetIterationTime(sec);
+    total += sec;
+  }
+  return total / static_cast<double>(state.iterations());
+}
+
 struct compress_timing {
   std::size_t bytes = 0;  //!< packet bytes of the last compress
   double seconds = 0;     //!< mean seconds of one compress
@@ -219,19 +237,13 @@ compress_timing time_compress(benchmark::State& state, C& c, std::size_t n, grav
   };
   bool steady = false;
   const std::size_t warm = warm_up(one_step, e.data(), n, s, steady);
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    fill_gaussian(g.data(), n, gradient_seed(step++), 1.0f, s);
-    if (advance_step) ++p.step;
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, s));
-    bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, s));
-    const double sec = ev.seconds();
-    state.SetIterationTime(sec);
-    total += sec;
-  }
-  const double per = total / static_cast<double>(state.iterations());
+  const double per = timed_loop(
+      state, s,
+      [&] {
+        fill_gaussian(g.data(), n, gradient_seed(step++), 1.0f, s);
+        if (advance_step) ++p.step;
+      },
+      [&] { bytes = c.compress(gravac::device_view(g), gravac::device_view(e), p, packet.span(), st); });
   const double moved = 3.0 * static_cast<double>(n) * sizeof(float) + static_cast<double>(bytes);
   state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * moved));
   if (const double f = copy_fraction(n, bytes, per); f > 0) state.counters["copy_fraction"] = f;
