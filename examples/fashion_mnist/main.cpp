@@ -120,6 +120,9 @@ int main(int argc, char** argv) {
   tr->add_option("--weight-decay", cfg.weight_decay, "L2 weight decay")->capture_default_str();
   tr->add_option("--seed", cfg.seed, "seed of data order and initialisation")->capture_default_str();
   tr->add_option("--max-steps", cfg.max_steps, "stop after this many steps (0: all epochs)");
+  tr->add_option("--mark-start", cfg.start_marker,
+                 "create this file (rank 0) when every rank is about to take the first step: the network lab "
+                 "(scripts/netlab --start-file) starts its rate schedule then");
 
   std::string checkpoint_every = "1e", save_params;
   auto* ck = app.add_option_group("checkpoints");

@@ -36,6 +36,13 @@ struct step_record {
   double modeled_time_s = 0;  //!< modeled clock after this step
   double bandwidth_gbps = 0;  //!< modeled bandwidth during the step (0 without a network)
   double latency_ms = 0;      //!< modeled latency during the step
+  //! Measured wall time of the step, forward to optimizer (slowest rank): the clock a
+  //! user's loop sees, on the network the ranks really use.
+  double wall_s = 0;
+  //! Of wall_s, the measured wall time of the gradient exchange outside backward
+  //! (compression, communication, decompression; with overlap, what finish() waited;
+  //! slowest rank).
+  double exchange_wall_s = 0;
 };
 
 //! One epoch.
@@ -58,7 +65,9 @@ struct epoch_record {
   double modeled_time_s = 0;                //!< modeled clock at the end of the epoch
   std::vector<double> shadow_time_s;        //!< modeled clock on each shadow network at the end of the epoch
   double wall_s = 0;                        //!< wall time of the epoch (with evaluation)
-  std::string policy_state;                 //!< the policy's state at the end of the epoch
+  double train_wall_s = 0;     //!< wall time of the epoch's steps (no evaluation): time to accuracy on the clock
+  double exchange_wall_s = 0;  //!< measured exchange wall time during the epoch (step_record::exchange_wall_s summed)
+  std::string policy_state;    //!< the policy's state at the end of the epoch
 };
 
 }  // namespace fmnist

@@ -93,7 +93,10 @@ struct run_config {
   //! depends on the data alone, not on the machine: the run is reproducible, and a resumed
   //! run matches an uninterrupted one in everything but the measured times.
   bool charge_codec = true;
-  std::size_t max_steps = 0;     //!< stop after this many steps (0 = all epochs)
+  std::size_t max_steps = 0;  //!< stop after this many steps (0 = all epochs)
+  //! Rank 0 creates this file when every rank is about to take the first step (empty:
+  //! none); the network lab starts its rate schedule then (scripts/netlab --start-file).
+  std::string start_marker;
   checkpoint_config checkpoint;  //!< checkpoints and resume (off when checkpoint.dir is empty)
   fault_config fault;            //!< test hook: a rank that kills itself
 };
@@ -131,6 +134,9 @@ struct run_result {
   //! Modeled time at which test accuracy first reached \p target (negative if never);
   //! \p shadow selects a shadow network's clock (-1: the primary network).
   [[nodiscard]] double modeled_time_to(double target, int shadow = -1) const;
+  //! Measured wall time of the training steps (epoch_record::train_wall_s summed, no
+  //! evaluation) at which test accuracy first reached \p target (negative if never).
+  [[nodiscard]] double measured_time_to(double target) const;
 };
 
 //! The deterministic model of the layers' ready times used with --overlap on and a given

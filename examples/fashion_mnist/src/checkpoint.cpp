@@ -15,7 +15,8 @@ namespace {
 
 constexpr char run_magic[8] = {'F', 'M', 'N', 'R', 'U', 'N', '\0', '\0'};
 // 2: the records' modeled_exposed_s and the run's ready_share (--overlap on).
-constexpr std::uint32_t run_version = 2;
+// 3: the records' measured wall times (wall_s, exchange_wall_s, train_wall_s).
+constexpr std::uint32_t run_version = 3;
 constexpr std::size_t header_bytes = 32;
 
 gravac::error io_error(const std::string& what) {
@@ -102,7 +103,7 @@ void put_record(writer& w, const step_record& r) {
     w.put(d);
   w.put(r.collective);
   for (double d : {r.gain, r.compute_s, r.codec_s, r.modeled_comm_s, r.modeled_exposed_s, r.modeled_time_s,
-                   r.bandwidth_gbps, r.latency_ms})
+                   r.bandwidth_gbps, r.latency_ms, r.wall_s, r.exchange_wall_s})
     w.put(d);
 }
 
@@ -116,7 +117,7 @@ void reader::get(step_record& r, const char* field) {
     get(*d, field);
   get(r.collective, field);
   for (double* d : {&r.gain, &r.compute_s, &r.codec_s, &r.modeled_comm_s, &r.modeled_exposed_s, &r.modeled_time_s,
-                    &r.bandwidth_gbps, &r.latency_ms})
+                    &r.bandwidth_gbps, &r.latency_ms, &r.wall_s, &r.exchange_wall_s})
     get(*d, field);
 }
 
@@ -127,7 +128,7 @@ void put_record(writer& w, const epoch_record& r) {
                    r.modeled_comm_s, r.modeled_exposed_s, r.modeled_time_s})
     w.put(d);
   w.put_vector(r.shadow_time_s);
-  w.put(r.wall_s);
+  for (double d : {r.wall_s, r.train_wall_s, r.exchange_wall_s}) w.put(d);
   w.put(r.policy_state);
 }
 
@@ -141,7 +142,7 @@ void reader::get(epoch_record& r, const char* field) {
         &r.modeled_comm_s, &r.modeled_exposed_s, &r.modeled_time_s})
     get(*d, field);
   get_vector(r.shadow_time_s, field, sizeof(double));
-  get(r.wall_s, field);
+  for (double* d : {&r.wall_s, &r.train_wall_s, &r.exchange_wall_s}) get(*d, field);
   get(r.policy_state, field);
 }
 

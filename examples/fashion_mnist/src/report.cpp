@@ -126,25 +126,27 @@ void write_csv(const run_result& r, const std::string& dir) {
     auto f = open_for_writing(dir + "/steps.csv");
     f << "step,epoch,lr,loss,train_acc,kept_fraction,cf,bytes_sent,dense_bytes,wire_bytes_sent,wire_bytes_received,"
          "collective,gain,compute_s,codec_s,modeled_comm_s,modeled_exposed_s,modeled_time_s,bandwidth_gbps,latency_"
-         "ms\n";
+         "ms,wall_s,exchange_wall_s\n";
     for (const auto& s : r.steps)
       f << s.step << ',' << s.epoch << ',' << s.lr << ',' << s.loss << ',' << s.train_acc << ',' << s.kept_fraction
         << ',' << cf_of(s.kept_fraction) << ',' << s.bytes_sent << ',' << s.dense_bytes << ',' << s.wire_bytes_sent
         << ',' << s.wire_bytes_received << ',' << s.collective << ',' << s.gain << ',' << s.compute_s << ','
         << s.codec_s << ',' << s.modeled_comm_s << ',' << s.modeled_exposed_s << ',' << s.modeled_time_s << ','
-        << s.bandwidth_gbps << ',' << s.latency_ms << '\n';
+        << s.bandwidth_gbps << ',' << s.latency_ms << ',' << s.wall_s << ',' << s.exchange_wall_s << '\n';
     if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/steps.csv failed");
   }
   auto f = open_for_writing(dir + "/epochs.csv");
   f << "epoch,lr,train_loss,train_acc,test_loss,test_acc,bytes_per_rank,dense_bytes_per_rank,"
        "wire_bytes_sent_per_rank,wire_bytes_received_per_rank,kept_fraction,cf,"
-       "compute_s,codec_s,modeled_comm_s,modeled_exposed_s,modeled_time_s,wall_s,policy_state\n";
+       "compute_s,codec_s,modeled_comm_s,modeled_exposed_s,modeled_time_s,wall_s,train_wall_s,exchange_wall_s,"
+       "policy_state\n";
   for (const auto& e : r.epochs)
     f << e.epoch + 1 << ',' << e.lr << ',' << e.train_loss << ',' << e.train_acc << ',' << e.test_loss << ','
       << e.test_acc << ',' << e.bytes_per_rank << ',' << e.dense_bytes_per_rank << ',' << e.wire_bytes_sent_per_rank
       << ',' << e.wire_bytes_received_per_rank << ',' << e.kept_fraction << ',' << cf_of(e.kept_fraction) << ','
       << e.compute_s << ',' << e.codec_s << ',' << e.modeled_comm_s << ',' << e.modeled_exposed_s << ','
-      << e.modeled_time_s << ',' << e.wall_s << ",\"" << e.policy_state << "\"\n";
+      << e.modeled_time_s << ',' << e.wall_s << ',' << e.train_wall_s << ',' << e.exchange_wall_s << ",\""
+      << e.policy_state << "\"\n";
   if (!f) throw gravac::error(gravac::status::invalid_argument, "writing " + dir + "/epochs.csv failed");
 }
 

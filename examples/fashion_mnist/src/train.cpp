@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <gravac/checkpoint.hpp>
 #include <gravac/comm/simulated_communicator.hpp>
 #include <memory>
@@ -270,6 +271,15 @@ double run_result::modeled_time_to(double target, int shadow) const {
   for (const auto& e : epochs)
     if (e.test_acc >= target)
       return shadow < 0 ? e.modeled_time_s : e.shadow_time_s.at(static_cast<std::size_t>(shadow));
+  return -1;
+}
+
+double run_result::measured_time_to(double target) const {
+  double t = 0;
+  for (const auto& e : epochs) {
+    t += e.train_wall_s;
+    if (e.test_acc >= target) return t;
+  }
   return -1;
 }
 
@@ -565,6 +575,15 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     }
   };
 
+  if (!cfg.start_marker.empty()) {
+    // Every rank is here (the allreduce), so the first step starts now on every rank.
+    double here = 0;
+    comm.allreduce_max(std::span<double>(&here, 1));
+    if (rank == 0) {
+      std::ofstream mark(cfg.start_marker);
+      gravac::require(static_cast<bool>(mark), "train: cannot create the start marker '" + cfg.start_marker + "'");
+    }
+  }
   bool stop = false;
   for (std::size_t epoch = first_epoch; epoch < cfg.epochs && !stop; ++epoch) {
     const bool resumed_here = resume_mid_epoch && epoch == first_epoch;
@@ -611,6 +630,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
         now = sim ? sim->current() : gravac::network_params{};
       };
       const gravac::step_report* rep_p = nullptr;
+      const auto w0 = std::chrono::steady_clock::now();
+      auto x0 = w0;
       if (cfg.overlap) {
         // Buckets start on the trainer's communication thread as backward announces their
         // layers; each layer is ready at compute_s times its share on the modeled timeline.
@@ -620,14 +641,17 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
         br = net->forward_backward(params, xb.data(), yb.data(), local, grads,
                                    [&](std::size_t layer) { st->ready(layer, compute_s * ready_share[layer]); });
         c1 = thread_cpu_seconds();
+        x0 = std::chrono::steady_clock::now();
         rep_p = &st->finish();
       } else {
         c0 = thread_cpu_seconds();
         br = net->forward_backward(params, xb.data(), yb.data(), local, grads);
         c1 = thread_cpu_seconds();
         before_comm();
+        x0 = std::chrono::steady_clock::now();
         rep_p = &st->step(grads);
       }
+      const auto x1 = std::chrono::steady_clock::now();
       const auto& rep = *rep_p;
       const double c2 = thread_cpu_seconds();
       const double comm_s = sim ? sim->modeled_seconds() - clock0 : 0.0;
@@ -637,6 +661,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
           cfg.overlap ? std::clamp(rep.modeled_communicate_s - rep.modeled_exposed_s, 0.0, comm_s) : 0.0;
       opt.step(params, grads, lr);
       const double c3 = thread_cpu_seconds();
+      const auto w1 = std::chrono::steady_clock::now();
 
       // Rank-averaged loss and bytes, slowest-rank times (on the engine: not charged). The
       // wire bytes differ between ranks (a broadcast's root receives nothing), hence the mean.
@@ -652,9 +677,10 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       wire_received_before = wire_received;
       // With overlap the codec runs on the communication thread: its measured wall times.
       const double codec = cfg.codec_cpu_time && !cfg.overlap ? c2 - c1 : rep.compress_s + rep.decompress_s;
-      double maxes[2] = {(c1 - c0) + (c3 - c2), codec};
+      double maxes[4] = {(c1 - c0) + (c3 - c2), codec, std::chrono::duration<double>(w1 - w0).count(),
+                         std::chrono::duration<double>(x1 - x0).count()};
       comm.allreduce_sum(std::span<double>(sums, 6));
-      comm.allreduce_max(std::span<double>(maxes, 2));
+      comm.allreduce_max(std::span<double>(maxes, 4));
 
       step_record r;
       r.step = step;
@@ -671,6 +697,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.gain = rep.gain;
       r.compute_s = maxes[0];
       r.codec_s = maxes[1];
+      r.wall_s = maxes[2];
+      r.exchange_wall_s = maxes[3];
       r.modeled_comm_s = comm_s;
       r.modeled_exposed_s = comm_s - hidden;
       const double charged_codec = cfg.charge_codec ? r.codec_s : 0.0;
@@ -696,6 +724,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       er.wire_bytes_received_per_rank += r.wire_bytes_received;
       er.compute_s += r.compute_s;
       er.codec_s += r.codec_s;
+      er.exchange_wall_s += r.exchange_wall_s;
       er.modeled_comm_s += comm_s;
       er.modeled_exposed_s += r.modeled_exposed_s;
       res.steps.push_back(std::move(r));
@@ -704,6 +733,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       if (rank == 0 && obs.on_step) obs.on_step(res.steps.back(), s, steps_per_epoch);
     }
     if (done == 0) break;
+    er.train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     // Evaluate on this rank's shard of the test subset; sum over ranks.
     const batch_result tr = net->evaluate(params, xt.data(), yt.data(), yt.size());
     double ev[3] = {tr.loss_sum, static_cast<double>(tr.correct), static_cast<double>(tr.samples)};
