@@ -85,6 +85,18 @@ struct wire_bytes {
   friend constexpr bool operator==(const wire_bytes&, const wire_bytes&) noexcept = default;
 };
 
+//! The wire bytes of the Allreduce of \p bytes that \p comm has just made: by the algorithm
+//! it was charged as where the engine says (a simulated network's `last_allreduce()`, also
+//! through communicator_ref), else a ring's. Collectives call it right after each Allreduce,
+//! so their reports equal the simulated network's counts under any allreduce_rule.
+template <class M>
+wire_bytes last_allreduce_wire_bytes(const M& comm, double bytes) {
+  if constexpr (requires { comm.last_allreduce(); })
+    return wire_bytes::allreduce(comm.size(), bytes, comm.last_allreduce());
+  else
+    return wire_bytes::allreduce(comm.size(), bytes);
+}
+
 //! Writes \p w into the report's wire-byte fields (what a collective does once per step).
 inline void set_wire_bytes(step_report& r, const wire_bytes& w) noexcept {
   r.wire_bytes_sent = w.sent;
