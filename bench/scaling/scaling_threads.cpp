@@ -9,6 +9,10 @@
 // Exits non-zero when a step's reported wire bytes differ from the simulated network's count.
 //   scaling_threads [--layout mlp|25m] [--ranks 4,16,64] [--gbps 1,10,100] [--latency-us 50]
 //                   [--steps 2] [--memory-gib 8] [--methods a,b,...]
+//                   [--allreduce ring|open-mpi-4.1|nccl]
+// --allreduce charges every Allreduce as that engine would run it (simulated_network_options::
+// rule; default ring, the study's setting); NCCL's choice depends on the network, so with nccl
+// one --gbps only.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
@@ -57,7 +61,13 @@ int main(int argc, char** argv) {
   app.add_option("--memory-gib", memory_gib, "largest N x N packet bytes an Allgather may hold at once")
       ->check(CLI::PositiveNumber);
   app.add_option("--methods", only, "comma-separated methods to run (default: all, and flexible)");
+  std::string allreduce_s = "ring";
+  app.add_option("--allreduce", allreduce_s, "how each Allreduce is charged: ring, or as an engine chooses")
+      ->check(CLI::IsMember({"ring", "open-mpi-4.1", "nccl"}));
   CLI11_PARSE(app, argc, argv);
+  simulated_network_options sim_opt;
+  if (allreduce_s == "open-mpi-4.1") sim_opt.rule = allreduce_rule::open_mpi_4_1;
+  if (allreduce_s == "nccl") sim_opt.rule = allreduce_rule::nccl;
   const auto wanted = [&](const std::string& name) {
     return only.empty() || ("," + only + ",").find("," + name + ",") != std::string::npos;
   };
@@ -66,6 +76,10 @@ int main(int argc, char** argv) {
   const auto gbps = parse_list(gbps_s);
   std::vector<network_params> nets;
   for (double b : gbps) nets.push_back(network_params::from_gbps(latency_us * 1e-6, b));
+  if (sim_opt.rule == allreduce_rule::nccl && nets.size() != 1) {
+    std::fprintf(stderr, "scaling: --allreduce nccl chooses by the network: give one --gbps\n");
+    return 2;
+  }
 
   std::printf(
       "layout,ranks,method,gbps,latency_us,modeled_comm_s,wire_sent,wire_received,packet_bytes,collective,how\n");
@@ -96,7 +110,7 @@ int main(int argc, char** argv) {
       } else {
         std::vector<scaling::sample> per_rank(static_cast<std::size_t>(n));
         run_ranks(n, [&](thread_communicator& comm) {
-          simulated_communicator<thread_communicator> sim(comm, network_profile::constant(nets.front()));
+          simulated_communicator<thread_communicator> sim(comm, network_profile::constant(nets.front()), sim_opt);
           per_rank[static_cast<std::size_t>(comm.rank())] =
               scaling::run_method(m.name, sim, lay, m.kept_fraction, steps);
         });
@@ -119,7 +133,7 @@ int main(int argc, char** argv) {
         if (too_large_to_gather(std::string(c) == "topk" ? "topk1%_allgather" : "qsgd8_allgather", n)) continue;
         std::vector<scaling::sample> per_rank(static_cast<std::size_t>(n));
         run_ranks(n, [&](thread_communicator& comm) {
-          simulated_communicator<thread_communicator> sim(comm, network_profile::constant(nets[k]));
+          simulated_communicator<thread_communicator> sim(comm, network_profile::constant(nets[k]), sim_opt);
           per_rank[static_cast<std::size_t>(comm.rank())] = scaling::run_flexible(c, sim, lay, 0.01, steps, nets[k]);
         });
         const scaling::sample s = busiest(per_rank);

@@ -22,15 +22,16 @@ struct wire_step {
 };
 
 //! Runs trainer T with options \p opt on \p ranks thread ranks through a simulated network
-//! for \p steps steps; returns [rank][step]. No assertions inside the rank threads.
+//! for \p steps steps (the network charging Allreduces as \p net_opt says); returns
+//! [rank][step]. No assertions inside the rank threads.
 template <class T>
 std::vector<std::vector<wire_step>> wire_steps(const layout& lay, const typename T::options& opt, int steps,
-                                               int ranks = 4) {
+                                               int ranks = 4, const simulated_network_options& net_opt = {}) {
   std::vector<std::vector<wire_step>> out(static_cast<std::size_t>(ranks),
                                           std::vector<wire_step>(static_cast<std::size_t>(steps)));
   run_ranks(ranks, [&](thread_communicator& comm) {
     const auto net = network_profile::constant(network_params::from_gbps(1e-3, 10));
-    simulated_communicator<thread_communicator> sim(comm, net);
+    simulated_communicator<thread_communicator> sim(comm, net, net_opt);
     T t(sim, lay, opt);
     auto& mine = out[static_cast<std::size_t>(comm.rank())];
     for (int s = 0; s < steps; ++s) {

@@ -59,6 +59,52 @@ TEST_CASE("wire bytes: dense_allreduce reports what the network counted", "[wire
   }
 }
 
+TEST_CASE("wire bytes: under an engine's Allreduce rule, reports follow the algorithm charged", "[wire]") {
+  // 4 and 8 ranks: Open MPI 4.1 runs recursive doubling there at this size, NCCL its tree;
+  // the report must count what the network counted, which is not the ring's count. (With 5
+  // ranks the per-rank averages are not exact in binary, and the network's running sum
+  // rounds differently from a step's own count: checked to 1e-12 below.)
+  const auto lay = test::mixed_layout();
+  for (const int ranks : {4, 8})
+    for (const auto rule : {allreduce_rule::open_mpi_4_1, allreduce_rule::nccl}) {
+      INFO(ranks << " ranks, rule " << static_cast<int>(rule));
+      const simulated_network_options net_opt{allreduce_algorithm::ring, rule};
+      {
+        using T = trainer<topk, dense_allreduce, fixed_policy>;
+        const auto w = test::wire_steps<T>(lay, {.policy = {.kept_fraction = 1.0}}, steps, ranks, net_opt);
+        test::check_wire_steps(w, collective_kind::dense_allreduce);
+        const auto ring = test::wire_steps<T>(lay, {.policy = {.kept_fraction = 1.0}}, steps, ranks);
+        test::check_wire_steps(ring, collective_kind::dense_allreduce);
+        // NCCL's tree moves what a ring does, per rank on average; Open MPI's choices do not.
+        if (rule == allreduce_rule::open_mpi_4_1)
+          CHECK(w[0][0].report_sent != ring[0][0].report_sent);
+        else
+          CHECK(w[0][0].report_sent == ring[0][0].report_sent);
+      }
+      {
+        using T = trainer<topk, allreduce_compatible, fixed_policy>;
+        T::options opt;
+        opt.policy.kept_fraction = 0.1;
+        test::check_wire_steps(test::wire_steps<T>(lay, opt, steps, ranks, net_opt),
+                               collective_kind::allreduce_compatible);
+      }
+    }
+}
+
+TEST_CASE("wire bytes: 5 ranks under Open MPI 4.1's rule, reports within rounding of the network's count", "[wire]") {
+  using T = trainer<topk, dense_allreduce, fixed_policy>;
+  const simulated_network_options net_opt{allreduce_algorithm::ring, allreduce_rule::open_mpi_4_1};
+  const auto w = test::wire_steps<T>(test::mixed_layout(), {.policy = {.kept_fraction = 1.0}}, steps, 5, net_opt);
+  const auto ring = test::wire_steps<T>(test::mixed_layout(), {.policy = {.kept_fraction = 1.0}}, steps, 5);
+  for (std::size_t r = 0; r < w.size(); ++r)
+    for (std::size_t s = 0; s < w[r].size(); ++s) {
+      INFO("rank " << r << " step " << s);
+      CHECK(w[r][s].report_sent == Approx(w[r][s].net_sent).epsilon(1e-12));
+      CHECK(w[r][s].report_received == Approx(w[r][s].net_received).epsilon(1e-12));
+      CHECK(w[r][s].report_sent != Approx(ring[r][s].report_sent).epsilon(1e-6));
+    }
+}
+
 TEST_CASE("wire bytes: allgather reports what the network counted", "[wire]") {
   const auto lay = test::mixed_layout();
   SECTION("packets with their control trailers") {

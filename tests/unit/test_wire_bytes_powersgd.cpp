@@ -24,4 +24,10 @@ TEST_CASE("wire bytes: low_rank_allreduce counts both allreduces", "[wire][power
     opt.bucket_bytes = bucket_per_layer;
     test::check_wire_steps(test::wire_steps<T>(lay, opt, 4), collective_kind::dense_allreduce);
   }
+  SECTION("8 ranks, each Allreduce as Open MPI 4.1 chooses: counted by the algorithm charged") {
+    T::options opt;
+    opt.policy.kept_fraction = 0.1;
+    const simulated_network_options net_opt{allreduce_algorithm::ring, allreduce_rule::open_mpi_4_1};
+    test::check_wire_steps(test::wire_steps<T>(lay, opt, 4, 8, net_opt), collective_kind::dense_allreduce);
+  }
 }

@@ -202,7 +202,7 @@ class allreduce_compatible {
     if (n > 1 && values.size() > 0) {
       comm.allreduce_sum(values);
       // The buffer as sent: the values and the control floats after them.
-      wire_total += wire_bytes::allreduce(n, static_cast<double>(values.size() * sizeof(float)));
+      wire_total += last_allreduce_wire_bytes(comm, static_cast<double>(values.size() * sizeof(float)));
     }
     comm_s += detail::seconds_since(t4);
     w.read_control(total, ctl);

@@ -131,7 +131,7 @@ class dense_allreduce {
     }
     r.bytes_sent = d * sizeof(float);
     // The wire carries the whole reduced buffer, control floats included.
-    set_wire_bytes(r, wire_bytes::allreduce(comm.size(), static_cast<double>(reduced.size_bytes())));
+    set_wire_bytes(r, last_allreduce_wire_bytes(comm, static_cast<double>(reduced.size_bytes())));
     r.collective = collective_kind::dense_allreduce;
   }
 

@@ -59,7 +59,7 @@ class low_rank_allreduce {
     wire_bytes wire_total{};  // both allreduces, as called
     if (!first.empty()) {
       comm.allreduce_sum(first);
-      wire_total += wire_bytes::allreduce(comm.size(), static_cast<double>(first.size_bytes()));
+      wire_total += last_allreduce_wire_bytes(comm, static_cast<double>(first.size_bytes()));
     }
     r.communicate_s = detail::seconds_since(t);
     t = std::chrono::steady_clock::now();
@@ -76,12 +76,12 @@ class low_rank_allreduce {
       std::copy(second.begin(), second.end(), sum_.begin());
       ctl->write_local(std::span<float>(sum_.data() + second.size(), ctl->size()));
       comm.allreduce_sum(std::span<float>(sum_));
-      wire_total += wire_bytes::allreduce(comm.size(), static_cast<double>(sum_.size() * sizeof(float)));
+      wire_total += last_allreduce_wire_bytes(comm, static_cast<double>(sum_.size() * sizeof(float)));
       std::copy(sum_.begin(), sum_.begin() + static_cast<std::ptrdiff_t>(second.size()), second.begin());
       ctl->set_summed(std::span<const float>(sum_.data() + second.size(), ctl->size()));
     } else if (!second.empty()) {
       comm.allreduce_sum(second);
-      wire_total += wire_bytes::allreduce(comm.size(), static_cast<double>(second.size_bytes()));
+      wire_total += last_allreduce_wire_bytes(comm, static_cast<double>(second.size_bytes()));
     }
     r.communicate_s += detail::seconds_since(t);
     t = std::chrono::steady_clock::now();

@@ -11,6 +11,7 @@
 #include "gravac/comm/sum_piece.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/network/cost_model.hpp"
 
 namespace gravac {
 
@@ -88,6 +89,9 @@ class communicator_ref {
   //! Seconds a network model has charged so far (a simulated network's virtual clock);
   //! 0 for engines without a model, which provide no `modeled_seconds()`.
   [[nodiscard]] double modeled_seconds() const { return vt_->modeled(self_); }
+  //! The algorithm the engine's last Allreduce was charged as (a simulated network's
+  //! last_allreduce()); ring for engines without a model, which provide none.
+  [[nodiscard]] allreduce_algorithm last_allreduce() const { return vt_->last_allreduce(self_); }
   //! Whether the engine may be called from a thread other than the one that made it, one
   //! call at a time (what an asynchronous step's communication thread does). True for
   //! engines without `accepts_calls_from_other_threads()` (the thread engine; NCCL, which
@@ -115,6 +119,7 @@ class communicator_ref {
     void (*bcast)(void*, std::span<std::byte>, int);
     void (*barrier)(void*);
     double (*modeled)(const void*);
+    allreduce_algorithm (*last_allreduce)(const void*);
     bool (*other_threads)(const void*);
     bool (*abandon)(void*, const std::string&) noexcept;
   };
@@ -162,6 +167,12 @@ class communicator_ref {
           return static_cast<const M*>(s)->modeled_seconds();
         else
           return 0.0;
+      },
+      [](const void* s) -> allreduce_algorithm {
+        if constexpr (requires(const M& m) { m.last_allreduce(); })
+          return static_cast<const M*>(s)->last_allreduce();
+        else
+          return allreduce_algorithm::ring;
       },
       [](const void* s) -> bool {
         if constexpr (requires(const M& m) { m.accepts_calls_from_other_threads(); })

@@ -5,7 +5,8 @@
 //! that call, under the profile's current network, to a virtual clock. This is how one
 //! machine reproduces slow and changing networks: the data are real, the time is modeled.
 //!
-//! Charged per call (N ranks, L = ceil(log2 N)): Allreduce by ring (or tree),
+//! Charged per call (N ranks, L = ceil(log2 N)): Allreduce by ring (or the algorithm the
+//! options name, or call by call the one Open MPI 4.1 or NCCL would choose: options::rule),
 //! Allgather by recursive doubling on the total bytes, broadcast by binomial tree,
 //! barrier by dissemination. The charges depend only on sizes every rank agrees on, so
 //! the clock is identical on every rank.
@@ -19,7 +20,9 @@
 //! - Allreduce of B bytes: sent = received = 2(N-1)/N B. Exact for the ring (reduce-scatter
 //!   and allgather, 2(N-1) blocks of B/N); for the tree it is the per-rank average of its
 //!   2(N-1) messages of B (a reduce and a broadcast, N-1 messages each), since the tree's
-//!   own split between ranks depends on their position in it.
+//!   own split between ranks depends on their position in it. Recursive doubling and
+//!   Rabenseifner count their own bytes (wire_bytes::allreduce with an algorithm), a
+//!   per-rank average when N is not a power of two.
 //! - Allgather(v) of blocks summing to T, own block b: received = T - b; sent = T - b too,
 //!   counting a ring's forwarding (each rank passes on N-1 blocks). In a ring the blocks a
 //!   rank forwards are all but its successor's, so with unequal blocks its exact share
@@ -53,7 +56,11 @@ namespace gravac {
 
 //! Options of the simulated network.
 struct simulated_network_options {
-  allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how Allreduce is charged
+  allreduce_algorithm allreduce = allreduce_algorithm::ring;  //!< how Allreduce is charged (with rule `fixed`)
+  //! Who picks each Allreduce's algorithm: `fixed` charges `allreduce` always (the default,
+  //! as before this option existed); `open_mpi_4_1` and `nccl` charge, call by call, what
+  //! that engine would run for the call's rank count and size (cost_model::choose_allreduce).
+  allreduce_rule rule = allreduce_rule::fixed;
 };
 
 //! The running totals of a simulated_communicator: what a training checkpoint saves so that
@@ -90,18 +97,15 @@ class simulated_communicator {
 
   //! Sums over ranks (real), charged as an Allreduce of the span's bytes.
   void allreduce_sum(std::span<float> d) {
-    charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); });
-    count_allreduce(bytes(d));
+    charged_allreduce(d, [&] { inner_->allreduce_sum(d); });
   }
   //! Sums over ranks (real), charged as an Allreduce.
   void allreduce_sum(std::span<double> d) {
-    charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_sum(d); });
-    count_allreduce(bytes(d));
+    charged_allreduce(d, [&] { inner_->allreduce_sum(d); });
   }
   //! Maximum over ranks (real), charged as an Allreduce.
   void allreduce_max(std::span<double> d) {
-    charged(cost_model::allreduce(size(), bytes(d), options_.allreduce), [&] { inner_->allreduce_max(d); });
-    count_allreduce(bytes(d));
+    charged_allreduce(d, [&] { inner_->allreduce_max(d); });
   }
   //! Variable-length allgather (real), charged on the total bytes gathered.
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
@@ -169,6 +173,9 @@ class simulated_communicator {
   [[nodiscard]] const network_profile& profile() const noexcept { return profile_; }
   //! The cost terms of the last call and the seconds it was charged.
   [[nodiscard]] std::pair<cost_terms, double> last_charge() const noexcept { return {last_terms_, last_seconds_}; }
+  //! The algorithm the last Allreduce was charged as (ring before any): the options' own,
+  //! or the engine rule's choice for that call.
+  [[nodiscard]] allreduce_algorithm last_allreduce() const noexcept { return last_allreduce_; }
   //! Calls charged so far.
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
   //! The cost terms of every call charged since construction, summed: under a constant
@@ -214,6 +221,19 @@ class simulated_communicator {
     fn();
     charge(t, net);
   }
+  // An Allreduce: the algorithm is chosen under the network at the call's start, charged,
+  // and its wire bytes counted by the same algorithm.
+  template <class T, class Fn>
+  void charged_allreduce(std::span<T> d, Fn&& fn) {
+    const network_params net = current();
+    const double b = bytes(d);
+    const allreduce_algorithm a =
+        cost_model::choose_allreduce(options_.rule, options_.allreduce, size(), b, net, sizeof(T));
+    fn();
+    charge(cost_model::allreduce(size(), b, a), net);
+    last_allreduce_ = a;
+    count(wire_bytes::allreduce(size(), b, a));
+  }
   void charge(const cost_terms& t, const network_params& net) noexcept {
     last_terms_ = t;
     total_terms_ += t;
@@ -222,8 +242,6 @@ class simulated_communicator {
     ++calls_;
   }
 
-  // Ring Allreduce of b bytes: 2(N-1) blocks of b/N each way (the tree's per-rank average too).
-  void count_allreduce(double b) noexcept { count(wire_bytes::allreduce(size(), b)); }
   void count(const wire_bytes& w) noexcept { count(w.sent, w.received); }
   void count(double sent, double received) noexcept {
     sent_ += sent;
@@ -239,6 +257,7 @@ class simulated_communicator {
   cost_terms total_terms_{};
   double last_seconds_ = 0;
   std::uint64_t calls_ = 0;
+  allreduce_algorithm last_allreduce_ = allreduce_algorithm::ring;
   double sent_ = 0;
   double received_ = 0;
   double busiest_[2] = {0, 0};
