@@ -15,7 +15,12 @@
 //   netlab_probe time --sizes B1,B2,... [--reps N]
 //       the median Allreduce time at each size in bytes (slowest rank), e.g. under an
 //       algorithm forced with --mca coll_tuned_allreduce_algorithm, to tell which one Open
-//       MPI's default rules chose.
+//       MPI's default rules chose; beside it, what gravac's model of those rules
+//       (cost_model::open_mpi_4_1_allreduce) says they choose.
+//   netlab_probe exchange [--mib M]
+//       two hosts: M MiB sent one way, then exchanged both ways at once (MPI_Sendrecv, as
+//       recursive doubling and Rabenseifner do at every step); the rate of each. On a
+//       full-duplex link both reach the link rate.
 //
 // Output: CSV on rank 0's stdout (lines starting with '#' are comments).
 #include <mpi.h>
@@ -137,8 +142,25 @@ int probe_fit(gravac::mpi_communicator& comm, double rate_mbps, int reps) {
   return 0;
 }
 
+const char* algorithm_name(gravac::allreduce_algorithm a) {
+  switch (a) {
+    case gravac::allreduce_algorithm::ring:
+      return "ring";
+    case gravac::allreduce_algorithm::tree:
+      return "reduce + broadcast";
+    case gravac::allreduce_algorithm::recursive_doubling:
+      return "recursive doubling";
+    case gravac::allreduce_algorithm::rabenseifner:
+      return "Rabenseifner";
+    case gravac::allreduce_algorithm::pipelined_tree:
+      return "pipelined tree";
+    default:
+      return "basic linear";
+  }
+}
+
 int probe_time(gravac::mpi_communicator& comm, const std::string& sizes, int reps) {
-  if (comm.rank() == 0) std::printf("hosts,bytes,measured_s\n");
+  if (comm.rank() == 0) std::printf("hosts,bytes,measured_s,open_mpi_4_1_rule\n");
   std::size_t at = 0;
   while (at < sizes.size()) {
     const std::size_t end = std::min(sizes.find(',', at), sizes.size());
@@ -146,8 +168,33 @@ int probe_time(gravac::mpi_communicator& comm, const std::string& sizes, int rep
     gravac::require(bytes >= 4, "netlab_probe: every size must be at least 4 bytes");
     std::vector<float> buf(static_cast<std::size_t>(bytes / 4), 1.0f);
     const double t = median_seconds(comm, reps, [&] { comm.allreduce_sum(std::span<float>(buf)); });
-    if (comm.rank() == 0) std::printf("%d,%.0f,%.6f\n", comm.size(), bytes, t);
+    if (comm.rank() == 0)
+      std::printf("%d,%.0f,%.6f,%s\n", comm.size(), bytes, t,
+                  algorithm_name(gravac::cost_model::open_mpi_4_1_allreduce(comm.size(), bytes)));
     at = end + 1;
+  }
+  return 0;
+}
+
+int probe_exchange(gravac::mpi_communicator& comm, double mib) {
+  gravac::require(comm.size() == 2, "netlab_probe exchange: run it on 2 hosts");
+  const int peer = 1 - comm.rank();
+  std::vector<char> out(static_cast<std::size_t>(mib * 1024 * 1024)), in(out.size());
+  const int n = static_cast<int>(out.size());
+  const auto exchange = [&] {
+    MPI_Sendrecv(out.data(), n, MPI_BYTE, peer, 0, in.data(), n, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  };
+  const auto one_way = [&] {
+    if (comm.rank() == 0)
+      MPI_Send(out.data(), n, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
+    else
+      MPI_Recv(in.data(), n, MPI_BYTE, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  };
+  const double t1 = median_seconds(comm, 3, one_way), t2 = median_seconds(comm, 3, exchange);
+  if (comm.rank() == 0) {
+    std::printf("pattern,bytes,measured_s,mbit_per_s_each_way\n");
+    std::printf("one_way,%d,%.6f,%.1f\n", n, t1, n * 8.0 / t1 / 1e6);
+    std::printf("exchange,%d,%.6f,%.1f\n", n, t2, n * 8.0 / t2 / 1e6);
   }
   return 0;
 }
@@ -166,12 +213,15 @@ int main(int argc, char** argv) {
     else if (mode == "fit")
       rc = probe_fit(comm, std::stod(option(argc, argv, "--rate-mbps", "1000")),
                      std::stoi(option(argc, argv, "--reps", "5")));
+    else if (mode == "exchange")
+      rc = probe_exchange(comm, std::stod(option(argc, argv, "--mib", "4")));
     else if (mode == "time")
       rc =
           probe_time(comm, option(argc, argv, "--sizes", "4096,1048576"), std::stoi(option(argc, argv, "--reps", "5")));
     else
-      throw gravac::error(gravac::status::invalid_argument,
-                          "netlab_probe: the mode must be bytes, fit or time (see the head of netlab_probe.cpp)");
+      throw gravac::error(
+          gravac::status::invalid_argument,
+          "netlab_probe: the mode must be bytes, fit, exchange or time (see the head of netlab_probe.cpp)");
   });
   MPI_Finalize();
   return rc;

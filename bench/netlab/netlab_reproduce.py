@@ -99,6 +99,16 @@ def part_probe(a, md):
     for r in rows:
         md.append(f"| {r['host']} | {float(r['link_tx_ratio']):.3f} | {float(r['link_rx_ratio']):.3f} |")
     md.append("")
+    md.append("A pairwise exchange (MPI_Sendrecv of 4 MiB both ways at once, the step of recursive doubling and "
+              "Rabenseifner) against the same bytes one way, 2 hosts at 100 Mbit/s, Open MPI's one TCP connection "
+              "per pair of ranks (its default) and two (`--mca btl_tcp_links 2`):\n")
+    md.append("| TCP connections per pair | one way | exchange, each way |\n|---|---|---|")
+    for links in (1, 2):
+        out = run([NETLAB, "--hosts", "2", "--rate", "100", "--mpi-args", f"--mca btl_tcp_links {links}", "--",
+                   a.probe, "exchange", "--mib", "4"])
+        rate = {r["pattern"]: float(r["mbit_per_s_each_way"]) for r in csv_rows(out)}
+        md.append(f"| {links} | {rate['one_way']:.0f} Mbit/s | {rate['exchange']:.0f} Mbit/s |")
+    md.append("")
     for rate in (1000, 100):
         out = run([NETLAB, "--hosts", "4", "--rate", str(rate), "--", a.probe, "fit", "--rate-mbps", str(rate),
                    "--reps", "3" if a.quick else "5"])
@@ -121,10 +131,13 @@ def part_algos(a, md):
     hosts = [2, 4, 8] if not a.quick else [4]
     md.append("Median Allreduce time (5 calls, slowest rank) at 1 Gbit/s under Open MPI's default rules and with "
               "each algorithm forced (`--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm "
-              "K`); the closest forced time names what the default ran.\n")
-    md.append("| hosts | bytes | " + " | ".join(ALGOS.values()) + " | closest |\n|" + "---|" * (len(ALGOS) + 3))
+              "K`); the closest forced time names what the default ran; the last column is what gravac's model of "
+              "Open MPI 4.1's rules (`cost_model::open_mpi_4_1_allreduce`) says it runs.\n")
+    md.append("| hosts | bytes | " + " | ".join(ALGOS.values()) + " | closest | model's rule |\n|" +
+              "---|" * (len(ALGOS) + 4))
+    matches = 0
     for n in hosts:
-        times = {}
+        times, rule = {}, {}
         for k in ALGOS:
             extra = [] if k == 0 else ["--mpi-args",
                                        f"--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm {k}"]
@@ -132,12 +145,15 @@ def part_algos(a, md):
                        ",".join(map(str, sizes))])
             for r in csv_rows(out):
                 times[(k, int(float(r["bytes"])))] = float(r["measured_s"])
+                rule[int(float(r["bytes"]))] = r["open_mpi_4_1_rule"]
         for b in sizes:
             d = times[(0, b)]
             closest = min((k for k in ALGOS if k), key=lambda k: abs(math.log(times[(k, b)] / d)))
             cells = " | ".join(f"{times[(k, b)] * 1e3:.2f} ms" for k in ALGOS)
-            md.append(f"| {n} | {b} | {cells} | {ALGOS[closest]} |")
-    md.append("")
+            md.append(f"| {n} | {b} | {cells} | {ALGOS[closest]} | {rule[b]} |")
+            matches += ALGOS[closest] == rule[b]
+    md.append(f"\nThe model's rule names the closest forced algorithm in {matches} of {len(hosts) * len(sizes)} cases "
+              "(two algorithms of equal cost at a size cannot be told apart by time).\n")
 
 
 def trace_file(path, seconds):
@@ -160,7 +176,8 @@ def one_run(a, net, key, seed, work):
         model = "trace:" + trace
         lab += ["--start-file", start, "--schedule-log", os.path.join(out_dir, "schedule.csv")]
     counters = os.path.join(out_dir, "link_bytes.csv")
-    args = TRAIN + METHODS[key][1] + ["--seed", str(seed), "--network", model, "--out", out_dir,
+    args = TRAIN + METHODS[key][1] + ["--seed", str(seed), "--network", model, "--network-allreduce",
+                                      "open-mpi-4.1" if len(METHODS[key]) <= 4 else "ring", "--out", out_dir,
                                       "--mark-start", start]
     if a.data_dir:
         args += ["--data-dir", a.data_dir]

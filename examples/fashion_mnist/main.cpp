@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Data-parallel Fashion-MNIST training with gravac's compressed gradient aggregation"};
   fmnist::run_config cfg;
   std::string backend = "auto", network = "1gbps", out_dir, data_dir = fmnist::default_data_dir, model = "mlp";
+  std::string network_allreduce = "ring";
   std::string gravac_time = "simulated", network_source = "modeled", ar_rule = "star", cast16_format = "fp16";
   int ranks = 4;
   bool progress = isatty(STDOUT_FILENO) != 0, no_plots = false;
@@ -207,6 +208,11 @@ int main(int argc, char** argv) {
                  "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
                  "(25 Gbit/s 1 ms <-> 1 Gbit/s 32 ms) or trace:<file.csv>")
       ->capture_default_str();
+  ne->add_option("--network-allreduce", network_allreduce,
+                 "how the modeled network prices an Allreduce: ring (always), open-mpi-4.1 or nccl (the algorithm "
+                 "that engine runs for the rank count and size)")
+      ->check(CLI::IsMember({"ring", "open-mpi-4.1", "nccl"}))
+      ->capture_default_str();
   ne->add_option("--compute-s", cfg.compute_s, "modeled compute seconds per step (negative: calibrate at the start)")
       ->capture_default_str();
   ne->add_flag("--codec-time,!--no-codec-time", cfg.charge_codec,
@@ -277,6 +283,9 @@ int main(int argc, char** argv) {
     cfg.lr.gamma = lr_gamma;
     cfg.lr.milestones = milestones;
     cfg.network = fmnist::network_config::parse(network);
+    cfg.network_allreduce = network_allreduce == "open-mpi-4.1" ? gravac::allreduce_rule::open_mpi_4_1
+                            : network_allreduce == "nccl"       ? gravac::allreduce_rule::nccl
+                                                                : gravac::allreduce_rule::fixed;
     cfg.codec_cpu_time = !use_mpi;
     m.fixed.kept_fraction = kept_fraction;
     m.cast16.format = cast16_format == "bf16" ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16;

@@ -31,7 +31,7 @@ timeout 60 "$netlab" --hosts 2 --rate 1000 --counters "$work/link.csv" -- "$fmni
 # network counts them: steps.csv's wire_bytes_sent, which leaves out bookkeeping and evaluation).
 awk -F, 'NR == FNR { if (FNR == 1) { for (i = 1; i <= NF; ++i) if ($i == "wire_bytes_sent") c = i; next } w += $c; next }
          FNR > 1 { if ($2 < w) { print "host " $1 " sent " $2 " bytes, the collectives " w; bad = 1 } }
-         END { printf "collectives' wire bytes per rank %.0f\n", w; exit bad || !(w > 0) }' \
+         END { printf "wire bytes of the collectives per rank %.0f\n", w; exit bad || !(w > 0) }' \
   "$work/run/steps.csv" "$work/link.csv" || fail "a host's link carried fewer bytes than its collectives sent"
 [ "$(labs)" = "$before" ] || fail "the lab's namespaces are still there after the training job: $(labs)"
 

@@ -73,6 +73,9 @@ struct run_config {
   //! (epoch_record::shadow_time_s): one run of a method whose decisions do not depend on
   //! the network gives its modeled time on several networks.
   std::vector<network_config> shadow_networks;
+  //! How every simulated network prices an Allreduce: always a ring (`fixed`, the default),
+  //! or the algorithm Open MPI 4.1 or NCCL would run for the call's rank count and size.
+  gravac::allreduce_rule network_allreduce = gravac::allreduce_rule::fixed;
   double compute_s = -1;  //!< modeled compute per step; < 0 = calibrate at the start
   //! Overlap gravac's buckets with backward (--overlap on): each step is
   //! begin_step, forward_backward announcing each layer's gradient as it is final

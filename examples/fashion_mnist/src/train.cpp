@@ -170,6 +170,8 @@ std::string describe_settings(const run_config& cfg, int ranks) {
   o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method " << method_name(cfg.method)
     << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network " << cfg.network.describe();
   for (const auto& n : cfg.shadow_networks) o << " shadow " << n.describe();
+  if (cfg.network_allreduce != gravac::allreduce_rule::fixed)
+    o << ", network allreduce rule " << static_cast<int>(cfg.network_allreduce);
   if (!cfg.ready_share.empty()) {
     o << ", ready-share";
     for (double x : cfg.ready_share) o << ' ' << x;
@@ -420,7 +422,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     chain.push_back(cfg.network);
     for (std::size_t i = 0; i < chain.size(); ++i) {
       links.push_back(i == 0 ? comm : host_comm(*sims.back()));
-      sims.push_back(std::make_unique<sim_t>(links.back(), make_profile(chain[i])));
+      typename sim_t::options sim_options;
+      sim_options.rule = cfg.network_allreduce;
+      sims.push_back(std::make_unique<sim_t>(links.back(), make_profile(chain[i]), sim_options));
     }
     *profile = sims.back()->profile();
   }
