@@ -9,8 +9,9 @@
 //       ranks talked some other way than through the shaped link, or something else did.
 //   netlab_probe fit --rate-mbps R [--reps N]
 //       times Allreduce and Allgather(v) (gravac's: the sizes, then the blocks) over sizes from 1 KiB to 16 MiB (median
-//       of N calls, slowest rank), prints each beside the cost model's time at rate R and 50 us, and the online
-//       estimate (gravac::network_estimate) fitted to the timings against rate R.
+//       of N calls, slowest rank), prints each beside the cost model's time at rate R and 50 us (the Allreduce as Open
+//       MPI 4.1's rules choose it), and the online estimate (gravac::network_estimate) fitted to the timings against
+//       rate R.
 //
 //   netlab_probe time --sizes B1,B2,... [--reps N]
 //       the median Allreduce time at each size in bytes (slowest rank), e.g. under an
@@ -115,7 +116,9 @@ int probe_fit(gravac::mpi_communicator& comm, double rate_mbps, int reps) {
   for (double bytes = 1024; bytes <= 16.0 * 1024 * 1024; bytes *= 4) {
     std::vector<float> buf(static_cast<std::size_t>(bytes / 4), 1.0f);
     const double ar = median_seconds(comm, reps, [&] { comm.allreduce_sum(std::span<float>(buf)); });
-    const auto ar_terms = gravac::cost_model::ring_allreduce(n, bytes);
+    // Priced as the algorithm Open MPI's default rules run at this size (what the lab's
+    // algos part checks), so that the fit sees the latencies and bytes really sent.
+    const auto ar_terms = gravac::cost_model::allreduce(n, bytes, gravac::cost_model::open_mpi_4_1_allreduce(n, bytes));
     est.add(ar_terms, ar);
     const std::size_t share = buf.size() / static_cast<std::size_t>(n);
     gravac::mpi_communicator::byte_buffer gathered;

@@ -3,7 +3,8 @@
 #   1. netlab_probe bytes: what left each host's shaped link is the collective's bytes
 #      (plus TCP/IP overhead), so the ranks talked through the link and nothing else did;
 #   2. a few training steps of the Fashion-MNIST example end, and every step is recorded;
-#   3. the lab is gone afterwards, also after SIGTERM to scripts/netlab mid-job.
+#   3. a rate schedule's phases are applied in turn;
+#   4. the lab is gone afterwards, also after SIGTERM to scripts/netlab mid-job.
 # Exit 77 (skipped) with scripts/netlab's reason where the lab cannot be made here.
 #   netlab_smoke.sh NETLAB PROBE FASHION_MNIST WORK_DIR
 set -euo pipefail
@@ -34,6 +35,14 @@ awk -F, 'NR == FNR { if (FNR == 1) { for (i = 1; i <= NF; ++i) if ($i == "wire_b
          END { printf "wire bytes of the collectives per rank %.0f\n", w; exit bad || !(w > 0) }' \
   "$work/run/steps.csv" "$work/link.csv" || fail "a host's link carried fewer bytes than its collectives sent"
 [ "$(labs)" = "$before" ] || fail "the lab's namespaces are still there after the training job: $(labs)"
+
+# A changing rate: the schedule's phases are applied in turn (each row of the log is a
+# change tc accepted), 1000 and 100 Mbit/s alternating every 0.3 s.
+"$netlab" --hosts 2 --schedule 1000:0.3,100:0.3 --schedule-log "$work/schedule.csv" -- sleep 1.6 ||
+  fail "the job under a schedule did not end well"
+awk -F, 'NR > 1 { want = (NR % 2 == 0) ? 1000 : 100; if ($2 != want) bad = 1; n++ }
+         END { printf "%d rate changes\n", n; exit bad || n < 4 }' "$work/schedule.csv" ||
+  { cat "$work/schedule.csv"; fail "the schedule did not alternate 1000 and 100 Mbit/s at least 4 times"; }
 
 # Interrupted: SIGTERM to the lab while its job runs removes everything it made.
 "$netlab" --hosts 2 -- sleep 30 &
