@@ -41,7 +41,6 @@
 namespace {
 
 using gravac::bench::BM_copy;
-using gravac::bench::events;
 using gravac::bench::gaussian;
 using gravac::bench::log2_of;
 
@@ -80,20 +79,14 @@ void BM_sort_select(benchmark::State& state) {
   GRAVAC_TRY_CUDA(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, keys.data(), keys_out.data(), idx.data(),
                                                             idx_out.data(), static_cast<int>(n)));
   gravac::device_buffer<std::byte> tmp(temp);
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    abs_and_iota<<<1024, 256, 0, cudaStreamPerThread>>>(u.data(), keys.data(), idx.data(), n);
-    GRAVAC_TRY_CUDA(cub::DeviceRadixSort::SortPairsDescending(tmp.data(), temp, keys.data(), keys_out.data(),
-                                                              idx.data(), idx_out.data(), static_cast<int>(n), 0, 32,
-                                                              cudaStreamPerThread));
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double s = ev.seconds();
-    state.SetIterationTime(s);
-    total += s;
-  }
-  sort_seconds[log2_of(n)] = total / static_cast<double>(state.iterations());
+  sort_seconds[log2_of(n)] = gravac::bench::timed_loop(
+      state, cudaStreamPerThread, [] {},
+      [&] {
+        abs_and_iota<<<1024, 256, 0, cudaStreamPerThread>>>(u.data(), keys.data(), idx.data(), n);
+        GRAVAC_TRY_CUDA(cub::DeviceRadixSort::SortPairsDescending(tmp.data(), temp, keys.data(), keys_out.data(),
+                                                                  idx.data(), idx_out.data(), static_cast<int>(n), 0,
+                                                                  32, cudaStreamPerThread));
+      });
 }
 
 #ifdef GRAVAC_BENCH_CUB_TOPK
@@ -149,18 +142,9 @@ void BM_unfused_topk(benchmark::State& state) {
         step_once();
       },
       e.data(), n, s, steady);
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    gravac::bench::fill_gaussian(g.data(), n, gravac::bench::gradient_seed(step++), 1.0f, s);
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, s));
-    step_once();
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, s));
-    const double sec = ev.seconds();
-    state.SetIterationTime(sec);
-    total += sec;
-  }
-  const double per = total / static_cast<double>(state.iterations());
+  const double per = gravac::bench::timed_loop(
+      state, s, [&] { gravac::bench::fill_gaussian(g.data(), n, gravac::bench::gradient_seed(step++), 1.0f, s); },
+      step_once);
   unfused_seconds[{log2_of(n), static_cast<long>(state.range(1))}] = per;
   const std::size_t packet = k * (sizeof(float) + sizeof(std::uint32_t));
   if (const double f = gravac::bench::copy_fraction(n, packet, per); f > 0) state.counters["copy_fraction"] = f;

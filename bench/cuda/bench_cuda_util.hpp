@@ -159,27 +159,6 @@ std::size_t warm_up(StepFn&& step_fn, const float* e, std::size_t n, cudaStream_
   return step;
 }
 
-//! Baseline: copy of the n floats (device to device); bytes moved = read + write.
-inline void BM_copy(benchmark::State& state) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  auto src = gaussian(n, 1, 1.0f);
-  gravac::device_buffer<float> dst(n);
-  events ev;
-  double total = 0;
-  for (auto _ : state) {
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.a, cudaStreamPerThread));
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
-    GRAVAC_TRY_CUDA(cudaEventRecord(ev.b, cudaStreamPerThread));
-    const double s = ev.seconds();
-    state.SetIterationTime(s);
-    total += s;
-  }
-  copy_seconds[log2_of(n)] = total / static_cast<double>(state.iterations());
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * n * sizeof(float)));
-}
-
-//! What time_compress measured: the last packet's size and the mean seconds per compress.
 //! The benchmark loop: each iteration runs \p untimed, then \p timed between two CUDA
 //! events on \p s, and sets the iteration's time from them. Returns the mean seconds.
 template <class Untimed, class Timed>
@@ -198,6 +177,21 @@ double timed_loop(benchmark::State& state, cudaStream_t s, Untimed&& untimed, Ti
   return total / static_cast<double>(state.iterations());
 }
 
+//! Baseline: copy of the n floats (device to device); bytes moved = read + write.
+inline void BM_copy(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  auto src = gaussian(n, 1, 1.0f);
+  gravac::device_buffer<float> dst(n);
+  copy_seconds[log2_of(n)] = timed_loop(
+      state, cudaStreamPerThread, [] {},
+      [&] {
+        GRAVAC_TRY_CUDA(
+            cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+      });
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * n * sizeof(float)));
+}
+
+//! What time_compress measured: the last packet's size and the mean seconds per compress.
 struct compress_timing {
   std::size_t bytes = 0;  //!< packet bytes of the last compress
   double seconds = 0;     //!< mean seconds of one compress

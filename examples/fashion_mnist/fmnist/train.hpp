@@ -137,9 +137,6 @@ struct run_result {
   //! Modeled time at which test accuracy first reached \p target (negative if never);
   //! \p shadow selects a shadow network's clock (-1: the primary network).
   [[nodiscard]] double modeled_time_to(double target, int shadow = -1) const;
-  //! Measured wall time of the training steps (epoch_record::train_wall_s summed, no
-  //! evaluation) at which test accuracy first reached \p target (negative if never).
-  [[nodiscard]] double measured_time_to(double target) const;
 };
 
 //! The deterministic model of the layers' ready times used with --overlap on and a given

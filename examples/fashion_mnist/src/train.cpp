@@ -276,15 +276,6 @@ double run_result::modeled_time_to(double target, int shadow) const {
   return -1;
 }
 
-double run_result::measured_time_to(double target) const {
-  double t = 0;
-  for (const auto& e : epochs) {
-    t += e.train_wall_s;
-    if (e.test_acc >= target) return t;
-  }
-  return -1;
-}
-
 run_result train(host_comm comm, const dataset& train_set, const dataset& test_set, const run_config& cfg,
                  const train_observer& obs) {
   const int ranks = comm.size(), rank = comm.rank();
