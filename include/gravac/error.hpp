@@ -51,7 +51,7 @@ constexpr std::string_view to_string(status s) noexcept {
 }
 
 //! The engine a failure came from.
-enum class backend : std::uint8_t { none, mpi, nccl, cuda, threads, io };
+enum class backend : std::uint8_t { none, mpi, nccl, cuda, threads, io, process_group };
 
 //! Short name of a backend.
 constexpr std::string_view to_string(backend b) noexcept {
@@ -68,6 +68,8 @@ constexpr std::string_view to_string(backend b) noexcept {
       return "threads";
     case backend::io:
       return "io";
+    case backend::process_group:
+      return "process group";
   }
   return "unknown";
 }
