@@ -156,6 +156,9 @@ class stepper {
   //! Layer \p layer's gradient is final, at \p ready_s seconds on the modeled timeline of
   //! the step (from begin_step) (trainer::ready).
   virtual void ready(std::size_t layer, double ready_s) = 0;
+  //! Layer \p layer's gradient is final now: its time on the timeline is the wall time since
+  //! begin_step (trainer::ready).
+  virtual void ready(std::size_t layer) = 0;
   //! Ends the asynchronous step: waits for every bucket, leaves the rank average in the
   //! buffer given to begin_step and returns the step's report (trainer::finish).
   virtual const gravac::step_report& finish() = 0;

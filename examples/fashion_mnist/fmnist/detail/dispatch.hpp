@@ -115,6 +115,7 @@ class trainer_stepper final : public stepper {
   const gravac::step_report& step(std::span<float> grads) override { return t_.step(grads); }
   void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
   void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
+  void ready(std::size_t layer) override { t_.ready(layer); }
   const gravac::step_report& finish() override { return t_.finish(); }
   [[nodiscard]] std::size_t buckets() const override { return t_.buckets().size(); }
   void end_interval(const gravac::interval_info& info) override { t_.end_interval(info); }
