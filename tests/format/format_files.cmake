@@ -1,9 +1,9 @@
 # gravac_format_files(<root> <out-var>): the C++ and CUDA sources under clang-format's
-# rules, relative to <root>: include/, tests/, bench/, examples/ and tools/, without build
+# rules, relative to <root>: include/, tests/, bench/, examples/, python/ and tools/, without build
 # trees, fuzz corpora or generated files.
 function(gravac_format_files root out)
   set(_globs)
-  foreach(_dir include tests bench examples tools)
+  foreach(_dir include tests bench examples python tools)
     foreach(_ext hpp cpp cu cuh h)
       list(APPEND _globs ${root}/${_dir}/*.${_ext})
     endforeach()
