@@ -131,10 +131,7 @@ class ddp_hook_core {
       for (const auto& b : pending_)
         require(b.index != index, "ddp hook: bucket " + std::to_string(index) +
                                       " came twice in one step (did a backward end without its last bucket?)");
-      if (!in_step_) {
-        stepper_.begin_step(std::span<float>(flat_));
-        in_step_ = true;
-      }
+      // The whole bucket is checked before the step starts or a layer is marked ready.
       bucket_slot slot{index, buffer, {}};
       const float* base = buffer.data_ptr<float>();
       for (std::size_t j = 0; j < params.size(); ++j) {
@@ -147,10 +144,18 @@ class ddp_hook_core {
                     static_cast<std::size_t>(g.numel()) == offsets_[layer].numel,
                 "ddp hook: a gradient is not a contiguous float32 view of its parameter's size");
         const float* src = g.data_ptr<float>();
-        std::memcpy(flat_.data() + offsets_[layer].offset, src, offsets_[layer].numel * sizeof(float));
+        require(src >= base && src + offsets_[layer].numel <= base + buffer.numel(),
+                "ddp hook: a gradient does not lie in its bucket's buffer");
         slot.layers.push_back({layer, static_cast<std::size_t>(src - base)});
-        seen_[layer] = true;
-        stepper_.ready(layer);
+      }
+      if (!in_step_) {
+        stepper_.begin_step(std::span<float>(flat_));
+        in_step_ = true;
+      }
+      for (const auto& l : slot.layers) {
+        std::memcpy(flat_.data() + offsets_[l.layer].offset, base + l.at, offsets_[l.layer].numel * sizeof(float));
+        seen_[l.layer] = true;
+        stepper_.ready(l.layer);
       }
       pending_.push_back(std::move(slot));
       if (!is_last) return false;
@@ -196,8 +201,9 @@ class ddp_hook_core {
     pending_.clear();
     std::fill(seen_.begin(), seen_.end(), false);
   }
-  // A failed bucket ends the step: the trainer's step is finished and its error dropped
-  // (the caller gets the first one), so that the next backward starts afresh.
+  // A failure once the step started ends it: the trainer finishes it (so this rank makes the
+  // collectives the other ranks are in, and none waits forever) and its own error, if any,
+  // is dropped (the caller gets the first one); the next backward starts afresh.
   void abandon() noexcept {
     if (in_step_) {
       in_step_ = false;
