@@ -66,6 +66,11 @@ METHODS = {
     "gravac_topk": ("gravac", ("topk", "allgather", "fixed")),
     "gravac_gravac": ("gravac", ("topk", "allgather", "gravac")),
     "gravac_adacomp": ("gravac", ("adacomp", "allgather", "adacomp")),
+    # The same compositions through gravac's C++ trainer without DDP (gravac.torch.Trainer,
+    # one step() after backward): the baseline of the hook's overhead.
+    "trainer_powersgd": ("trainer", ("powersgd", "low_rank_allreduce", "fixed")),
+    "trainer_topk": ("trainer", ("topk", "allgather", "fixed")),
+    "trainer_gravac": ("trainer", ("topk", "allgather", "gravac")),
 }
 
 # Collectives whose calls are counted (torch.distributed attributes; the hooks look them
@@ -242,7 +247,9 @@ def worker(rank, method, args, store_path, data_npz, result_path):
     torch.manual_seed(seed)
     net = make_mlp(args["hidden"], seed)
     numel = sum(p.numel() for p in net.parameters())
-    model = torch.nn.parallel.DistributedDataParallel(net)
+    family = METHODS[method][0]
+    model = net if family == "trainer" else torch.nn.parallel.DistributedDataParallel(net)
+    gv_trainer = None
 
     ps_state = None
     gv_state = None
@@ -272,6 +279,12 @@ def worker(rank, method, args, store_path, data_npz, result_path):
             **gravac_options(method, args)
         )
         model.register_comm_hook(gv_state, hook)
+    elif family == "trainer":
+        import gravac.torch as gt
+
+        compressor, collective, policy = METHODS[method][1]
+        gv_trainer = gt.Trainer(net, compressor=compressor, collective=collective, policy=policy, seed=seed,
+                                **gravac_options(method.replace("trainer_", "gravac_"), args))
 
     opt = torch.optim.SGD(model.parameters(), lr=args["lr"], momentum=args["momentum"],
                           weight_decay=args["weight_decay"])
@@ -303,6 +316,7 @@ def worker(rank, method, args, store_path, data_npz, result_path):
             opt.zero_grad(set_to_none=False)
             loss = F.cross_entropy(model(x), y)
             loss.backward()  # returns once the hook's future (the exchange) is done
+            trainer_report = gv_trainer.step() if gv_trainer is not None else None
             opt.step()
             t1 = time.perf_counter()
             step_s.append(t1 - t0)
@@ -311,8 +325,8 @@ def worker(rank, method, args, store_path, data_npz, result_path):
                 payload.append(4.0 * numel)
                 wire.append(2.0 * (world - 1) / world * 4.0 * numel)
                 calls.append(counter.calls)
-            elif gv_state is not None:
-                rep = gv_state.last_report()
+            elif gv_state is not None or trainer_report is not None:
+                rep = trainer_report if trainer_report is not None else gv_state.last_report()
                 payload.append(float(rep["bytes_sent"]))
                 wire.append(float(rep["wire_bytes_sent"]))
                 calls.append(counter.calls)
@@ -488,7 +502,7 @@ def main():
                 print("note: torch_powersgd leaves fc%d.weight (%dx%d) uncompressed at rank %d and "
                       "min_compression_rate %g" % (i + 1, n, m, a.powersgd_rank, a.powersgd_min_rate))
 
-    have_gravac, why = gravac_available() if any(METHODS[m][0] == "gravac" for m in methods) else (True, "")
+    have_gravac, why = gravac_available() if any(METHODS[m][0] in ("gravac", "trainer") for m in methods) else (True, "")
     if not have_gravac:
         print("note: gravac.torch is not importable (%s); the gravac rows are skipped" % why)
 
@@ -516,7 +530,7 @@ def main():
         data_npz = os.path.join(tmp, "fmnist.npz")
         np.savez(data_npz, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y)
         for method in methods:
-            if METHODS[method][0] == "gravac" and not have_gravac:
+            if METHODS[method][0] in ("gravac", "trainer") and not have_gravac:
                 rows.append({"method": method, "skipped": "gravac.torch not importable"})
                 continue
             store = os.path.join(tmp, method + ".store")  # a fresh FileStore per method
