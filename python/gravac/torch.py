@@ -85,7 +85,22 @@ def _arguments(model, process_group, compressor, collective, policy, seed, bucke
                 bucket_mb=float(bucket_mb), options=dict(options), signature=signature)
 
 
-class HookState:
+class _Checkpointed:
+    """state_dict() / load_state_dict() of an object whose C++ engine is self._engine."""
+
+    def state_dict(self):
+        """This rank's residuals, policy, compressor and collective state, and step counter
+        (a gravac checkpoint; rank-local: every rank saves its own)."""
+        return {"format": "gravac-checkpoint", "state": self._engine.save()}
+
+    def load_state_dict(self, state_dict):
+        """Restores what state_dict() returned on the same rank, for the same model and method."""
+        if not isinstance(state_dict, dict) or state_dict.get("format") != "gravac-checkpoint":
+            raise ValueError("gravac.torch: not a gravac state_dict")
+        self._engine.load(state_dict["state"])
+
+
+class HookState(_Checkpointed):
     """The state of a gravac DDP hook on this rank: one gravac trainer over the model.
 
     DDP's buckets feed it; the trainer's own buckets (``bucket_mb``, DDP's 25 MB by
@@ -98,27 +113,17 @@ class HookState:
 
     def __init__(self, model, process_group=None, compressor="topk", collective="allgather", policy="gravac",
                  seed=0, bucket_mb=25.0, **options):
-        self._core = _ext.HookState(**_arguments(model, process_group, compressor, collective, policy, seed,
+        self._engine = _ext.HookState(**_arguments(model, process_group, compressor, collective, policy, seed,
                                                  bucket_mb, options))
         self._pending = []  # (future, buffer) of the buckets of the step in progress
 
     def last_report(self):
         """The last step's report: bytes_sent, dense_bytes, wire_bytes_sent, collective, kept_fraction, ..."""
-        return self._core.last_report()
+        return self._engine.last_report()
 
     def policy_state(self):
         """A short description of the policy's state (GraVAC's phase and ratio, ...)."""
-        return self._core.policy_state()
-
-    def state_dict(self):
-        """This rank's residuals, policy, compressor and collective state, and step counter."""
-        return {"format": "gravac-checkpoint", "state": self._core.save()}
-
-    def load_state_dict(self, state_dict):
-        """Restores what state_dict() returned on the same rank, for the same model and method."""
-        if not isinstance(state_dict, dict) or state_dict.get("format") != "gravac-checkpoint":
-            raise ValueError("gravac.torch: not a gravac hook state_dict")
-        self._core.load(state_dict["state"])
+        return self._engine.policy_state()
 
 
 def _hook(state, bucket):
@@ -127,7 +132,7 @@ def _hook(state, bucket):
     buffer = bucket.buffer()
     state._pending.append((future, buffer))
     try:
-        done = state._core.on_bucket(bucket.index(), buffer, bucket.parameters(), bucket.gradients(),
+        done = state._engine.on_bucket(bucket.index(), buffer, bucket.parameters(), bucket.gradients(),
                                      bucket.is_last())
     except Exception as e:
         for f, _ in state._pending:
@@ -158,7 +163,7 @@ def ddp_hook(model, process_group=None, compressor="topk", collective="allgather
     return state, _hook
 
 
-class Trainer:
+class Trainer(_Checkpointed):
     """gravac's C++ trainer over a process group, for a training loop without DDP.
 
     ``step()`` after backward replaces every parameter's gradient with the
@@ -170,8 +175,8 @@ class Trainer:
                  seed=0, bucket_mb=25.0, **options):
         args = _arguments(model, process_group, compressor, collective, policy, seed, bucket_mb, options)
         self._params = args["tensors"]
-        self._trainer = _ext.Trainer(**args)
-        self._flat = torch.zeros(self._trainer.numel(), dtype=torch.float32)
+        self._engine = _ext.Trainer(**args)
+        self._flat = torch.zeros(self._engine.numel(), dtype=torch.float32)
 
     def step(self):
         """Averages the gradients over the ranks, through gravac. Returns the step's report."""
@@ -186,7 +191,7 @@ class Trainer:
                 view.copy_(p.grad)
             views.append(view)
             at += n
-        report = self._trainer.step(self._flat)
+        report = self._engine.step(self._flat)
         for p, view in zip(self._params, views):
             if p.grad is None:
                 p.grad = view.clone()
@@ -196,14 +201,5 @@ class Trainer:
 
     def policy_state(self):
         """A short description of the policy's state."""
-        return self._trainer.policy_state()
+        return self._engine.policy_state()
 
-    def state_dict(self):
-        """This rank's trainer state (as HookState.state_dict)."""
-        return {"format": "gravac-checkpoint", "state": self._trainer.save()}
-
-    def load_state_dict(self, state_dict):
-        """Restores what state_dict() returned on the same rank."""
-        if not isinstance(state_dict, dict) or state_dict.get("format") != "gravac-checkpoint":
-            raise ValueError("gravac.torch: not a gravac trainer state_dict")
-        self._trainer.load(state_dict["state"])

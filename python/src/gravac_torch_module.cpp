@@ -284,6 +284,21 @@ class hook_state {
   std::unique_ptr<gravac::ddp_hook_core<runtime_trainer>> core_;
 };
 
+// Both classes are built from the same arguments (python/gravac/torch.py's _arguments).
+template <class T>
+void def_constructor(py::class_<T>& cls) {
+  cls.def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::vector<std::string>& names,
+                      const std::vector<std::string>& types, const std::vector<torch::Tensor>& tensors,
+                      const std::string& compressor, const std::string& collective, const std::string& policy,
+                      std::uint64_t seed, double bucket_mb, const py::dict& options, const std::string& signature) {
+            const auto m = make_method(compressor, collective, policy, seed, bucket_mb, options);
+            return std::make_unique<T>(group, parameters_of(names, types, tensors), m, signature);
+          }),
+          py::arg("process_group"), py::arg("names"), py::arg("module_types"), py::arg("tensors"),
+          py::arg("compressor"), py::arg("collective"), py::arg("policy"), py::arg("seed"), py::arg("bucket_mb"),
+          py::arg("options"), py::arg("signature"));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_torch, mod) {
@@ -299,17 +314,9 @@ PYBIND11_MODULE(_torch, mod) {
     }
   });
 
-  py::class_<runtime_trainer>(mod, "Trainer")
-      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::vector<std::string>& names,
-                       const std::vector<std::string>& types, const std::vector<torch::Tensor>& tensors,
-                       const std::string& compressor, const std::string& collective, const std::string& policy,
-                       std::uint64_t seed, double bucket_mb, const py::dict& options, const std::string& signature) {
-             const auto m = make_method(compressor, collective, policy, seed, bucket_mb, options);
-             return std::make_unique<runtime_trainer>(group, parameters_of(names, types, tensors), m, signature);
-           }),
-           py::arg("process_group"), py::arg("names"), py::arg("module_types"), py::arg("tensors"),
-           py::arg("compressor"), py::arg("collective"), py::arg("policy"), py::arg("seed"), py::arg("bucket_mb"),
-           py::arg("options"), py::arg("signature"))
+  py::class_<runtime_trainer> trainer(mod, "Trainer");
+  def_constructor(trainer);
+  trainer
       .def("step",
            [](runtime_trainer& t, torch::Tensor& flat) {
              gravac::require(flat.device().is_cpu() && flat.scalar_type() == torch::kFloat32 && flat.is_contiguous() &&
@@ -328,17 +335,9 @@ PYBIND11_MODULE(_torch, mod) {
       .def("save", &runtime_trainer::save)
       .def("load", &runtime_trainer::load);
 
-  py::class_<hook_state>(mod, "HookState")
-      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::vector<std::string>& names,
-                       const std::vector<std::string>& types, const std::vector<torch::Tensor>& tensors,
-                       const std::string& compressor, const std::string& collective, const std::string& policy,
-                       std::uint64_t seed, double bucket_mb, const py::dict& options, const std::string& signature) {
-             const auto m = make_method(compressor, collective, policy, seed, bucket_mb, options);
-             return std::make_unique<hook_state>(group, parameters_of(names, types, tensors), m, signature);
-           }),
-           py::arg("process_group"), py::arg("names"), py::arg("module_types"), py::arg("tensors"),
-           py::arg("compressor"), py::arg("collective"), py::arg("policy"), py::arg("seed"), py::arg("bucket_mb"),
-           py::arg("options"), py::arg("signature"))
+  py::class_<hook_state> state(mod, "HookState");
+  def_constructor(state);
+  state
       .def(
           "on_bucket",
           [](hook_state& s, std::size_t index, const torch::Tensor& buffer, const std::vector<torch::Tensor>& params,

@@ -311,25 +311,22 @@ void check_allreduce_max(M& comm, conformance_log& log) {
   }
 }
 
-// One allgatherv of case c into the reused \p out / \p sizes: sizes, total size (the buffer
-// must be resized, also down) and every rank's bytes back to back in rank order.
-template <class M>
-bool allgatherv_case(M& comm, int c, typename M::byte_buffer& out, std::vector<std::size_t>& sizes,
-                     std::string& detail) {
-  const int me = comm.rank(), n = comm.size();
-  std::vector<std::byte> mine(gather_length(me, n, c));
-  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = pattern(me, -1, i, c);
-  comm.allgatherv(std::span<const std::byte>(mine), out, sizes);
+// The received blocks of an allgatherv or alltoallv: \p sizes (named \p name) holds
+// length(q) for each of the \p n ranks q, and \p out their blocks back to back in rank
+// order, byte i of block q being expected(q, i). On the first difference, \p detail says it.
+template <class Buffer, class Length, class Expected>
+bool check_blocks(const char* name, const std::vector<std::size_t>& sizes, const Buffer& out, int n, Length length,
+                  Expected expected, std::string& detail) {
   if (sizes.size() != static_cast<std::size_t>(n)) {
-    detail = "sizes has " + std::to_string(sizes.size()) + " entries, expected " + std::to_string(n);
+    detail = std::string(name) + " has " + std::to_string(sizes.size()) + " entries, expected " + std::to_string(n);
     return false;
   }
   std::size_t total = 0;
   for (int q = 0; q < n; ++q) {
-    const std::size_t want = gather_length(q, n, c);
+    const std::size_t want = length(q);
     if (sizes[static_cast<std::size_t>(q)] != want) {
-      detail = "sizes[" + std::to_string(q) + "] = " + std::to_string(sizes[static_cast<std::size_t>(q)]) +
-               ", expected " + std::to_string(want);
+      detail = std::string(name) + "[" + std::to_string(q) +
+               "] = " + std::to_string(sizes[static_cast<std::size_t>(q)]) + ", expected " + std::to_string(want);
       return false;
     }
     total += want;
@@ -341,13 +338,27 @@ bool allgatherv_case(M& comm, int c, typename M::byte_buffer& out, std::vector<s
   }
   std::size_t at = 0;
   for (int q = 0; q < n; ++q)
-    for (std::size_t i = 0; i < gather_length(q, n, c); ++i, ++at)
-      if (got[at] != pattern(q, -1, i, c)) {
+    for (std::size_t i = 0; i < length(q); ++i, ++at)
+      if (got[at] != expected(q, i)) {
         detail = "byte " + std::to_string(i) + " of rank " + std::to_string(q) + "'s block (output byte " +
                  std::to_string(at) + ") is wrong";
         return false;
       }
   return true;
+}
+
+// One allgatherv of case c into the reused \p out / \p sizes: sizes, total size (the buffer
+// must be resized, also down) and every rank's bytes back to back in rank order.
+template <class M>
+bool allgatherv_case(M& comm, int c, typename M::byte_buffer& out, std::vector<std::size_t>& sizes,
+                     std::string& detail) {
+  const int me = comm.rank(), n = comm.size();
+  std::vector<std::byte> mine(gather_length(me, n, c));
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = pattern(me, -1, i, c);
+  comm.allgatherv(std::span<const std::byte>(mine), out, sizes);
+  return check_blocks(
+      "sizes", sizes, out, n, [&](int q) { return gather_length(q, n, c); },
+      [&](int q, std::size_t i) { return pattern(q, -1, i, c); }, detail);
 }
 
 template <class M>
@@ -378,33 +389,9 @@ bool alltoallv_case(M& comm, int c, typename M::byte_buffer& out, std::vector<st
     for (std::size_t i = 0; i < send_sizes[static_cast<std::size_t>(d)]; ++i) send.push_back(pattern(me, d, i, c));
   }
   comm.alltoallv(std::span<const std::byte>(send), std::span<const std::size_t>(send_sizes), out, recv_sizes);
-  if (recv_sizes.size() != static_cast<std::size_t>(n)) {
-    detail = "recv_sizes has " + std::to_string(recv_sizes.size()) + " entries, expected " + std::to_string(n);
-    return false;
-  }
-  std::size_t total = 0;
-  for (int s = 0; s < n; ++s) {
-    const std::size_t want = alltoall_length(s, me, c);
-    if (recv_sizes[static_cast<std::size_t>(s)] != want) {
-      detail = "recv_sizes[" + std::to_string(s) + "] = " + std::to_string(recv_sizes[static_cast<std::size_t>(s)]) +
-               ", expected " + std::to_string(want);
-      return false;
-    }
-    total += want;
-  }
-  const auto got = bytes_of(out);
-  if (got.size() != total) {
-    detail = "output holds " + std::to_string(got.size()) + " bytes, expected " + std::to_string(total);
-    return false;
-  }
-  std::size_t at = 0;
-  for (int s = 0; s < n; ++s)
-    for (std::size_t i = 0; i < alltoall_length(s, me, c); ++i, ++at)
-      if (got[at] != pattern(s, me, i, c)) {
-        detail = "byte " + std::to_string(i) + " of the block from rank " + std::to_string(s) + " is wrong";
-        return false;
-      }
-  return true;
+  return check_blocks(
+      "recv_sizes", recv_sizes, out, n, [&](int src) { return alltoall_length(src, me, c); },
+      [&](int src, std::size_t i) { return pattern(src, me, i, c); }, detail);
 }
 
 template <class M>

@@ -170,7 +170,7 @@ def check_bad_input(rank):
     expect(RuntimeError, "every rank must register the same hook",
            lambda: gt.ddp_hook(model, compressor=other, policy="fixed"))
     state, _ = gt.ddp_hook(model, compressor="topk", policy="fixed")
-    expect(ValueError, "not a gravac hook state_dict", lambda: state.load_state_dict({"x": 1}))
+    expect(ValueError, "not a gravac state_dict", lambda: state.load_state_dict({"x": 1}))
     expect(RuntimeError, "rejected", lambda: state.load_state_dict({"format": "gravac-checkpoint",
                                                                     "state": b"GRVCKPT\0 truncated"}))
     expect(TypeError, "expected a torch.nn.Module", lambda: gt.ddp_hook(42))
