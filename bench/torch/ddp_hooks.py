@@ -248,7 +248,8 @@ def worker(rank, method, args, store_path, data_npz, result_path):
     net = make_mlp(args["hidden"], seed)
     numel = sum(p.numel() for p in net.parameters())
     family = METHODS[method][0]
-    model = net if family == "trainer" else torch.nn.parallel.DistributedDataParallel(net)
+    model = net if family == "trainer" else torch.nn.parallel.DistributedDataParallel(
+        net, gradient_as_bucket_view=args["bucket_view"])
     gv_trainer = None
 
     ps_state = None
@@ -276,6 +277,7 @@ def worker(rank, method, args, store_path, data_npz, result_path):
         compressor, collective, policy = METHODS[method][1]
         gv_state, hook = gt.ddp_hook(
             model, compressor=compressor, collective=collective, policy=policy, seed=seed,
+            overlap=args["hook_overlap"] == "on",
             **gravac_options(method, args)
         )
         model.register_comm_hook(gv_state, hook)
@@ -462,6 +464,10 @@ def main():
     ap.add_argument("--powersgd-min-rate", type=float, default=1.0,
                     help="PyTorch PowerSGD's min_compression_rate: 1 compresses every weight whose factors are "
                          "smaller than it (gravac's rule); biases are never compressed")
+    ap.add_argument("--gradient-as-bucket-view", action="store_true",
+                    help="DDP's gradient_as_bucket_view (the gradients live in the buckets: one copy less)")
+    ap.add_argument("--hook-overlap", choices=("on", "off"), default="on",
+                    help="gravac hooks: overlap with backward on the trainer's thread, or one synchronous step")
     ap.add_argument("--kept-fraction", type=float, default=0.01, help="gravac_topk's kept_fraction")
     ap.add_argument("--warmup-steps", type=int, default=10,
                     help="steps left out of the steady-state bytes and step time (>= --powersgd-start)")
@@ -511,7 +517,8 @@ def main():
         "seed": a.seed, "batch": a.batch, "lr": a.lr, "momentum": a.momentum, "weight_decay": a.weight_decay,
         "hidden": hidden, "powersgd_rank": a.powersgd_rank, "powersgd_start": a.powersgd_start,
         "powersgd_min_rate": a.powersgd_min_rate, "kept_fraction": a.kept_fraction,
-        "warmup_steps": a.warmup_steps,
+        "warmup_steps": a.warmup_steps, "hook_overlap": a.hook_overlap,
+        "bucket_view": a.gradient_as_bucket_view,
     }
     steps = per_epoch // a.batch * a.epochs
     if a.max_steps:

@@ -112,9 +112,11 @@ class HookState(_Checkpointed):
     """
 
     def __init__(self, model, process_group=None, compressor="topk", collective="allgather", policy="gravac",
-                 seed=0, bucket_mb=25.0, **options):
+                 seed=0, bucket_mb=25.0, overlap=True, **options):
+        if not isinstance(overlap, bool):
+            raise ValueError(f"gravac.torch: overlap must be a bool, got {overlap!r}")
         self._engine = _ext.HookState(**_arguments(model, process_group, compressor, collective, policy, seed,
-                                                 bucket_mb, options))
+                                                   bucket_mb, options), overlap=overlap)
         self._pending = []  # (future, buffer) of the buckets of the step in progress
 
     def last_report(self):
@@ -148,7 +150,7 @@ def _hook(state, bucket):
 
 
 def ddp_hook(model, process_group=None, compressor="topk", collective="allgather", policy="gravac", seed=0,
-             bucket_mb=25.0, **options):
+             bucket_mb=25.0, overlap=True, **options):
     """A gravac communication hook for ``model`` (the DDP module, or the module it wraps).
 
     Returns ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
@@ -157,9 +159,12 @@ def ddp_hook(model, process_group=None, compressor="topk", collective="allgather
     runs collectives of its own on the default group during backward.
     ``seed``: the shared seed of random choices (random-k, stochastic rounding).
     ``bucket_mb``: the trainer's bucket size (0: one bucket per parameter).
+    ``overlap``: aggregate the trainer's buckets on its communication thread while backward
+    goes on (True), or in one synchronous step at DDP's last bucket (False: no thread, no
+    overlap; cheaper where backward is short). The results are the same bits either way.
     Other keywords: the method's options (option_names()).
     """
-    state = HookState(model, process_group, compressor, collective, policy, seed, bucket_mb, **options)
+    state = HookState(model, process_group, compressor, collective, policy, seed, bucket_mb, overlap, **options)
     return state, _hook
 
 

@@ -266,9 +266,9 @@ class runtime_trainer {
 class hook_state {
  public:
   hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<gravac::ddp_parameter> params,
-             const fmnist::method_config& m, const std::string& signature)
+             const fmnist::method_config& m, const std::string& signature, bool overlap)
       : trainer_(std::make_unique<runtime_trainer>(std::move(group), std::move(params), m, signature)),
-        core_(std::make_unique<gravac::ddp_hook_core<runtime_trainer>>(*trainer_, trainer_->parameters())) {}
+        core_(std::make_unique<gravac::ddp_hook_core<runtime_trainer>>(*trainer_, trainer_->parameters(), overlap)) {}
   bool on_bucket(std::size_t index, const torch::Tensor& buffer, const std::vector<torch::Tensor>& params,
                  const std::vector<torch::Tensor>& grads, bool is_last) {
     return core_->on_bucket(index, buffer, params, grads, is_last);
@@ -290,13 +290,17 @@ void def_constructor(py::class_<T>& cls) {
   cls.def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::vector<std::string>& names,
                       const std::vector<std::string>& types, const std::vector<torch::Tensor>& tensors,
                       const std::string& compressor, const std::string& collective, const std::string& policy,
-                      std::uint64_t seed, double bucket_mb, const py::dict& options, const std::string& signature) {
+                      std::uint64_t seed, double bucket_mb, const py::dict& options, const std::string& signature,
+                      bool overlap) {
             const auto m = make_method(compressor, collective, policy, seed, bucket_mb, options);
-            return std::make_unique<T>(group, parameters_of(names, types, tensors), m, signature);
+            if constexpr (std::is_same_v<T, hook_state>)
+              return std::make_unique<T>(group, parameters_of(names, types, tensors), m, signature, overlap);
+            else
+              return std::make_unique<T>(group, parameters_of(names, types, tensors), m, signature);
           }),
           py::arg("process_group"), py::arg("names"), py::arg("module_types"), py::arg("tensors"),
           py::arg("compressor"), py::arg("collective"), py::arg("policy"), py::arg("seed"), py::arg("bucket_mb"),
-          py::arg("options"), py::arg("signature"));
+          py::arg("options"), py::arg("signature"), py::arg("overlap") = true);
 }
 
 }  // namespace

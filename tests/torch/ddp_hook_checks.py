@@ -59,14 +59,14 @@ COMPOSITIONS = [
 ]
 
 
-def check_hook_equals_trainer(rank):
+def check_hook_equals_trainer(rank, overlap=True, compositions=COMPOSITIONS):
     """The hook's gradients are the C++ trainer's on the same gradients, bit for bit, every step
     (DDP rebuilds its buckets after the first), and the policy decides the same on every rank."""
-    for comp in COMPOSITIONS:
+    for comp in compositions:
         a = make_model(1)
         b = copy.deepcopy(a)
         ddp = ddp_of(a)
-        state, hook = gt.ddp_hook(ddp, seed=7, bucket_mb=0.002, **comp)
+        state, hook = gt.ddp_hook(ddp, seed=7, bucket_mb=0.002, overlap=overlap, **comp)
         ddp.register_comm_hook(state, hook)
         trainer = gt.Trainer(b, seed=7, bucket_mb=0.002, **comp)
         opt_a = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
@@ -95,6 +95,12 @@ def check_hook_equals_trainer(rank):
                 raise AssertionError(f"{comp}: parameters differ after 8 steps")
         if ra["step"] != 7 or ra["dense_bytes"] <= 0:
             raise AssertionError(f"{comp}: unexpected last report {ra}")
+
+
+def check_sync_hook_equals_trainer(rank):
+    """overlap=False: the buckets are copied and the last one runs the trainer's synchronous
+    step; the same bits as the trainer."""
+    check_hook_equals_trainer(rank, overlap=False, compositions=COMPOSITIONS[:3])
 
 
 def run_steps(ddp, opt, first, last, rank):
@@ -163,6 +169,7 @@ def check_bad_input(rank):
     expect(ValueError, "is not one of fp16, bf16", lambda: gt.ddp_hook(model, compressor="cast16",
                                                                       policy="fixed", cast16_format="fp8"))
     expect(ValueError, "seed must be", lambda: gt.ddp_hook(model, seed=-1))
+    expect(ValueError, "overlap must be a bool", lambda: gt.ddp_hook(model, overlap="yes"))
     expect(ValueError, "does not offer", lambda: gt.ddp_hook(model, compressor="powersgd", collective="allgather",
                                                             policy="fixed"))
     # Ranks that disagree: every rank is told, none hangs.
@@ -176,7 +183,12 @@ def check_bad_input(rank):
     expect(TypeError, "expected a torch.nn.Module", lambda: gt.ddp_hook(42))
 
 
-CHECKS = {"hook_equals_trainer": check_hook_equals_trainer, "resume": check_resume, "bad_input": check_bad_input}
+CHECKS = {
+    "hook_equals_trainer": check_hook_equals_trainer,
+    "sync_hook_equals_trainer": check_sync_hook_equals_trainer,
+    "resume": check_resume,
+    "bad_input": check_bad_input,
+}
 
 
 def worker(rank, world, store_path, workdir, names, failures):

@@ -99,7 +99,11 @@ class ddp_hook_core {
  public:
   //! Feeds \p stepper, whose layout must be ddp_layout(\p params): \p params are the
   //! parameters DDP reduces, in layout order. Both must outlive this object.
-  ddp_hook_core(Stepper& stepper, const std::vector<ddp_parameter>& params) : stepper_(stepper) {
+  //! With \p overlap false the buckets are only copied as they come and the last one runs
+  //! the trainer's synchronous step(): no communication thread, and no overlap with backward
+  //! (cheaper where backward is short, as for a small model on few cores).
+  ddp_hook_core(Stepper& stepper, const std::vector<ddp_parameter>& params, bool overlap = true)
+      : stepper_(stepper), overlap_(overlap) {
     layout lay = ddp_layout(params);
     require(stepper.get_layout().hash() == lay.hash(),
             "ddp_hook_core: the trainer's layout is not the layout of the parameters (build it with ddp_layout)");
@@ -149,13 +153,13 @@ class ddp_hook_core {
         slot.layers.push_back({layer, static_cast<std::size_t>(src - base)});
       }
       if (!in_step_) {
-        stepper_.begin_step(std::span<float>(flat_));
+        if (overlap_) stepper_.begin_step(std::span<float>(flat_));
         in_step_ = true;
       }
       for (const auto& l : slot.layers) {
         std::memcpy(flat_.data() + offsets_[l.layer].offset, base + l.at, offsets_[l.layer].numel * sizeof(float));
         seen_[l.layer] = true;
-        stepper_.ready(l.layer);
+        if (overlap_) stepper_.ready(l.layer);
       }
       pending_.push_back(std::move(slot));
       if (!is_last) return false;
@@ -164,7 +168,7 @@ class ddp_hook_core {
                 "ddp hook: the last bucket came and a parameter had not (is it left out of DDP, by "
                 "parameters_to_ignore?)");
       in_step_ = false;
-      report_ = stepper_.finish();
+      report_ = overlap_ ? stepper_.finish() : stepper_.step(std::span<float>(flat_));
       for (auto& b : pending_) {
         float* out = b.buffer.template data_ptr<float>();
         for (const auto& l : b.layers)
@@ -201,17 +205,18 @@ class ddp_hook_core {
     pending_.clear();
     std::fill(seen_.begin(), seen_.end(), false);
   }
-  // A failure once the step started ends it: the trainer finishes it (so this rank makes the
-  // collectives the other ranks are in, and none waits forever) and its own error, if any,
-  // is dropped (the caller gets the first one); the next backward starts afresh.
+  // A failure once the step started ends it: with overlap the trainer finishes it (so this
+  // rank makes the collectives the other ranks are in, and none waits forever) and its own
+  // error, if any, is dropped (the caller gets the first one); the next backward starts
+  // afresh. Without overlap nothing was sent yet.
   void abandon() noexcept {
-    if (in_step_) {
-      in_step_ = false;
+    if (in_step_ && overlap_) {
       try {
         stepper_.finish();
       } catch (...) {
       }
     }
+    in_step_ = false;
     reset();
   }
 
@@ -221,6 +226,7 @@ class ddp_hook_core {
   std::vector<float> flat_;
   std::vector<bool> seen_;
   std::vector<bucket_slot> pending_;
+  bool overlap_;
   bool in_step_ = false;
   step_report report_;
   std::mutex m_;
