@@ -182,22 +182,21 @@ class Trainer(_Checkpointed):
         self._params = args["tensors"]
         self._engine = _ext.Trainer(**args)
         self._flat = torch.zeros(self._engine.numel(), dtype=torch.float32)
+        # Each parameter's slice of the flat buffer, in layout order: made once, reused every step.
+        offsets = [0]
+        for p in self._params:
+            offsets.append(offsets[-1] + p.numel())
+        self._views = [self._flat[a:b].view_as(p) for p, a, b in zip(self._params, offsets, offsets[1:])]
 
     def step(self):
         """Averages the gradients over the ranks, through gravac. Returns the step's report."""
-        at = 0
-        views = []
-        for p in self._params:
-            n = p.numel()
-            view = self._flat[at:at + n].view_as(p)
+        for p, view in zip(self._params, self._views):
             if p.grad is None:
                 view.zero_()
             else:
                 view.copy_(p.grad)
-            views.append(view)
-            at += n
         report = self._engine.step(self._flat)
-        for p, view in zip(self._params, views):
+        for p, view in zip(self._params, self._views):
             if p.grad is None:
                 p.grad = view.clone()
             else:
