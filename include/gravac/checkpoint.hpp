@@ -227,45 +227,62 @@ inline void write_checkpoint(const std::string& path, const checkpoint_state& s)
   write_file_atomically(path, encode_checkpoint(s));
 }
 
+//! Trainer \p t's state (this rank's residual, the policy, compressor and collective
+//! state, the step counter, the seed, the layout hash), between steps. Rank-local.
+template <class Trainer>
+checkpoint_state capture_checkpoint(const Trainer& t) {
+  static_assert(Trainer::memory_space::host_accessible,
+                "gravac::save_checkpoint: device-memory trainers are not supported yet (copy the residual "
+                "to the host first)");
+  detail::require_between_steps(t, "save_checkpoint");
+  const layout& lay = t.get_layout();
+
+  checkpoint_state s;
+  s.layout_hash = lay.hash();
+  s.steps = t.steps();
+  s.seed = t.get_options().seed;
+  s.rank = t.communicator().rank();
+  s.ranks = t.communicator().size();
+  const auto res = t.residual();
+  s.residual.assign(res.begin(), res.end());
+  s.layers.reserve(lay.size());
+  for (const auto& l : lay.layers())
+    s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
+  t.policy().save(s.policy);
+  if constexpr (detail::has_state<typename Trainer::compressor_type>)
+    detail::save_bucket_states(t.bucket_count(), s.compressor, [&](std::size_t b, std::vector<std::byte>& out) {
+      t.compressor(b).save(out);
+    });
+  if constexpr (detail::has_state<typename Trainer::collective_type>)
+    detail::save_bucket_states(t.bucket_count(), s.collective, [&](std::size_t b, std::vector<std::byte>& out) {
+      t.collective(b).save(out);
+    });
+  if constexpr (detail::has_local_state<typename Trainer::policy_type>)
+    t.policy().save_local(s.policy_local);
+  if constexpr (requires(std::vector<std::byte> & out) { t.save_step_state(out); })
+    t.save_step_state(s.trainer);
+  return s;
+}
+
+//! Trainer \p t's state as checkpoint bytes (capture_checkpoint, encoded): what
+//! save_checkpoint writes, for a caller that keeps it elsewhere (a framework's
+//! state_dict). Rank-local.
+template <class Trainer>
+std::vector<std::byte> save_checkpoint_bytes(const Trainer& t) {
+  return encode_checkpoint(capture_checkpoint(t));
+}
+
 //! Saves trainer \p t's state (this rank's residual, the policy state, the step counter,
 //! the seed, the layout hash) to \p path, atomically. With opt.collective (the default)
 //! every rank of the trainer must call it, each with its own path; a failure on any rank
 //! then throws on every rank.
 template <class Trainer>
 void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
-  static_assert(Trainer::memory_space::host_accessible,
-                "gravac::save_checkpoint: device-memory trainers are not supported yet (copy the residual "
-                "to the host first)");
-  detail::require_between_steps(t, "save_checkpoint");
   std::string failure;
   status failed = status::ok;
   std::uint64_t state_hash = 0;
   detail::record_failure(opt.collective, failed, failure, [&] {
-    const layout& lay = t.get_layout();
-    checkpoint_state s;
-    s.layout_hash = lay.hash();
-    s.steps = t.steps();
-    s.seed = t.get_options().seed;
-    s.rank = t.communicator().rank();
-    s.ranks = t.communicator().size();
-    const auto res = std::as_const(t).residual();
-    s.residual.assign(res.begin(), res.end());
-    s.layers.reserve(lay.size());
-    for (const auto& l : lay.layers())
-      s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
-    std::as_const(t.policy()).save(s.policy);
-    if constexpr (detail::has_state<typename Trainer::compressor_type>)
-      detail::save_bucket_states(t.bucket_count(), s.compressor, [&](std::size_t b, std::vector<std::byte>& out) {
-        std::as_const(t).compressor(b).save(out);
-      });
-    if constexpr (detail::has_state<typename Trainer::collective_type>)
-      detail::save_bucket_states(t.bucket_count(), s.collective, [&](std::size_t b, std::vector<std::byte>& out) {
-        std::as_const(t).collective(b).save(out);
-      });
-    if constexpr (detail::has_local_state<typename Trainer::policy_type>)
-      std::as_const(t.policy()).save_local(s.policy_local);
-    if constexpr (requires(std::vector<std::byte> & out) { std::as_const(t).save_step_state(out); })
-      std::as_const(t).save_step_state(s.trainer);
+    const checkpoint_state s = capture_checkpoint(std::as_const(t));
     state_hash = detail::fnv1a(s.policy.data(), s.policy.size(), s.seed);
     write_checkpoint(path, s);
   });
@@ -273,14 +290,10 @@ void save_checkpoint(Trainer& t, const std::string& path, const checkpoint_optio
     detail::agree_on_checkpoint(t.communicator(), "save_checkpoint", failed, failure, t.steps(), state_hash);
 }
 
-//! Restores trainer \p t from \p path (written by save_checkpoint on the same rank).
-//! Rejects, before changing anything: a missing, truncated or corrupted file; a file of
-//! another format version; a file written by another rank or for another rank count; and
-//! (unless opt.remap_layers) a file written for another layout. With opt.collective
-//! (the default) every rank must call it; when any rank fails, or the ranks' checkpoints
-//! are at different steps, every rank throws and no trainer is modified.
-template <class Trainer>
-restore_report restore_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
+namespace detail {
+// restore_checkpoint's body: \p read yields the state, \p what names it in errors.
+template <class Trainer, class Read>
+restore_report restore_from(Trainer& t, Read read, const std::string& what, const checkpoint_options& opt) {
   static_assert(Trainer::memory_space::host_accessible,
                 "gravac::restore_checkpoint: device-memory trainers are not supported yet");
   detail::require_between_steps(t, "restore_checkpoint");
@@ -290,14 +303,14 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
   status failed = status::ok;
   checkpoint_state s;
   detail::record_failure(opt.collective, failed, failure, [&] {
-    s = read_checkpoint(path);
+    s = read();
     if (s.rank != rank || s.ranks != t.communicator().size())
-      throw error(status::layout_mismatch, "'" + path + "' was written by rank " + std::to_string(s.rank) + " of " +
+      throw error(status::layout_mismatch, what + " was written by rank " + std::to_string(s.rank) + " of " +
                                                std::to_string(s.ranks) + ", this is rank " + std::to_string(rank) +
                                                " of " + std::to_string(t.communicator().size()));
     if (s.layout_hash != lay.hash() && !opt.remap_layers)
-      throw error(status::layout_mismatch, "'" + path +
-                                               "' was written for another layout (set checkpoint_options::"
+      throw error(status::layout_mismatch, what +
+                                               " was written for another layout (set checkpoint_options::"
                                                "remap_layers to restore residuals by layer id)");
   });
   if (opt.collective)
@@ -341,5 +354,26 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
   rep.steps = s.steps;
   return rep;
 }
+}  // namespace detail
+
+//! Restores trainer \p t from \p path (written by save_checkpoint on the same rank).
+//! Rejects, before changing anything: a missing, truncated or corrupted file; a file of
+//! another format version; a file written by another rank or for another rank count; and
+//! (unless opt.remap_layers) a file written for another layout. With opt.collective
+//! (the default) every rank must call it; when any rank fails, or the ranks' checkpoints
+//! are at different steps, every rank throws and no trainer is modified.
+template <class Trainer>
+restore_report restore_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
+  return detail::restore_from(t, [&] { return read_checkpoint(path); }, "'" + path + "'", opt);
+}
+
+//! Restores trainer \p t from \p bytes (save_checkpoint_bytes on the same rank), with the
+//! checks of restore_checkpoint; rank-local unless \p opt.collective.
+template <class Trainer>
+restore_report restore_checkpoint_bytes(Trainer& t, std::span<const std::byte> bytes,
+                                        const checkpoint_options& opt = {.collective = false}) {
+  return detail::restore_from(t, [&] { return decode_checkpoint(bytes, "state"); }, "the state", opt);
+}
+
 
 }  // namespace gravac

@@ -333,6 +333,8 @@ class trainer {
   [[nodiscard]] const K& collective(std::size_t b = 0) const { return buckets_.at(b).collective; }
   //! The policy.
   [[nodiscard]] P& policy() noexcept { return policy_; }
+  //! The policy.
+  [[nodiscard]] const P& policy() const noexcept { return policy_; }
   //! The last step's report.
   [[nodiscard]] const step_report& last_report() const noexcept { return report_; }
   //! The parameters the policy chose for the last step.
@@ -342,6 +344,8 @@ class trainer {
   [[nodiscard]] const auto& last_settings() const noexcept requires detail::HasStepSettings<C> { return settings_; }
   //! The communicator.
   [[nodiscard]] communicator_ref<memory_space>& communicator() noexcept { return comm_; }
+  //! The communicator.
+  [[nodiscard]] const communicator_ref<memory_space>& communicator() const noexcept { return comm_; }
 
  private:
   // The last bucket's collective seals the control values once it has compressed (every

@@ -1,0 +1,234 @@
+#pragma once
+//! \file option_table.hpp
+//! \brief The one table of a runtime method's options: name, type, range or choices,
+//! default and a line of doc. The example's command line, gravac-bench, the C ABI and the
+//! Python package all read it, so a knob is added in one place.
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "gravac/error.hpp"
+#include "gravac/runtime/method_config.hpp"
+
+namespace gravac::runtime {
+
+//! The type of an option's value.
+enum class option_type : std::uint8_t { boolean, integer, real, choice };
+
+//! One option: how to parse it into a method_config and read it back.
+struct option_spec {
+  std::string_view name;     //!< "kept_fraction" (the command line writes --kept-fraction)
+  option_type type;          //!< its type
+  double min;                //!< least value (integer, real)
+  double max;                //!< greatest value (integer, real)
+  std::string_view choices;  //!< choice: the values, comma-separated
+  std::string_view doc;      //!< one line
+  void (*set)(method_config&, std::string_view);  //!< parses and stores (validated)
+  std::string (*get)(const method_config&);       //!< the value, as text set() reads
+};
+
+namespace detail {
+
+[[noreturn]] inline void bad_option(std::string_view name, std::string_view value, const std::string& why) {
+  throw error(status::invalid_argument,
+              "option " + std::string(name) + ": '" + std::string(value) + "' " + why);
+}
+
+inline bool parse_bool(std::string_view name, std::string_view v) {
+  if (v == "true" || v == "1" || v == "on" || v == "True") return true;
+  if (v == "false" || v == "0" || v == "off" || v == "False") return false;
+  bad_option(name, v, "is not a boolean (true or false)");
+}
+
+inline double parse_number(std::string_view name, std::string_view v, bool integer, double lo, double hi) {
+  double x = 0;
+  const auto* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, x);
+  if (ec != std::errc{} || p != end || !std::isfinite(x)) bad_option(name, v, "is not a number");
+  if (integer && x != std::floor(x)) bad_option(name, v, "is not an integer");
+  if (x < lo || x > hi) {
+    char b[128];
+    std::snprintf(b, sizeof b, "is out of range [%g, %g]", lo, hi);
+    bad_option(name, v, b);
+  }
+  return x;
+}
+
+inline std::string_view parse_choice(std::string_view name, std::string_view v, std::string_view choices) {
+  std::string_view rest = choices;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const auto c = rest.substr(0, comma);
+    if (c == v) return c;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  bad_option(name, v, "is not one of " + std::string(choices));
+}
+
+inline std::string number_text(double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.17g", x);
+  return b;
+}
+
+inline constexpr double no_limit = std::numeric_limits<double>::max();
+
+}  // namespace detail
+
+// A numeric or boolean field of method_config. The lambdas are captureless, so the table
+// is a static array of plain function pointers.
+#define GRAVAC_RUNTIME_REAL(key, field, lo, hi, text)                                                  \
+  option_spec {                                                                                        \
+    key, option_type::real, lo, hi, "", text,                                                          \
+        [](method_config& m, std::string_view v) { m.field = detail::parse_number(key, v, false, lo, hi); }, \
+        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); }       \
+  }
+#define GRAVAC_RUNTIME_INT(key, field, lo, hi, text)                                                  \
+  option_spec {                                                                                       \
+    key, option_type::integer, lo, hi, "", text,                                                      \
+        [](method_config& m, std::string_view v) {                                                    \
+          m.field = static_cast<decltype(m.field)>(detail::parse_number(key, v, true, lo, hi));       \
+        },                                                                                            \
+        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); }      \
+  }
+#define GRAVAC_RUNTIME_BOOL(key, field, text)                                                  \
+  option_spec {                                                                                \
+    key, option_type::boolean, 0, 1, "", text,                                                 \
+        [](method_config& m, std::string_view v) { m.field = detail::parse_bool(key, v); },    \
+        [](const method_config& m) { return std::string(m.field ? "true" : "false"); }         \
+  }
+
+//! trainer options::bucket_bytes for a bucket of \p mb MiB: 0 (below one byte) is one
+//! bucket per layer; 1e12 MiB or more is one bucket.
+inline std::size_t bucket_bytes_of(double mb) {
+  const double bytes = mb * 1048576.0;
+  return bytes < 1 ? bucket_per_layer : mb >= 1e12 ? one_bucket : static_cast<std::size_t>(bytes);
+}
+
+//! Every option of a runtime method, in a stable order.
+inline std::span<const option_spec> option_table() {
+  using detail::no_limit;
+  static const option_spec table[] = {
+      GRAVAC_RUNTIME_REAL("kept_fraction", fixed.kept_fraction, 1e-9, 1.0, "fixed policy: kept fraction (1 / CF)"),
+      option_spec{"bucket_mb", option_type::real, 0.0, 1e12, "",
+                  "bucket size in MiB of float gradient (0: one bucket per layer; the model's size or more: one)",
+                  [](method_config& m, std::string_view v) {
+                    m.bucket_bytes = bucket_bytes_of(detail::parse_number("bucket_mb", v, false, 0.0, 1e12));
+                  },
+                  [](const method_config& m) {
+                    return detail::number_text(m.bucket_bytes == bucket_per_layer ? 0.0
+                                               : m.bucket_bytes == one_bucket     ? 1e12
+                                                                                  : double(m.bucket_bytes) / 1048576.0);
+                  }},
+      GRAVAC_RUNTIME_BOOL("topk_whole_buffer", topk.whole_buffer,
+                          "topk: select over the whole buffer instead of per layer"),
+      GRAVAC_RUNTIME_INT("qsgd_levels", qsgd.levels, 1.0, 32767.0, "qsgd: levels s"),
+      GRAVAC_RUNTIME_INT("powersgd_rank", powersgd.rank, 1.0, 1024.0, "powersgd: rank r"),
+      GRAVAC_RUNTIME_BOOL("powersgd_warm_start", powersgd.warm_start, "powersgd: start from the last step's Q"),
+      option_spec{"cast16_format", option_type::choice, 0, 0, "fp16,bf16", "cast16: fp16 or bf16",
+                  [](method_config& m, std::string_view v) {
+                    m.cast16.format = detail::parse_choice("cast16_format", v, "fp16,bf16") == "bf16"
+                                          ? cast16_format::bf16
+                                          : cast16_format::fp16;
+                  },
+                  [](const method_config& m) {
+                    return std::string(m.cast16.format == cast16_format::bf16 ? "bf16" : "fp16");
+                  }},
+      option_spec{"ar_rule", option_type::choice, 0, 0, "star,var", "allreduce_compatible: index rank rule",
+                  [](method_config& m, std::string_view v) {
+                    m.allreduce_compatible.rule = detail::parse_choice("ar_rule", v, "star,var") == "var"
+                                                      ? index_rank_rule::var
+                                                      : index_rank_rule::star;
+                    m.flexible.ar_topk.rule = m.allreduce_compatible.rule;
+                  },
+                  [](const method_config& m) {
+                    return std::string(m.allreduce_compatible.rule == index_rank_rule::var ? "var" : "star");
+                  }},
+      option_spec{"network_source", option_type::choice, 0, 0, "measured,modeled,profile,fixed",
+                  "flexible and moo: where alpha and beta come from",
+                  [](method_config& m, std::string_view v) {
+                    const auto c = detail::parse_choice("network_source", v, "measured,modeled,profile,fixed");
+                    m.flexible.source = m.moo.source = c == "measured"  ? network_source::measured
+                                                       : c == "modeled" ? network_source::modeled
+                                                       : c == "profile" ? network_source::profile
+                                                                        : network_source::fixed;
+                  },
+                  [](const method_config& m) {
+                    switch (m.flexible.source) {
+                      case network_source::measured:
+                        return std::string("measured");
+                      case network_source::modeled:
+                        return std::string("modeled");
+                      case network_source::profile:
+                        return std::string("profile");
+                      case network_source::fixed:
+                        break;
+                    }
+                    return std::string("fixed");
+                  }},
+      GRAVAC_RUNTIME_REAL("gravac_cf_min", gravac.cf_min, 1.0, 1e9, "gravac: CF_min"),
+      GRAVAC_RUNTIME_REAL("gravac_cf_max", gravac.cf_max, 1.0, 1e9, "gravac: CF_max"),
+      GRAVAC_RUNTIME_REAL("gravac_eps", gravac.epsilon, 0.0, 1.0, "gravac: least gain sent"),
+      GRAVAC_RUNTIME_REAL("gravac_omega", gravac.omega, 0.0, 0.999999, "gravac: CT difference that stops the search"),
+      GRAVAC_RUNTIME_INT("gravac_window", gravac.window, 1.0, 1e6, "gravac: gain EWMA window (steps)"),
+      GRAVAC_RUNTIME_INT("gravac_warmup", gravac.warmup_steps, 0.0, 1e9, "gravac: warm-up steps at CF_min"),
+      GRAVAC_RUNTIME_INT("gravac_period", gravac.period_steps, 0.0, 1e12,
+                         "gravac: steps per evaluation period (0: one epoch)"),
+      GRAVAC_RUNTIME_BOOL("gravac_dense", gravac.dense_candidate,
+                          "gravac: dense among the choices, weighed by the same progress per second"),
+      GRAVAC_RUNTIME_INT("gravac_dense_probe", gravac.dense_probe_steps, 2.0, 1e6,
+                         "gravac: steps of a probe of the other choice"),
+      option_spec{"gravac_time", option_type::choice, 0, 0, "measured,modeled,simulated",
+                  "gravac: clock of the throughput",
+                  [](method_config& m, std::string_view v) {
+                    const auto c = detail::parse_choice("gravac_time", v, "measured,modeled,simulated");
+                    m.gravac.time.source = c == "measured"  ? time_source::measured
+                                           : c == "modeled" ? time_source::modeled
+                                                            : time_source::simulated;
+                  },
+                  [](const method_config& m) { return std::string(to_string(m.gravac.time.source)); }},
+      GRAVAC_RUNTIME_REAL("accordion_low", accordion.low_compression, 1e-9, 1.0,
+                          "accordion: kept fraction when critical"),
+      GRAVAC_RUNTIME_REAL("accordion_high", accordion.high_compression, 1e-9, 1.0,
+                          "accordion: kept fraction otherwise"),
+      GRAVAC_RUNTIME_REAL("accordion_eta", accordion.eta, 0.0, no_limit,
+                          "accordion: relative norm change that is critical"),
+      GRAVAC_RUNTIME_INT("adacomp_conv_bin", adacomp_policy.conv_bin, 1.0, 1e9, "adacomp: L_T of conv layers"),
+      GRAVAC_RUNTIME_INT("adacomp_dense_bin", adacomp_policy.dense_bin, 1.0, 1e9, "adacomp: L_T of dense layers"),
+      GRAVAC_RUNTIME_INT("moo_warmup", moo.warmup_steps, 0.0, 1e9, "moo: warm-up steps"),
+      GRAVAC_RUNTIME_REAL("moo_weight_time", moo.weight_time, 0.0, 1.0,
+                          "moo: weight of the time objective (gain: 1 - it)"),
+  };
+  return table;
+}
+
+#undef GRAVAC_RUNTIME_REAL
+#undef GRAVAC_RUNTIME_INT
+#undef GRAVAC_RUNTIME_BOOL
+
+//! The option named \p name (nullptr if none).
+inline const option_spec* find_option(std::string_view name) {
+  for (const auto& o : option_table())
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
+//! Sets option \p name of \p m from \p value; gravac::error (invalid_argument) for an
+//! unknown name (listing the known ones) or a value out of its domain.
+inline void set_option(method_config& m, std::string_view name, std::string_view value) {
+  const option_spec* o = find_option(name);
+  if (o == nullptr) {
+    std::string known;
+    for (const auto& e : option_table()) known += (known.empty() ? "" : ", ") + std::string(e.name);
+    throw error(status::invalid_argument, "unknown option '" + std::string(name) + "' (known: " + known + ")");
+  }
+  o->set(m, value);
+}
+
+}  // namespace gravac::runtime

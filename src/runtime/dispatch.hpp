@@ -1,0 +1,157 @@
+#pragma once
+// From a runtime method_config to one trainer<C, K, P>. Included only by this folder's
+// translation units; each instantiates one compressor family, so no unit grows large.
+// The compositions offered are those composition_verdict accepts: nothing here says by
+// hand which parts go together.
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "gravac/checkpoint.hpp"
+#include "gravac/detail/composition_checks.hpp"
+#include "gravac/runtime/make_trainer.hpp"
+
+namespace gravac::runtime::detail {
+
+// The library's parts, in the order of the name tables (method_config.hpp).
+using compressor_types = std::tuple<identity, topk, randomk, threshold, adacomp, qsgd, terngrad, sign, cast16, powersgd>;
+using collective_types = std::tuple<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce,
+                                    compressed_allreduce>;
+using policy_types = std::tuple<fixed_policy, gravac_policy, accordion_policy, adacomp_policy, moo_policy>;
+static_assert(std::tuple_size_v<compressor_types> == std::size(compressor_names));
+static_assert(std::tuple_size_v<collective_types> == std::size(collective_names));
+static_assert(std::tuple_size_v<policy_types> == std::size(policy_names));
+
+// Calls f.template operator()<T>() for the T at \p index of Tuple.
+template <class Tuple, class F, std::size_t... I>
+decltype(auto) visit_type(std::size_t index, F&& f, std::index_sequence<I...>) {
+  using R = decltype(f.template operator()<std::tuple_element_t<0, Tuple>>());
+  if constexpr (std::is_void_v<R>) {
+    ((index == I ? (f.template operator()<std::tuple_element_t<I, Tuple>>(), true) : false) || ...);
+  } else {
+    R r{};
+    ((index == I ? (r = f.template operator()<std::tuple_element_t<I, Tuple>>(), true) : false) || ...);
+    return r;
+  }
+}
+template <class Tuple, class F>
+decltype(auto) visit_type(std::size_t index, F&& f) {
+  return visit_type<Tuple>(index, std::forward<F>(f), std::make_index_sequence<std::tuple_size_v<Tuple>>{});
+}
+
+// The options of part T inside a method_config.
+template <class T>
+const auto& options_of(const method_config& m) {
+  if constexpr (std::is_same_v<T, identity>) return m.identity;
+  else if constexpr (std::is_same_v<T, topk>) return m.topk;
+  else if constexpr (std::is_same_v<T, randomk>) return m.randomk;
+  else if constexpr (std::is_same_v<T, threshold>) return m.threshold;
+  else if constexpr (std::is_same_v<T, adacomp>) return m.adacomp;
+  else if constexpr (std::is_same_v<T, qsgd>) return m.qsgd;
+  else if constexpr (std::is_same_v<T, terngrad>) return m.terngrad;
+  else if constexpr (std::is_same_v<T, sign>) return m.sign;
+  else if constexpr (std::is_same_v<T, cast16>) return m.cast16;
+  else if constexpr (std::is_same_v<T, powersgd>) return m.powersgd;
+  else if constexpr (std::is_same_v<T, dense_allreduce>) return m.dense_allreduce;
+  else if constexpr (std::is_same_v<T, allgather>) return m.allgather;
+  else if constexpr (std::is_same_v<T, allreduce_compatible>) return m.allreduce_compatible;
+  else if constexpr (std::is_same_v<T, flexible>) return m.flexible;
+  else if constexpr (std::is_same_v<T, low_rank_allreduce>) return m.low_rank_allreduce;
+  else if constexpr (std::is_same_v<T, compressed_allreduce>) return m.compressed_allreduce;
+  else if constexpr (std::is_same_v<T, fixed_policy>) return m.fixed;
+  else if constexpr (std::is_same_v<T, gravac_policy>) return m.gravac;
+  else if constexpr (std::is_same_v<T, accordion_policy>) return m.accordion;
+  else if constexpr (std::is_same_v<T, adacomp_policy>) return m.adacomp_policy;
+  else if constexpr (std::is_same_v<T, moo_policy>) return m.moo;
+  else static_assert(sizeof(T) == 0, "gravac::runtime: no options for this part");
+}
+
+// A short description of a policy's state.
+inline std::string state_of(const fixed_policy&) { return {}; }
+inline std::string state_of(const gravac_policy& p) {
+  char b[96];
+  std::snprintf(b, sizeof b, "%s, CF %.0f", std::string(to_string(p.phase())).c_str(), p.current_cf());
+  return b;
+}
+inline std::string state_of(const accordion_policy& p) {
+  std::size_t low = 0, high = 0;
+  for (auto l : p.levels()) {
+    if (l == accordion_level::low) ++low;
+    if (l == accordion_level::high) ++high;
+  }
+  return std::to_string(low) + " layers low, " + std::to_string(high) + " high";
+}
+inline std::string state_of(const adacomp_policy& p) {
+  char b[64];
+  std::snprintf(b, sizeof b, "achieved CF %.0f", p.mean_model_cf());
+  return b;
+}
+inline std::string state_of(const moo_policy& p) {
+  char b[96];
+  if (!p.decided()) return "warm-up";
+  std::snprintf(b, sizeof b, "f %.4f (%zu decisions)", p.last_decision().fraction,
+                static_cast<std::size_t>(p.decisions()));
+  return b;
+}
+
+template <class C, class K, class P>
+class erased_trainer final : public any_trainer {
+ public:
+  using trainer_t = trainer<C, K, P>;
+  erased_trainer(const method_config& m, host_comm comm, const layout& lay) : t_(comm, lay, make_options(m)) {}
+  const step_report& step(std::span<float> grads) override { return t_.step(grads); }
+  void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
+  void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
+  void ready(std::size_t layer) override { t_.ready(layer); }
+  const step_report& finish() override { return t_.finish(); }
+  [[nodiscard]] std::size_t buckets() const override { return t_.buckets().size(); }
+  [[nodiscard]] const layout& get_layout() const override { return t_.get_layout(); }
+  void end_interval(const interval_info& info) override { t_.end_interval(info); }
+  [[nodiscard]] const step_params& last_params() const override { return t_.last_params(); }
+  [[nodiscard]] std::string policy_state() const override { return state_of(t_.policy()); }
+  [[nodiscard]] std::vector<std::byte> save_state() const override { return save_checkpoint_bytes(t_); }
+  void load_state(std::span<const std::byte> bytes) override { restore_checkpoint_bytes(t_, bytes); }
+  void save_checkpoint(const std::string& path) override { gravac::save_checkpoint(t_, path, {.collective = false}); }
+  void restore_checkpoint(const std::string& path) override {
+    gravac::restore_checkpoint(t_, path, {.collective = false});
+  }
+
+ private:
+  static typename trainer_t::options make_options(const method_config& m) {
+    typename trainer_t::options o;
+    o.compressor = options_of<C>(m);
+    o.collective = options_of<K>(m);
+    o.policy = options_of<P>(m);
+    o.seed = m.seed;
+    o.bucket_bytes = m.bucket_bytes;
+    o.on_non_finite = m.on_non_finite;
+    return o;
+  }
+  trainer_t t_;
+};
+
+// The trainer of compressor C for the collective and policy \p m names; nullptr where the
+// library refuses the composition (the caller has checked verdict() first).
+template <class C>
+std::unique_ptr<any_trainer> make_for(const method_config& m, host_comm comm, const layout& lay) {
+  return visit_type<collective_types>(static_cast<std::size_t>(m.collective), [&]<class K>() {
+    return visit_type<policy_types>(static_cast<std::size_t>(m.policy), [&]<class P>() -> std::unique_ptr<any_trainer> {
+      if constexpr (gravac::detail::composition_verdict<C, K, P>() == rejection::none)
+        return std::make_unique<erased_trainer<C, K, P>>(m, comm, lay);
+      else
+        return nullptr;
+    });
+  });
+}
+
+// One per compressor family (trainers_*.cpp).
+std::unique_ptr<any_trainer> make_topk(const method_config& m, host_comm comm, const layout& lay);
+std::unique_ptr<any_trainer> make_selection(const method_config& m, host_comm comm, const layout& lay);
+std::unique_ptr<any_trainer> make_quantizer(const method_config& m, host_comm comm, const layout& lay);
+std::unique_ptr<any_trainer> make_other(const method_config& m, host_comm comm, const layout& lay);
+
+}  // namespace gravac::runtime::detail
