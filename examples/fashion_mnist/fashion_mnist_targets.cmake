@@ -2,14 +2,14 @@
 # (tests/examples) and the reproduction experiment (bench/reproduce). Included from each
 # of them; the first include defines the targets.
 #   gravac_fashion_mnist_headers  INTERFACE: data reader, models, optimizer (Eigen, zlib)
-#   gravac_fashion_mnist_core     STATIC: the training loop and the runtime choice of
-#                                 compressor / collective / policy (compiled once)
+#   gravac_fashion_mnist_core     STATIC: the training loop, over the library's runtime
+#                                 composition (gravac::runtime)
 if(TARGET gravac_fashion_mnist_headers OR DEFINED _gravac_fashion_mnist_skipped)
   return()
 endif()
 find_package(Eigen3 3.3 QUIET NO_MODULE)
 find_package(ZLIB QUIET)
-if(NOT TARGET Eigen3::Eigen OR NOT ZLIB_FOUND)
+if(NOT TARGET Eigen3::Eigen OR NOT ZLIB_FOUND OR NOT TARGET gravac::runtime)
   message(STATUS "gravac: Eigen3 or zlib not found, the Fashion-MNIST example is disabled")
   set(_gravac_fashion_mnist_skipped ON CACHE INTERNAL "")
   return()
@@ -26,14 +26,11 @@ if(GRAVAC_EXAMPLES_NATIVE AND GRAVAC_HAVE_MARCH_NATIVE)
   target_compile_options(gravac_fashion_mnist_headers INTERFACE -march=native)
 endif()
 
-# The training loop, its checkpoints, console/CSV/plot output and the trainer instantiations (one
-# translation unit per compressor family, so a rebuild touches only what changed).
+# The training loop, its checkpoints and its console/CSV/plot output; the trainers come from
+# gravac::runtime.
 add_library(gravac_fashion_mnist_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/src/train.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/report.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/checkpoint.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/method_topk.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/method_selection.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/src/method_other.cpp)
-target_link_libraries(gravac_fashion_mnist_core PUBLIC gravac_fashion_mnist_headers)
+  ${CMAKE_CURRENT_LIST_DIR}/src/checkpoint.cpp)
+target_link_libraries(gravac_fashion_mnist_core PUBLIC gravac_fashion_mnist_headers gravac::runtime)
 target_compile_options(gravac_fashion_mnist_core PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)

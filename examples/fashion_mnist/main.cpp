@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,11 +26,14 @@
 #include <gravac/comm/mpi_communicator.hpp>
 #include <gravac/comm/mpi_guard.hpp>
 #include <gravac/comm/thread_communicator.hpp>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <gravac/runtime/option_table.hpp>
 
 #include "fmnist/report.hpp"
 #include "fmnist/train.hpp"
@@ -68,10 +72,9 @@ int main(int argc, char** argv) {
   fmnist::run_config cfg;
   std::string backend = "auto", network = "1gbps", out_dir, data_dir = fmnist::default_data_dir, model = "mlp";
   std::string network_allreduce = "ring";
-  std::string gravac_time = "simulated", network_source = "modeled", ar_rule = "star", cast16_format = "fp16";
   int ranks = 4;
   bool progress = isatty(STDOUT_FILENO) != 0, no_plots = false;
-  double kept_fraction = 0.01, lr_gamma = 0.1, bucket_mb = 25;
+  double lr_gamma = 0.1;
   std::string overlap = "off";
   std::vector<std::size_t> milestones;
 
@@ -145,9 +148,14 @@ int main(int argc, char** argv) {
   ck->add_option("--fault-kill-step", cfg.fault.kill_step, "testing: the step (0-based) --fault-kill-rank dies before");
 
   auto& m = cfg.method;
-  // The example's GraVAC evaluates a candidate every 100 steps (the library's default is one
-  // epoch), so that a run of a few epochs shows the search.
+  // The example's defaults, where they differ from the library's: GraVAC evaluates a
+  // candidate every 100 steps (the library's default is one epoch), so that a run of a few
+  // epochs shows the search; its clock and the flexible collective's alpha and beta come
+  // from the modeled network; top-k keeps 1% under the fixed policy.
   m.gravac.period_steps = 100;
+  m.gravac.time.source = gravac::time_source::simulated;
+  m.flexible.source = m.moo.source = gravac::network_source::modeled;
+  m.fixed.kept_fraction = 0.01;
   auto* me = app.add_option_group("method");
   std::string compressor(fmnist::name_of(fmnist::compressor_names, m.compressor));
   std::string collective(fmnist::name_of(fmnist::collective_names, m.collective));
@@ -161,48 +169,24 @@ int main(int argc, char** argv) {
   me->add_option("--policy", policy, "policy")
       ->check(CLI::IsMember(names(fmnist::policy_names)))
       ->capture_default_str();
-  me->add_option("--kept-fraction", kept_fraction, "fixed policy: kept fraction (1 / CF)")->capture_default_str();
-  me->add_flag("--topk-whole-buffer", m.topk.whole_buffer, "topk: select over the whole buffer instead of per layer");
-  me->add_option("--qsgd-levels", m.qsgd.levels, "qsgd: levels s")->capture_default_str();
-  me->add_option("--powersgd-rank", m.powersgd.rank, "powersgd: rank r")->capture_default_str();
-  me->add_option("--cast16-format", cast16_format, "cast16: fp16 or bf16")->check(CLI::IsMember({"fp16", "bf16"}));
-  me->add_option("--ar-rule", ar_rule, "allreduce_compatible: index rank rule star or var")
-      ->check(CLI::IsMember({"star", "var"}))
-      ->capture_default_str();
-  me->add_option("--network-source", network_source,
-                 "flexible and moo: where alpha and beta come from "
-                 "(measured, modeled, profile, fixed)")
-      ->check(CLI::IsMember({"measured", "modeled", "profile", "fixed"}))
-      ->capture_default_str();
-  me->add_option("--gravac-cf-min", m.gravac.cf_min, "gravac: CF_min")->capture_default_str();
-  me->add_option("--gravac-cf-max", m.gravac.cf_max, "gravac: CF_max")->capture_default_str();
-  me->add_option("--gravac-eps", m.gravac.epsilon, "gravac: least gain sent")->capture_default_str();
-  me->add_option("--gravac-omega", m.gravac.omega, "gravac: CT difference that stops the search")
-      ->capture_default_str();
-  me->add_option("--gravac-window", m.gravac.window, "gravac: gain EWMA window (steps)")->capture_default_str();
-  me->add_option("--gravac-warmup", m.gravac.warmup_steps, "gravac: warm-up steps at CF_min")->capture_default_str();
-  me->add_option("--gravac-period", m.gravac.period_steps, "gravac: steps per evaluation period (0: one epoch)")
-      ->capture_default_str();
-  me->add_flag("--gravac-dense", m.gravac.dense_candidate,
-               "gravac: dense among the choices, weighed by the same progress per second");
-  me->add_option("--gravac-dense-probe", m.gravac.dense_probe_steps, "gravac: steps of a probe of the other choice")
-      ->capture_default_str();
-  me->add_option("--gravac-time", gravac_time, "gravac: clock of the throughput (measured, modeled, simulated)")
-      ->check(CLI::IsMember({"measured", "modeled", "simulated"}))
-      ->capture_default_str();
-  me->add_option("--accordion-low", m.accordion.low_compression, "accordion: kept fraction when critical")
-      ->capture_default_str();
-  me->add_option("--accordion-high", m.accordion.high_compression, "accordion: kept fraction otherwise")
-      ->capture_default_str();
-  me->add_option("--accordion-eta", m.accordion.eta, "accordion: relative norm change that is critical")
-      ->capture_default_str();
-  me->add_option("--adacomp-conv-bin", m.adacomp_policy.conv_bin, "adacomp: L_T of conv layers")->capture_default_str();
-  me->add_option("--adacomp-dense-bin", m.adacomp_policy.dense_bin, "adacomp: L_T of dense layers")
-      ->capture_default_str();
-  me->add_option("--moo-warmup", m.moo.warmup_steps, "moo: warm-up steps")->capture_default_str();
-  me->add_option("--moo-weight-time", m.moo.weight_time, "moo: weight of the time objective (gain: 1 - it)")
-      ->capture_default_str();
-
+  // Every option of the library's option table, as --name-with-dashes: booleans are flags,
+  // the rest take a value that gravac::runtime::set_option checks after parsing.
+  std::map<std::string, std::string> method_values;
+  std::map<std::string, bool> method_flags;
+  for (const auto& o : gravac::runtime::option_table()) {
+    std::string flag = "--" + std::string(o.name);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    std::string doc(o.doc);
+    if (o.type == gravac::runtime::option_type::boolean) {
+      bool& on = method_flags[std::string(o.name)];
+      on = o.get(m) == "true";
+      me->add_flag(flag + ",!--no-" + flag.substr(2), on, doc)->capture_default_str();
+    } else {
+      if (o.type == gravac::runtime::option_type::choice) doc += " (" + std::string(o.choices) + ")";
+      method_values[std::string(o.name)] = o.get(m);
+      me->add_option(flag, method_values[std::string(o.name)], doc)->capture_default_str();
+    }
+  }
   auto* ne = app.add_option_group("network");
   ne->add_option("--network", network,
                  "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
@@ -228,11 +212,6 @@ int main(int argc, char** argv) {
                  "shadow networks")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  ov->add_option("--bucket-mb", bucket_mb,
-                 "gravac's bucket size in MiB of float gradient, formed from the last layer to the first (0: one "
-                 "bucket per layer; anything at least the model's size: one bucket)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   {
     try {
@@ -248,18 +227,17 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  try {
+    for (const auto& [name, value] : method_values) gravac::runtime::set_option(m, name, value);
+    for (const auto& [name, on] : method_flags) gravac::runtime::set_option(m, name, on ? "true" : "false");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
+  }
   m.compressor = value_of(fmnist::compressor_names, compressor);
   m.collective = value_of(fmnist::collective_names, collective);
   m.policy = value_of(fmnist::policy_names, policy);
   cfg.overlap = overlap == "on";
-  {
-    // MiB, as the library's default (25 MiB); 0 is one bucket per layer.
-    const double bytes = bucket_mb * 1048576.0;
-    m.bucket_bytes = bytes < 1       ? gravac::bucket_per_layer
-                     : bytes >= 1e18 ? gravac::one_bucket
-                                     : static_cast<std::size_t>(bytes);
-  }
-
   bool use_mpi = backend == "mpi" || (backend == "auto" && launched_by_mpi());
   // The asynchronous step's communication thread calls MPI while the main thread computes,
   // one call at a time: MPI_THREAD_SERIALIZED. Asked for always (the synchronous step
@@ -287,18 +265,6 @@ int main(int argc, char** argv) {
                             : network_allreduce == "nccl"       ? gravac::allreduce_rule::nccl
                                                                 : gravac::allreduce_rule::fixed;
     cfg.codec_cpu_time = !use_mpi;
-    m.fixed.kept_fraction = kept_fraction;
-    m.cast16.format = cast16_format == "bf16" ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16;
-    m.allreduce_compatible.rule = ar_rule == "var" ? gravac::index_rank_rule::var : gravac::index_rank_rule::star;
-    m.flexible.ar_topk.rule = m.allreduce_compatible.rule;
-    m.gravac.time.source = gravac_time == "measured"  ? gravac::time_source::measured
-                           : gravac_time == "modeled" ? gravac::time_source::modeled
-                                                      : gravac::time_source::simulated;
-    const gravac::network_source src = network_source == "measured"  ? gravac::network_source::measured
-                                       : network_source == "profile" ? gravac::network_source::profile
-                                       : network_source == "fixed"   ? gravac::network_source::fixed
-                                                                     : gravac::network_source::modeled;
-    m.flexible.source = m.moo.source = src;
     if (out_dir.empty())
       out_dir = "out/fashion_mnist-" + std::string(fmnist::name_of(fmnist::policy_names, m.policy)) + "-" +
                 std::string(fmnist::name_of(fmnist::compressor_names, m.compressor));

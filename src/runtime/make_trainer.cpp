@@ -53,9 +53,19 @@ void require_accepted(const method_config& m) {
         policies += (policies.empty() ? "" : ", ") + std::string(p.name);
     if (!policies.empty()) offered += (offered.empty() ? "" : "; ") + std::string(k.name) + " with " + policies;
   }
-  throw error(status::invalid_argument, "gravac does not accept " + method_name(m) + ": " + to_string(r) +
-                                            ". With " + std::string(name_of(compressor_names, m.compressor)) +
-                                            " it accepts " + offered);
+  // And, when the collective refused, the compressors it takes with this policy.
+  std::string takes;
+  if (r != rejection::decisions_ignored)
+    for (const auto& c : compressor_names)
+      if (verdict_of(c.value, m.collective, m.policy) == rejection::none)
+        takes += (takes.empty() ? "" : ", ") + std::string(c.name);
+  const std::string collective(name_of(collective_names, m.collective));
+  throw error(status::invalid_argument,
+              "gravac does not accept " + method_name(m) + ": " + to_string(r) + ". With " +
+                  std::string(name_of(compressor_names, m.compressor)) + " it accepts " +
+                  (offered.empty() ? std::string("nothing") : offered) +
+                  (takes.empty() ? "" : ". " + collective + " with " + std::string(name_of(policy_names, m.policy)) +
+                                            " takes " + takes));
 }
 
 std::unique_ptr<any_trainer> make_trainer(const method_config& m, host_comm comm, const layout& lay) {

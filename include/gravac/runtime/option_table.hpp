@@ -204,6 +204,21 @@ inline std::span<const option_spec> option_table() {
       GRAVAC_RUNTIME_INT("moo_warmup", moo.warmup_steps, 0.0, 1e9, "moo: warm-up steps"),
       GRAVAC_RUNTIME_REAL("moo_weight_time", moo.weight_time, 0.0, 1.0,
                           "moo: weight of the time objective (gain: 1 - it)"),
+      GRAVAC_RUNTIME_INT("topk_threads", topk.threads, 1.0, 256.0,
+                         "topk: threads of the fused pass over large layers (1: none started)"),
+      GRAVAC_RUNTIME_REAL("topk_guess_margin", topk.guess_margin, 1e-9, 1.0,
+                          "topk: the fused pass's floor, as a fraction of the last threshold"),
+      GRAVAC_RUNTIME_INT("threshold_expected_hits", threshold.expected_hits, 1.0, 1e12,
+                         "threshold: sampled values expected above the threshold (error about 1/sqrt of it)"),
+      GRAVAC_RUNTIME_INT("threshold_run_length", threshold.run_length, 1.0, 1e9,
+                         "threshold: neighbours per sampled run"),
+      GRAVAC_RUNTIME_REAL("threshold_full_histogram_above", threshold.full_histogram_above, 1e-9, 1.0,
+                          "threshold: sample fraction of a layer from which the whole layer's histogram is used"),
+      GRAVAC_RUNTIME_BOOL("randomk_rescale", randomk.rescale, "randomk: scale sent values by numel / k (unbiased)"),
+      GRAVAC_RUNTIME_INT("qsgd_bucket", qsgd.bucket, 0.0, 4294967232.0,
+                         "qsgd: elements per bucket sharing one norm, a multiple of 64 (0: one per layer)"),
+      GRAVAC_RUNTIME_INT("terngrad_bucket", terngrad.bucket, 0.0, 4294967232.0,
+                         "terngrad: elements per bucket sharing one scale, a multiple of 64 (0: one per layer)"),
   };
   return table;
 }

@@ -1,0 +1,183 @@
+#include <catch2/catch.hpp>
+#include <gravac/comm/thread_communicator.hpp>
+#include <gravac/detail/composition_checks.hpp>
+#include <gravac/runtime/make_trainer.hpp>
+#include <gravac/runtime/option_table.hpp>
+#include <gravac/runtime/presets.hpp>
+
+#include "gravac_test_util.hpp"
+
+using namespace gravac;
+namespace rt = gravac::runtime;
+
+namespace {
+
+// A small layout with every layer kind and a matrix PowerSGD can factor.
+layout small_layout() {
+  layout lay;
+  lay.add("conv.weight", {4, 2, 3, 3}, layer_kind::conv);
+  lay.add("fc.weight", {16, 12}, layer_kind::dense);
+  lay.add("fc.bias", {16}, layer_kind::bias_or_norm);
+  return lay;
+}
+
+std::vector<float> gradient(std::size_t n, int rank, int step) {
+  return test::make_data(n, 7919 * static_cast<std::uint64_t>(step) + static_cast<std::uint64_t>(rank) + 1,
+                         rank % 2 ? test::distribution::laplace : test::distribution::gaussian);
+}
+
+}  // namespace
+
+TEST_CASE("runtime: every option of the table reads back what it was set to, and rejects bad values",
+          "[runtime][options]") {
+  rt::method_config m;
+  std::set<std::string_view> seen;
+  for (const auto& o : rt::option_table()) {
+    INFO(o.name);
+    CHECK(seen.insert(o.name).second);  // names are unique
+    CHECK(!o.doc.empty());
+    const std::string def = o.get(m);
+    rt::method_config copy = m;
+    o.set(copy, def);  // the default, as text, is a valid value that reads back the same
+    CHECK(o.get(copy) == def);
+    switch (o.type) {
+      case rt::option_type::boolean:
+        o.set(copy, "true");
+        CHECK(o.get(copy) == "true");
+        CHECK_THROWS_AS(o.set(copy, "maybe"), gravac::error);
+        break;
+      case rt::option_type::integer:
+        CHECK_THROWS_WITH(o.set(copy, "1.5"), Catch::Contains("not an integer"));
+        CHECK_THROWS_WITH(o.set(copy, rt::detail::number_text(o.max * 2 + 1)), Catch::Contains("out of range"));
+        o.set(copy, rt::detail::number_text(o.min));
+        CHECK(std::stod(o.get(copy)) == o.min);
+        break;
+      case rt::option_type::real:
+        CHECK_THROWS_WITH(o.set(copy, "x"), Catch::Contains("not a number"));
+        CHECK_THROWS_WITH(o.set(copy, "nan"), Catch::Contains("not a number"));
+        CHECK_THROWS_WITH(o.set(copy, rt::detail::number_text(o.min - 1)), Catch::Contains("out of range"));
+        break;
+      case rt::option_type::choice: {
+        CHECK_THROWS_WITH(o.set(copy, "nonsense"), Catch::Contains("is not one of"));
+        std::string_view rest = o.choices;
+        while (!rest.empty()) {  // every choice is accepted and reads back
+          const auto c = rest.substr(0, rest.find(','));
+          o.set(copy, c);
+          CHECK(o.get(copy) == c);
+          rest.remove_prefix(std::min(rest.size(), c.size() + 1));
+        }
+        break;
+      }
+    }
+  }
+  CHECK_THROWS_WITH(rt::set_option(m, "kept_fractoin", "0.1"),
+                    Catch::Contains("unknown option 'kept_fractoin'") && Catch::Contains("kept_fraction"));
+  rt::set_option(m, "kept_fraction", "0.25");
+  CHECK(m.fixed.kept_fraction == 0.25);
+  rt::set_option(m, "bucket_mb", "0");
+  CHECK(m.bucket_bytes == bucket_per_layer);
+  rt::set_option(m, "bucket_mb", "1e12");
+  CHECK(m.bucket_bytes == one_bucket);
+  CHECK_THROWS_WITH(rt::value_of(rt::compressor_names, "topkk", "compressor"),
+                    Catch::Contains("unknown compressor 'topkk'") && Catch::Contains("powersgd"));
+}
+
+TEST_CASE("runtime: the composition list is the library's verdict, and every accepted composition steps",
+          "[runtime][compositions]") {
+  const auto all = rt::compositions();
+  REQUIRE(all.size() == std::size(rt::compressor_names) * std::size(rt::collective_names) * std::size(rt::policy_names));
+  // Spot checks against the trainer's own checks (composition_checks.hpp).
+  const auto find = [&](rt::compressor_id c, rt::collective_id k, rt::policy_id p) {
+    for (const auto& x : all)
+      if (x.compressor == c && x.collective == k && x.policy == p) return x.verdict;
+    FAIL("missing composition");
+    return rejection::none;
+  };
+  CHECK(find(rt::compressor_id::topk, rt::collective_id::allgather, rt::policy_id::gravac) ==
+        gravac::detail::composition_verdict<topk, allgather, gravac_policy>());
+  CHECK(find(rt::compressor_id::qsgd, rt::collective_id::allreduce_compatible, rt::policy_id::fixed) ==
+        rejection::not_summable);
+  CHECK(find(rt::compressor_id::powersgd, rt::collective_id::allgather, rt::policy_id::fixed) ==
+        rejection::low_rank_needs_allreduces);
+  CHECK(find(rt::compressor_id::adacomp, rt::collective_id::allgather, rt::policy_id::accordion) ==
+        rejection::decisions_ignored);
+
+  const layout lay = small_layout();
+  std::size_t accepted = 0;
+  run_ranks(2, [&](thread_communicator& comm) {
+    for (const auto& x : all) {
+      rt::method_config m;
+      m.compressor = x.compressor;
+      m.collective = x.collective;
+      m.policy = x.policy;
+      m.fixed.kept_fraction = 0.1;
+      INFO(rt::method_name(m));
+      if (x.verdict != rejection::none) {
+        CHECK(rt::verdict(m) == x.verdict);
+        CHECK_THROWS_WITH(rt::make_trainer(m, comm, lay),
+                          Catch::Contains("does not accept " + rt::method_name(m)) &&
+                              Catch::Contains(std::string(to_string(x.verdict))));
+        continue;
+      }
+      if (comm.rank() == 0) ++accepted;
+      auto t = rt::make_trainer(m, comm, lay);
+      REQUIRE(t);
+      CHECK(t->get_layout().hash() == lay.hash());
+      for (int s = 0; s < 2; ++s) {
+        auto g = gradient(lay.numel(), comm.rank(), s);
+        const auto& r = t->step(g);
+        CHECK(r.step == static_cast<std::uint64_t>(s));
+        for (float v : g) REQUIRE(std::isfinite(v));
+      }
+    }
+  });
+  // Every compressor has at least one accepted composition; most triples are refused.
+  CHECK(accepted >= std::size(rt::compressor_names));
+  CHECK(accepted < all.size());
+}
+
+TEST_CASE("runtime: make_trainer's trainer equals trainer<C, K, P> bit for bit, and its state resumes exactly",
+          "[runtime][determinism]") {
+  const layout lay = small_layout();
+  rt::method_config m = rt::recommended(20);
+  m.gravac.warmup_steps = 3;
+  m.gravac.window = 3;
+  m.gravac.time.source = time_source::modeled;  // no wall clock in the decisions: same bits every run
+  m.seed = 5;
+  constexpr int steps = 30, cut = 17;
+  std::vector<std::vector<float>> direct(2), erased(2), resumed(2);
+  run_ranks(2, [&](thread_communicator& comm) {
+    trainer<topk, allgather, gravac_policy> t(comm, lay,
+                                             {.compressor = m.topk, .collective = m.allgather, .policy = m.gravac,
+                                              .seed = m.seed, .bucket_bytes = m.bucket_bytes});
+    auto e = rt::make_trainer(m, comm, lay);
+    std::vector<std::byte> state;
+    for (int s = 0; s < steps; ++s) {
+      auto a = gradient(lay.numel(), comm.rank(), s), b = a;
+      t.step(a);
+      e->step(b);
+      REQUIRE(a == b);
+      if (s == cut) state = e->save_state();
+      if (s == steps - 1) direct[comm.rank()] = a, erased[comm.rank()] = b;
+    }
+    // A fresh trainer loads the state of step `cut` and replays the rest.
+    auto r = rt::make_trainer(m, comm, lay);
+    r->load_state(state);
+    std::vector<float> last;
+    for (int s = cut + 1; s < steps; ++s) {
+      last = gradient(lay.numel(), comm.rank(), s);
+      r->step(last);
+    }
+    resumed[comm.rank()] = last;
+    // Bytes that are not a state are refused and change nothing.
+    auto bad = state;
+    bad[bad.size() / 2] ^= std::byte{0x5a};
+    CHECK_THROWS_AS(r->load_state(bad), gravac::error);
+    CHECK_THROWS_AS(r->load_state(std::span<const std::byte>(state.data(), 10)), gravac::error);
+  });
+  CHECK(direct == erased);
+  CHECK(resumed == erased);
+  CHECK(!rt::recommended().gravac.dense_candidate == false);
+  CHECK(rt::preset("dense").compressor == rt::compressor_id::identity);
+  CHECK_THROWS_WITH(rt::preset("fastest"), Catch::Contains("unknown preset 'fastest'") && Catch::Contains("recommended"));
+}
