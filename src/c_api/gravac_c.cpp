@@ -1,0 +1,608 @@
+// SPDX-License-Identifier: MIT
+// The C ABI (include/gravac_c.h) over the runtime composition (gravac::runtime): every entry
+// point catches everything, maps gravac::error's status to gravac_status and leaves the
+// message in a thread-local string for gravac_last_error().
+
+#include "gravac_c.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "gravac/comm/callback_communicator.hpp"
+#include "gravac/comm/thread_communicator.hpp"
+#include "gravac/detail/fnv1a.hpp"
+#include "gravac/runtime/make_trainer.hpp"
+#include "gravac/runtime/option_table.hpp"
+#include "gravac/runtime/presets.hpp"
+
+#ifndef GRAVAC_C_VERSION_STRING
+#define GRAVAC_C_VERSION_STRING "0.0.0"
+#endif
+
+namespace rt = gravac::runtime;
+
+namespace {
+
+// A callback table without alltoallv: hides callback_communicator's, so that the engine is
+// seen as one without it (communicator_ref::has_alltoallv() is false, and flexible never
+// picks the compressed allreduce).
+class callback_communicator_without_alltoallv {
+ public:
+  using communicator_tag = void;
+  using memory_space = gravac::host_space;
+  using byte_buffer = std::vector<std::byte>;
+  explicit callback_communicator_without_alltoallv(const gravac_comm_callbacks& cb) : c_(cb) {}
+  [[nodiscard]] int rank() const noexcept { return c_.rank(); }
+  [[nodiscard]] int size() const noexcept { return c_.size(); }
+  void allreduce_sum(std::span<float> d) { c_.allreduce_sum(d); }
+  void allreduce_sum(std::span<double> d) { c_.allreduce_sum(d); }
+  void allreduce_max(std::span<double> d) { c_.allreduce_max(d); }
+  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
+    c_.allgatherv(in, out, sizes);
+  }
+  void broadcast(std::span<std::byte> d, int root) { c_.broadcast(d, root); }
+  void barrier() { c_.barrier(); }
+
+ private:
+  gravac::callback_communicator c_;
+};
+static_assert(gravac::Communicator<callback_communicator_without_alltoallv>);
+static_assert(!gravac::AlltoallCommunicator<callback_communicator_without_alltoallv>);
+
+thread_local std::string last_error;
+
+gravac_status status_of(gravac::status s) noexcept {
+  switch (s) {
+    case gravac::status::ok:
+      return GRAVAC_OK;
+    case gravac::status::invalid_argument:
+      return GRAVAC_INVALID_ARGUMENT;
+    case gravac::status::malformed_packet:
+      return GRAVAC_MALFORMED_PACKET;
+    case gravac::status::layout_mismatch:
+      return GRAVAC_LAYOUT_MISMATCH;
+    case gravac::status::non_finite:
+      return GRAVAC_NON_FINITE;
+    case gravac::status::backend_failure:
+      return GRAVAC_BACKEND_FAILURE;
+    case gravac::status::timeout:
+      return GRAVAC_TIMEOUT;
+    case gravac::status::aborted:
+      return GRAVAC_ABORTED;
+    case gravac::status::io_failure:
+      return GRAVAC_IO_FAILURE;
+    case gravac::status::diverged:
+      return GRAVAC_DIVERGED;
+  }
+  return GRAVAC_INTERNAL;
+}
+
+// A failure of the C boundary itself (a NULL pointer, a bad struct_size, CUDA memory).
+struct c_failure {
+  gravac_status code;
+  std::string what;
+};
+
+[[noreturn]] void fail(gravac_status code, std::string what) { throw c_failure{code, std::move(what)}; }
+
+void need(bool ok, const char* what) {
+  if (!ok) fail(GRAVAC_INVALID_ARGUMENT, what);
+}
+
+// Runs \p f, turning every exception into a status and a message.
+template <class F>
+gravac_status guarded(const char* fn, F&& f) noexcept {
+  try {
+    f();
+    last_error.clear();
+    return GRAVAC_OK;
+  } catch (const c_failure& e) {
+    try {
+      last_error = std::string(fn) + ": " + e.what;
+    } catch (...) {
+    }
+    return e.code;
+  } catch (const gravac::error& e) {
+    try {
+      last_error = std::string(fn) + ": " + e.what();
+    } catch (...) {
+    }
+    return status_of(e.code());
+  } catch (const std::bad_alloc&) {
+    try {
+      last_error = std::string(fn) + ": out of memory";
+    } catch (...) {
+    }
+    return GRAVAC_INTERNAL;
+  } catch (const std::exception& e) {
+    try {
+      last_error = std::string(fn) + ": " + e.what();
+    } catch (...) {
+    }
+    return GRAVAC_INTERNAL;
+  } catch (...) {
+    try {
+      last_error = std::string(fn) + ": unknown exception";
+    } catch (...) {
+    }
+    return GRAVAC_INTERNAL;
+  }
+}
+
+rt::method_config method_of(const gravac_method* m) {
+  need(m != nullptr, "method is NULL");
+  need(m->struct_size >= sizeof(gravac_method), "method->struct_size is smaller than sizeof(gravac_method)");
+  rt::method_config c = m->preset ? rt::preset(m->preset) : rt::method_config{};
+  if (m->compressor) c.compressor = rt::value_of(rt::compressor_names, m->compressor, "compressor");
+  if (m->collective) c.collective = rt::value_of(rt::collective_names, m->collective, "collective");
+  if (m->policy) c.policy = rt::value_of(rt::policy_names, m->policy, "policy");
+  c.seed = m->seed;
+  if (m->bucket_mb >= 0) c.bucket_bytes = rt::bucket_bytes_of(m->bucket_mb);
+  need(m->bucket_mb == m->bucket_mb, "method->bucket_mb is NaN");
+  // A live program: the policies time what they measure on this machine, not a model.
+  c.gravac.time.source = gravac::time_source::measured;
+  c.flexible.source = c.moo.source = gravac::network_source::measured;
+  need(m->option_count == 0 || (m->option_names && m->option_values),
+       "method->option_names or option_values is NULL with option_count > 0");
+  for (std::size_t i = 0; i < m->option_count; ++i) {
+    need(m->option_names[i] && m->option_values[i], "an option name or value is NULL");
+    rt::set_option(c, m->option_names[i], m->option_values[i]);
+  }
+  return c;
+}
+
+// The method's whole configuration as text: what every rank must agree on.
+std::string signature_of(const rt::method_config& c) {
+  std::string s = rt::method_name(c) + "|seed=" + std::to_string(c.seed) +
+                  "|bucket_bytes=" + std::to_string(c.bucket_bytes) +
+                  "|non_finite=" + std::to_string(static_cast<int>(c.on_non_finite));
+  for (const auto& o : rt::option_table()) s += "|" + std::string(o.name) + "=" + o.get(c);
+  return s;
+}
+
+gravac::layout layout_of(const gravac_layer* layers, std::size_t count) {
+  need(count == 0 || layers != nullptr, "layers is NULL with layer_count > 0");
+  gravac::layout lay;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto& l = layers[i];
+    need(l.name != nullptr, "a layer's name is NULL");
+    need(l.ndim == 0 || l.shape != nullptr, "a layer's shape is NULL with ndim > 0");
+    need(l.kind >= GRAVAC_LAYER_CONV && l.kind <= GRAVAC_LAYER_BIAS_OR_NORM, "a layer's kind is out of range");
+    std::vector<std::size_t> shape = l.ndim == 0 ? std::vector<std::size_t>{1}
+                                                 : std::vector<std::size_t>(l.shape, l.shape + l.ndim);
+    lay.add(l.name, std::move(shape), static_cast<gravac::layer_kind>(l.kind));
+  }
+  return lay;
+}
+
+void fill_report(const gravac::step_report& r, gravac_step_report* out) {
+  if (out == nullptr) return;
+  need(out->struct_size >= sizeof(gravac_step_report),
+       "report->struct_size is smaller than sizeof(gravac_step_report)");
+  const auto size = out->struct_size;
+  std::memset(out, 0, sizeof(gravac_step_report));
+  out->struct_size = size;
+  out->step = r.step;
+  out->bytes_sent = r.bytes_sent;
+  out->dense_bytes = r.dense_bytes;
+  out->wire_bytes_sent = r.wire_bytes_sent;
+  out->wire_bytes_received = r.wire_bytes_received;
+  out->gain = r.gain;
+  out->mean_kept_fraction =
+      r.kept_fraction.empty()
+          ? 0.0
+          : std::accumulate(r.kept_fraction.begin(), r.kept_fraction.end(), 0.0) / double(r.kept_fraction.size());
+  out->collective = gravac::to_string(r.collective).data();  // literals: NUL-terminated, static
+  out->fallback = gravac::to_string(r.fallback).data();
+  out->compress_s = r.compress_s;
+  out->communicate_s = r.communicate_s;
+  out->decompress_s = r.decompress_s;
+  out->exposed_communicate_s = r.exposed_communicate_s;
+  out->buckets = r.buckets;
+  out->skipped = r.skipped ? 1 : 0;
+}
+
+void host_only(gravac_device device, void* stream) {
+  if (device == GRAVAC_DEVICE_CUDA)
+    fail(GRAVAC_UNSUPPORTED,
+         "CUDA memory: this build of libgravac_c steps host memory only (the CUDA path of the C ABI is not "
+         "implemented yet); pass GRAVAC_DEVICE_HOST buffers");
+  need(device == GRAVAC_DEVICE_HOST, "device is not a gravac_device");
+  need(stream == nullptr, "stream must be NULL with host memory");
+}
+
+}  // namespace
+
+struct gravac_thread_world {
+  explicit gravac_thread_world(int size) : team(size) {}
+  gravac::thread_team team;
+};
+
+struct gravac_comm {
+  std::variant<gravac::thread_communicator, gravac::callback_communicator, callback_communicator_without_alltoallv>
+      engine;
+  [[nodiscard]] rt::host_comm ref() {
+    return std::visit([](auto& e) { return rt::host_comm(e); }, engine);
+  }
+  [[nodiscard]] bool has_alltoallv() const { return engine.index() != 2; }
+};
+
+struct gravac_trainer {
+  std::unique_ptr<rt::any_trainer> t;
+  std::vector<double> kept;  // the last step's kept fraction of each layer
+  bool in_step = false;      // between begin_step and finish
+  std::uint64_t steps = 0;   // steps completed through this handle (interval_info::step)
+};
+
+extern "C" {
+
+int gravac_abi_version(void) { return GRAVAC_C_ABI_VERSION; }
+
+const char* gravac_version(void) { return GRAVAC_C_VERSION_STRING; }
+
+const char* gravac_last_error(void) { return last_error.c_str(); }
+
+const char* gravac_status_name(gravac_status s) {
+  switch (s) {
+    case GRAVAC_OK:
+      return "ok";
+    case GRAVAC_INVALID_ARGUMENT:
+      return "invalid argument";
+    case GRAVAC_MALFORMED_PACKET:
+      return "malformed packet";
+    case GRAVAC_LAYOUT_MISMATCH:
+      return "layout mismatch";
+    case GRAVAC_NON_FINITE:
+      return "non-finite";
+    case GRAVAC_BACKEND_FAILURE:
+      return "backend failure";
+    case GRAVAC_TIMEOUT:
+      return "timeout";
+    case GRAVAC_ABORTED:
+      return "aborted";
+    case GRAVAC_IO_FAILURE:
+      return "I/O failure";
+    case GRAVAC_DIVERGED:
+      return "diverged";
+    case GRAVAC_BUFFER_TOO_SMALL:
+      return "buffer too small";
+    case GRAVAC_UNSUPPORTED:
+      return "unsupported";
+    case GRAVAC_INTERNAL:
+      return "internal error";
+  }
+  return "unknown status";
+}
+
+gravac_status gravac_name_at(gravac_name_list list, size_t index, const char** name) {
+  return guarded("gravac_name_at", [&] {
+    need(name != nullptr, "name is NULL");
+    const auto pick = [&](const auto& table, const char* what) {
+      if (index >= std::size(table))
+        fail(GRAVAC_INVALID_ARGUMENT, "index " + std::to_string(index) + " is past the end of the " + what +
+                                          " (" + std::to_string(std::size(table)) + " entries)");
+      return table[index];
+    };
+    switch (list) {
+      case GRAVAC_COMPRESSORS:
+        *name = pick(rt::compressor_names, "compressors").name.data();
+        return;
+      case GRAVAC_COLLECTIVES:
+        *name = pick(rt::collective_names, "collectives").name.data();
+        return;
+      case GRAVAC_POLICIES:
+        *name = pick(rt::policy_names, "policies").name.data();
+        return;
+      case GRAVAC_PRESETS:
+        *name = pick(rt::preset_names, "presets").data();
+        return;
+    }
+    fail(GRAVAC_INVALID_ARGUMENT, "list is not a gravac_name_list");
+  });
+}
+
+size_t gravac_option_count(void) { return rt::option_table().size(); }
+
+gravac_status gravac_option_at(size_t index, gravac_option_info* info) {
+  return guarded("gravac_option_at", [&] {
+    need(info != nullptr, "info is NULL");
+    const auto table = rt::option_table();
+    if (index >= table.size())
+      fail(GRAVAC_INVALID_ARGUMENT, "index " + std::to_string(index) + " is past the end of the option table (" +
+                                        std::to_string(table.size()) + " entries)");
+    // Defaults as text, made once (thread-safe static initialisation).
+    static const std::vector<std::string> defaults = [] {
+      std::vector<std::string> d;
+      const rt::method_config m{};
+      for (const auto& o : rt::option_table()) d.push_back(o.get(m));
+      return d;
+    }();
+    // The choices as NUL-terminated strings (string_views of literals, but one place to be sure).
+    static const std::vector<std::string> choices = [] {
+      std::vector<std::string> c;
+      for (const auto& o : rt::option_table()) c.emplace_back(o.choices);
+      return c;
+    }();
+    static const std::vector<std::string> docs = [] {
+      std::vector<std::string> c;
+      for (const auto& o : rt::option_table()) c.emplace_back(o.doc);
+      return c;
+    }();
+    static const std::vector<std::string> names = [] {
+      std::vector<std::string> c;
+      for (const auto& o : rt::option_table()) c.emplace_back(o.name);
+      return c;
+    }();
+    const auto& o = table[index];
+    info->name = names[index].c_str();
+    info->type = static_cast<gravac_option_type>(o.type);
+    info->min = o.min;
+    info->max = o.max;
+    info->choices = choices[index].c_str();
+    info->default_value = defaults[index].c_str();
+    info->doc = docs[index].c_str();
+  });
+}
+
+gravac_status gravac_method_check(const gravac_method* method) {
+  return guarded("gravac_method_check", [&] { rt::require_accepted(method_of(method)); });
+}
+
+gravac_status gravac_comm_from_callbacks(const gravac_comm_callbacks* callbacks, gravac_comm** comm) {
+  return guarded("gravac_comm_from_callbacks", [&] {
+    need(comm != nullptr, "comm is NULL");
+    *comm = nullptr;
+    need(callbacks != nullptr, "callbacks is NULL");
+    need(callbacks->struct_size >= sizeof(gravac_comm_callbacks),
+         "callbacks->struct_size is smaller than sizeof(gravac_comm_callbacks)");
+    auto c = callbacks->alltoallv
+                 ? std::make_unique<gravac_comm>(gravac_comm{gravac::callback_communicator(*callbacks)})
+                 : std::make_unique<gravac_comm>(gravac_comm{callback_communicator_without_alltoallv(*callbacks)});
+    *comm = c.release();
+  });
+}
+
+gravac_status gravac_thread_world_create(int size, gravac_thread_world** world) {
+  return guarded("gravac_thread_world_create", [&] {
+    need(world != nullptr, "world is NULL");
+    *world = nullptr;
+    need(size > 0, "size must be positive");
+    *world = new gravac_thread_world(size);
+  });
+}
+
+gravac_status gravac_comm_from_thread_world(gravac_thread_world* world, int rank, gravac_comm** comm) {
+  return guarded("gravac_comm_from_thread_world", [&] {
+    need(comm != nullptr, "comm is NULL");
+    *comm = nullptr;
+    need(world != nullptr, "world is NULL");
+    need(rank >= 0 && rank < world->team.size(), "rank is out of range");
+    *comm = new gravac_comm{gravac::thread_communicator(world->team, rank)};
+  });
+}
+
+void gravac_thread_world_destroy(gravac_thread_world* world) { delete world; }
+
+void gravac_comm_destroy(gravac_comm* comm) { delete comm; }
+
+gravac_status gravac_trainer_create(const gravac_method* method, const gravac_layer* layers, size_t layer_count,
+                                    gravac_comm* comm, gravac_trainer** trainer) {
+  return guarded("gravac_trainer_create", [&] {
+    need(trainer != nullptr, "trainer is NULL");
+    *trainer = nullptr;
+    need(comm != nullptr, "comm is NULL");
+    // Everything local first, but a rank whose method or layers are invalid still takes part
+    // in the agreement below, so that the other ranks fail too instead of waiting for it.
+    rt::method_config m;
+    gravac::layout lay;
+    std::exception_ptr local_failure;
+    std::uint64_t mine = 0;
+    try {
+      m = method_of(method);
+      rt::require_accepted(m);
+      lay = layout_of(layers, layer_count);
+      if (m.collective == rt::collective_id::compressed_allreduce && !comm->has_alltoallv())
+        fail(GRAVAC_INVALID_ARGUMENT,
+             "the compressed_allreduce collective needs an alltoallv callback (it is NULL in the table)");
+      const auto sig = signature_of(m);
+      mine = gravac::detail::fnv1a(sig.data(), sig.size(), lay.hash());
+      if (mine == 0) mine = 1;  // 0 marks a rank that failed
+    } catch (...) {
+      local_failure = std::current_exception();
+    }
+    auto ref = comm->ref();
+    std::vector<std::byte> all;
+    std::vector<std::size_t> sizes;
+    ref.allgatherv(std::as_bytes(std::span(&mine, 1)), all, sizes);
+    if (local_failure) std::rethrow_exception(local_failure);
+    std::string differ, failed;
+    for (std::size_t r = 0; r < sizes.size(); ++r) {
+      std::uint64_t theirs = 0;
+      gravac::require(sizes[r] == sizeof theirs, "a rank sent a malformed method signature");
+      std::memcpy(&theirs, all.data() + r * sizeof theirs, sizeof theirs);
+      if (theirs == 0)
+        failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+      else if (theirs != mine)
+        differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!failed.empty())
+      throw gravac::error(gravac::status::layout_mismatch,
+                          "rank(s) " + failed + " could not build their trainer (invalid method or layers)",
+                          ref.rank());
+    if (!differ.empty())
+      throw gravac::error(gravac::status::layout_mismatch,
+                          "this rank was given another compressor, collective, policy, options or layers than "
+                          "rank(s) " +
+                              differ + "; every rank must create its trainer with the same method and layers",
+                          ref.rank());
+    auto t = std::make_unique<gravac_trainer>();
+    t->t = rt::make_trainer(m, ref, lay);
+    t->kept.assign(lay.size(), 0.0);
+    *trainer = t.release();
+  });
+}
+
+void gravac_trainer_destroy(gravac_trainer* trainer) {
+  if (trainer == nullptr) return;
+  try {
+    if (trainer->in_step) trainer->t->finish();  // the communication thread must not outlive its buffer
+  } catch (...) {
+  }
+  delete trainer;
+}
+
+gravac_status gravac_trainer_numel(const gravac_trainer* trainer, size_t* numel) {
+  return guarded("gravac_trainer_numel", [&] {
+    need(trainer != nullptr && numel != nullptr, "trainer or numel is NULL");
+    *numel = trainer->t->get_layout().numel();
+  });
+}
+
+namespace {
+std::span<float> grads_of(gravac_trainer* trainer, float* grads, size_t numel) {
+  need(trainer != nullptr, "trainer is NULL");
+  const auto n = trainer->t->get_layout().numel();
+  if (numel != n)
+    fail(GRAVAC_INVALID_ARGUMENT,
+         "numel is " + std::to_string(numel) + " but the trainer's layout has " + std::to_string(n) + " elements");
+  need(grads != nullptr || n == 0, "grads is NULL");
+  return {grads, numel};
+}
+}  // namespace
+
+gravac_status gravac_trainer_step(gravac_trainer* trainer, float* grads, size_t numel, gravac_device device,
+                                  void* stream, gravac_step_report* report) {
+  return guarded("gravac_trainer_step", [&] {
+    host_only(device, stream);
+    const auto g = grads_of(trainer, grads, numel);
+    need(!trainer->in_step, "an overlapped step is in progress (call gravac_trainer_finish first)");
+    need(report == nullptr || report->struct_size >= sizeof(gravac_step_report),
+         "report->struct_size is smaller than sizeof(gravac_step_report)");
+    const auto& r = trainer->t->step(g);
+    trainer->kept = r.kept_fraction;
+    ++trainer->steps;
+    fill_report(r, report);
+  });
+}
+
+gravac_status gravac_trainer_begin_step(gravac_trainer* trainer, float* grads, size_t numel, gravac_device device,
+                                        void* stream) {
+  return guarded("gravac_trainer_begin_step", [&] {
+    host_only(device, stream);
+    const auto g = grads_of(trainer, grads, numel);
+    need(!trainer->in_step, "an overlapped step is already in progress");
+    trainer->t->begin_step(g);
+    trainer->in_step = true;
+  });
+}
+
+gravac_status gravac_trainer_ready(gravac_trainer* trainer, size_t layer) {
+  return guarded("gravac_trainer_ready", [&] {
+    need(trainer != nullptr, "trainer is NULL");
+    need(trainer->in_step, "no overlapped step is in progress (call gravac_trainer_begin_step first)");
+    need(layer < trainer->t->get_layout().size(), "layer is out of range");
+    trainer->t->ready(layer);
+  });
+}
+
+gravac_status gravac_trainer_finish(gravac_trainer* trainer, gravac_step_report* report) {
+  return guarded("gravac_trainer_finish", [&] {
+    need(trainer != nullptr, "trainer is NULL");
+    need(trainer->in_step, "no overlapped step is in progress (call gravac_trainer_begin_step first)");
+    need(report == nullptr || report->struct_size >= sizeof(gravac_step_report),
+         "report->struct_size is smaller than sizeof(gravac_step_report)");
+    trainer->in_step = false;
+    const auto& r = trainer->t->finish();
+    trainer->kept = r.kept_fraction;
+    ++trainer->steps;
+    fill_report(r, report);
+  });
+}
+
+gravac_status gravac_trainer_kept_fractions(const gravac_trainer* trainer, double* out, size_t count) {
+  return guarded("gravac_trainer_kept_fractions", [&] {
+    need(trainer != nullptr && out != nullptr, "trainer or out is NULL");
+    const auto layers = trainer->t->get_layout().size();
+    if (count != layers)
+      fail(GRAVAC_INVALID_ARGUMENT,
+           "count is " + std::to_string(count) + " but the trainer has " + std::to_string(layers) + " layers");
+    for (std::size_t i = 0; i < layers; ++i) out[i] = i < trainer->kept.size() ? trainer->kept[i] : 0.0;
+  });
+}
+
+gravac_status gravac_trainer_end_interval(gravac_trainer* trainer, uint64_t epoch, double learning_rate,
+                                          double samples) {
+  return guarded("gravac_trainer_end_interval", [&] {
+    need(trainer != nullptr, "trainer is NULL");
+    need(!trainer->in_step, "an overlapped step is in progress");
+    gravac::interval_info info;
+    info.step = trainer->steps;
+    info.epoch = epoch;
+    info.learning_rate = learning_rate;
+    info.samples = samples;
+    trainer->t->end_interval(info);
+  });
+}
+
+gravac_status gravac_trainer_policy_state(const gravac_trainer* trainer, char* out, size_t capacity,
+                                          size_t* length) {
+  gravac_status too_small = GRAVAC_OK;
+  const auto s = guarded("gravac_trainer_policy_state", [&] {
+    need(trainer != nullptr && length != nullptr, "trainer or length is NULL");
+    const auto text = trainer->t->policy_state();
+    *length = text.size();
+    if (out == nullptr) return;
+    if (capacity < text.size() + 1) {
+      too_small = GRAVAC_BUFFER_TOO_SMALL;
+      return;
+    }
+    std::memcpy(out, text.c_str(), text.size() + 1);
+  });
+  if (s == GRAVAC_OK && too_small != GRAVAC_OK) {
+    last_error = "gravac_trainer_policy_state: capacity " + std::to_string(capacity) + " is below the " +
+                 std::to_string(*length + 1) + " bytes needed";
+    return too_small;
+  }
+  return s;
+}
+
+gravac_status gravac_trainer_save(const gravac_trainer* trainer, void* out, size_t capacity, size_t* size) {
+  gravac_status too_small = GRAVAC_OK;
+  const auto s = guarded("gravac_trainer_save", [&] {
+    need(trainer != nullptr && size != nullptr, "trainer or size is NULL");
+    need(!trainer->in_step, "an overlapped step is in progress");
+    const auto bytes = trainer->t->save_state();
+    *size = bytes.size();
+    if (out == nullptr) return;
+    if (capacity < bytes.size()) {
+      too_small = GRAVAC_BUFFER_TOO_SMALL;
+      return;
+    }
+    if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());
+  });
+  if (s == GRAVAC_OK && too_small != GRAVAC_OK) {
+    last_error = "gravac_trainer_save: capacity " + std::to_string(capacity) + " is below the " +
+                 std::to_string(*size) + " bytes needed";
+    return too_small;
+  }
+  return s;
+}
+
+gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, size_t size) {
+  return guarded("gravac_trainer_load", [&] {
+    need(trainer != nullptr, "trainer is NULL");
+    need(data != nullptr || size == 0, "data is NULL");
+    need(!trainer->in_step, "an overlapped step is in progress");
+    trainer->t->load_state(std::span(static_cast<const std::byte*>(data), size));
+  });
+}
+
+}  // extern "C"
