@@ -1,0 +1,699 @@
+#!/usr/bin/env python3
+"""A byte-level transformer under DDP: PyTorch's communication hooks against gravac's.
+
+Every method trains the same decoder-only language model (bench/torch/tiny_gpt.py: 4
+layers, d_model 256, 4 heads, context 128, learned positions, pre-LayerNorm, GELU MLP,
+tied embeddings; 3.26M parameters) on the text of Debian's `fortunes` package, with the
+same seed, initial weights, data order and AdamW schedule, under
+torch.nn.parallel.DistributedDataParallel with Gloo on --ranks CPU processes. Only the
+gradient exchange differs:
+
+  torch_allreduce     DDP's built-in allreduce (no hook)
+  torch_fp16          default_hooks.fp16_compress_hook
+  torch_powersgd      powerSGD_hook.powerSGD_hook (rank R, start_powerSGD_iter 10, PyTorch's default)
+  gravac_dense        gravac identity + dense_allreduce + fixed
+  gravac_cast16       gravac cast16 + dense_allreduce + fixed
+  gravac_powersgd     gravac powersgd + low_rank_allreduce + fixed (powersgd_rank R)
+  gravac_topk         gravac topk + allgather + fixed (kept_fraction 0.01)
+  gravac_recommended  gravac preset="recommended" (or, where ddp_hook has no preset yet, what it
+                      is: topk + allgather + gravac, gravac_dense=True, gravac_period=100)
+  gravac_adacomp      gravac adacomp + allgather + adacomp
+  gravac_accordion    gravac topk + allgather + accordion
+
+The gravac rows need `gravac.torch`; when it cannot be imported they are skipped with a
+message and the PyTorch rows still run.
+
+Output (--out-dir, default bench/torch/results/transformer): one CSV per method (a row per
+step: losses, bytes, measured step time, modeled time at each bandwidth), summary.csv,
+summary.md and three PNG plots drawn with gnuplot (validation loss against steps and against
+modeled time at 1 Gbit/s and 100 Mbit/s).
+
+Modeled time of a step = compute + codec + communication, where
+  compute        forward + backward + AdamW of one rank's shard, measured once per invocation
+                 in the parent process on one thread with nothing else of ours running (the
+                 same figure for every method);
+  codec          gravac rows: the report's compress_s + decompress_s (median over the steady
+                 steps, mean over ranks, measured in the run itself); PyTorch's fp16: a measured
+                 cast of the gradient to half and back; PyTorch's PowerSGD: a measured replay of
+                 its arithmetic on this model's shapes (P = M Q, orthogonalise, Q = M^T P,
+                 M = P Q^T per matrix, and its error-feedback adds); no hook: 0;
+  communication  alpha-beta: messages x latency + wire bytes / bandwidth, the wire bytes of a
+                 ring allreduce (2(N-1)/N x payload, 2(N-1) messages) or ring allgather
+                 ((N-1) x payload, N-1 messages), counted by wrapping torch.distributed's
+                 collectives (bench/torch/ddp_hooks.py), 4 x numel for DDP's own allreduce,
+                 and gravac's `last_report()["wire_bytes_sent"]` for the gravac rows.
+No overlap of communication with backward is modeled.
+
+Run with Debian's Python (python3-torch):
+
+  /usr/bin/python3 bench/torch/transformer.py              # all methods (about 30 min on 2 cores)
+  /usr/bin/python3 bench/torch/transformer.py --quick      # a few steps per method
+"""
+import argparse
+import copy
+import csv
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import torch.nn.functional as F
+except ImportError:  # pragma: no cover
+    sys.exit("transformer.py: torch is not importable by %s; run it with Debian's Python: /usr/bin/python3 %s"
+             % (sys.executable, " ".join(sys.argv)))
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_hooks import CollectiveCounter, loaded_blas  # noqa: E402
+import tiny_gpt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name -> (family, (compressor, collective, policy) or None)
+METHODS = {
+    "torch_allreduce": ("torch", None),
+    "torch_fp16": ("torch", None),
+    "torch_powersgd": ("torch", None),
+    "gravac_dense": ("gravac", ("identity", "dense_allreduce", "fixed")),
+    "gravac_cast16": ("gravac", ("cast16", "dense_allreduce", "fixed")),
+    "gravac_powersgd": ("gravac", ("powersgd", "low_rank_allreduce", "fixed")),
+    "gravac_topk": ("gravac", ("topk", "allgather", "fixed")),
+    "gravac_recommended": ("gravac", "recommended"),
+    "gravac_adacomp": ("gravac", ("adacomp", "allgather", "adacomp")),
+    "gravac_accordion": ("gravac", ("topk", "allgather", "accordion")),
+}
+RECOMMENDED_EXPANDED = dict(compressor="topk", collective="allgather", policy="gravac", gravac_dense=True,
+                            gravac_period=100)
+
+# Collective calls per bucket of each gravac collective (for the latency term only; an estimate:
+# the bandwidth term uses the report's wire bytes). allgather sends the sizes first (Gloo has no
+# variable-length allgather); low_rank_allreduce reduces the Ps, then the Qs (the vectors ride along).
+GRAVAC_CALLS = {"dense_allreduce": ("allreduce", 1), "compressed_allreduce": ("allreduce", 1),
+                "allreduce_compatible": ("allreduce", 1), "low_rank_allreduce": ("allreduce", 2),
+                "allgather": ("allgather", 2), "flexible": ("allgather", 2)}
+
+BANDWIDTHS = (("1g", 1e9), ("100m", 1e8))  # bit/s
+
+# ----------------------------------------------------------------------- helpers
+
+
+def gravac_available():
+    """(True, "") when gravac.torch imports and its library loads (option_names() calls into it)."""
+    try:
+        import gravac.torch as gt
+
+        if hasattr(gt, "option_names"):
+            gt.option_names()
+    except Exception as e:  # ImportError, a library that fails to load, ...
+        return False, "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    return True, ""
+
+
+class MessageCounter(CollectiveCounter):
+    """ddp_hooks.py's counter (payload and wire bytes of every counted collective) that also
+    counts the messages each call puts on the wire under the ring model."""
+
+    def reset(self):
+        super().reset()
+        self.msgs = 0
+
+    def _wrap(self, name, fn):
+        inner = super()._wrap(name, fn)
+
+        def counted(*args, **kwargs):
+            self.msgs += messages_of("allreduce" if name == "all_reduce" else "allgather", self.world)
+            return inner(*args, **kwargs)
+
+        counted.__wrapped__ = fn
+        return counted
+
+
+def messages_of(kind, world):
+    """Messages one rank sends in a ring collective."""
+    return 2 * (world - 1) if kind == "allreduce" else (world - 1)
+
+
+def lr_at(step, args):
+    """Linear warm-up over warmup_steps, then cosine to min_lr_ratio x lr at the last step."""
+    lr, warm, total = args["lr"], args["lr_warmup"], args["steps"]
+    if step < warm:
+        return lr * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    floor = args["min_lr_ratio"]
+    return lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def make_model(args):
+    torch.manual_seed(args["seed"])
+    return tiny_gpt.TinyGPT(args["layers"], args["d_model"], args["heads"], args["context"]).init_weights(args["seed"])
+
+
+def make_opt(model, args):
+    return torch.optim.AdamW(tiny_gpt.param_groups(model, args["weight_decay"]), lr=args["lr"], betas=(0.9, 0.95))
+
+
+def batch_starts(args, n_train):
+    """Every step's window starts into the training text: [steps, global batch], drawn from
+    numpy.random.default_rng(seed), the same on every rank and for every method."""
+    rng = np.random.default_rng(args["seed"])
+    return rng.integers(0, n_train - args["context"] - 1, size=(args["steps"], args["batch"]))
+
+
+def windows(text, starts, context):
+    idx = torch.from_numpy(np.stack([text[s : s + context + 1] for s in starts]).astype(np.int64))
+    return idx[:, :-1], idx[:, 1:]
+
+
+def val_starts(n_val, count, context):
+    """`count` non-overlapping windows spread evenly over the validation text."""
+    last = n_val - context - 1
+    return [int(round(i * last / max(1, count - 1))) for i in range(count)]
+
+
+def evaluate(model, val, starts, context, rank, world, all_reduce):
+    """Mean validation loss over `starts`, each rank taking its share (summed by an
+    uncounted allreduce)."""
+    mine = starts[rank::world]
+    total, n = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(mine), 4):
+            x, y = windows(val, mine[i : i + 4], context)
+            logits = model(x)
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
+            n += y.numel()
+    model.train()
+    t = torch.tensor([total, float(n)], dtype=torch.float64)
+    all_reduce(t)
+    return float(t[0] / t[1])
+
+
+# ------------------------------------------------------------------------- worker
+
+
+def build_gravac_hook(method, model, args):
+    import gravac.torch as gt
+
+    spec = METHODS[method][1]
+    common = dict(seed=args["seed"], overlap=args["hook_overlap"] == "on")
+    note = ""
+    if spec == "recommended":
+        try:
+            state, hook = gt.ddp_hook(model, preset="recommended", **common)
+            note = 'preset="recommended"'
+        except (TypeError, ValueError) as e:
+            state, hook = gt.ddp_hook(model, **RECOMMENDED_EXPANDED, **common)
+            note = "no preset keyword (%s): topk+allgather+gravac, gravac_dense=True, gravac_period=100" % (
+                str(e).splitlines()[0][:80])
+        return state, hook, note
+    compressor, collective, policy = spec
+    opts = {}
+    if method == "gravac_powersgd":
+        opts["powersgd_rank"] = args["powersgd_rank"]
+    if method == "gravac_topk":
+        opts["kept_fraction"] = args["kept_fraction"]
+    try:
+        state, hook = gt.ddp_hook(model, compressor=compressor, collective=collective, policy=policy, **opts, **common)
+        note = "%s+%s+%s" % (compressor, collective, policy)
+    except ValueError as e:
+        if method != "gravac_cast16":
+            raise
+        # cast16 with the plain dense allreduce is not offered: its own compressed allreduce.
+        state, hook = gt.ddp_hook(model, compressor=compressor, collective="compressed_allreduce", policy=policy,
+                                  **opts, **common)
+        note = "cast16+compressed_allreduce+fixed (dense_allreduce refused: %s)" % str(e).splitlines()[0][:80]
+    return state, hook, note
+
+
+def worker(rank, method, args, store_path, data_npz, result_path):
+    world = args["ranks"]
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    counter = MessageCounter(world)
+    raw_all_reduce = counter.originals["all_reduce"]
+    raw_all_gather = counter.originals["all_gather"]
+
+    data = np.load(data_npz)
+    train, val = data["train"], data["val"]
+    starts = batch_starts(args, len(train))
+    vstarts = val_starts(len(val), args["val_seqs"], args["context"])
+    vstarts_final = val_starts(len(val), args["final_val_seqs"], args["context"])
+
+    net = make_model(args)
+    numel = sum(p.numel() for p in net.parameters())
+    model = torch.nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=args["bucket_view"])
+    ps_state, gv_state, note = None, None, ""
+    if method == "torch_fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        note = "fp16_compress_hook"
+    elif method == "torch_powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        ps_state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=args["powersgd_rank"],
+            start_powerSGD_iter=args["powersgd_start"], use_error_feedback=True, warm_start=True,
+            random_seed=args["seed"])
+        model.register_comm_hook(ps_state, powerSGD_hook.powerSGD_hook)
+        note = "powerSGD_hook rank %d, start_powerSGD_iter %d" % (args["powersgd_rank"], args["powersgd_start"])
+    elif METHODS[method][0] == "gravac":
+        gv_state, hook, note = build_gravac_hook(method, model, args)
+        model.register_comm_hook(gv_state, hook)
+    else:
+        note = "DDP allreduce (no hook)"
+    opt = make_opt(model, args)
+
+    local = args["batch"] // world
+    rows = []
+    codec = []
+    evals = {0: evaluate(net, val, vstarts, args["context"], rank, world, raw_all_reduce)}
+    for step in range(args["steps"]):
+        x, y = windows(train, starts[step, rank * local : (rank + 1) * local], args["context"])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        counter.reset()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        row = {"step": step + 1, "local_loss": float(loss.detach()), "step_s": t1 - t0}
+        if method == "torch_allreduce":
+            # DDP's reducer allreduces its fp32 buckets in C++, past the Python wrappers.
+            row["payload"] = 4.0 * numel
+            row["wire"] = 2.0 * (world - 1) / world * 4.0 * numel
+            row["messages"] = args["ddp_buckets"] * messages_of("allreduce", world)
+        elif gv_state is not None:
+            rep = gv_state.last_report()
+            row["payload"] = float(rep["bytes_sent"])
+            row["wire"] = float(rep["wire_bytes_sent"])
+            kind, per_bucket = GRAVAC_CALLS.get(str(rep.get("collective", "")), ("allreduce", 1))
+            row["messages"] = max(1, int(rep.get("buckets", 1))) * per_bucket * messages_of(kind, world)
+            row["collective"] = str(rep.get("collective", ""))
+            row["kept_fraction"] = float(rep.get("kept_fraction", float("nan")))
+            codec.append(float(rep.get("compress_s", 0.0)) + float(rep.get("decompress_s", 0.0)))
+        else:
+            row["payload"] = counter.payload
+            row["wire"] = counter.wire
+            row["messages"] = counter.msgs
+        rows.append(row)
+        if (step + 1) % args["eval_every"] == 0 or step + 1 == args["steps"]:
+            evals[step + 1] = evaluate(net, val, vstarts, args["context"], rank, world, raw_all_reduce)
+    final_val = evaluate(net, val, vstarts_final, args["context"], rank, world, raw_all_reduce)
+
+    # Every rank's per-step loss and step time; the codec time per rank.
+    n = len(rows)
+    mine = torch.tensor([[r["local_loss"], r["step_s"]] for r in rows], dtype=torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    raw_all_gather(gathered, mine)
+    stacked = torch.stack(gathered)  # [world, steps, 2]
+    warm = min(args["warmup_steps"], max(0, n - 1))
+    codec_med = torch.tensor([statistics.median(codec[warm:]) if codec[warm:] else 0.0], dtype=torch.float64)
+    codecs = [torch.empty_like(codec_med) for _ in range(world)]
+    raw_all_gather(codecs, codec_med)
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    same = torch.tensor([float(flat.double().sum()), float(flat.double().abs().sum())], dtype=torch.float64)
+    sames = [torch.empty_like(same) for _ in range(world)]
+    raw_all_gather(sames, same)
+    if rank == 0:
+        for i, r in enumerate(rows):
+            r["train_loss"] = float(stacked[:, i, 0].mean())
+            r["step_s_slowest"] = float(stacked[:, i, 1].max())
+            r["val_loss"] = evals.get(r["step"], "")
+        res = {
+            "method": method, "config": note, "numel": numel, "ranks": world, "steps": n,
+            "initial_val_loss": evals[0], "final_val_loss": final_val,
+            "codec_s": float(torch.cat(codecs).mean()) if codec else None,
+            "params_identical_on_ranks": all(bool(torch.equal(s, same)) for s in sames),
+            "blas": loaded_blas(), "rows": rows,
+        }
+        if ps_state is not None:
+            res["powersgd_compress_rate"] = ps_state.compression_stats()[0]
+        with open(result_path, "w") as f:
+            json.dump(res, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------- compute measurement
+
+
+def measure_compute(args, train, repeats):
+    """Seconds of one rank's forward + backward + AdamW step on its shard (one thread, the
+    parent process alone), and the PyTorch hooks' codec arithmetic on this model's gradients."""
+    torch.set_num_threads(1)
+    net = make_model(args)
+    opt = make_opt(net, args)
+    local = args["batch"] // args["ranks"]
+    starts = batch_starts(args, len(train))
+    times = []
+    for i in range(repeats + 2):
+        x, y = windows(train, starts[i % len(starts), :local], args["context"])
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        logits = net(x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    compute = statistics.median(times[2:])
+    grads = [p.grad.detach().clone() for p in net.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+
+    def med(fn, k=5):
+        ts = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    fp16 = med(lambda: flat.to(torch.float16).to(torch.float32).div_(args["ranks"]))
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    r = args["powersgd_rank"]
+    mats = [g.reshape(g.shape[0], -1) for g in grads if g.dim() >= 2]
+    qs = [torch.randn(m.shape[1], min(r, *m.shape)) for m in mats]
+    err = flat.clone()
+
+    def psgd():
+        flat.add_(err)  # error feedback: add the residual
+        ps = [m @ q for m, q in zip(mats, qs)]
+        for p in ps:
+            powerSGD_hook._orthogonalize(p.unsqueeze(0))
+        q2 = [m.t() @ p for m, p in zip(mats, ps)]
+        approx = [p @ q.t() for p, q in zip(ps, q2)]
+        err.copy_(flat)
+        for a in approx:
+            a.div_(args["ranks"])
+
+    return compute, {"torch_allreduce": 0.0, "torch_fp16": fp16, "torch_powersgd": med(psgd)}
+
+
+# -------------------------------------------------------------------- reporting
+
+
+def modeled(rows, compute_s, alpha, bw_bits):
+    t, out = 0.0, []
+    for r in rows:
+        t += compute_s + r["messages"] * alpha + 8.0 * r["wire"] / bw_bits
+        out.append(t)
+    return out
+
+
+def write_run_csv(path, res, compute_s, alpha):
+    times = {k: modeled(res["rows"], compute_s, alpha, bw) for k, bw in BANDWIDTHS}
+    fields = ["step", "train_loss", "val_loss", "payload_bytes", "wire_bytes", "cum_wire_bytes", "messages",
+              "step_s_slowest", "modeled_s_1g", "modeled_s_100m", "collective", "kept_fraction"]
+    cum = 0.0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields)
+        w.writerow([0, "", "%.5f" % res["initial_val_loss"], 0, 0, 0, 0, "", 0, 0, "", ""])
+        for i, r in enumerate(res["rows"]):
+            cum += r["wire"]
+            w.writerow([r["step"], "%.5f" % r["train_loss"],
+                        "%.5f" % r["val_loss"] if r["val_loss"] != "" else "",
+                        "%.0f" % r["payload"], "%.0f" % r["wire"], "%.0f" % cum, r["messages"],
+                        "%.4f" % r["step_s_slowest"], "%.4f" % times["1g"][i], "%.4f" % times["100m"][i],
+                        r.get("collective", ""), "%.5g" % r["kept_fraction"] if "kept_fraction" in r else ""])
+    return times
+
+
+def plot(out_dir, done):
+    """Three PNGs with gnuplot (pngcairo) from the per-run CSVs: val loss against step and
+    against modeled time at each bandwidth."""
+    if not done:
+        return []
+    if not shutil.which("gnuplot"):
+        print("note: gnuplot not found; no plots")
+        return []
+    made = []
+    specs = [("val_loss_vs_step.png", 1, "step", "validation loss against steps"),
+             ("val_loss_vs_time_1g.png", 9, "modeled time at 1 Gbit/s (s)", "validation loss against modeled time, 1 Gbit/s"),
+             ("val_loss_vs_time_100m.png", 10, "modeled time at 100 Mbit/s (s)",
+              "validation loss against modeled time, 100 Mbit/s")]
+    for name, xcol, xlabel, title in specs:
+        lines = []
+        for i, m in enumerate(done):
+            dt = "dt 2" if m.startswith("torch_") else "dt 1"
+            lines.append("'%s.csv' using %d:($3 == 0 ? NaN : $3) with linespoints %s pt %d ps 0.6 lw 1.5 title '%s'"
+                         % (m, xcol, dt, i % 13 + 1, m.replace("_", "\\_")))
+        script = "\n".join([
+            "set terminal pngcairo size 1000,650 font 'sans,10'",
+            "set output '%s'" % name,
+            "set datafile separator ','",
+            "set datafile missing ''",
+            "set key outside right",
+            "set grid",
+            "set title '%s'" % title,
+            "set xlabel '%s'" % xlabel,
+            "set ylabel 'validation loss (nats/byte)'",
+            "set yrange [*:*]",
+            "plot " + ", \\\n  ".join(lines),
+        ])
+        p = subprocess.run(["gnuplot"], input=script, text=True, cwd=out_dir, capture_output=True)
+        if p.returncode != 0:
+            print("note: gnuplot failed for %s: %s" % (name, p.stderr.strip()[-300:]))
+        else:
+            made.append(os.path.join(out_dir, name))
+    return made
+
+
+def at_time(times, rows_val, t):
+    """Validation loss of the last evaluation at or before modeled time t."""
+    best = None
+    for tt, v in zip(times, rows_val):
+        if tt <= t and v != "":
+            best = v
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma list of: " + ", ".join(METHODS))
+    ap.add_argument("--quick", action="store_true", help="a handful of steps per method (development)")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=160)
+    ap.add_argument("--batch", type=int, default=8, help="global batch in sequences (all ranks together)")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=192)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr-warmup", type=int, default=20, help="steps of linear warm-up, then cosine")
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine ends at this fraction of --lr")
+    ap.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's, on matrices only")
+    ap.add_argument("--seed", type=int, default=1, help="weights and data order (the same for every method)")
+    ap.add_argument("--split-seed", type=int, default=1234, help="which fortunes are the validation text")
+    ap.add_argument("--val-fraction", type=float, default=0.05)
+    ap.add_argument("--val-seqs", type=int, default=32, help="validation windows at each evaluation")
+    ap.add_argument("--final-val-seqs", type=int, default=128, help="validation windows at the end")
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--powersgd-rank", type=int, default=4, help="both PowerSGDs' rank")
+    ap.add_argument("--powersgd-start", type=int, default=10, help="PyTorch's start_powerSGD_iter (its default)")
+    ap.add_argument("--kept-fraction", type=float, default=0.01, help="gravac_topk's")
+    ap.add_argument("--hook-overlap", choices=("on", "off"), default="off",
+                    help="gravac hooks' overlap (off: cheaper on 2 cores; the modeled time has no overlap)")
+    ap.add_argument("--gradient-as-bucket-view", action="store_true")
+    ap.add_argument("--latency-us", type=float, default=50.0, help="alpha of the alpha-beta model, per message")
+    ap.add_argument("--warmup-steps", type=int, default=10, help="steps left out of the steady-state averages")
+    ap.add_argument("--fortunes-dir", default=tiny_gpt.FORTUNES_DIR)
+    ap.add_argument("--out-dir", help="default bench/torch/results/transformer (--quick: out/torch/transformer-quick)")
+    a = ap.parse_args()
+    if a.quick:
+        a.steps, a.eval_every, a.val_seqs, a.final_val_seqs, a.warmup_steps, a.lr_warmup = 6, 3, 8, 8, 2, 2
+    if not a.out_dir:
+        a.out_dir = os.path.normpath(os.path.join(HERE, "..", "..", "out", "torch", "transformer-quick") if a.quick
+                     else os.path.join(HERE, "results", "transformer"))
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            ap.error("unknown method %r (known: %s)" % (m, ", ".join(METHODS)))
+    if a.batch % a.ranks:
+        ap.error("--batch must be a multiple of --ranks")
+
+    t_start = time.perf_counter()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    fortunes = tiny_gpt.load_fortunes(a.fortunes_dir)
+    train, val = tiny_gpt.split_corpus(fortunes, a.val_fraction, a.split_seed)
+    args = {
+        "ranks": a.ranks, "steps": a.steps, "batch": a.batch, "context": a.context, "layers": a.layers,
+        "d_model": a.d_model, "heads": a.heads, "lr": a.lr, "lr_warmup": a.lr_warmup,
+        "min_lr_ratio": a.min_lr_ratio, "weight_decay": a.weight_decay, "seed": a.seed,
+        "val_seqs": a.val_seqs, "final_val_seqs": a.final_val_seqs, "eval_every": a.eval_every,
+        "powersgd_rank": a.powersgd_rank, "powersgd_start": a.powersgd_start, "kept_fraction": a.kept_fraction,
+        "hook_overlap": a.hook_overlap, "bucket_view": a.gradient_as_bucket_view, "warmup_steps": a.warmup_steps,
+    }
+    numel = sum(p.numel() for p in make_model(args).parameters())
+    # DDP's buckets: the first holds 1 MB, the others 25 MB (for the no-hook latency term).
+    dense = 4 * numel
+    args["ddp_buckets"] = 1 + max(0, math.ceil((dense - 2 ** 20) / (25 * 2 ** 20)))
+    print("transformer: %d fortunes, train %d bytes, validation %d bytes; gpt %dL d%d h%d ctx %d, %d parameters; "
+          "%d gloo ranks, global batch %d x %d, %d steps, AdamW lr %g (warm-up %d, cosine to %g x), wd %g, seed %d"
+          % (len(fortunes), len(train), len(val), a.layers, a.d_model, a.heads, a.context, numel, a.ranks, a.batch,
+             a.context, a.steps, a.lr, a.lr_warmup, a.min_lr_ratio, a.weight_decay, a.seed), flush=True)
+    compute_s, torch_codec = measure_compute(args, train, 3 if a.quick else 8)
+    print("compute per step (one rank's shard, one thread, alone): %.1f ms; codec: fp16 %.2f ms, PowerSGD %.2f ms"
+          % (1e3 * compute_s, 1e3 * torch_codec["torch_fp16"], 1e3 * torch_codec["torch_powersgd"]), flush=True)
+
+    have_gravac, why = gravac_available() if any(METHODS[m][0] == "gravac" for m in methods) else (True, "")
+    if not have_gravac:
+        print("note: gravac.torch is not importable (%s); the gravac rows are skipped" % why, flush=True)
+
+    os.makedirs(a.out_dir, exist_ok=True)
+    alpha = a.latency_us * 1e-6
+    tmp = tempfile.mkdtemp(prefix="gravac-transformer-")
+    summary, done = [], []
+    try:
+        data_npz = os.path.join(tmp, "text.npz")
+        np.savez(data_npz, train=train, val=val)
+        for method in methods:
+            if METHODS[method][0] == "gravac" and not have_gravac:
+                summary.append({"method": method, "skipped": "gravac.torch not importable"})
+                continue
+            result = os.path.join(tmp, method + ".json")
+            t0 = time.perf_counter()
+            try:
+                mp.spawn(worker, args=(method, args, os.path.join(tmp, method + ".store"), data_npz, result),
+                         nprocs=a.ranks, join=True)
+                with open(result) as f:
+                    res = json.load(f)
+            except Exception as e:
+                traceback.print_exc()
+                summary.append({"method": method, "skipped": "failed: %s" % str(e).strip().splitlines()[-1][:200]})
+                continue
+            wall = time.perf_counter() - t0
+            codec = res["codec_s"] if res["codec_s"] is not None else torch_codec.get(method, 0.0)
+            step_compute = compute_s + codec
+            times = write_run_csv(os.path.join(a.out_dir, method + ".csv"), res, step_compute, alpha)
+            rows = res["rows"]
+            steady = rows[min(a.warmup_steps, len(rows) - 1):]
+            s = {
+                "method": method, "config": res["config"], "final_val_loss": res["final_val_loss"],
+                "last_eval_val_loss": rows[-1]["val_loss"], "final_train_loss": rows[-1]["train_loss"],
+                "wire_bytes_per_step": statistics.fmean(r["wire"] for r in rows),
+                "steady_wire_bytes_per_step": statistics.fmean(r["wire"] for r in steady),
+                "payload_bytes_per_step": statistics.fmean(r["payload"] for r in rows),
+                "total_wire_bytes": sum(r["wire"] for r in rows),
+                "step_ms_measured": 1e3 * statistics.median(r["step_s_slowest"] for r in steady),
+                "compute_ms": 1e3 * compute_s, "codec_ms": 1e3 * codec,
+                "modeled_s_1g": times["1g"][-1], "modeled_s_100m": times["100m"][-1],
+                "steps": len(rows), "numel": res["numel"], "run_wall_s": wall,
+                "params_identical_on_ranks": res["params_identical_on_ranks"],
+                "powersgd_compress_rate": res.get("powersgd_compress_rate", ""), "blas": res["blas"],
+                "_times": times, "_vals": [r["val_loss"] for r in rows],
+            }
+            summary.append(s)
+            done.append(method)
+            print("  %-18s final val %.4f  wire %10.0f B/step  step %7.1f ms  modeled %7.1f s @1G %8.1f s @100M  "
+                  "(%.0f s) [%s]" % (method, s["final_val_loss"], s["wire_bytes_per_step"], s["step_ms_measured"],
+                                      s["modeled_s_1g"], s["modeled_s_100m"], wall, res["config"]), flush=True)
+            if not res["params_identical_on_ranks"]:
+                print("warning: %s: the ranks' parameters differ after training" % method)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    dense = next((s for s in summary if s["method"] == "gravac_dense" and "skipped" not in s), None) or \
+        next((s for s in summary if s["method"] == "torch_allreduce" and "skipped" not in s), None)
+    for s in summary:
+        if "skipped" not in s and dense:
+            s["wire_vs_dense"] = s["total_wire_bytes"] / dense["total_wire_bytes"]
+            s["time_100m_vs_dense"] = s["modeled_s_100m"] / dense["modeled_s_100m"]
+            s["time_1g_vs_dense"] = s["modeled_s_1g"] / dense["modeled_s_1g"]
+    fields = ["method", "config", "final_val_loss", "last_eval_val_loss", "final_train_loss", "wire_bytes_per_step",
+              "steady_wire_bytes_per_step", "payload_bytes_per_step", "total_wire_bytes", "wire_vs_dense",
+              "step_ms_measured", "compute_ms", "codec_ms", "modeled_s_1g", "modeled_s_100m", "time_1g_vs_dense",
+              "time_100m_vs_dense", "steps", "numel", "run_wall_s", "params_identical_on_ranks",
+              "powersgd_compress_rate", "blas", "skipped"]
+    with open(os.path.join(a.out_dir, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for s in summary:
+            w.writerow(s)
+
+    md = ["| method | final val loss | wire B/step | wire / dense | step ms (measured) | compute+codec ms "
+          "| modeled s @1 Gbit/s | modeled s @100 Mbit/s | @100M / dense |", "|" + "---|" * 9]
+    for s in summary:
+        if "skipped" in s:
+            md.append("| %s | skipped: %s |||||||| " % (s["method"], s["skipped"]))
+            continue
+        md.append("| %s | %.4f | %.0f | %s | %.0f | %.0f | %.1f | %.1f | %s |" % (
+            s["method"], s["final_val_loss"], s["wire_bytes_per_step"],
+            "%.4f" % s["wire_vs_dense"] if "wire_vs_dense" in s else "-", s["step_ms_measured"],
+            s["compute_ms"] + s["codec_ms"], s["modeled_s_1g"], s["modeled_s_100m"],
+            "%.3f" % s["time_100m_vs_dense"] if "time_100m_vs_dense" in s else "-"))
+    table = "\n".join(md)
+
+    # The targets.
+    lines = []
+    by = {s["method"]: s for s in summary if "skipped" not in s}
+    d = by.get("gravac_dense")
+    rec = by.get("gravac_recommended")
+    if d and rec:
+        loss_ok = rec["final_val_loss"] <= d["final_val_loss"] * 1.01
+        bytes_ratio = d["total_wire_bytes"] / rec["total_wire_bytes"]
+        time_ratio = rec["modeled_s_100m"] / d["modeled_s_100m"]
+        lines.append("recommended vs gravac_dense: final val loss %.4f vs %.4f (%+.2f%%, target within 1%%: %s); "
+                     "wire bytes %.2fx fewer (target >= 3x: %s); modeled time at 100 Mbit/s %.3fx dense's "
+                     "(target <= 0.5x: %s)" % (
+                         rec["final_val_loss"], d["final_val_loss"],
+                         100 * (rec["final_val_loss"] / d["final_val_loss"] - 1), "met" if loss_ok else "missed",
+                         bytes_ratio, "met" if bytes_ratio >= 3 else "missed", time_ratio,
+                         "met" if time_ratio <= 0.5 else "missed"))
+    else:
+        lines.append("recommended vs dense: not evaluated (a gravac row is missing)")
+    gp, tp = by.get("gravac_powersgd"), by.get("torch_powersgd")
+    if gp and tp:
+        rel = gp["final_val_loss"] / tp["final_val_loss"] - 1
+        lines.append("gravac_powersgd vs torch_powersgd: final val loss %.4f vs %.4f (%+.2f%%, target within 1%%: "
+                     "%s); wire bytes %.0f vs %.0f per step (ratio %.3f)" % (
+                         gp["final_val_loss"], tp["final_val_loss"], 100 * rel, "met" if abs(rel) <= 0.01 else "missed",
+                         gp["wire_bytes_per_step"], tp["wire_bytes_per_step"],
+                         gp["total_wire_bytes"] / tp["total_wire_bytes"]))
+    else:
+        lines.append("gravac_powersgd vs torch_powersgd: not evaluated (a row is missing)")
+
+    plots = plot(a.out_dir, done)
+    wall = time.perf_counter() - t_start
+    with open(os.path.join(a.out_dir, "summary.md"), "w") as f:
+        f.write("%d steps, %d ranks, %d parameters, compute %.1f ms/step, latency %g us/message; wall time %.0f s\n\n"
+                % (a.steps, a.ranks, numel, 1e3 * compute_s, a.latency_us, wall))
+        f.write(table + "\n\n")
+        for ln in lines:
+            f.write("- " + ln + "\n")
+    for s in summary:
+        if "skipped" in s:
+            print("skipped %s: %s" % (s["method"], s["skipped"]))
+    print()
+    print(table)
+    print()
+    for ln in lines:
+        print(ln)
+    print("plots: %s" % ", ".join(plots))
+    print("\nwall time %.1f s" % wall)
+    return 0 if all("skipped" not in s or s["skipped"].startswith("gravac.torch") for s in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
