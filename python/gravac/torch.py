@@ -12,27 +12,40 @@ feedback residuals and the policy's state with the model's checkpoint (each
 rank saves its own: the residuals are rank-local, as an optimizer's state under
 sharding is).
 
-Names and options are those of the C++ library and of the Fashion-MNIST
-example's command line: compressors identity, topk, randomk, threshold,
-adacomp, qsgd, terngrad, sign, cast16, powersgd; collectives dense_allreduce,
-allgather, allreduce_compatible, flexible, low_rank_allreduce,
-compressed_allreduce; policies fixed, gravac, accordion, adacomp, moo; options
-such as kept_fraction=0.01 or powersgd_rank=2 (``option_names()`` lists them).
-A bad name or option raises ValueError before anything is sent.
+This module is pure Python over gravac's C ABI (``libgravac_c.so.1``, through ctypes):
+it links no torch, so it works with every torch >= 1.13. Tensors cross the boundary as
+pointers; gravac's collectives run through ``torch.distributed`` on the hook's process
+group (C callbacks written in Python), so Gloo, MPI and NCCL groups all work. The C ABI
+of this build steps host memory: CUDA gradients are copied to a pinned host buffer, stepped
+by the host kernels, and copied back.
+
+Names and options are the library's (``gravac.compressors()``, ``gravac.collectives()``,
+``gravac.policies()``, ``presets()``, ``option_names()``; ``gravac.options()`` describes
+each option). A bad name or option raises ValueError before anything is sent.
 """
+
+import ctypes
+import threading
 
 import torch
 import torch.distributed as dist
 
-from . import _torch as _ext  # after torch: the extension links the same libtorch
+from . import _capi
 
-__all__ = ["ddp_hook", "HookState", "Trainer", "option_names"]
+__all__ = ["ddp_hook", "HookState", "Trainer", "option_names", "presets"]
 
 
 def option_names():
     """The keyword options ddp_hook and Trainer accept."""
-    return list(_ext.option_names())
+    return [o["name"] for o in _capi.option_table()]
 
+
+def presets():
+    """The presets' names, for ``preset=`` ("recommended", ...)."""
+    return _capi.names(_capi.PRESETS)
+
+
+# --- the model's parameters ------------------------------------------------------------
 
 def _module_of(model):
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -58,6 +71,19 @@ def _parameters(model):
     return names, types, tensors
 
 
+def _layer_kind(module_type, param):
+    """gravac::torch_layer_kind: the layer kind from the owning module's type name."""
+    if param.dim() <= 1 or "Norm" in module_type:
+        return _capi.LAYER_BIAS_OR_NORM
+    if "Conv" in module_type:
+        return _capi.LAYER_CONV
+    if any(s in module_type for s in ("LSTM", "GRU", "RNN")):
+        return _capi.LAYER_RECURRENT
+    if "Linear" in module_type or "Embedding" in module_type:
+        return _capi.LAYER_DENSE
+    return _capi.LAYER_CONV if param.dim() >= 3 else _capi.LAYER_DENSE
+
+
 def _process_group(group):
     if not dist.is_initialized():
         raise RuntimeError("gravac.torch: torch.distributed is not initialized (call init_process_group first)")
@@ -66,39 +92,339 @@ def _process_group(group):
     return group
 
 
-def _arguments(model, process_group, compressor, collective, policy, seed, bucket_mb, options):
-    for what, value in (("compressor", compressor), ("collective", collective), ("policy", policy)):
+# --- the method: names and options as the C ABI's text -----------------------------------
+
+def _option_text(info, name, value):
+    """An option's value as the C ABI's text, after checking its Python type."""
+    kind = info["type"]
+
+    def refuse(what):
+        raise ValueError(f"gravac.torch: option {name}: {value!r} is not {what}")
+
+    if kind == "bool":
+        if not isinstance(value, bool):
+            refuse("a bool")
+        return "true" if value else "false"
+    if kind == "int":
+        low = info["range"][0] if info["range"] else None
+        non_negative = low is not None and low >= 0
+        if not isinstance(value, int) or isinstance(value, bool) or (non_negative and value < 0):
+            refuse("a non-negative int" if non_negative else "an int")
+        return str(value)
+    if kind == "real":
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            refuse("a number")
+        return repr(float(value))
+    if kind == "choice":
+        choices = info["choices"] or []
         if not isinstance(value, str):
-            raise ValueError(f"gravac.torch: {what} must be a name (str), got {value!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"gravac.torch: seed must be a non-negative int, got {seed!r}")
-    if not isinstance(bucket_mb, (int, float)) or isinstance(bucket_mb, bool) or not bucket_mb >= 0:
-        raise ValueError(f"gravac.torch: bucket_mb must be a non-negative number, got {bucket_mb!r}")
-    names, types, tensors = _parameters(model)
-    # What every rank must agree on (checked across ranks at construction).
-    signature = "|".join(
-        [compressor, collective, policy, str(seed), repr(float(bucket_mb))]
-        + [f"{k}={options[k]!r}" for k in sorted(options)]
-    )
-    return dict(process_group=_process_group(process_group), names=names, module_types=types, tensors=tensors,
-                compressor=compressor, collective=collective, policy=policy, seed=seed,
-                bucket_mb=float(bucket_mb), options=dict(options), signature=signature)
+            refuse("a str")
+        if value not in choices:
+            raise ValueError(f"gravac.torch: option {name}: '{value}' is not one of {', '.join(choices)}")
+        return value
+    return str(value)
+
+
+class _MethodArgs:
+    """A gravac_method and the memory it points to (kept alive as long as this object)."""
+
+    def __init__(self, preset, compressor, collective, policy, seed, bucket_mb, options):
+        for what, value in (("preset", preset), ("compressor", compressor), ("collective", collective),
+                            ("policy", policy)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"gravac.torch: {what} must be a name (str), got {value!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 64:
+            raise ValueError(f"gravac.torch: seed must be a non-negative int, got {seed!r}")
+        if not isinstance(bucket_mb, (int, float)) or isinstance(bucket_mb, bool) or not bucket_mb >= 0:
+            raise ValueError(f"gravac.torch: bucket_mb must be a non-negative number, got {bucket_mb!r}")
+        for what, value, known in (("preset", preset, _capi.PRESETS), ("compressor", compressor, _capi.COMPRESSORS),
+                                   ("collective", collective, _capi.COLLECTIVES), ("policy", policy, _capi.POLICIES)):
+            if value is not None:
+                names = _capi.names(known)
+                if value not in names:
+                    raise ValueError(f"gravac.torch: unknown {what} '{value}' (known: {', '.join(names)})")
+        table = {o["name"]: o for o in _capi.option_table()}
+        texts = []
+        for key in sorted(options):
+            if key not in table:
+                raise ValueError(f"gravac.torch: unknown option '{key}' (known: {', '.join(table)})")
+            texts.append((key, _option_text(table[key], key, options[key])))
+        self._strings = [s.encode() if s is not None else None for s in (preset, compressor, collective, policy)]
+        n = len(texts)
+        self._names = (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in texts])
+        self._values = (ctypes.c_char_p * max(n, 1))(*[v.encode() for _, v in texts])
+        self.method = _capi.Method(ctypes.sizeof(_capi.Method), *self._strings, seed, float(bucket_mb),
+                                   ctypes.cast(self._names, ctypes.POINTER(ctypes.c_char_p)),
+                                   ctypes.cast(self._values, ctypes.POINTER(ctypes.c_char_p)), n)
+
+    def check(self):
+        """gravac_method_check: ValueError for a composition the library does not offer."""
+        _capi.check(_capi.lib().gravac_method_check(ctypes.byref(self.method)))
+
+
+# --- collectives over torch.distributed, as C callbacks ----------------------------------
+
+def _global_rank(group, rank):
+    if group is dist.distributed_c10d._get_default_group():
+        return rank
+    if hasattr(dist, "get_global_rank"):
+        return dist.get_global_rank(group, rank)
+    return dist.distributed_c10d._get_global_rank(group, rank)
+
+
+def _host_tensor(address, nbytes, dtype):
+    """A CPU tensor over C memory (no copy); nbytes > 0."""
+    array = (ctypes.c_ubyte * nbytes).from_address(address)
+    return torch.frombuffer(array, dtype=dtype)
+
+
+class _TorchComm:
+    """gravac_comm_callbacks over a torch.distributed process group: every collective is
+    torch's on tensors made over the C buffers (no copy), staged through a CUDA tensor on the
+    current device for a group whose backend is NCCL (device-only collectives)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group)).lower()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        self.error = None  # the last callback's exception (its text joins the C error)
+        self._lock = threading.Lock()
+        self._gather_into_tensor = hasattr(dist, "all_gather_into_tensor")
+        # The C function pointers must live as long as the communicator.
+        self._fns = (_capi.ALLREDUCE_FN(self._guard(self._allreduce)),
+                     _capi.ALLGATHER_FN(self._guard(self._allgather)),
+                     _capi.BROADCAST_FN(self._guard(self._broadcast)),
+                     _capi.BARRIER_FN(self._guard(self._barrier)),
+                     _capi.ALLTOALLV_FN(self._guard(self._alltoallv)))
+        callbacks = _capi.CommCallbacks(ctypes.sizeof(_capi.CommCallbacks), None, self.rank, self.size, *self._fns)
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib().gravac_comm_from_callbacks(ctypes.byref(callbacks), ctypes.byref(handle)),
+                    "gravac_comm_from_callbacks")
+        self.handle = handle
+
+    def close(self):
+        if self.handle:
+            _capi.lib().gravac_comm_destroy(self.handle)
+            self.handle = None
+
+    def _guard(self, fn):
+        def call(*args):
+            try:
+                fn(*args)
+                return 0
+            except BaseException as e:  # nothing may unwind into C
+                self.error = e
+                return 1
+        return call
+
+    def _stage(self, t):
+        return t.to(self.device) if self.device is not None else t
+
+    def _back(self, host, staged):
+        if staged is not host:
+            host.copy_(staged)
+
+    def _allreduce(self, user, data, count, dtype, op):
+        if count == 0:
+            return
+        torch_dtype, itemsize = (torch.float32, 4) if dtype == _capi.FLOAT32 else (torch.float64, 8)
+        host = _host_tensor(data, count * itemsize, torch_dtype)
+        t = self._stage(host)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == _capi.MAX else dist.ReduceOp.SUM, group=self.group)
+        self._back(host, t)
+
+    def _allgather(self, user, send, nbytes, recv):
+        if nbytes == 0:
+            return
+        src = self._stage(_host_tensor(send, nbytes, torch.uint8))
+        host_out = _host_tensor(recv, nbytes * self.size, torch.uint8)
+        out = torch.empty(nbytes * self.size, dtype=torch.uint8, device=self.device) if self.device else host_out
+        if self.device is not None and self._gather_into_tensor:
+            dist.all_gather_into_tensor(out, src, group=self.group)
+        else:
+            # Gloo (and MPI) gather into a list: views of the output, so nothing is copied.
+            dist.all_gather(list(out.chunk(self.size)), src, group=self.group)
+        self._back(host_out, out)
+
+    def _broadcast(self, user, data, nbytes, root):
+        if nbytes == 0:
+            return
+        host = _host_tensor(data, nbytes, torch.uint8)
+        t = self._stage(host)
+        dist.broadcast(t, src=_global_rank(self.group, root), group=self.group)
+        self._back(host, t)
+
+    def _barrier(self, user):
+        dist.barrier(group=self.group)
+
+    def _alltoallv(self, user, send, send_bytes, recv, recv_bytes):
+        sends = [int(send_bytes[j]) for j in range(self.size)]
+        recvs = [int(recv_bytes[i]) for i in range(self.size)]
+        total_send, total_recv = sum(sends), sum(recvs)
+        host_in = _host_tensor(send, total_send, torch.uint8) if total_send else torch.empty(0, dtype=torch.uint8)
+        host_out = _host_tensor(recv, total_recv, torch.uint8) if total_recv else torch.empty(0, dtype=torch.uint8)
+        t_in, t_out = self._stage(host_in), self._stage(host_out)
+        dist.all_to_all_single(t_out, t_in, output_split_sizes=recvs, input_split_sizes=sends, group=self.group)
+        self._back(host_out, t_out)
+
+
+# --- the trainer over the C ABI ------------------------------------------------------------
+
+def _report_dict(r, kept):
+    return {
+        "step": r.step, "bytes_sent": r.bytes_sent, "dense_bytes": r.dense_bytes,
+        "wire_bytes_sent": r.wire_bytes_sent, "wire_bytes_received": r.wire_bytes_received, "gain": r.gain,
+        "collective": (r.collective or b"").decode(), "fallback": (r.fallback or b"none").decode(),
+        "compress_s": r.compress_s, "communicate_s": r.communicate_s, "decompress_s": r.decompress_s,
+        "exposed_communicate_s": r.exposed_communicate_s, "buckets": r.buckets, "skipped": bool(r.skipped),
+        "kept_fraction": list(kept),
+    }
+
+
+class _Engine:
+    """One gravac_trainer over a _TorchComm, for the parameters of a model."""
+
+    def __init__(self, model, process_group, preset, compressor, collective, policy, seed, bucket_mb, options):
+        # Everything that can be refused locally is, before anything is sent.
+        method = _MethodArgs(preset, compressor, collective, policy, seed, bucket_mb, options)
+        names, types, tensors = _parameters(model)
+        if not tensors:
+            raise ValueError("gravac.torch: the model has no trainable parameters")
+        for n, p in zip(names, tensors):
+            if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"gravac.torch: parameter '{n}' is not a float32 CPU or CUDA tensor")
+        method.check()
+        group = _process_group(process_group)
+        self.names, self.tensors = names, tensors
+        self.numels = [p.numel() for p in tensors]
+        self.offsets = [0]
+        for n in self.numels:
+            self.offsets.append(self.offsets[-1] + n)
+        self._shapes = [(ctypes.c_size_t * max(p.dim(), 1))(*(p.shape if p.dim() else (1,))) for p in tensors]
+        self._names = [n.encode() for n in names]
+        layers = (_capi.Layer * len(tensors))(*[
+            _capi.Layer(name, ctypes.cast(shape, ctypes.POINTER(ctypes.c_size_t)), max(p.dim(), 1),
+                        _layer_kind(t, p))
+            for name, shape, p, t in zip(self._names, self._shapes, tensors, types)])
+        self.comm = _TorchComm(group)
+        handle = ctypes.c_void_p()
+        status = _capi.lib().gravac_trainer_create(ctypes.byref(method.method), layers, len(tensors),
+                                                  self.comm.handle, ctypes.byref(handle))
+        if status != _capi.OK:
+            e = self._error(status, "gravac_trainer_create")
+            self.comm.close()
+            raise e
+        self.handle = handle
+        self._method = method
+        numel = ctypes.c_size_t()
+        self.call("gravac_trainer_numel", _capi.lib().gravac_trainer_numel(self.handle, ctypes.byref(numel)))
+        if numel.value != self.offsets[-1]:
+            raise RuntimeError(f"gravac.torch: the trainer has {numel.value} elements, the model {self.offsets[-1]}")
+        self.cuda = any(p.device.type == "cuda" for p in tensors)
+        # The flat host buffer the C ABI steps (pinned when gradients come from a GPU).
+        self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, pin_memory=self.cuda)
+        self.views = [self.flat[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+        self._kept = (ctypes.c_double * len(tensors))()
+        self.report = _report_dict(_capi.StepReport(ctypes.sizeof(_capi.StepReport)), [0.0] * len(tensors))
+
+    def __del__(self):
+        handle = getattr(self, "handle", None)
+        if handle:
+            _capi.lib().gravac_trainer_destroy(handle)
+            self.handle = None
+        comm = getattr(self, "comm", None)
+        if comm is not None:
+            comm.close()
+
+    def _error(self, status, what):
+        e = _capi.error(status, what)
+        if self.comm.error is not None:
+            e = type(e)(f"{e} (in a collective: {type(self.comm.error).__name__}: {self.comm.error})")
+            self.comm.error = None
+        return e
+
+    def call(self, what, status):
+        if status != _capi.OK:
+            raise self._error(status, what)
+
+    def _finish_report(self, r):
+        self.call("gravac_trainer_kept_fractions",
+                  _capi.lib().gravac_trainer_kept_fractions(self.handle, self._kept, len(self.tensors)))
+        self.report = _report_dict(r, self._kept)
+        return self.report
+
+    def step(self):
+        r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
+        self.call("gravac_trainer_step", _capi.lib().gravac_trainer_step(
+            self.handle, self.flat.data_ptr(), self.flat.numel(), _capi.DEVICE_HOST, None, ctypes.byref(r)))
+        return self._finish_report(r)
+
+    def begin_step(self):
+        self.call("gravac_trainer_begin_step", _capi.lib().gravac_trainer_begin_step(
+            self.handle, self.flat.data_ptr(), self.flat.numel(), _capi.DEVICE_HOST, None))
+
+    def ready(self, layer):
+        self.call("gravac_trainer_ready", _capi.lib().gravac_trainer_ready(self.handle, layer))
+
+    def finish(self):
+        r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
+        self.call("gravac_trainer_finish", _capi.lib().gravac_trainer_finish(self.handle, ctypes.byref(r)))
+        return self._finish_report(r)
+
+    def policy_state(self):
+        size = ctypes.c_size_t()
+        buf = ctypes.create_string_buffer(256)
+        status = _capi.lib().gravac_trainer_policy_state(self.handle, buf, len(buf), ctypes.byref(size))
+        if status == _capi.BUFFER_TOO_SMALL:
+            buf = ctypes.create_string_buffer(size.value + 1)
+            status = _capi.lib().gravac_trainer_policy_state(self.handle, buf, len(buf), ctypes.byref(size))
+        self.call("gravac_trainer_policy_state", status)
+        return buf.value.decode()
+
+    def save(self):
+        size = ctypes.c_size_t()
+        status = _capi.lib().gravac_trainer_save(self.handle, None, 0, ctypes.byref(size))
+        if status not in (_capi.OK, _capi.BUFFER_TOO_SMALL):
+            self.call("gravac_trainer_save", status)
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        self.call("gravac_trainer_save", _capi.lib().gravac_trainer_save(self.handle, buf, size.value,
+                                                                         ctypes.byref(size)))
+        return buf.raw[:size.value]
+
+    def load(self, data):
+        if not isinstance(data, (bytes, bytearray)):
+            raise ValueError("gravac.torch: a gravac state_dict's state must be bytes")
+        buf = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
+        self.call("gravac_trainer_load", _capi.lib().gravac_trainer_load(self.handle, buf, len(data)))
 
 
 class _Checkpointed:
-    """state_dict() / load_state_dict() of an object whose C++ engine is self._engine."""
+    """state_dict() / load_state_dict() of an object whose trainer is self._engine."""
+
+    def _between_steps(self, what):
+        pass
 
     def state_dict(self):
         """This rank's residuals, policy, compressor and collective state, and step counter
         (a gravac checkpoint; rank-local: every rank saves its own)."""
+        self._between_steps("state_dict")
         return {"format": "gravac-checkpoint", "state": self._engine.save()}
 
     def load_state_dict(self, state_dict):
         """Restores what state_dict() returned on the same rank, for the same model and method."""
         if not isinstance(state_dict, dict) or state_dict.get("format") != "gravac-checkpoint":
             raise ValueError("gravac.torch: not a gravac state_dict")
+        self._between_steps("load_state_dict")
         self._engine.load(state_dict["state"])
 
+    def policy_state(self):
+        """A short description of the policy's state (GraVAC's phase and ratio, ...)."""
+        return self._engine.policy_state()
+
+
+# --- the DDP hook -------------------------------------------------------------------------
 
 class HookState(_Checkpointed):
     """The state of a gravac DDP hook on this rank: one gravac trainer over the model.
@@ -112,45 +438,146 @@ class HookState(_Checkpointed):
     """
 
     def __init__(self, model, process_group=None, compressor="topk", collective="allgather", policy="gravac",
-                 seed=0, bucket_mb=25.0, overlap=True, **options):
+                 seed=0, bucket_mb=25.0, overlap=True, preset=None, **options):
         if not isinstance(overlap, bool):
             raise ValueError(f"gravac.torch: overlap must be a bool, got {overlap!r}")
-        self._engine = _ext.HookState(**_arguments(model, process_group, compressor, collective, policy, seed,
-                                                   bucket_mb, options), overlap=overlap)
-        self._pending = []  # (future, buffer) of the buckets of the step in progress
+        if preset is not None:
+            compressor, collective, policy = _explicit(compressor, collective, policy)
+        compressor, collective, policy = _names(preset, compressor, collective, policy)
+        self._engine = _Engine(model, process_group, preset, compressor, collective, policy, seed, bucket_mb,
+                               options)
+        self._overlap = overlap
+        # Where each parameter's layer is: by the tensor object, and by its storage address.
+        self._layer_of = {id(p): i for i, p in enumerate(self._engine.tensors)}
+        self._layer_at = {(p.data_ptr(), p.numel()): i for i, p in enumerate(self._engine.tensors) if p.numel()}
+        self._seen = [False] * len(self._engine.tensors)
+        self._pending = []  # (future, bucket buffer, [(layer, offset in the bucket)]) of this step
+        self._in_step = False
+        self._lock = threading.Lock()
 
     def last_report(self):
         """The last step's report: bytes_sent, dense_bytes, wire_bytes_sent, collective, kept_fraction, ..."""
-        return self._engine.last_report()
+        return dict(self._engine.report)
 
-    def policy_state(self):
-        """A short description of the policy's state (GraVAC's phase and ratio, ...)."""
-        return self._engine.policy_state()
+    def _between_steps(self, what):
+        if self._in_step:
+            raise RuntimeError(f"gravac.torch: {what}: a step is in progress (call it between steps)")
+
+    def _layer(self, p):
+        layer = self._layer_of.get(id(p))
+        if layer is None:
+            layer = self._layer_at.get((p.data_ptr(), p.numel()))
+        if layer is None:
+            raise RuntimeError("gravac.torch: ddp hook: a bucket holds a parameter the hook was not built with")
+        return layer
+
+    def _abandon(self):
+        """A failure once the step started ends it: with overlap the trainer finishes it (so this
+        rank makes the collectives the other ranks are in) and its own error is dropped."""
+        if self._in_step and self._overlap:
+            try:
+                self._engine.finish()
+            except Exception:
+                pass
+        self._in_step = False
+        self._pending = []
+        self._seen = [False] * len(self._seen)
+
+    def _on_bucket(self, future, bucket):
+        """gravac::ddp_hook_core::on_bucket: True when the step ended."""
+        e = self._engine
+        index, buffer, params, grads = bucket.index(), bucket.buffer(), bucket.parameters(), bucket.gradients()
+        if len(params) != len(grads):
+            raise RuntimeError("gravac.torch: ddp hook: a bucket's parameters and gradients differ in number")
+        if buffer.dtype != torch.float32 or not buffer.is_contiguous():
+            raise RuntimeError("gravac.torch: ddp hook: the bucket is not a contiguous float32 tensor")
+        for _, _, other, _ in self._pending:
+            if other == index:
+                raise RuntimeError(f"gravac.torch: ddp hook: bucket {index} came twice in one step "
+                                   "(did a backward end without its last bucket?)")
+        # The whole bucket is checked before the step starts or a layer is marked ready.
+        base, end = buffer.data_ptr(), buffer.data_ptr() + 4 * buffer.numel()
+        layers = []
+        for p, g in zip(params, grads):
+            layer = self._layer(p)
+            if self._seen[layer]:
+                raise RuntimeError("gravac.torch: ddp hook: a parameter came twice in one step")
+            if g.dtype != torch.float32 or not g.is_contiguous() or g.numel() != e.numels[layer]:
+                raise RuntimeError("gravac.torch: ddp hook: a gradient is not a contiguous float32 view of its "
+                                   "parameter's size")
+            at = g.data_ptr()
+            if g.numel() and not (base <= at and at + 4 * g.numel() <= end):
+                raise RuntimeError("gravac.torch: ddp hook: a gradient does not lie in its bucket's buffer")
+            layers.append((layer, (at - base) // 4 if g.numel() else 0))
+        if not self._in_step:
+            if self._overlap:
+                e.begin_step()
+            self._in_step = True
+        flat_buffer = buffer.view(-1)
+        for layer, at in layers:
+            # CUDA: ordered on the current stream, which is synchronized before the layer is ready.
+            e.views[layer].copy_(flat_buffer[at:at + e.numels[layer]], non_blocking=e.cuda)
+            self._seen[layer] = True
+        if e.cuda:
+            torch.cuda.current_stream(buffer.device).synchronize()
+        if self._overlap:
+            for layer, _ in layers:
+                e.ready(layer)
+        self._pending.append((future, buffer, index, layers))
+        if not bucket.is_last():
+            return False
+        if not all(self._seen):
+            raise RuntimeError("gravac.torch: ddp hook: the last bucket came and a parameter had not (is it left "
+                               "out of DDP, by parameters_to_ignore?)")
+        self._in_step = False
+        if self._overlap:
+            e.finish()
+        else:
+            e.step()
+        for _, out, _, out_layers in self._pending:
+            flat_out = out.view(-1)
+            for layer, at in out_layers:
+                flat_out[at:at + e.numels[layer]].copy_(e.views[layer])
+        return True
+
+    def _run(self, bucket):
+        future = torch.futures.Future()
+        with self._lock:
+            try:
+                done = self._on_bucket(future, bucket)
+            except Exception as exc:
+                pending = [f for f, _, _, _ in self._pending]
+                if not any(f is future for f in pending):
+                    pending.append(future)
+                self._abandon()
+                for f in pending:
+                    f.set_exception(exc)
+                return future
+            if done:
+                # Every bucket of the step now holds its average.
+                pending, self._pending = self._pending, []
+                self._seen = [False] * len(self._seen)
+                for f, out, _, _ in pending:
+                    f.set_result(out)
+        return future
 
 
 def _hook(state, bucket):
     """The DDP communication hook: gives DDP's bucket to the gravac trainer."""
-    future = torch.futures.Future()
-    buffer = bucket.buffer()
-    state._pending.append((future, buffer))
-    try:
-        done = state._engine.on_bucket(bucket.index(), buffer, bucket.parameters(), bucket.gradients(),
-                                     bucket.is_last())
-    except Exception as e:
-        for f, _ in state._pending:
-            f.set_exception(e)
-        state._pending = []
-        raise
-    if done:
-        # Every bucket of the step now holds its average.
-        for f, b in state._pending:
-            f.set_result(b)
-        state._pending = []
-    return future
+    return state._run(bucket)
+
+
+def _names(preset, compressor, collective, policy):
+    """The three names: without a preset, None means the defaults topk, allgather, gravac;
+    with one, None means the preset's."""
+    if preset is None:
+        return (compressor if compressor is not None else "topk", collective if collective is not None else "allgather",
+                policy if policy is not None else "gravac")
+    return compressor, collective, policy
 
 
 def ddp_hook(model, process_group=None, compressor="topk", collective="allgather", policy="gravac", seed=0,
-             bucket_mb=25.0, overlap=True, **options):
+             bucket_mb=25.0, overlap=True, preset=None, **options):
     """A gravac communication hook for ``model`` (the DDP module, or the module it wraps).
 
     Returns ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
@@ -162,14 +589,24 @@ def ddp_hook(model, process_group=None, compressor="topk", collective="allgather
     ``overlap``: aggregate the trainer's buckets on its communication thread while backward
     goes on (True), or in one synchronous step at DDP's last bucket (False: no thread, no
     overlap; cheaper where backward is short). The results are the same bits either way.
-    Other keywords: the method's options (option_names()).
+    ``preset``: a named configuration (``presets()``, e.g. "recommended"); with it, the
+    compressor, collective and policy are the preset's unless given (pass them as keywords).
+    Other keywords: the method's options (option_names(), gravac.options()).
     """
-    state = HookState(model, process_group, compressor, collective, policy, seed, bucket_mb, overlap, **options)
+    state = HookState(model, process_group, compressor, collective, policy, seed, bucket_mb, overlap, preset,
+                      **options)
     return state, _hook
 
 
+def _explicit(compressor, collective, policy):
+    """With a preset, the signature's default names (topk, allgather, gravac) are not choices:
+    the preset's names apply unless another name was given."""
+    return (None if compressor == "topk" else compressor, None if collective == "allgather" else collective,
+            None if policy == "gravac" else policy)
+
+
 class Trainer(_Checkpointed):
-    """gravac's C++ trainer over a process group, for a training loop without DDP.
+    """gravac's trainer over a process group, for a training loop without DDP.
 
     ``step()`` after backward replaces every parameter's gradient with the
     (compressed) average over the ranks and returns the step's report. The same
@@ -177,16 +614,15 @@ class Trainer(_Checkpointed):
     """
 
     def __init__(self, model, process_group=None, compressor="topk", collective="allgather", policy="gravac",
-                 seed=0, bucket_mb=25.0, **options):
-        args = _arguments(model, process_group, compressor, collective, policy, seed, bucket_mb, options)
-        self._params = args["tensors"]
-        self._engine = _ext.Trainer(**args)
-        self._flat = torch.zeros(self._engine.numel(), dtype=torch.float32)
-        # Each parameter's slice of the flat buffer, in layout order: made once, reused every step.
-        offsets = [0]
-        for p in self._params:
-            offsets.append(offsets[-1] + p.numel())
-        self._views = [self._flat[a:b].view_as(p) for p, a, b in zip(self._params, offsets, offsets[1:])]
+                 seed=0, bucket_mb=25.0, preset=None, **options):
+        if preset is not None:
+            compressor, collective, policy = _explicit(compressor, collective, policy)
+        compressor, collective, policy = _names(preset, compressor, collective, policy)
+        self._engine = _Engine(model, process_group, preset, compressor, collective, policy, seed, bucket_mb,
+                               options)
+        self._params = self._engine.tensors
+        # Each parameter's slice of the flat buffer, made once, reused every step.
+        self._views = [v.view_as(p) for v, p in zip(self._engine.views, self._params)]
 
     def step(self):
         """Averages the gradients over the ranks, through gravac. Returns the step's report."""
@@ -195,15 +631,15 @@ class Trainer(_Checkpointed):
                 view.zero_()
             else:
                 view.copy_(p.grad)
-        report = self._engine.step(self._flat)
+        report = self._engine.step()
         for p, view in zip(self._params, self._views):
             if p.grad is None:
-                p.grad = view.clone()
+                p.grad = view.to(p.device, copy=True)
             else:
                 p.grad.copy_(view)
-        return report
+        return dict(report)
 
-    def policy_state(self):
-        """A short description of the policy's state."""
-        return self._engine.policy_state()
-
+    def end_interval(self, epoch, learning_rate, samples):
+        """The end of an interval (an epoch) for the policy."""
+        self._engine.call("gravac_trainer_end_interval", _capi.lib().gravac_trainer_end_interval(
+            self._engine.handle, int(epoch), float(learning_rate), float(samples)))
