@@ -17,4 +17,8 @@ set_target_properties(gravac_runtime PROPERTIES EXPORT_NAME runtime POSITION_IND
 target_link_libraries(gravac_runtime PUBLIC gravac_powersgd)
 # The trainers are the hot path of every front end built on them: optimised in every build type.
 target_compile_options(gravac_runtime PRIVATE -O2 $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)
+# Under add_subdirectory it is built only when something links it.
+if(NOT PROJECT_IS_TOP_LEVEL)
+  set_target_properties(gravac_runtime PROPERTIES EXCLUDE_FROM_ALL ON)
+endif()
 list(APPEND _gravac_export_targets gravac_runtime)

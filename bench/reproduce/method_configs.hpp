@@ -34,11 +34,13 @@ inline fmnist::method_config gravac_config(double eps, fmnist::collective_id k, 
   return m;
 }
 
-//! The recommended adaptive configuration, the one to use when the network is unknown:
-//! GraVAC over top-k and Allgather at the default eps, with dense among its choices. It
-//! learns the network from the step times it sees; it is not told the network.
+//! The recommended adaptive configuration (the library's preset, gravac::runtime::recommended)
+//! on the reproduction's simulated clock: it learns the network from the step times it
+//! sees; it is not told the network.
 inline fmnist::method_config recommended_config(std::uint64_t period) {
-  return gravac_config(gravac::gravac_policy_options{}.epsilon, fmnist::collective_id::allgather, period, true);
+  auto m = gravac::runtime::recommended(period);
+  m.gravac.time.source = gravac::time_source::simulated;  // the reproduction's clock
+  return m;
 }
 
 }  // namespace repro

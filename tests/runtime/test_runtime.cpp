@@ -1,4 +1,7 @@
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <gravac/comm/thread_communicator.hpp>
 #include <gravac/detail/composition_checks.hpp>
 #include <gravac/runtime/make_trainer.hpp>
@@ -180,4 +183,52 @@ TEST_CASE("runtime: make_trainer's trainer equals trainer<C, K, P> bit for bit, 
   CHECK(!rt::recommended().gravac.dense_candidate == false);
   CHECK(rt::preset("dense").compressor == rt::compressor_id::identity);
   CHECK_THROWS_WITH(rt::preset("fastest"), Catch::Contains("unknown preset 'fastest'") && Catch::Contains("recommended"));
+}
+
+namespace {
+// docs/options.md: the option table as Markdown, generated from option_table().
+std::string options_markdown() {
+  std::string s =
+      "# Options of a runtime method\n\n"
+      "Generated from `gravac::runtime::option_table()` (include/gravac/runtime/option_table.hpp) by\n"
+      "`test_runtime`, so it cannot drift from the code (`GRAVAC_UPDATE_DOCS=1` rewrites it). The\n"
+      "example's command line spells each as `--name-with-dashes`, gravac-bench likewise, the C ABI\n"
+      "and Python as the name itself (`kept_fraction=0.01`).\n\n"
+      "| option | type | values | default | what it sets |\n|---|---|---|---|---|\n";
+  const rt::method_config m;
+  for (const auto& o : rt::option_table()) {
+    std::string type, values;
+    switch (o.type) {
+      case rt::option_type::boolean:
+        type = "bool", values = "true, false";
+        break;
+      case rt::option_type::integer:
+        type = "int", values = "[" + rt::detail::number_text(o.min) + ", " + rt::detail::number_text(o.max) + "]";
+        break;
+      case rt::option_type::real:
+        type = "real", values = "[" + rt::detail::number_text(o.min) + ", " + rt::detail::number_text(o.max) + "]";
+        break;
+      case rt::option_type::choice:
+        type = "choice", values = std::string(o.choices);
+        break;
+    }
+    std::replace(values.begin(), values.end(), ',', ' ');
+    s += "| `" + std::string(o.name) + "` | " + type + " | " + values + " | " + o.get(m) + " | " + std::string(o.doc) +
+         " |\n";
+  }
+  return s;
+}
+}  // namespace
+
+TEST_CASE("runtime: docs/options.md is the option table", "[runtime][docs]") {
+  const std::string want = options_markdown();
+  const std::string path = std::string(GRAVAC_SOURCE_DIR) + "/docs/options.md";
+  if (const char* u = std::getenv("GRAVAC_UPDATE_DOCS"); u != nullptr && std::string(u) == "1") {
+    std::ofstream(path, std::ios::binary) << want;
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream have;
+  have << in.rdbuf();
+  INFO("docs/options.md differs from the option table; rerun test_runtime with GRAVAC_UPDATE_DOCS=1 to rewrite it");
+  CHECK(have.str() == want);
 }
