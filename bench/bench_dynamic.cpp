@@ -32,10 +32,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "compressors.hpp"
@@ -96,8 +99,8 @@ enum class extra { none, gain5, threads2, k_error };
 void run(benchmark::State& state, const std::string& name, compressor_settings s, extra x, bool whole = false) {
   const std::size_t n = std::size_t{1} << state.range(0);
   const int data = static_cast<int>(state.range(2));
-  s.fraction = static_cast<double>(state.range(1)) / 10000.0;
-  s.whole_buffer = whole;
+  s.method.fixed.kept_fraction = static_cast<double>(state.range(1)) / 10000.0;
+  s.method.topk.whole_buffer = whole;
   const gradient_stream* gs = nullptr;
   try {
     gs = &stream(n, data);
@@ -115,11 +118,11 @@ void run(benchmark::State& state, const std::string& name, compressor_settings s
     other = make_compressor(name, lay, s);  // the same selection without the gain curve
   } else if (x == extra::threads2) {
     auto one = s;
-    one.threads = 1;
+    one.method.topk.threads = 1;
     other = make_compressor(name, lay, one);
   }
   std::vector<std::pair<std::size_t, double>> k_error;  // (step, |k_hat - k| / k)
-  const double k = static_cast<double>(gravac::kept_count(n, s.fraction));
+  const double k = static_cast<double>(gravac::kept_count(n, s.fraction()));
   const step_function step = [&](std::size_t t, std::span<float> g) {
     const std::size_t bytes = c.compress(g, e);
     if (x == extra::k_error) k_error.emplace_back(t, std::fabs(static_cast<double>(c.stats().layers[0].kept) - k) / k);
@@ -188,6 +191,12 @@ void register_all() {
       ->Arg(24)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
+  // An entry's options, by the option table's names (compressor_settings::set).
+  const auto with = [](std::initializer_list<std::pair<std::string_view, std::string_view>> options) {
+    compressor_settings s;
+    for (const auto& [name, value] : options) s.set(name, value);
+    return s;
+  };
   struct entry {
     const char* name;
     const char* compressor;
@@ -200,15 +209,15 @@ void register_all() {
       {"topk", "topk", {}, extra::none, false, true},
       {"topk_whole", "topk", {}, extra::none, true, true},
       {"topk_gain5", "topk", {}, extra::gain5, false, true},
-      {"topk_2threads", "topk", {.threads = 2}, extra::threads2, false, true},
+      {"topk_2threads", "topk", with({{"topk_threads", "2"}}), extra::threads2, false, true},
       {"threshold", "threshold", {}, extra::k_error, false, true},
       {"adacomp", "adacomp", {}, extra::none, false, false},
-      {"qsgd_s127", "qsgd", {.levels = 127, .bucket = 512}, extra::none, false, false},
-      {"qsgd_s7", "qsgd", {.levels = 7, .bucket = 64}, extra::none, false, false},
+      {"qsgd_s127", "qsgd", with({{"qsgd_levels", "127"}, {"qsgd_bucket", "512"}}), extra::none, false, false},
+      {"qsgd_s7", "qsgd", with({{"qsgd_levels", "7"}, {"qsgd_bucket", "64"}}), extra::none, false, false},
       {"terngrad", "terngrad", {}, extra::none, false, false},
       {"sign", "sign", {}, extra::none, false, false},
       {"cast16_fp16", "cast16", {}, extra::none, false, false},
-      {"cast16_bf16", "cast16", {.bf16 = true}, extra::none, false, false},
+      {"cast16_bf16", "cast16", with({{"cast16_format", "bf16"}}), extra::none, false, false},
   };
   for (const auto& en : entries) {
     auto* b = benchmark::RegisterBenchmark((std::string("dynamic/") + en.name).c_str(), [en](benchmark::State& st) {
