@@ -4,14 +4,18 @@
 // restored state (--restored: the best case). It prints the time per step, the ratios to
 // a memcpy of the gradient buffer and to the error-feedback floor measured in the same run
 // (bench_common.hpp, dynamic_steps.hpp: the method of the project's benchmarks), and the
-// bits per element; --json prints one JSON object instead. Run with --help for the options.
+// bits per element; --json prints one JSON object instead. Run with --help for the options:
+// the compressors' options are those of the library's option table
+// (gravac/runtime/option_table.hpp), as --name-with-dashes, and --help lists them from it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../bench_common.hpp"
@@ -23,25 +27,29 @@ namespace {
 
 using namespace gravac_bench;
 
-constexpr const char* usage = R"(usage: gravac-bench --compressor NAME [options]
+constexpr const char* usage_head = R"(usage: gravac-bench --compressor NAME [options]
 
 Times one compressor as training runs it and prints the time per step, its ratio to a
 memcpy of the gradient buffer and to the error-feedback floor (read g and e, write e and
 a packet of the same size), both measured in the same run, and the bits per element.
 
 what to time:
-  --compressor NAME      topk, threshold, randomk, adacomp, qsgd, terngrad, sign, cast16,
-                         identity (and powersgd when built with Eigen)
+  --compressor NAME      )";
+
+constexpr const char* usage_what = R"(
   --n N                  one layer of N floats (default 1048576)
   --layout A,B,...       layers of these sizes instead (e.g. your model's tensors)
-  --fraction F           kept fraction of the selection compressors (default 0.01)
-  --threads T            threads of top-k's fused pass (default 1)
-  --whole-buffer         top-k over the whole buffer instead of per layer
+  --fraction F           kept fraction of the selection compressors (default 0.01; the
+                         table's --kept-fraction)
+  --threads T            threads of top-k's fused pass (default 1; --topk-threads)
+  --whole-buffer         top-k over the whole buffer instead of per layer (--topk-whole-buffer)
   --gain-candidates K    also report the gain curve of K kept fractions (a policy's request)
-  --levels S --bucket B  QSGD's levels and bucket (TernGrad: bucket)
-  --bf16                 cast16 to bfloat16 instead of fp16
-  --bin-length L         AdaComp's L_T for every layer
-  --rank R               PowerSGD's rank
+  --levels S --bucket B  QSGD's levels and bucket, TernGrad's bucket (--qsgd-levels,
+                         --qsgd-bucket, --terngrad-bucket; QSGD's bucket when not given:
+                         64 below 127 levels, else 512)
+  --bf16                 cast16 to bfloat16 instead of fp16 (--cast16-format bf16)
+  --bin-length L         AdaComp's L_T for every layer (default: by layer kind)
+  --rank R               PowerSGD's rank, of every layer (default 4; --powersgd-rank)
 data and method:
   --data D               gaussian (default), laplace, or FILE: recorded gradients, a
                          float32 .npy of shape (steps, params) or raw float32 (rows of the
@@ -58,6 +66,70 @@ output:
   --json                 one JSON object instead of text
   --help                 this text
 )";
+
+// --help: the fixed text, the compressor names and every option of the library's table
+// (name, type or choices, range, default here, doc), generated from the table.
+std::string usage() {
+  std::string names;  // wrapped at 90 columns, under the first
+  std::size_t column = 25;
+  for (const auto& n : compressor_names()) {
+    if (!names.empty()) names += ",";
+    if (!names.empty() && column + n.size() + 2 > 90) {
+      names += "\n" + std::string(25, ' ');
+      column = 25;
+    } else if (!names.empty()) {
+      names += " ";
+      ++column;
+    }
+    names += n;
+    column += n.size() + 1;
+  }
+  std::string u = usage_head + names + usage_what;
+  // The fixed text ends with --help; the table's options follow.
+  u += "\noptions of the library's option table (gravac/runtime/option_table.hpp), as\n"
+       "--name-with-dashes VALUE, booleans as flags (--name, --no-name); the compressors\n"
+       "read theirs (topk_*, threshold_*, randomk_*, qsgd_*, terngrad_*, cast16_*, powersgd_*)\n"
+       "and kept_fraction; the others (adacomp_*: the AdaComp policy's, here --bin-length) are\n"
+       "accepted and checked but change no compressor's step:\n";
+  const gravac::runtime::method_config defaults = bench_method();
+  char buf[96];
+  for (const auto& o : gravac::runtime::option_table()) {
+    std::string flag = "--" + std::string(o.name);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    std::string what;
+    switch (o.type) {
+      case gravac::runtime::option_type::boolean:
+        flag += ", --no-" + flag.substr(2);
+        what = "flag";
+        break;
+      case gravac::runtime::option_type::integer:
+      case gravac::runtime::option_type::real:
+        flag += o.type == gravac::runtime::option_type::integer ? " N" : " X";
+        if (o.max >= gravac::runtime::detail::no_limit)
+          std::snprintf(buf, sizeof buf, "%s >= %.10g", o.type == gravac::runtime::option_type::integer ? "integer" : "real",
+                        o.min);
+        else
+          std::snprintf(buf, sizeof buf, "%s in [%.10g, %.10g]",
+                        o.type == gravac::runtime::option_type::integer ? "integer" : "real", o.min, o.max);
+        what = buf;
+        break;
+      case gravac::runtime::option_type::choice: {
+        std::string c(o.choices);
+        std::replace(c.begin(), c.end(), ',', '|');
+        flag += " " + c;
+        what = "one of " + std::string(o.choices);
+        break;
+      }
+    }
+    std::string def = o.get(defaults);  // a number as %.17g: shortest for reading
+    if (o.type == gravac::runtime::option_type::integer || o.type == gravac::runtime::option_type::real) {
+      std::snprintf(buf, sizeof buf, "%.10g", std::strtod(def.c_str(), nullptr));
+      def = buf;
+    }
+    u += "  " + flag + "\n      " + std::string(o.doc) + " (" + what + "; default " + def + ")\n";
+  }
+  return u;
+}
 
 struct cli {
   std::string compressor;
@@ -95,6 +167,15 @@ double parse_double(const std::string& opt, const std::string& v) {
   return x;
 }
 
+// The table's option spelt \p arg ("--topk-guess-margin" with \p prefix "--"), or nullptr.
+const gravac::runtime::option_spec* table_option(const std::string& arg, std::string_view prefix) {
+  if (arg.size() <= prefix.size() || arg.compare(0, prefix.size(), prefix) != 0) return nullptr;
+  std::string name = arg.substr(prefix.size());
+  if (name.find('_') != std::string::npos) return nullptr;  // the spelling is with dashes
+  std::replace(name.begin(), name.end(), '-', '_');
+  return gravac::runtime::find_option(name);
+}
+
 cli parse(int argc, char** argv) {
   cli c;
   for (int i = 1; i < argc; ++i) {
@@ -104,7 +185,7 @@ cli parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
+      std::fputs(usage().c_str(), stdout);
       std::exit(0);
     } else if (a == "--compressor") {
       c.compressor = value();
@@ -115,23 +196,44 @@ cli parse(int argc, char** argv) {
       std::stringstream ss(value());
       for (std::string part; std::getline(ss, part, ',');) c.layers.push_back(parse_size(a, part));
     } else if (a == "--fraction") {
-      c.settings.fraction = parse_double(a, value());
+      const std::string v = value();
+      parse_double(a, v);
+      c.settings.set("kept_fraction", v);
     } else if (a == "--threads") {
-      c.settings.threads = static_cast<unsigned>(parse_size(a, value()));
+      c.settings.set("topk_threads", std::to_string(parse_size(a, value())));
     } else if (a == "--whole-buffer") {
-      c.settings.whole_buffer = true;
+      c.settings.set("topk_whole_buffer", "true");
     } else if (a == "--gain-candidates") {
       c.gain_candidates = parse_size(a, value());
     } else if (a == "--levels") {
-      c.settings.levels = static_cast<std::uint32_t>(parse_size(a, value()));
+      // 0: the default, 127 levels
+      const std::size_t s = parse_size(a, value());
+      if (s == 0)
+        c.settings.method.qsgd.levels = bench_method().qsgd.levels;
+      else
+        c.settings.set("qsgd_levels", std::to_string(s));
     } else if (a == "--bucket") {
-      c.settings.bucket = static_cast<std::uint32_t>(parse_size(a, value()));
+      // QSGD's and TernGrad's; 0: their defaults (QSGD's by its levels)
+      const std::size_t b = parse_size(a, value());
+      if (b == 0) {
+        c.settings.qsgd_bucket_by_levels = true;
+        c.settings.method.terngrad.bucket = bench_method().terngrad.bucket;
+      } else {
+        c.settings.set("qsgd_bucket", std::to_string(b));
+        c.settings.set("terngrad_bucket", std::to_string(b));
+      }
     } else if (a == "--bf16") {
-      c.settings.bf16 = true;
+      c.settings.set("cast16_format", "bf16");
     } else if (a == "--bin-length") {
       c.settings.bin_length = static_cast<std::uint32_t>(parse_size(a, value()));
     } else if (a == "--rank") {
-      c.settings.rank = static_cast<std::uint32_t>(parse_size(a, value()));
+      // PowerSGD's rank, also of every layer in each step; 0: the default, 4
+      const std::size_t r = parse_size(a, value());
+      if (r == 0)
+        c.settings.method.powersgd.rank = bench_method().powersgd.rank;
+      else
+        c.settings.set("powersgd_rank", std::to_string(r));
+      c.settings.rank = static_cast<std::uint32_t>(r);
     } else if (a == "--data") {
       c.data = value();
     } else if (a == "--dynamic") {
@@ -146,6 +248,13 @@ cli parse(int argc, char** argv) {
       c.seed = parse_size(a, value());
     } else if (a == "--json") {
       c.json = true;
+    } else if (const auto* o = table_option(a, "--"); o != nullptr) {
+      // An option of the library's table: a boolean is a flag, the rest take a value; a bad
+      // value is set_option's error (exit status 2).
+      c.settings.set(o->name, o->type == gravac::runtime::option_type::boolean ? std::string("true") : value());
+    } else if (const auto* o = table_option(a, "--no-");
+               o != nullptr && o->type == gravac::runtime::option_type::boolean) {
+      c.settings.set(o->name, "false");
     } else {
       throw std::invalid_argument("unknown option '" + a + "' (see --help)");
     }
@@ -157,7 +266,7 @@ cli parse(int argc, char** argv) {
   if (c.samples == 0) throw std::invalid_argument("--steps must be at least 1");
   if (c.gain_candidates > 0) {
     // Candidates spread log-evenly from 10% down to the fraction asked for (or 0.1%).
-    const double lo = std::log(std::min(0.1, std::max(c.settings.fraction, 1e-6)) * 0.1), hi = std::log(0.1);
+    const double lo = std::log(std::min(0.1, std::max(c.settings.fraction(), 1e-6)) * 0.1), hi = std::log(0.1);
     for (std::size_t j = 0; j < c.gain_candidates; ++j)
       c.settings.gain_candidates.push_back(
           std::exp(hi + (lo - hi) * static_cast<double>(j) /
@@ -250,7 +359,7 @@ int main(int argc, char** argv) {
           "\"ms_per_step\": %.6g, \"ratio_to_memcpy\": %.6g, \"ratio_to_ef_floor\": %.6g, \"ef_floor_to_memcpy\": "
           "%.6g, "
           "\"bits_per_element\": %.6g}\n",
-          quoted(c.compressor).c_str(), n, layout_text.c_str(), c.settings.fraction, c.settings.threads,
+          quoted(c.compressor).c_str(), n, layout_text.c_str(), c.settings.fraction(), c.settings.method.topk.threads,
           quoted(c.data).c_str(), c.restored ? "restored" : "dynamic", r.steady ? "true" : "false",
           opt.fixed_warmup ? "true" : "false", r.warmup_steps,
           c.restored ? static_cast<std::size_t>(std::max<std::size_t>(3, c.samples | 1)) : r.step_s.size(),
@@ -258,7 +367,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf(
           "gravac-bench: %s, %zu floats in %zu layer(s), fraction %g, %u thread(s), data %s, %s\n",
-          c.compressor.c_str(), n, c.layers.size(), c.settings.fraction, c.settings.threads, c.data.c_str(),
+          c.compressor.c_str(), n, c.layers.size(), c.settings.fraction(), c.settings.method.topk.threads, c.data.c_str(),
           c.restored ? "restored state (best case)" : "dynamic (steps with a fresh gradient, residual carried)");
       if (opt.fixed_warmup)
         std::printf("  %zu warm-up steps (its residual is one step's coding error; norm changing %.2f%% per step)\n",
