@@ -330,13 +330,17 @@ class _Engine:
         self.report = _report_dict(_capi.StepReport(ctypes.sizeof(_capi.StepReport)), [0.0] * len(tensors))
 
     def __del__(self):
-        handle = getattr(self, "handle", None)
-        if handle:
-            _capi.lib().gravac_trainer_destroy(handle)
-            self.handle = None
-        comm = getattr(self, "comm", None)
-        if comm is not None:
-            comm.close()
+        # The trainer before its communicator (gravac_trainer_destroy ends a step in progress).
+        try:
+            handle = getattr(self, "handle", None)
+            if handle:
+                self.handle = None
+                _capi.lib().gravac_trainer_destroy(handle)
+            comm = getattr(self, "comm", None)
+            if comm is not None:
+                comm.close()
+        except Exception:  # interpreter shutdown: nothing to report to
+            pass
 
     def _error(self, status, what):
         e = _capi.error(status, what)

@@ -1,5 +1,10 @@
 """Checks of gravac.torch under real DDP: 4 processes over Gloo (a FileStore), CPU.
 
+gravac.torch is pure Python over gravac's C ABI (libgravac_c.so.1 through ctypes), whose
+trainer is gravac's C++ trainer (the runtime composition): the hook under DDP is compared,
+bit for bit, with gravac.torch.Trainer stepping the same gradients through the same library
+without DDP, and the same with a preset.
+
     /usr/bin/python3 tests/torch/ddp_hook_checks.py [--ranks 4] [check ...]
 
 Each check runs in every rank and raises on failure; the script exits non-zero when any
@@ -56,12 +61,18 @@ COMPOSITIONS = [
     dict(compressor="powersgd", collective="low_rank_allreduce", policy="fixed", powersgd_rank=2),
     dict(compressor="adacomp", collective="allgather", policy="adacomp"),
     dict(compressor="topk", collective="allreduce_compatible", policy="accordion"),
+    dict(preset="recommended"),
 ]
+
+REPORT_KEYS = {"step", "bytes_sent", "dense_bytes", "wire_bytes_sent", "wire_bytes_received", "gain", "collective",
+               "fallback", "compress_s", "communicate_s", "decompress_s", "exposed_communicate_s", "buckets",
+               "skipped", "kept_fraction"}
 
 
 def check_hook_equals_trainer(rank, overlap=True, compositions=COMPOSITIONS):
-    """The hook's gradients are the C++ trainer's on the same gradients, bit for bit, every step
-    (DDP rebuilds its buckets after the first), and the policy decides the same on every rank."""
+    """The hook's gradients are the C++ trainer's (gravac.torch.Trainer: the C ABI's trainer
+    stepping the same gradients without DDP) bit for bit, every step (DDP rebuilds its buckets
+    after the first), and the policy decides the same on every rank."""
     for comp in compositions:
         a = make_model(1)
         b = copy.deepcopy(a)
@@ -85,6 +96,10 @@ def check_hook_equals_trainer(rank, overlap=True, compositions=COMPOSITIONS):
                                          f"(max diff {(pa.grad - pb.grad).abs().max().item()})")
             if ra["bytes_sent"] != rb["bytes_sent"] or ra["kept_fraction"] != rb["kept_fraction"]:
                 raise AssertionError(f"{comp}: step {step}: reports differ: {ra} vs {rb}")
+            if set(ra) != REPORT_KEYS or set(rb) != REPORT_KEYS or ra["step"] != step:
+                raise AssertionError(f"{comp}: step {step}: report keys or step: {sorted(ra)}, {ra['step']}")
+            if len(ra["kept_fraction"]) != len(list(a.parameters())):
+                raise AssertionError(f"{comp}: kept_fraction is not one per layer: {ra['kept_fraction']}")
             fractions = gather(ra["kept_fraction"])
             if any(f != fractions[0] for f in fractions):
                 raise AssertionError(f"{comp}: step {step}: ranks kept different fractions: {fractions}")
@@ -162,25 +177,55 @@ def check_bad_input(rank):
     model = make_model(3)
     expect(ValueError, "unknown compressor 'topkk'", lambda: gt.ddp_hook(model, compressor="topkk"))
     expect(ValueError, "unknown policy", lambda: gt.ddp_hook(model, policy="best"))
-    expect(ValueError, "kept_fraction must be in (0, 1]",
+    expect(ValueError, "option kept_fraction: '-0.5' is out of range",
            lambda: gt.ddp_hook(model, compressor="topk", policy="fixed", kept_fraction=-0.5))
+    expect(ValueError, "unknown preset 'best'", lambda: gt.ddp_hook(model, preset="best"))
+    expect(ValueError, "is not a bool", lambda: gt.ddp_hook(model, gravac_dense="yes"))
     expect(ValueError, "unknown option 'kept_fractoin'", lambda: gt.ddp_hook(model, kept_fractoin=0.1))
     expect(ValueError, "is not a non-negative int", lambda: gt.ddp_hook(model, powersgd_rank=-1))
     expect(ValueError, "is not one of fp16, bf16", lambda: gt.ddp_hook(model, compressor="cast16",
                                                                       policy="fixed", cast16_format="fp8"))
     expect(ValueError, "seed must be", lambda: gt.ddp_hook(model, seed=-1))
     expect(ValueError, "overlap must be a bool", lambda: gt.ddp_hook(model, overlap="yes"))
-    expect(ValueError, "does not offer", lambda: gt.ddp_hook(model, compressor="powersgd", collective="allgather",
+    expect(ValueError, "does not accept", lambda: gt.ddp_hook(model, compressor="powersgd", collective="allgather",
                                                             policy="fixed"))
     # Ranks that disagree: every rank is told, none hangs.
     other = "randomk" if rank == dist.get_world_size() - 1 else "topk"
-    expect(RuntimeError, "every rank must register the same hook",
+    expect(RuntimeError, "every rank must create its trainer with the same method and layers",
            lambda: gt.ddp_hook(model, compressor=other, policy="fixed"))
     state, _ = gt.ddp_hook(model, compressor="topk", policy="fixed")
     expect(ValueError, "not a gravac state_dict", lambda: state.load_state_dict({"x": 1}))
     expect(RuntimeError, "rejected", lambda: state.load_state_dict({"format": "gravac-checkpoint",
                                                                     "state": b"GRVCKPT\0 truncated"}))
     expect(TypeError, "expected a torch.nn.Module", lambda: gt.ddp_hook(42))
+    # After all that, a good hook still works on every rank (nothing was left half-sent).
+    state.state_dict()
+
+
+def check_metadata(rank):
+    """gravac.options() describes the C option table; option_names() and presets() agree."""
+    import gravac
+    opts = gravac.options()
+    names = [o["name"] for o in opts]
+    if names != gt.option_names() or "kept_fraction" not in names or "powersgd_rank" not in names:
+        raise AssertionError(f"option names: {names}")
+    for o in opts:
+        if set(o) != {"name", "type", "range", "choices", "default", "doc"} or not o["doc"]:
+            raise AssertionError(f"option entry {o}")
+        if o["type"] in ("int", "real") and not o["range"][0] <= o["range"][1]:
+            raise AssertionError(f"option range {o}")
+        if o["type"] == "choice" and o["default"] not in o["choices"]:
+            raise AssertionError(f"option choices {o}")
+    kept = next(o for o in opts if o["name"] == "kept_fraction")
+    if kept["type"] != "real" or kept["range"][1] != 1.0:
+        raise AssertionError(f"kept_fraction: {kept}")
+    if "recommended" not in gt.presets() or gt.presets() != gravac.presets():
+        raise AssertionError(f"presets: {gt.presets()}")
+    for listed in (gravac.compressors(), gravac.collectives(), gravac.policies()):
+        if not listed:
+            raise AssertionError("an empty name list")
+    if "topk" not in gravac.compressors() or "allgather" not in gravac.collectives():
+        raise AssertionError("name lists")
 
 
 CHECKS = {
@@ -188,6 +233,7 @@ CHECKS = {
     "sync_hook_equals_trainer": check_sync_hook_equals_trainer,
     "resume": check_resume,
     "bad_input": check_bad_input,
+    "metadata": check_metadata,
 }
 
 

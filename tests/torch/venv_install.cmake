@@ -54,7 +54,7 @@ set(vpy ${WORK_DIR}/venv/bin/python)
 run("pip install" ${vpy} -m pip install --no-index --no-deps ${wheels})
 
 # From a directory without the sources: the installed package, with its own library.
-run("import" ${CMAKE_COMMAND} -E chdir ${WORK_DIR} ${vpy} -c [[
+file(WRITE ${WORK_DIR}/import_check.py [[
 import os, sys, gravac, gravac.torch, torch
 here = os.path.dirname(gravac.__file__)
 assert here.startswith(sys.prefix), (here, sys.prefix)
@@ -66,6 +66,7 @@ assert "recommended" in gravac.torch.presets(), gravac.torch.presets()
 print("gravac", gravac.__version__, "library", gravac.library_version(), "torch", torch.__version__,
       "python", sys.version.split()[0], len(opts), "options")
 ]])
+run("import" ${CMAKE_COMMAND} -E chdir ${WORK_DIR} ${vpy} ${WORK_DIR}/import_check.py)
 message(STATUS "venv_install: ${last_output}")
 run("ddp_hook_checks bad_input" ${CMAKE_COMMAND} -E chdir ${WORK_DIR}
     ${vpy} ${SOURCE_DIR}/tests/torch/ddp_hook_checks.py --ranks 2 bad_input)
