@@ -6,6 +6,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -71,9 +73,13 @@ inline std::string_view parse_choice(std::string_view name, std::string_view v, 
   bad_option(name, v, "is not one of " + std::string(choices));
 }
 
+// The shortest text that reads back as \p x.
 inline std::string number_text(double x) {
   char b[64];
-  std::snprintf(b, sizeof b, "%.17g", x);
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, x);
+    if (std::strtod(b, nullptr) == x) break;
+  }
   return b;
 }
 
