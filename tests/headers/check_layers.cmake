@@ -22,6 +22,7 @@ set(_layers
   "policy ^gravac/policy/"
   "cuda ^gravac/cuda/"
   "composer ^gravac/(trainer|checkpoint|telemetry)\\.hpp$ ^gravac/detail/"
+  "runtime ^gravac/runtime/"
   "adapters ^gravac/adapters/ ^gravac/gravac\\.hpp$")
 
 function(_layer_of path out_rank out_name)
