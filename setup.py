@@ -14,10 +14,13 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-try:
-    from wheel.bdist_wheel import bdist_wheel
-except ImportError:  # pragma: no cover - without wheel only sdists and builds are possible
-    bdist_wheel = None
+try:  # setuptools >= 70.1 has the command; older ones (Debian 12: 66) take it from wheel
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # pragma: no cover - without wheel only sdists and builds are possible
+        bdist_wheel = None
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = "libgravac_c.so.1"
