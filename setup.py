@@ -8,7 +8,6 @@ py3-none-<platform>: it holds a native library but links no Python.
 import os
 import shutil
 import subprocess
-import sysconfig
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
