@@ -257,7 +257,13 @@ def worker(rank, method, args, store_path, data_npz, result_path):
 
     net = make_model(args)
     numel = sum(p.numel() for p in net.parameters())
-    model = torch.nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=args["bucket_view"])
+    # One DDP bucket for the whole model (7.4 MB), for every method: PyTorch's PowerSGD hook
+    # launches each bucket's Q allreduce from a future's callback, so with two buckets the
+    # ranks can issue them in different orders, which Gloo aborts on ("op.preamble.length <=
+    # op.nbytes"). DDP's first bucket is capped by dist._DEFAULT_FIRST_BUCKET_BYTES (1 MB).
+    dist._DEFAULT_FIRST_BUCKET_BYTES = args["ddp_bucket_mb"] * 2 ** 20
+    model = torch.nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=args["bucket_view"],
+                                                      bucket_cap_mb=args["ddp_bucket_mb"])
     ps_state, gv_state, note = None, None, ""
     if method == "torch_fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -518,6 +524,8 @@ def main():
     ap.add_argument("--hook-overlap", choices=("on", "off"), default="off",
                     help="gravac hooks' overlap (off: cheaper on 2 cores; the modeled time has no overlap)")
     ap.add_argument("--gradient-as-bucket-view", action="store_true")
+    ap.add_argument("--ddp-bucket-mb", type=int, default=32,
+                    help="DDP's bucket cap, first bucket included (one bucket: see the worker)")
     ap.add_argument("--latency-us", type=float, default=50.0, help="alpha of the alpha-beta model, per message")
     ap.add_argument("--warmup-steps", type=int, default=10, help="steps left out of the steady-state averages")
     ap.add_argument("--fortunes-dir", default=tiny_gpt.FORTUNES_DIR)
@@ -549,9 +557,9 @@ def main():
         "hook_overlap": a.hook_overlap, "bucket_view": a.gradient_as_bucket_view, "warmup_steps": a.warmup_steps,
     }
     numel = sum(p.numel() for p in make_model(args).parameters())
-    # DDP's buckets: the first holds 1 MB, the others 25 MB (for the no-hook latency term).
-    dense = 4 * numel
-    args["ddp_buckets"] = 1 + max(0, math.ceil((dense - 2 ** 20) / (25 * 2 ** 20)))
+    # DDP's buckets (for the no-hook latency term): one, --ddp-bucket-mb holds the model.
+    args["ddp_bucket_mb"] = a.ddp_bucket_mb
+    args["ddp_buckets"] = max(1, math.ceil(4 * numel / (a.ddp_bucket_mb * 2 ** 20)))
     print("transformer: %d fortunes, train %d bytes, validation %d bytes; gpt %dL d%d h%d ctx %d, %d parameters; "
           "%d gloo ranks, global batch %d x %d, %d steps, AdamW lr %g (warm-up %d, cosine to %g x), wd %g, seed %d"
           % (len(fortunes), len(train), len(val), a.layers, a.d_model, a.heads, a.context, numel, a.ranks, a.batch,
