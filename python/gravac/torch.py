@@ -190,7 +190,6 @@ class _TorchComm:
         self.backend = str(dist.get_backend(group)).lower()
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
         self.error = None  # the last callback's exception (its text joins the C error)
-        self._lock = threading.Lock()
         self._gather_into_tensor = hasattr(dist, "all_gather_into_tensor")
         # The C function pointers must live as long as the communicator.
         self._fns = (_capi.ALLREDUCE_FN(self._guard(self._allreduce)),
