@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/comm/detail/padded_allgatherv.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/memory.hpp"
@@ -85,24 +86,14 @@ class process_group_communicator {
   void allgatherv(std::span<const std::byte> mine, byte_buffer& out, std::vector<std::size_t>& sizes) {
     const auto n = static_cast<std::size_t>(size());
     gather_sizes(mine.size(), sizes);
-    const std::size_t widest = *std::max_element(sizes.begin(), sizes.end());
-    std::size_t total = 0;
-    for (auto s : sizes) total += s;
-    out.resize(total);
-    if (widest == 0) return;
     // Equal-size slots: this rank's packet padded to the widest, then compacted in rank order.
-    padded_in_.assign(widest, std::byte{0});
-    if (!mine.empty()) std::memcpy(padded_in_.data(), mine.data(), mine.size());
-    padded_out_.resize(widest * n);
-    std::vector<at::Tensor> in{bytes_tensor(padded_in_.data(), widest)};
-    std::vector<std::vector<at::Tensor>> outs(1);
-    for (std::size_t r = 0; r < n; ++r) outs[0].push_back(bytes_tensor(padded_out_.data() + r * widest, widest));
-    wait(group_->allgather(outs, in), "allgatherv");
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < n; ++r) {
-      if (sizes[r]) std::memcpy(out.data() + at, padded_out_.data() + r * widest, sizes[r]);
-      at += sizes[r];
-    }
+    detail::padded_allgatherv(mine, sizes, out, scratch_, [&](const void* send, std::size_t bytes, void* recv) {
+      std::vector<at::Tensor> in{bytes_tensor(static_cast<std::byte*>(const_cast<void*>(send)), bytes)};
+      std::vector<std::vector<at::Tensor>> outs(1);
+      for (std::size_t r = 0; r < n; ++r)
+        outs[0].push_back(bytes_tensor(static_cast<std::byte*>(recv) + r * bytes, bytes));
+      wait(group_->allgather(outs, in), "allgatherv");
+    });
   }
 
   //! Personalised all-to-all of variable-length blocks (the process group's all-to-all
@@ -188,7 +179,7 @@ class process_group_communicator {
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  std::vector<std::byte> padded_in_, padded_out_;
+  detail::padded_allgather_scratch scratch_;  // allgatherv's padded slots
 };
 static_assert(Communicator<process_group_communicator>);
 static_assert(AlltoallCommunicator<process_group_communicator>);

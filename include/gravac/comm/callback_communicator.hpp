@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gravac/comm/detail/padded_allgatherv.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/memory.hpp"
@@ -65,22 +66,9 @@ class callback_communicator {
     const std::uint64_t mine = in.size();
     check(cb_.allgather(cb_.user, &mine, sizeof mine, counts.data()), "allgather");
     sizes.assign(counts.begin(), counts.end());
-    const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
-    std::size_t total = 0;
-    for (auto s : sizes) total += s;
-    if (largest == 0) {
-      out.clear();
-      return;
-    }
-    std::vector<std::byte> padded_in(largest), padded_out(largest * n);
-    if (!in.empty()) std::memcpy(padded_in.data(), in.data(), in.size());
-    check(cb_.allgather(cb_.user, padded_in.data(), largest, padded_out.data()), "allgather");
-    out.resize(total);
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < n; ++r) {
-      if (sizes[r] != 0) std::memcpy(out.data() + at, padded_out.data() + r * largest, sizes[r]);
-      at += sizes[r];
-    }
+    detail::padded_allgatherv(in, sizes, out, scratch_, [&](const void* send, std::size_t bytes, void* recv) {
+      check(cb_.allgather(cb_.user, send, bytes, recv), "allgather");
+    });
   }
 
   //! Sends block j of \p in (send_sizes[j] bytes, back to back) to rank j; \p out receives
@@ -128,6 +116,7 @@ class callback_communicator {
   }
 
   gravac_comm_callbacks cb_;
+  detail::padded_allgather_scratch scratch_;
 };
 static_assert(AlltoallCommunicator<callback_communicator>);
 
