@@ -1,6 +1,8 @@
 # Compiles every ```cpp block of the guides and runs the whole programs among them.
 # cmake -DSOURCE_DIR=<repo> -DBINARY_DIR=<dir> -DGENERATOR=<gen> -DCXX=<compiler>
-#       [-DJOBS=<n>] -P run_code_blocks.cmake
+#       [-DJOBS=<n>] [-DRUNTIME_LIBRARY=<libgravac_runtime.a>] -P run_code_blocks.cmake
+# RUNTIME_LIBRARY: the calling build's gravac::runtime, linked by the blocks that need it
+# instead of compiling it again.
 # A block that does not compile is named by its guide and line: the compiler's messages
 # carry them (#line), and the summary lists every failing block.
 if(NOT JOBS)
@@ -9,7 +11,7 @@ endif()
 execute_process(
   COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/docs/code_blocks -B ${BINARY_DIR} -G ${GENERATOR}
           -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS=-O0 -DGRAVAC_SOURCE_DIR=${SOURCE_DIR}
-          -DGRAVAC_ENABLE_CUDA=OFF -DGRAVAC_ENABLE_TORCH=OFF
+          -DGRAVAC_ENABLE_CUDA=OFF -DGRAVAC_ENABLE_TORCH=OFF -DGRAVAC_RUNTIME_PREBUILT=${RUNTIME_LIBRARY}
   RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "configuring the guides' code blocks failed (see above)")
