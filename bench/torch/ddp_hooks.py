@@ -226,8 +226,8 @@ def gravac_options(method, args):
     return {}
 
 
-def worker(rank, method, args, store_path, data_npz, result_path):
-    world = args["ranks"]
+def init_gloo_rank(rank, world, store_path):
+    """One DDP process: a single compute thread (ranks share the cores) and a Gloo group on loopback."""
     torch.set_num_threads(1)
     try:
         torch.set_num_interop_threads(1)
@@ -235,6 +235,11 @@ def worker(rank, method, args, store_path, data_npz, result_path):
         pass
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+
+
+def worker(rank, method, args, store_path, data_npz, result_path):
+    world = args["ranks"]
+    init_gloo_rank(rank, world, store_path)
     counter = CollectiveCounter(world)
     orig_all_reduce = counter.originals["all_reduce"]
     orig_all_gather = counter.originals["all_gather"]

@@ -12,7 +12,7 @@ gradient exchange differs:
   torch_fp16          default_hooks.fp16_compress_hook
   torch_powersgd      powerSGD_hook.powerSGD_hook (rank R, start_powerSGD_iter 10, PyTorch's default)
   gravac_dense        gravac identity + dense_allreduce + fixed
-  gravac_cast16       gravac cast16 + dense_allreduce + fixed
+  gravac_cast16       gravac cast16 + compressed_allreduce + fixed
   gravac_powersgd     gravac powersgd + low_rank_allreduce + fixed (powersgd_rank R)
   gravac_topk         gravac topk + allgather + fixed (kept_fraction 0.01)
   gravac_recommended  gravac preset="recommended" (or, where ddp_hook has no preset yet, what it
@@ -75,7 +75,7 @@ except ImportError:  # pragma: no cover
              % (sys.executable, " ".join(sys.argv)))
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_hooks import CollectiveCounter, loaded_blas  # noqa: E402
+from ddp_hooks import CollectiveCounter, init_gloo_rank, loaded_blas  # noqa: E402
 import tiny_gpt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,15 +86,13 @@ METHODS = {
     "torch_fp16": ("torch", None),
     "torch_powersgd": ("torch", None),
     "gravac_dense": ("gravac", ("identity", "dense_allreduce", "fixed")),
-    "gravac_cast16": ("gravac", ("cast16", "dense_allreduce", "fixed")),
+    "gravac_cast16": ("gravac", ("cast16", "compressed_allreduce", "fixed")),
     "gravac_powersgd": ("gravac", ("powersgd", "low_rank_allreduce", "fixed")),
     "gravac_topk": ("gravac", ("topk", "allgather", "fixed")),
     "gravac_recommended": ("gravac", "recommended"),
     "gravac_adacomp": ("gravac", ("adacomp", "allgather", "adacomp")),
     "gravac_accordion": ("gravac", ("topk", "allgather", "accordion")),
 }
-RECOMMENDED_EXPANDED = dict(compressor="topk", collective="allgather", policy="gravac", gravac_dense=True,
-                            gravac_period=100)
 
 # Collective calls per bucket of each gravac collective (for the latency term only; an estimate:
 # the bandwidth term uses the report's wire bytes). allgather sends the sizes first (Gloo has no
@@ -207,44 +205,22 @@ def build_gravac_hook(method, model, args):
 
     spec = METHODS[method][1]
     common = dict(seed=args["seed"], overlap=args["hook_overlap"] == "on")
-    note = ""
     if spec == "recommended":
-        try:
-            state, hook = gt.ddp_hook(model, preset="recommended", **common)
-            note = 'preset="recommended"'
-        except (TypeError, ValueError) as e:
-            state, hook = gt.ddp_hook(model, **RECOMMENDED_EXPANDED, **common)
-            note = "no preset keyword (%s): topk+allgather+gravac, gravac_dense=True, gravac_period=100" % (
-                str(e).splitlines()[0][:80])
-        return state, hook, note
+        state, hook = gt.ddp_hook(model, preset="recommended", **common)
+        return state, hook, 'preset="recommended"'
     compressor, collective, policy = spec
     opts = {}
     if method == "gravac_powersgd":
         opts["powersgd_rank"] = args["powersgd_rank"]
     if method == "gravac_topk":
         opts["kept_fraction"] = args["kept_fraction"]
-    try:
-        state, hook = gt.ddp_hook(model, compressor=compressor, collective=collective, policy=policy, **opts, **common)
-        note = "%s+%s+%s" % (compressor, collective, policy)
-    except ValueError as e:
-        if method != "gravac_cast16":
-            raise
-        # cast16 with the plain dense allreduce is not offered: its own compressed allreduce.
-        state, hook = gt.ddp_hook(model, compressor=compressor, collective="compressed_allreduce", policy=policy,
-                                  **opts, **common)
-        note = "cast16+compressed_allreduce+fixed (dense_allreduce refused: %s)" % str(e).splitlines()[0][:80]
-    return state, hook, note
+    state, hook = gt.ddp_hook(model, compressor=compressor, collective=collective, policy=policy, **opts, **common)
+    return state, hook, "%s+%s+%s" % (compressor, collective, policy)
 
 
 def worker(rank, method, args, store_path, data_npz, result_path):
     world = args["ranks"]
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    init_gloo_rank(rank, world, store_path)
     counter = MessageCounter(world)
     raw_all_reduce = counter.originals["all_reduce"]
     raw_all_gather = counter.originals["all_gather"]
