@@ -130,6 +130,10 @@ typedef struct gravac_method {
   const char* const* option_names;  /*!< option_count names of the option table */
   const char* const* option_values; /*!< their values, as text ("0.01", "true", "bf16") */
   size_t option_count;              /*!< entries in option_names and option_values */
+  /* Since the CUDA path (still ABI 1: older callers' struct_size ends before these fields,
+   * which then read as GRAVAC_DEVICE_HOST and NULL). */
+  gravac_device device; /*!< where the trainer's gradients live: GRAVAC_DEVICE_CUDA compresses on the device */
+  void* stream;         /*!< GRAVAC_DEVICE_CUDA: the cudaStream_t the device compressors run on; NULL with host memory */
 } gravac_method;
 
 /*! Checks \p method without building anything: GRAVAC_OK for a composition the library
@@ -169,6 +173,37 @@ typedef struct gravac_comm_callbacks {
 
 /*! A communicator over \p callbacks (copied; `user` must outlive the communicator). */
 GRAVAC_C_API gravac_status gravac_comm_from_callbacks(const gravac_comm_callbacks* callbacks, gravac_comm** comm);
+
+/*! Collectives over CUDA device memory provided by the caller (e.g. NCCL, or a framework's
+ *  process group on the GPU). Every pointer a callback receives is device memory (gravac
+ *  stages host values through the device). \p stream is the cudaStream_t to order on: the
+ *  callback enqueues the collective on \p stream, after the work queued on it so far (gravac
+ *  has ordered that stream after the producer of the inputs); the callback may complete the
+ *  collective before it returns, or leave it queued on \p stream: gravac waits for
+ *  \p stream after the callback returns and before it reads the result, so each operation
+ *  of the communicator is complete when it returns. Each returns 0 on success, anything
+ *  else on failure (GRAVAC_BACKEND_FAILURE). Every rank calls them in the same order, from
+ *  the thread that steps the trainer or from its communication thread, one at a time.
+ *  There is no alltoallv: the compressed_allreduce collective is refused over them. */
+typedef struct gravac_device_comm_callbacks {
+  uint32_t struct_size; /*!< sizeof(gravac_device_comm_callbacks) */
+  void* user;           /*!< passed to every callback */
+  int rank;             /*!< this rank */
+  int size;             /*!< ranks */
+  /*! Reduces \p count elements of \p dtype at \p data (device memory) in place over the ranks. */
+  int (*allreduce)(void* user, void* data, size_t count, gravac_dtype dtype, gravac_reduce_op op, void* stream);
+  /*! Gathers \p bytes at \p send from every rank into \p recv (size * bytes, rank order; device memory). */
+  int (*allgather)(void* user, const void* send, size_t bytes, void* recv, void* stream);
+  /*! Broadcasts \p bytes of \p data (device memory) from \p root. */
+  int (*broadcast)(void* user, void* data, size_t bytes, int root, void* stream);
+  /*! Waits for every rank (in the order of \p stream). */
+  int (*barrier)(void* user, void* stream);
+} gravac_device_comm_callbacks;
+
+/*! A device communicator over \p callbacks (copied; `user` must outlive it), for trainers
+ *  of GRAVAC_DEVICE_CUDA methods. GRAVAC_UNSUPPORTED in a build without the CUDA path. */
+GRAVAC_C_API gravac_status gravac_comm_from_device_callbacks(const gravac_device_comm_callbacks* callbacks,
+                                                             gravac_comm** comm);
 
 /*! gravac's thread engine: \p size ranks in this process, one thread each. */
 typedef struct gravac_thread_world gravac_thread_world;

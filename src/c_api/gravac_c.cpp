@@ -5,11 +5,13 @@
 
 #include "gravac_c.h"
 
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +24,10 @@
 #include "gravac/runtime/make_trainer.hpp"
 #include "gravac/runtime/option_table.hpp"
 #include "gravac/runtime/presets.hpp"
+
+#if defined(GRAVAC_C_WITH_CUDA)
+#include "device_path.hpp"  // the CUDA half (gravac_c_cuda.cu)
+#endif
 
 #ifndef GRAVAC_C_VERSION_STRING
 #define GRAVAC_C_VERSION_STRING "0.0.0"
@@ -137,9 +143,13 @@ gravac_status guarded(const char* fn, F&& f) noexcept {
   }
 }
 
+// The size of gravac_method before the CUDA fields (device, stream): callers built against
+// it still pass.
+constexpr std::size_t method_size_v1 = offsetof(gravac_method, device);
+
 rt::method_config method_of(const gravac_method* m) {
   need(m != nullptr, "method is NULL");
-  need(m->struct_size >= sizeof(gravac_method), "method->struct_size is smaller than sizeof(gravac_method)");
+  need(m->struct_size >= method_size_v1, "method->struct_size is smaller than sizeof(gravac_method)");
   rt::method_config c = m->preset ? rt::preset(m->preset) : rt::method_config{};
   if (m->compressor) c.compressor = rt::value_of(rt::compressor_names, m->compressor, "compressor");
   if (m->collective) c.collective = rt::value_of(rt::collective_names, m->collective, "collective");
@@ -210,13 +220,38 @@ void fill_report(const gravac::step_report& r, gravac_step_report* out) {
   out->skipped = r.skipped ? 1 : 0;
 }
 
-void host_only(gravac_device device, void* stream) {
-  if (device == GRAVAC_DEVICE_CUDA)
-    fail(GRAVAC_UNSUPPORTED,
-         "CUDA memory: this build of libgravac_c steps host memory only (the CUDA path of the C ABI is not "
-         "implemented yet); pass GRAVAC_DEVICE_HOST buffers");
-  need(device == GRAVAC_DEVICE_HOST, "device is not a gravac_device");
-  need(stream == nullptr, "stream must be NULL with host memory");
+#if defined(GRAVAC_C_WITH_CUDA)
+constexpr bool with_cuda = true;
+#else
+constexpr bool with_cuda = false;
+#endif
+
+[[noreturn]] void device_state_unsupported() {
+  fail(GRAVAC_UNSUPPORTED,
+       "a GRAVAC_DEVICE_CUDA trainer's state cannot be saved or loaded yet (gravac's checkpoints hold host-memory "
+       "trainers only)");
+}
+
+[[noreturn]] void no_cuda_path() {
+  fail(GRAVAC_UNSUPPORTED,
+       "CUDA memory: this build of libgravac_c steps host memory only (it was built without the CUDA path: no "
+       "CUDA compiler, or GRAVAC_C_CUDA off); pass GRAVAC_DEVICE_HOST buffers");
+}
+
+// Where \p m's trainer steps, and on which stream (fields past the v1 struct read as host).
+struct placement {
+  gravac_device device = GRAVAC_DEVICE_HOST;
+  void* stream = nullptr;
+};
+placement placement_of(const gravac_method* m) {
+  placement p;
+  if (m == nullptr || m->struct_size < offsetof(gravac_method, stream) + sizeof(void*)) return p;
+  need(m->device == GRAVAC_DEVICE_HOST || m->device == GRAVAC_DEVICE_CUDA, "method->device is not a gravac_device");
+  p.device = m->device;
+  p.stream = m->stream;
+  if (p.device == GRAVAC_DEVICE_HOST) need(p.stream == nullptr, "method->stream must be NULL with host memory");
+  if (p.device == GRAVAC_DEVICE_CUDA && !with_cuda) no_cuda_path();
+  return p;
 }
 
 }  // namespace
@@ -227,16 +262,25 @@ struct gravac_thread_world {
 };
 
 struct gravac_comm {
-  std::variant<gravac::thread_communicator, gravac::callback_communicator, callback_communicator_without_alltoallv>
-      engine;
+  using host_engine =
+      std::variant<gravac::thread_communicator, gravac::callback_communicator, callback_communicator_without_alltoallv>;
+  std::optional<host_engine> engine;  // empty: a device communicator
+#if defined(GRAVAC_C_WITH_CUDA)
+  gravac::c_device::comm_ptr device{};  // set: a device communicator (gravac_comm_from_device_callbacks)
+#endif
+  [[nodiscard]] bool is_device() const { return !engine.has_value(); }
   [[nodiscard]] rt::host_comm ref() {
-    return std::visit([](auto& e) { return rt::host_comm(e); }, engine);
+    return std::visit([](auto& e) { return rt::host_comm(e); }, *engine);
   }
-  [[nodiscard]] bool has_alltoallv() const { return engine.index() != 2; }
+  [[nodiscard]] bool has_alltoallv() const { return engine && engine->index() != 2; }
 };
 
 struct gravac_trainer {
   std::unique_ptr<rt::any_trainer> t;
+  gravac_device device = GRAVAC_DEVICE_HOST;  // where its gradients live
+  void* stream = nullptr;                     // GRAVAC_DEVICE_CUDA: the stream its compressors run on
+  gravac_comm* comm = nullptr;                // the communicator it was built on
+  void* step_stream = nullptr;                // the stream of the overlapped step in progress
   std::vector<double> kept;  // the last step's kept fraction of each layer
   bool in_step = false;      // between begin_step and finish
   std::uint64_t steps = 0;   // steps completed through this handle (interval_info::step)
@@ -353,7 +397,16 @@ gravac_status gravac_option_at(size_t index, gravac_option_info* info) {
 }
 
 gravac_status gravac_method_check(const gravac_method* method) {
-  return guarded("gravac_method_check", [&] { rt::require_accepted(method_of(method)); });
+  return guarded("gravac_method_check", [&] {
+    const auto m = method_of(method);
+    if (placement_of(method).device == GRAVAC_DEVICE_HOST) {
+      rt::require_accepted(m);
+      return;
+    }
+#if defined(GRAVAC_C_WITH_CUDA)
+    gravac::c_device::require_accepted(m);
+#endif
+  });
 }
 
 gravac_status gravac_comm_from_callbacks(const gravac_comm_callbacks* callbacks, gravac_comm** comm) {
@@ -367,6 +420,23 @@ gravac_status gravac_comm_from_callbacks(const gravac_comm_callbacks* callbacks,
                  ? std::make_unique<gravac_comm>(gravac_comm{gravac::callback_communicator(*callbacks)})
                  : std::make_unique<gravac_comm>(gravac_comm{callback_communicator_without_alltoallv(*callbacks)});
     *comm = c.release();
+  });
+}
+
+gravac_status gravac_comm_from_device_callbacks(const gravac_device_comm_callbacks* callbacks, gravac_comm** comm) {
+  return guarded("gravac_comm_from_device_callbacks", [&] {
+    need(comm != nullptr, "comm is NULL");
+    *comm = nullptr;
+    need(callbacks != nullptr, "callbacks is NULL");
+    need(callbacks->struct_size >= sizeof(gravac_device_comm_callbacks),
+         "callbacks->struct_size is smaller than sizeof(gravac_device_comm_callbacks)");
+#if defined(GRAVAC_C_WITH_CUDA)
+    auto c = std::make_unique<gravac_comm>();
+    c->device = gravac::c_device::make_comm(*callbacks);
+    *comm = c.release();
+#else
+    no_cuda_path();
+#endif
   });
 }
 
@@ -403,31 +473,59 @@ gravac_status gravac_trainer_create(const gravac_method* method, const gravac_la
     // in the agreement below, so that the other ranks fail too instead of waiting for it.
     rt::method_config m;
     gravac::layout lay;
+    placement where;
     std::exception_ptr local_failure;
     std::uint64_t mine = 0;
     try {
       m = method_of(method);
-      rt::require_accepted(m);
+      where = placement_of(method);
+      if (where.device == GRAVAC_DEVICE_CUDA) {
+        if (!comm->is_device())
+          fail(GRAVAC_INVALID_ARGUMENT,
+               "a GRAVAC_DEVICE_CUDA method needs a device communicator (gravac_comm_from_device_callbacks)");
+#if defined(GRAVAC_C_WITH_CUDA)
+        gravac::c_device::require_accepted(m);
+#endif
+      } else {
+        if (comm->is_device())
+          fail(GRAVAC_INVALID_ARGUMENT,
+               "a device communicator (gravac_comm_from_device_callbacks) needs a GRAVAC_DEVICE_CUDA method");
+        rt::require_accepted(m);
+      }
       lay = layout_of(layers, layer_count);
       if (m.collective == rt::collective_id::compressed_allreduce && !comm->has_alltoallv())
         fail(GRAVAC_INVALID_ARGUMENT,
              "the compressed_allreduce collective needs an alltoallv callback (it is NULL in the table)");
-      const auto sig = signature_of(m);
+      const auto sig = signature_of(m) + (where.device == GRAVAC_DEVICE_CUDA ? "|device=cuda" : "");
       mine = gravac::detail::fnv1a(sig.data(), sig.size(), lay.hash());
       if (mine == 0) mine = 1;  // 0 marks a rank that failed
     } catch (...) {
       local_failure = std::current_exception();
     }
-    auto ref = comm->ref();
-    std::vector<std::byte> all;
-    std::vector<std::size_t> sizes;
-    ref.allgatherv(std::as_bytes(std::span(&mine, 1)), all, sizes);
+    std::vector<std::uint64_t> all;
+    int rank = 0;
+    if (!comm->is_device()) {
+      auto ref = comm->ref();
+      std::vector<std::byte> bytes;
+      std::vector<std::size_t> sizes;
+      ref.allgatherv(std::as_bytes(std::span(&mine, 1)), bytes, sizes);
+      rank = ref.rank();
+      for (std::size_t r = 0; r < sizes.size(); ++r) {
+        std::uint64_t theirs = 0;
+        gravac::require(sizes[r] == sizeof theirs, "a rank sent a malformed method signature");
+        std::memcpy(&theirs, bytes.data() + r * sizeof theirs, sizeof theirs);
+        all.push_back(theirs);
+      }
+    } else {
+#if defined(GRAVAC_C_WITH_CUDA)
+      all = gravac::c_device::gather(*comm->device, mine);
+      rank = gravac::c_device::rank_of(*comm->device);
+#endif
+    }
     if (local_failure) std::rethrow_exception(local_failure);
     std::string differ, failed;
-    for (std::size_t r = 0; r < sizes.size(); ++r) {
-      std::uint64_t theirs = 0;
-      gravac::require(sizes[r] == sizeof theirs, "a rank sent a malformed method signature");
-      std::memcpy(&theirs, all.data() + r * sizeof theirs, sizeof theirs);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const std::uint64_t theirs = all[r];
       if (theirs == 0)
         failed += (failed.empty() ? "" : ", ") + std::to_string(r);
       else if (theirs != mine)
@@ -436,15 +534,24 @@ gravac_status gravac_trainer_create(const gravac_method* method, const gravac_la
     if (!failed.empty())
       throw gravac::error(gravac::status::layout_mismatch,
                           "rank(s) " + failed + " could not build their trainer (invalid method or layers)",
-                          ref.rank());
+                          rank);
     if (!differ.empty())
       throw gravac::error(gravac::status::layout_mismatch,
                           "this rank was given another compressor, collective, policy, options or layers than "
                           "rank(s) " +
                               differ + "; every rank must create its trainer with the same method and layers",
-                          ref.rank());
+                          rank);
     auto t = std::make_unique<gravac_trainer>();
-    t->t = rt::make_trainer(m, ref, lay);
+    t->device = where.device;
+    t->stream = where.stream;
+    t->comm = comm;
+    if (where.device == GRAVAC_DEVICE_HOST) {
+      t->t = rt::make_trainer(m, comm->ref(), lay);
+    } else {
+#if defined(GRAVAC_C_WITH_CUDA)
+      t->t = gravac::c_device::make_trainer(m, *comm->device, lay, where.stream);
+#endif
+    }
     t->kept.assign(lay.size(), 0.0);
     *trainer = t.release();
   });
@@ -476,17 +583,51 @@ std::span<float> grads_of(gravac_trainer* trainer, float* grads, size_t numel) {
   need(grads != nullptr || n == 0, "grads is NULL");
   return {grads, numel};
 }
+
+// The buffer's memory must be the trainer's.
+void placed(gravac_trainer* trainer, gravac_device device, void* stream) {
+  need(device == GRAVAC_DEVICE_HOST || device == GRAVAC_DEVICE_CUDA, "device is not a gravac_device");
+  if (device == GRAVAC_DEVICE_CUDA && !with_cuda) no_cuda_path();
+  need(trainer != nullptr, "trainer is NULL");
+  if (device == GRAVAC_DEVICE_CUDA && trainer->device == GRAVAC_DEVICE_HOST)
+    fail(GRAVAC_UNSUPPORTED,
+         "CUDA memory: this trainer steps host memory only (it was created for GRAVAC_DEVICE_HOST; create it with "
+         "method->device = GRAVAC_DEVICE_CUDA and a device communicator to step CUDA memory)");
+  if (device == GRAVAC_DEVICE_HOST && trainer->device == GRAVAC_DEVICE_CUDA)
+    fail(GRAVAC_INVALID_ARGUMENT, "host memory: this trainer was created for GRAVAC_DEVICE_CUDA memory");
+  if (device == GRAVAC_DEVICE_HOST) need(stream == nullptr, "stream must be NULL with host memory");
+}
+
+// A device step on \p stream: the trainer's stream (its compressors') waits for the work the
+// caller queued on \p stream so far, and the communicator orders its collectives after the
+// trainer's stream. Nothing for host trainers.
+void enter([[maybe_unused]] gravac_trainer* trainer, [[maybe_unused]] void* stream) {
+#if defined(GRAVAC_C_WITH_CUDA)
+  if (trainer->device != GRAVAC_DEVICE_CUDA) return;
+  gravac::c_device::order(trainer->stream, stream);
+  gravac::c_device::order_after(*trainer->comm->device, trainer->stream);
+#endif
+}
+// After a device step: later work on \p stream waits for the trainer's stream.
+void leave([[maybe_unused]] gravac_trainer* trainer, [[maybe_unused]] void* stream) {
+#if defined(GRAVAC_C_WITH_CUDA)
+  if (trainer->device != GRAVAC_DEVICE_CUDA) return;
+  gravac::c_device::order(stream, trainer->stream);
+#endif
+}
 }  // namespace
 
 gravac_status gravac_trainer_step(gravac_trainer* trainer, float* grads, size_t numel, gravac_device device,
                                   void* stream, gravac_step_report* report) {
   return guarded("gravac_trainer_step", [&] {
-    host_only(device, stream);
+    placed(trainer, device, stream);
     const auto g = grads_of(trainer, grads, numel);
     need(!trainer->in_step, "an overlapped step is in progress (call gravac_trainer_finish first)");
     need(report == nullptr || report->struct_size >= sizeof(gravac_step_report),
          "report->struct_size is smaller than sizeof(gravac_step_report)");
+    enter(trainer, stream);
     const auto& r = trainer->t->step(g);
+    leave(trainer, stream);
     trainer->kept = r.kept_fraction;
     ++trainer->steps;
     fill_report(r, report);
@@ -496,11 +637,13 @@ gravac_status gravac_trainer_step(gravac_trainer* trainer, float* grads, size_t 
 gravac_status gravac_trainer_begin_step(gravac_trainer* trainer, float* grads, size_t numel, gravac_device device,
                                         void* stream) {
   return guarded("gravac_trainer_begin_step", [&] {
-    host_only(device, stream);
+    placed(trainer, device, stream);
     const auto g = grads_of(trainer, grads, numel);
     need(!trainer->in_step, "an overlapped step is already in progress");
+    enter(trainer, stream);
     trainer->t->begin_step(g);
     trainer->in_step = true;
+    trainer->step_stream = stream;
   });
 }
 
@@ -509,6 +652,11 @@ gravac_status gravac_trainer_ready(gravac_trainer* trainer, size_t layer) {
     need(trainer != nullptr, "trainer is NULL");
     need(trainer->in_step, "no overlapped step is in progress (call gravac_trainer_begin_step first)");
     need(layer < trainer->t->get_layout().size(), "layer is out of range");
+#if defined(GRAVAC_C_WITH_CUDA)
+    // The trainer records the layer's event on this thread's per-thread default stream: make
+    // that stream wait for what the caller queued on the step's stream (its backward) first.
+    if (trainer->device == GRAVAC_DEVICE_CUDA) gravac::c_device::per_thread_default_after(trainer->step_stream);
+#endif
     trainer->t->ready(layer);
   });
 }
@@ -521,6 +669,7 @@ gravac_status gravac_trainer_finish(gravac_trainer* trainer, gravac_step_report*
          "report->struct_size is smaller than sizeof(gravac_step_report)");
     trainer->in_step = false;
     const auto& r = trainer->t->finish();
+    leave(trainer, trainer->step_stream);
     trainer->kept = r.kept_fraction;
     ++trainer->steps;
     fill_report(r, report);
@@ -579,6 +728,7 @@ gravac_status gravac_trainer_save(const gravac_trainer* trainer, void* out, size
   const auto s = guarded("gravac_trainer_save", [&] {
     need(trainer != nullptr && size != nullptr, "trainer or size is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
+    if (trainer->device == GRAVAC_DEVICE_CUDA) device_state_unsupported();
     const auto bytes = trainer->t->save_state();
     *size = bytes.size();
     if (out == nullptr) return;
@@ -601,6 +751,7 @@ gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, siz
     need(trainer != nullptr, "trainer is NULL");
     need(data != nullptr || size == 0, "data is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
+    if (trainer->device == GRAVAC_DEVICE_CUDA) device_state_unsupported();
     trainer->t->load_state(std::span(static_cast<const std::byte*>(data), size));
   });
 }

@@ -1,0 +1,88 @@
+#pragma once
+// From a runtime method_config to one trainer<C_cuda, K, P> over device memory. Included
+// only by this folder's translation units (CUDA C++); each instantiates one family of
+// device compressors. The compositions offered are those composition_verdict accepts for
+// the device types: nothing here says by hand which parts go together.
+
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "../runtime/dispatch.hpp"  // visit_type, options_of, state_of, the host part tuples
+#include "gravac/gravac.hpp"
+#include "gravac/runtime/make_device_trainer.hpp"
+
+// The device compressors' headers are included by the translation unit that instantiates
+// them, each in one unit only: sign_cuda's kernels (quantize_cuda_kernels.hpp) include
+// non-template __global__ functions, defined in the header, that two units would both
+// define.
+
+namespace gravac::runtime::detail {
+
+inline error not_on_device(const char* what) {
+  return error(status::invalid_argument,
+               std::string(what) +
+                   ": a device trainer's state cannot be saved or restored yet (gravac's checkpoints hold "
+                   "host-memory trainers only)");
+}
+
+template <class C, class K, class P>
+class erased_device_trainer final : public any_trainer {
+ public:
+  using trainer_t = trainer<C, K, P>;
+  erased_device_trainer(const method_config& m, device_comm comm, const layout& lay,
+                        const typename C::options& compressor)
+      : t_(comm, lay, make_options(m, compressor)) {}
+  const step_report& step(std::span<float> g) override { return t_.step(grad_view<cuda_space>(g.data(), g.size())); }
+  void begin_step(std::span<float> g) override { t_.begin_step(grad_view<cuda_space>(g.data(), g.size())); }
+  void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
+  void ready(std::size_t layer) override { t_.ready(layer); }
+  const step_report& finish() override { return t_.finish(); }
+  [[nodiscard]] std::size_t buckets() const override { return t_.buckets().size(); }
+  [[nodiscard]] const layout& get_layout() const override { return t_.get_layout(); }
+  void end_interval(const interval_info& info) override { t_.end_interval(info); }
+  [[nodiscard]] const step_params& last_params() const override { return t_.last_params(); }
+  [[nodiscard]] std::string policy_state() const override { return state_of(t_.policy()); }
+  [[nodiscard]] std::vector<std::byte> save_state() const override { throw not_on_device("save_state"); }
+  void load_state(std::span<const std::byte>) override { throw not_on_device("load_state"); }
+  void save_checkpoint(const std::string&) override { throw not_on_device("save_checkpoint"); }
+  void restore_checkpoint(const std::string&) override { throw not_on_device("restore_checkpoint"); }
+
+ private:
+  static typename trainer_t::options make_options(const method_config& m, const typename C::options& compressor) {
+    typename trainer_t::options o;
+    o.compressor = compressor;
+    o.collective = options_of<K>(m);
+    o.policy = options_of<P>(m);
+    o.seed = m.seed;
+    o.bucket_bytes = m.bucket_bytes;
+    o.on_non_finite = m.on_non_finite;
+    return o;
+  }
+  trainer_t t_;
+};
+
+// The device trainer of device compressor D (options \p o, its stream set) for the
+// collective and policy \p m names; nullptr where the library refuses the composition (the
+// caller has checked first).
+template <class D>
+std::unique_ptr<any_trainer> make_device_for(const method_config& m, device_comm comm, const layout& lay,
+                                             const typename D::options& o) {
+  return visit_type<collective_types>(static_cast<std::size_t>(m.collective), [&]<class K>() {
+    return visit_type<policy_types>(static_cast<std::size_t>(m.policy), [&]<class P>() -> std::unique_ptr<any_trainer> {
+      if constexpr (gravac::detail::composition_verdict<D, K, P>() == rejection::none)
+        return std::make_unique<erased_device_trainer<D, K, P>>(m, comm, lay, o);
+      else
+        return nullptr;
+    });
+  });
+}
+
+// One per device compressor family: topk_cuda and threshold_cuda (trainers_selection.cu),
+// adacomp_cuda (trainers_adacomp.cu); the quantizers are in make_device_trainer.cu.
+std::unique_ptr<any_trainer> make_device_selection(const method_config& m, device_comm comm, const layout& lay,
+                                                   stream_ref s);
+std::unique_ptr<any_trainer> make_device_adacomp(const method_config& m, device_comm comm, const layout& lay,
+                                                 stream_ref s);
+
+}  // namespace gravac::runtime::detail
