@@ -261,12 +261,17 @@ typedef struct gravac_step_report {
 } gravac_step_report;
 
 /*! One synchronous step: \p grads (numel float32 in \p device memory) is compressed,
- *  aggregated and left holding the rank average. \p stream: the CUDA stream the caller's
- *  work on \p grads is ordered on (cudaStream_t; NULL with host memory). \p report may be
- *  NULL. */
+ *  aggregated and left holding the rank average. \p device must be the trainer's
+ *  (gravac_method::device). \p stream: the CUDA stream the caller's work on \p grads is
+ *  ordered on (cudaStream_t; NULL with host memory): the step starts after the work queued
+ *  on it so far, and work queued on it after the call sees the average. It may differ from
+ *  the trainer's stream (gravac_method::stream), which is then ordered after it and before
+ *  it by events. \p report may be NULL. */
 GRAVAC_C_API gravac_status gravac_trainer_step(gravac_trainer* trainer, float* grads, size_t numel,
                                                gravac_device device, void* stream, gravac_step_report* report);
-/*! Starts an overlapped step on \p grads, which the caller is about to fill layer by layer. */
+/*! Starts an overlapped step on \p grads, which the caller is about to fill layer by layer
+ *  (device memory: on \p stream; each gravac_trainer_ready then covers the work queued on
+ *  \p stream so far, and gravac_trainer_finish orders \p stream after the step). */
 GRAVAC_C_API gravac_status gravac_trainer_begin_step(gravac_trainer* trainer, float* grads, size_t numel,
                                                      gravac_device device, void* stream);
 /*! Layer \p layer of the step in progress is final. */

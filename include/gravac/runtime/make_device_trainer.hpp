@@ -11,6 +11,7 @@
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 
@@ -20,9 +21,13 @@
 #include "gravac/cuda/stream.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/runtime/any_trainer.hpp"
-#include "gravac/runtime/method_config.hpp"
 
 namespace gravac::runtime {
+
+// Declared here, defined in gravac/runtime/method_config.hpp (which needs Eigen, for
+// PowerSGD's options): include it to fill a method_config.
+struct method_config;
+enum class compressor_id : std::uint8_t;
 
 //! The communicator a device trainer runs on (nccl_communicator, callback_device_communicator).
 using device_comm = communicator_ref<cuda_space>;
