@@ -177,6 +177,7 @@ struct method_spec {
   const char* collective;
   const char* option_name;  // one option (or NULL)
   const char* option_value;
+  const char* policy = "fixed";
 };
 
 gravac_method method_of(const method_spec& s, gravac_device device, void* stream) {
@@ -184,7 +185,7 @@ gravac_method method_of(const method_spec& s, gravac_device device, void* stream
   m.struct_size = sizeof m;
   m.compressor = s.compressor;
   m.collective = s.collective;
-  m.policy = "fixed";
+  m.policy = s.policy;
   m.seed = 11;
   m.bucket_mb = -1;
   static thread_local const char* names[1];
@@ -380,6 +381,13 @@ bool same_bits(const results& a, const results& b) {
 const method_spec topk_allgather{"topk", "allgather", "kept_fraction", "0.05"};
 const method_spec topk_dense{"topk", "dense_allreduce", "kept_fraction", "0.05"};
 const method_spec qsgd_allgather{"qsgd", "allgather", "qsgd_levels", "127"};
+// The other device compressors and AR-Topk: the same bits as the host.
+const method_spec more[] = {{"threshold", "allgather", "kept_fraction", "0.05"},
+                            {"topk", "allreduce_compatible", "kept_fraction", "0.05"},
+                            {"terngrad", "allgather", nullptr, nullptr},
+                            {"sign", "allgather", nullptr, nullptr},
+                            {"cast16", "allgather", "cast16_format", "bf16"},
+                            {"adacomp", "allgather", nullptr, nullptr, "adacomp"}};
 
 }  // namespace
 
@@ -388,6 +396,15 @@ TEST_CASE("C ABI, CUDA path: device trainers over device callbacks equal the hos
     INFO(spec->compressor << " + " << spec->collective);
     const auto want = host_reference(*spec);
     const auto got = device_run(*spec, stepping::trainer_stream);
+    CHECK(same_bits(got, want));
+  }
+}
+
+TEST_CASE("C ABI, CUDA path: the other device compressors and AR-Topk equal the host trainer bit for bit") {
+  for (const auto& spec : more) {
+    INFO(spec.compressor << " + " << spec.collective << " + " << spec.policy);
+    const auto want = host_reference(spec);
+    const auto got = device_run(spec, stepping::trainer_stream);
     CHECK(same_bits(got, want));
   }
 }
