@@ -7,7 +7,10 @@
 // trainer through the same ABI over the thread engine for the same gradients (the device
 // compressors give the host ones' packets). The double aborts with "gravac CUDA double:"
 // on memory used outside its stream order, so a pass also says nothing was read early.
-// Labels cuda_double, c_api.
+// Labels cuda_double, c_api. The source uses the CUDA runtime API and gravac_c.h only: it
+// also builds against the real toolkit and libgravac_c (it then needs a GPU to run).
+#include <cuda_runtime.h>
+
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <stdexcept>
