@@ -34,7 +34,13 @@ def _built_library():
     build = os.environ.get("GRAVAC_C_BUILD_DIR", os.path.join(ROOT, "build", "pip-gravac_c"))
     configure = ["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGRAVAC_BUILD_TESTS=OFF",
                  "-DGRAVAC_BUILD_BENCHMARKS=OFF", "-DGRAVAC_BUILD_EXAMPLES=OFF", "-DGRAVAC_BUILD_PYTHON=OFF",
-                 "-DGRAVAC_ENABLE_MPI=OFF"]
+                 "-DGRAVAC_ENABLE_MPI=OFF",
+                 # Where nvcc is found the library gets its CUDA path (CUDA gradients compressed on
+                 # the device), with the CUDA runtime linked statically: the library then loads on
+                 # machines without CUDA and needs no libcudart beside it (only the driver, on a GPU).
+                 # GRAVAC_C_CUDA=0 leaves the CUDA path out.
+                 "-DGRAVAC_C_CUDA=" + ("OFF" if os.environ.get("GRAVAC_C_CUDA") == "0" else "ON"),
+                 "-DGRAVAC_CUDART_STATIC=ON"]
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
     subprocess.check_call(configure)

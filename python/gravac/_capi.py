@@ -39,7 +39,8 @@ class Method(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("preset", ctypes.c_char_p), ("compressor", ctypes.c_char_p),
                 ("collective", ctypes.c_char_p), ("policy", ctypes.c_char_p), ("seed", ctypes.c_uint64),
                 ("bucket_mb", ctypes.c_double), ("option_names", ctypes.POINTER(ctypes.c_char_p)),
-                ("option_values", ctypes.POINTER(ctypes.c_char_p)), ("option_count", ctypes.c_size_t)]
+                ("option_values", ctypes.POINTER(ctypes.c_char_p)), ("option_count", ctypes.c_size_t),
+                ("device", ctypes.c_int), ("stream", ctypes.c_void_p)]
 
 
 ALLREDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -49,6 +50,22 @@ BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, 
 BARRIER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 ALLTOALLV_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, _c_size_p, ctypes.c_void_p,
                                 _c_size_p)
+
+
+# The device callbacks: the same collectives over CUDA memory, with the cudaStream_t to order on.
+DEVICE_ALLREDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.c_int, ctypes.c_void_p)
+DEVICE_ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_void_p, ctypes.c_void_p)
+DEVICE_BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.c_void_p)
+DEVICE_BARRIER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class DeviceCommCallbacks(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("user", ctypes.c_void_p), ("rank", ctypes.c_int),
+                ("size", ctypes.c_int), ("allreduce", DEVICE_ALLREDUCE_FN), ("allgather", DEVICE_ALLGATHER_FN),
+                ("broadcast", DEVICE_BROADCAST_FN), ("barrier", DEVICE_BARRIER_FN)]
 
 
 class CommCallbacks(ctypes.Structure):
@@ -82,6 +99,7 @@ _SIGNATURES = {
     "gravac_option_at": (_st, [_sz, ctypes.POINTER(OptionInfo)]),
     "gravac_method_check": (_st, [ctypes.POINTER(Method)]),
     "gravac_comm_from_callbacks": (_st, [ctypes.POINTER(CommCallbacks), ctypes.POINTER(_vp)]),
+    "gravac_comm_from_device_callbacks": (_st, [ctypes.POINTER(DeviceCommCallbacks), ctypes.POINTER(_vp)]),
     "gravac_comm_destroy": (None, [_vp]),
     "gravac_trainer_create": (_st, [ctypes.POINTER(Method), ctypes.POINTER(Layer), _sz, _vp,
                                     ctypes.POINTER(_vp)]),

@@ -25,6 +25,7 @@ each option). A bad name or option raises ValueError before anything is sent.
 """
 
 import ctypes
+import warnings
 import threading
 
 import torch
@@ -269,6 +270,89 @@ class _TorchComm:
         self._back(host_out, t_out)
 
 
+class _DeviceArray:
+    """A bare __cuda_array_interface__ over C device memory, so that torch.as_tensor wraps it
+    (no copy) without gravac linking torch."""
+
+    def __init__(self, address, nbytes, typestr, itemsize):
+        self.__cuda_array_interface__ = {"shape": (nbytes // itemsize,), "typestr": typestr,
+                                         "data": (address, False), "version": 2}
+
+
+_DEVICE_TYPES = {torch.float32: ("<f4", 4), torch.float64: ("<f8", 8), torch.uint8: ("|u1", 1)}
+
+
+def _device_tensor(address, nbytes, dtype, device):
+    """A CUDA tensor over C device memory (no copy); nbytes > 0."""
+    typestr, itemsize = _DEVICE_TYPES[dtype]
+    return torch.as_tensor(_DeviceArray(address, nbytes, typestr, itemsize), device=device)
+
+
+class _TorchDeviceComm(_TorchComm):
+    """gravac_device_comm_callbacks over a torch.distributed process group: gravac's device
+    collectives run as torch's on CUDA tensors over gravac's device buffers, each on the
+    stream gravac names (torch.cuda.ExternalStream), so NCCL orders them after gravac's
+    kernels and gravac's later kernels after them."""
+
+    def __init__(self, group, device):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.device = device
+        self.error = None
+        self._gather_into_tensor = hasattr(dist, "all_gather_into_tensor")
+        self._fns = (_capi.DEVICE_ALLREDUCE_FN(self._guard(self._device_allreduce)),
+                     _capi.DEVICE_ALLGATHER_FN(self._guard(self._device_allgather)),
+                     _capi.DEVICE_BROADCAST_FN(self._guard(self._device_broadcast)),
+                     _capi.DEVICE_BARRIER_FN(self._guard(self._device_barrier)))
+        callbacks = _capi.DeviceCommCallbacks(ctypes.sizeof(_capi.DeviceCommCallbacks), None, self.rank, self.size,
+                                              *self._fns)
+        handle = ctypes.c_void_p()
+        status = _capi.lib().gravac_comm_from_device_callbacks(ctypes.byref(callbacks), ctypes.byref(handle))
+        if status == _capi.UNSUPPORTED:
+            raise _NoDevicePath(_capi.last_error())
+        _capi.check(status, "gravac_comm_from_device_callbacks")
+        self.handle = handle
+
+    def _on(self, stream):
+        return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=self.device))
+
+    def _device_allreduce(self, user, data, count, dtype, op, stream):
+        if count == 0:
+            return
+        torch_dtype, itemsize = (torch.float32, 4) if dtype == _capi.FLOAT32 else (torch.float64, 8)
+        with self._on(stream):
+            t = _device_tensor(data, count * itemsize, torch_dtype, self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == _capi.MAX else dist.ReduceOp.SUM, group=self.group)
+
+    def _device_allgather(self, user, send, nbytes, recv, stream):
+        if nbytes == 0:
+            return
+        with self._on(stream):
+            src = _device_tensor(send, nbytes, torch.uint8, self.device)
+            out = _device_tensor(recv, nbytes * self.size, torch.uint8, self.device)
+            if self._gather_into_tensor:
+                dist.all_gather_into_tensor(out, src, group=self.group)
+            else:
+                dist.all_gather(list(out.chunk(self.size)), src, group=self.group)
+
+    def _device_broadcast(self, user, data, nbytes, root, stream):
+        if nbytes == 0:
+            return
+        with self._on(stream):
+            dist.broadcast(_device_tensor(data, nbytes, torch.uint8, self.device),
+                           src=_global_rank(self.group, root), group=self.group)
+
+    def _device_barrier(self, user, stream):
+        with self._on(stream):
+            dist.barrier(group=self.group)
+
+
+class _NoDevicePath(Exception):
+    """The library cannot compress this method in device memory (no CUDA path in the build,
+    or no device form of the compressor)."""
+
+
 # --- the trainer over the C ABI ------------------------------------------------------------
 
 def _report_dict(r, kept):
@@ -307,26 +391,63 @@ class _Engine:
             _capi.Layer(name, ctypes.cast(shape, ctypes.POINTER(ctypes.c_size_t)), max(p.dim(), 1),
                         _layer_kind(t, p))
             for name, shape, p, t in zip(self._names, self._shapes, tensors, types)])
-        self.comm = _TorchComm(group)
-        handle = ctypes.c_void_p()
-        status = _capi.lib().gravac_trainer_create(ctypes.byref(method.method), layers, len(tensors),
-                                                  self.comm.handle, ctypes.byref(handle))
-        if status != _capi.OK:
-            e = self._error(status, "gravac_trainer_create")
-            self.comm.close()
-            raise e
-        self.handle = handle
+        self.cuda = any(p.device.type == "cuda" for p in tensors)
+        if self.cuda and any(p.device != tensors[0].device for p in tensors):
+            raise ValueError("gravac.torch: the parameters are on more than one device")
+        # CUDA gradients are compressed on the device where the library can (its CUDA path and
+        # the compressor's device form); otherwise they are staged through pinned host memory.
+        self.on_device = False
+        if self.cuda:
+            self.device = tensors[0].device
+            method.method.device = _capi.DEVICE_CUDA
+            method.method.stream = torch.cuda.current_stream(self.device).cuda_stream
+            try:
+                self._create(method, layers, len(tensors), _TorchDeviceComm(group, self.device))
+                self.on_device = True
+            except _NoDevicePath as why:
+                warnings.warn(f"gravac.torch: CUDA gradients are staged through host memory: {why}")
+            method.method.device, method.method.stream = _capi.DEVICE_HOST, None
+        if not self.on_device:
+            self._create(method, layers, len(tensors), _TorchComm(group))
         self._method = method
         numel = ctypes.c_size_t()
         self.call("gravac_trainer_numel", _capi.lib().gravac_trainer_numel(self.handle, ctypes.byref(numel)))
         if numel.value != self.offsets[-1]:
             raise RuntimeError(f"gravac.torch: the trainer has {numel.value} elements, the model {self.offsets[-1]}")
-        self.cuda = any(p.device.type == "cuda" for p in tensors)
-        # The flat host buffer the C ABI steps (pinned when gradients come from a GPU).
-        self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, pin_memory=self.cuda)
+        # The flat buffer the C ABI steps: on the device, or in host memory (pinned when the
+        # gradients come from a GPU and are staged).
+        if self.on_device:
+            self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, device=self.device)
+        else:
+            self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, pin_memory=self.cuda)
+        self.staged = self.cuda and not self.on_device
         self.views = [self.flat[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
         self._kept = (ctypes.c_double * len(tensors))()
         self.report = _report_dict(_capi.StepReport(ctypes.sizeof(_capi.StepReport)), [0.0] * len(tensors))
+
+    def _create(self, method, layers, count, comm):
+        """gravac_trainer_create over \p comm (collective); _NoDevicePath where the library
+        refuses the device form of the method on every rank alike."""
+        self.comm = comm
+        handle = ctypes.c_void_p()
+        status = _capi.lib().gravac_trainer_create(ctypes.byref(method.method), layers, count, comm.handle,
+                                                  ctypes.byref(handle))
+        if status == _capi.OK:
+            self.handle = handle
+            return
+        e = self._error(status, "gravac_trainer_create")
+        comm.close()
+        self.comm = None
+        if status == _capi.UNSUPPORTED:
+            raise _NoDevicePath(str(e))
+        raise e
+
+    def _stream(self):
+        """The cudaStream_t the caller's work on the buffer is ordered on (device path)."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.on_device else None
+
+    def _where(self):
+        return _capi.DEVICE_CUDA if self.on_device else _capi.DEVICE_HOST
 
     def __del__(self):
         # The trainer before its communicator (gravac_trainer_destroy ends a step in progress).
@@ -343,7 +464,7 @@ class _Engine:
 
     def _error(self, status, what):
         e = _capi.error(status, what)
-        if self.comm.error is not None:
+        if getattr(self, "comm", None) is not None and self.comm.error is not None:
             e = type(e)(f"{e} (in a collective: {type(self.comm.error).__name__}: {self.comm.error})")
             self.comm.error = None
         return e
@@ -361,12 +482,12 @@ class _Engine:
     def step(self):
         r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
         self.call("gravac_trainer_step", _capi.lib().gravac_trainer_step(
-            self.handle, self.flat.data_ptr(), self.flat.numel(), _capi.DEVICE_HOST, None, ctypes.byref(r)))
+            self.handle, self.flat.data_ptr(), self.flat.numel(), self._where(), self._stream(), ctypes.byref(r)))
         return self._finish_report(r)
 
     def begin_step(self):
         self.call("gravac_trainer_begin_step", _capi.lib().gravac_trainer_begin_step(
-            self.handle, self.flat.data_ptr(), self.flat.numel(), _capi.DEVICE_HOST, None))
+            self.handle, self.flat.data_ptr(), self.flat.numel(), self._where(), self._stream()))
 
     def ready(self, layer):
         self.call("gravac_trainer_ready", _capi.lib().gravac_trainer_ready(self.handle, layer))
@@ -518,10 +639,11 @@ class HookState(_Checkpointed):
             self._in_step = True
         flat_buffer = buffer.view(-1)
         for layer, at in layers:
-            # CUDA: ordered on the current stream, which is synchronized before the layer is ready.
+            # CUDA: ordered on the current stream. On the device path gravac orders its kernels
+            # after that stream; staged through the host, the stream is synchronized first.
             e.views[layer].copy_(flat_buffer[at:at + e.numels[layer]], non_blocking=e.cuda)
             self._seen[layer] = True
-        if e.cuda:
+        if e.staged:
             torch.cuda.current_stream(buffer.device).synchronize()
         if self._overlap:
             for layer, _ in layers:

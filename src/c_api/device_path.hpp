@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gravac/layout.hpp"
@@ -32,6 +33,10 @@ std::vector<std::uint64_t> gather(comm& c, std::uint64_t mine);
 //! Orders \p c's later collectives after the work queued on \p stream (a cudaStream_t).
 void order_after(comm& c, void* stream) noexcept;
 
+//! Whether \p m's compressor has a device form (gravac::runtime::has_device_form).
+bool has_device_form(const runtime::method_config& m) noexcept;
+//! The compressors that have one, comma-separated.
+std::string device_forms();
 //! gravac::runtime::require_device_accepted.
 void require_accepted(const runtime::method_config& m);
 //! gravac::runtime::make_device_trainer over \p c, the compressors on \p stream.

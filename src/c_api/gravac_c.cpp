@@ -99,6 +99,19 @@ struct c_failure {
 
 [[noreturn]] void fail(gravac_status code, std::string what) { throw c_failure{code, std::move(what)}; }
 
+#if defined(GRAVAC_C_WITH_CUDA)
+// A compressor without a device form is a capability this build lacks (GRAVAC_UNSUPPORTED:
+// a caller may stage through host memory instead); the rest is the library's verdict.
+void require_device_accepted(const gravac::runtime::method_config& m) {
+  if (!gravac::c_device::has_device_form(m))
+    fail(GRAVAC_UNSUPPORTED, "compressor '" + std::string(gravac::runtime::name_of(gravac::runtime::compressor_names,
+                                                                                   m.compressor)) +
+                                 "' has no device form: on CUDA memory gravac compresses with " +
+                                 gravac::c_device::device_forms());
+  gravac::c_device::require_accepted(m);
+}
+#endif
+
 void need(bool ok, const char* what) {
   if (!ok) fail(GRAVAC_INVALID_ARGUMENT, what);
 }
@@ -404,7 +417,7 @@ gravac_status gravac_method_check(const gravac_method* method) {
       return;
     }
 #if defined(GRAVAC_C_WITH_CUDA)
-    gravac::c_device::require_accepted(m);
+    require_device_accepted(m);
 #endif
   });
 }
@@ -484,7 +497,7 @@ gravac_status gravac_trainer_create(const gravac_method* method, const gravac_la
           fail(GRAVAC_INVALID_ARGUMENT,
                "a GRAVAC_DEVICE_CUDA method needs a device communicator (gravac_comm_from_device_callbacks)");
 #if defined(GRAVAC_C_WITH_CUDA)
-        gravac::c_device::require_accepted(m);
+        require_device_accepted(m);
 #endif
       } else {
         if (comm->is_device())

@@ -35,6 +35,15 @@ std::vector<std::uint64_t> gather(comm& c, std::uint64_t mine) {
 
 void order_after(comm& c, void* stream) noexcept { c.engine.set_stream(static_cast<cudaStream_t>(stream)); }
 
+bool has_device_form(const runtime::method_config& m) noexcept { return runtime::has_device_form(m.compressor); }
+
+std::string device_forms() {
+  std::string forms;
+  for (const auto& c : runtime::compressor_names)
+    if (runtime::has_device_form(c.value)) forms += (forms.empty() ? "" : ", ") + std::string(c.name);
+  return forms;
+}
+
 void require_accepted(const runtime::method_config& m) { runtime::require_device_accepted(m); }
 
 std::unique_ptr<runtime::any_trainer> make_trainer(const runtime::method_config& m, comm& c, const layout& lay,

@@ -435,11 +435,11 @@ TEST_CASE("C ABI, CUDA path: what is refused, and how") {
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   gravac_trainer* t = nullptr;
 
-  // No device form.
+  // No device form: a capability this build lacks (a caller may stage through the host).
   auto m = method_of({"identity", "dense_allreduce", nullptr, nullptr}, GRAVAC_DEVICE_CUDA, stream);
-  CHECK(gravac_method_check(&m) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(gravac_method_check(&m) == GRAVAC_UNSUPPORTED);
   CHECK(last().find("has no device form") != std::string::npos);
-  CHECK(gravac_trainer_create(&m, layers, layer_count, comm, &t) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(gravac_trainer_create(&m, layers, layer_count, comm, &t) == GRAVAC_UNSUPPORTED);
   CHECK(t == nullptr);
   // A composition the device types refuse (composition_verdict), with what would work.
   m = method_of({"qsgd", "allreduce_compatible", nullptr, nullptr}, GRAVAC_DEVICE_CUDA, stream);
