@@ -300,7 +300,9 @@ class _TorchDeviceComm(_TorchComm):
         self.size = dist.get_world_size(group)
         self.device = device
         self.error = None
-        self._gather_into_tensor = hasattr(dist, "all_gather_into_tensor")
+        # NCCL gathers into one tensor; Gloo and MPI into a list of views of it.
+        self._gather_into_tensor = (hasattr(dist, "all_gather_into_tensor")
+                                    and str(dist.get_backend(group)).lower() == "nccl")
         self._fns = (_capi.DEVICE_ALLREDUCE_FN(self._guard(self._device_allreduce)),
                      _capi.DEVICE_ALLGATHER_FN(self._guard(self._device_allgather)),
                      _capi.DEVICE_BROADCAST_FN(self._guard(self._device_broadcast)),
