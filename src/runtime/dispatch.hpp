@@ -98,11 +98,26 @@ inline std::string state_of(const moo_policy& p) {
   return b;
 }
 
+// trainer<C, K, P>'s options from \p m, with the compressor's options \p c given apart (a
+// device compressor's carry its stream).
+template <class C, class K, class P>
+typename trainer<C, K, P>::options trainer_options(const method_config& m, const typename C::options& c) {
+  typename trainer<C, K, P>::options o;
+  o.compressor = c;
+  o.collective = options_of<K>(m);
+  o.policy = options_of<P>(m);
+  o.seed = m.seed;
+  o.bucket_bytes = m.bucket_bytes;
+  o.on_non_finite = m.on_non_finite;
+  return o;
+}
+
 template <class C, class K, class P>
 class erased_trainer final : public any_trainer {
  public:
   using trainer_t = trainer<C, K, P>;
-  erased_trainer(const method_config& m, host_comm comm, const layout& lay) : t_(comm, lay, make_options(m)) {}
+  erased_trainer(const method_config& m, host_comm comm, const layout& lay)
+      : t_(comm, lay, trainer_options<C, K, P>(m, options_of<C>(m))) {}
   const step_report& step(std::span<float> grads) override { return t_.step(grads); }
   void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
   void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
@@ -121,16 +136,6 @@ class erased_trainer final : public any_trainer {
   }
 
  private:
-  static typename trainer_t::options make_options(const method_config& m) {
-    typename trainer_t::options o;
-    o.compressor = options_of<C>(m);
-    o.collective = options_of<K>(m);
-    o.policy = options_of<P>(m);
-    o.seed = m.seed;
-    o.bucket_bytes = m.bucket_bytes;
-    o.on_non_finite = m.on_non_finite;
-    return o;
-  }
   trainer_t t_;
 };
 

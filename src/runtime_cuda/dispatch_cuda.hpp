@@ -32,7 +32,7 @@ class erased_device_trainer final : public any_trainer {
   using trainer_t = trainer<C, K, P>;
   erased_device_trainer(const method_config& m, device_comm comm, const layout& lay,
                         const typename C::options& compressor)
-      : t_(comm, lay, make_options(m, compressor)) {}
+      : t_(comm, lay, trainer_options<C, K, P>(m, compressor)) {}
   const step_report& step(std::span<float> g) override { return t_.step(grad_view<cuda_space>(g.data(), g.size())); }
   void begin_step(std::span<float> g) override { t_.begin_step(grad_view<cuda_space>(g.data(), g.size())); }
   void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
@@ -49,16 +49,6 @@ class erased_device_trainer final : public any_trainer {
   void restore_checkpoint(const std::string&) override { throw not_on_device("restore_checkpoint"); }
 
  private:
-  static typename trainer_t::options make_options(const method_config& m, const typename C::options& compressor) {
-    typename trainer_t::options o;
-    o.compressor = compressor;
-    o.collective = options_of<K>(m);
-    o.policy = options_of<P>(m);
-    o.seed = m.seed;
-    o.bucket_bytes = m.bucket_bytes;
-    o.on_non_finite = m.on_non_finite;
-    return o;
-  }
   trainer_t t_;
 };
 
