@@ -1,6 +1,10 @@
 # gravac::runtime: the runtime composition (include/gravac/runtime/), a compiled library of
 # every trainer<C, K, P> the library accepts, chosen by name (make_trainer). Included by the
 # top-level CMakeLists.txt; it needs Eigen (PowerSGD is one of the compositions).
+if(NOT GRAVAC_BUILD_RUNTIME)
+  message(STATUS "gravac: gravac::runtime (and the C ABI) not built (GRAVAC_BUILD_RUNTIME=OFF)")
+  return()
+endif()
 if(NOT TARGET gravac::powersgd)
   message(STATUS "gravac: Eigen not found, gravac::runtime (and the C ABI) disabled")
   return()
