@@ -294,9 +294,7 @@ struct gravac_trainer {
   void* stream = nullptr;                     // GRAVAC_DEVICE_CUDA: the stream its compressors run on
   gravac_comm* comm = nullptr;                // the communicator it was built on
   void* step_stream = nullptr;                // the stream of the overlapped step in progress
-  std::vector<double> kept;  // the last step's kept fraction of each layer
-  bool in_step = false;      // between begin_step and finish
-  std::uint64_t steps = 0;   // steps completed through this handle (interval_info::step)
+  bool in_step = false;  // between begin_step and finish
 };
 
 extern "C" {
@@ -565,7 +563,6 @@ gravac_status gravac_trainer_create(const gravac_method* method, const gravac_la
       t->t = gravac::c_device::make_trainer(m, *comm->device, lay, where.stream);
 #endif
     }
-    t->kept.assign(lay.size(), 0.0);
     *trainer = t.release();
   });
 }
@@ -641,8 +638,6 @@ gravac_status gravac_trainer_step(gravac_trainer* trainer, float* grads, size_t 
     enter(trainer, stream);
     const auto& r = trainer->t->step(g);
     leave(trainer, stream);
-    trainer->kept = r.kept_fraction;
-    ++trainer->steps;
     fill_report(r, report);
   });
 }
@@ -683,8 +678,6 @@ gravac_status gravac_trainer_finish(gravac_trainer* trainer, gravac_step_report*
     trainer->in_step = false;
     const auto& r = trainer->t->finish();
     leave(trainer, trainer->step_stream);
-    trainer->kept = r.kept_fraction;
-    ++trainer->steps;
     fill_report(r, report);
   });
 }
@@ -696,7 +689,8 @@ gravac_status gravac_trainer_kept_fractions(const gravac_trainer* trainer, doubl
     if (count != layers)
       fail(GRAVAC_INVALID_ARGUMENT,
            "count is " + std::to_string(count) + " but the trainer has " + std::to_string(layers) + " layers");
-    for (std::size_t i = 0; i < layers; ++i) out[i] = i < trainer->kept.size() ? trainer->kept[i] : 0.0;
+    const auto& kept = trainer->t->last_report().kept_fraction;  // empty before the first step
+    for (std::size_t i = 0; i < layers; ++i) out[i] = i < kept.size() ? kept[i] : 0.0;
   });
 }
 
@@ -706,7 +700,7 @@ gravac_status gravac_trainer_end_interval(gravac_trainer* trainer, uint64_t epoc
     need(trainer != nullptr, "trainer is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
     gravac::interval_info info;
-    info.step = trainer->steps;
+    info.step = trainer->t->steps();
     info.epoch = epoch;
     info.learning_rate = learning_rate;
     info.samples = samples;

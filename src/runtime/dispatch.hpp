@@ -112,31 +112,45 @@ typename trainer<C, K, P>::options trainer_options(const method_config& m, const
   return o;
 }
 
+// What a type-erased trainer forwards to its trainer<C, K, P> unchanged, in host and device
+// memory alike; the erased trainers add the step's memory view and the state.
 template <class C, class K, class P>
-class erased_trainer final : public any_trainer {
+class erased_common : public any_trainer {
  public:
   using trainer_t = trainer<C, K, P>;
-  erased_trainer(const method_config& m, host_comm comm, const layout& lay)
-      : t_(comm, lay, trainer_options<C, K, P>(m, options_of<C>(m))) {}
-  const step_report& step(std::span<float> grads) override { return t_.step(grads); }
-  void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
+  template <class Comm>
+  erased_common(const method_config& m, Comm comm, const layout& lay, const typename C::options& c)
+      : t_(comm, lay, trainer_options<C, K, P>(m, c)) {}
   void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
   void ready(std::size_t layer) override { t_.ready(layer); }
   const step_report& finish() override { return t_.finish(); }
+  [[nodiscard]] const step_report& last_report() const override { return t_.last_report(); }
+  [[nodiscard]] std::uint64_t steps() const override { return t_.steps(); }
   [[nodiscard]] std::size_t buckets() const override { return t_.buckets().size(); }
   [[nodiscard]] const layout& get_layout() const override { return t_.get_layout(); }
   void end_interval(const interval_info& info) override { t_.end_interval(info); }
   [[nodiscard]] const step_params& last_params() const override { return t_.last_params(); }
   [[nodiscard]] std::string policy_state() const override { return state_of(t_.policy()); }
+
+ protected:
+  trainer_t t_;
+};
+
+template <class C, class K, class P>
+class erased_trainer final : public erased_common<C, K, P> {
+  using erased_common<C, K, P>::t_;
+
+ public:
+  erased_trainer(const method_config& m, host_comm comm, const layout& lay)
+      : erased_common<C, K, P>(m, comm, lay, options_of<C>(m)) {}
+  const step_report& step(std::span<float> grads) override { return t_.step(grads); }
+  void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
   [[nodiscard]] std::vector<std::byte> save_state() const override { return save_checkpoint_bytes(t_); }
   void load_state(std::span<const std::byte> bytes) override { restore_checkpoint_bytes(t_, bytes); }
   void save_checkpoint(const std::string& path) override { gravac::save_checkpoint(t_, path, {.collective = false}); }
   void restore_checkpoint(const std::string& path) override {
     gravac::restore_checkpoint(t_, path, {.collective = false});
   }
-
- private:
-  trainer_t t_;
 };
 
 // The trainer of compressor C for the collective and policy \p m names; nullptr where the

@@ -27,29 +27,19 @@ inline error not_on_device(const char* what) {
 }
 
 template <class C, class K, class P>
-class erased_device_trainer final : public any_trainer {
+class erased_device_trainer final : public erased_common<C, K, P> {
+  using erased_common<C, K, P>::t_;
+
  public:
-  using trainer_t = trainer<C, K, P>;
   erased_device_trainer(const method_config& m, device_comm comm, const layout& lay,
                         const typename C::options& compressor)
-      : t_(comm, lay, trainer_options<C, K, P>(m, compressor)) {}
+      : erased_common<C, K, P>(m, comm, lay, compressor) {}
   const step_report& step(std::span<float> g) override { return t_.step(grad_view<cuda_space>(g.data(), g.size())); }
   void begin_step(std::span<float> g) override { t_.begin_step(grad_view<cuda_space>(g.data(), g.size())); }
-  void ready(std::size_t layer, double ready_s) override { t_.ready(layer, ready_s); }
-  void ready(std::size_t layer) override { t_.ready(layer); }
-  const step_report& finish() override { return t_.finish(); }
-  [[nodiscard]] std::size_t buckets() const override { return t_.buckets().size(); }
-  [[nodiscard]] const layout& get_layout() const override { return t_.get_layout(); }
-  void end_interval(const interval_info& info) override { t_.end_interval(info); }
-  [[nodiscard]] const step_params& last_params() const override { return t_.last_params(); }
-  [[nodiscard]] std::string policy_state() const override { return state_of(t_.policy()); }
   [[nodiscard]] std::vector<std::byte> save_state() const override { throw not_on_device("save_state"); }
   void load_state(std::span<const std::byte>) override { throw not_on_device("load_state"); }
   void save_checkpoint(const std::string&) override { throw not_on_device("save_checkpoint"); }
   void restore_checkpoint(const std::string&) override { throw not_on_device("restore_checkpoint"); }
-
- private:
-  trainer_t t_;
 };
 
 // The device trainer of device compressor D (options \p o, its stream set) for the

@@ -61,11 +61,10 @@ class callback_communicator {
   //! Gathers every rank's bytes back to back in rank order into \p out; \p sizes receives
   //! each rank's byte count.
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
-    const auto n = static_cast<std::size_t>(cb_.size);
-    std::vector<std::uint64_t> counts(n);
     const std::uint64_t mine = in.size();
-    check(cb_.allgather(cb_.user, &mine, sizeof mine, counts.data()), "allgather");
-    sizes.assign(counts.begin(), counts.end());
+    counts_.resize(static_cast<std::size_t>(cb_.size));
+    check(cb_.allgather(cb_.user, &mine, sizeof mine, counts_.data()), "allgather");
+    sizes.assign(counts_.begin(), counts_.end());
     detail::padded_allgatherv(in, sizes, out, scratch_, [&](const void* send, std::size_t bytes, void* recv) {
       check(cb_.allgather(cb_.user, send, bytes, recv), "allgather");
     });
@@ -83,14 +82,14 @@ class callback_communicator {
                   cb_.rank);
     const auto n = static_cast<std::size_t>(cb_.size);
     require(send_sizes.size() == n, "callback communicator: alltoallv needs one send size per rank");
-    std::vector<std::uint64_t> row(send_sizes.begin(), send_sizes.end()), matrix(n * n);
-    check(cb_.allgather(cb_.user, row.data(), n * sizeof(std::uint64_t), matrix.data()), "allgather");
+    counts_.assign(send_sizes.begin(), send_sizes.end());  // this rank's row of the size matrix
+    matrix_.resize(n * n);
+    check(cb_.allgather(cb_.user, counts_.data(), n * sizeof(std::uint64_t), matrix_.data()), "allgather");
     recv_sizes.resize(n);
     std::size_t total = 0;
-    for (std::size_t i = 0; i < n; ++i) total += recv_sizes[i] = matrix[i * n + static_cast<std::size_t>(cb_.rank)];
+    for (std::size_t i = 0; i < n; ++i) total += recv_sizes[i] = matrix_[i * n + static_cast<std::size_t>(cb_.rank)];
     out.resize(total);
-    const std::vector<std::size_t> send(send_sizes.begin(), send_sizes.end());
-    check(cb_.alltoallv(cb_.user, in.data(), send.data(), out.data(), recv_sizes.data()), "alltoallv");
+    check(cb_.alltoallv(cb_.user, in.data(), send_sizes.data(), out.data(), recv_sizes.data()), "alltoallv");
   }
 
   //! Copies \p root's bytes into every rank's \p d.
@@ -116,7 +115,10 @@ class callback_communicator {
   }
 
   gravac_comm_callbacks cb_;
+  // Kept between calls, so that a step allocates nothing once they have grown.
   detail::padded_allgather_scratch scratch_;
+  std::vector<std::uint64_t> counts_;  // every rank's byte count (allgatherv), this rank's row (alltoallv)
+  std::vector<std::uint64_t> matrix_;  // alltoallv's size matrix
 };
 static_assert(AlltoallCommunicator<callback_communicator>);
 

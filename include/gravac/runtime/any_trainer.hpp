@@ -4,6 +4,7 @@
 //! picks a method at run time sees (the example's training loop, the C ABI, Python).
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ class any_trainer {
   //! Ends the asynchronous step: waits for every bucket, leaves the rank average in the
   //! buffer given to begin_step and returns the step's report (trainer::finish).
   virtual const step_report& finish() = 0;
+  //! The last completed step's report (a default report before the first step).
+  [[nodiscard]] virtual const step_report& last_report() const = 0;
+  //! Steps completed (restored by load_state).
+  [[nodiscard]] virtual std::uint64_t steps() const = 0;
   //! Buckets the trainer aggregates a step in.
   [[nodiscard]] virtual std::size_t buckets() const = 0;
   //! The layout the trainer was built for.
