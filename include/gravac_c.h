@@ -133,7 +133,7 @@ typedef struct gravac_method {
   /* Since the CUDA path (still ABI 1: older callers' struct_size ends before these fields,
    * which then read as GRAVAC_DEVICE_HOST and NULL). */
   gravac_device device; /*!< where the trainer's gradients live: GRAVAC_DEVICE_CUDA compresses on the device */
-  void* stream;         /*!< GRAVAC_DEVICE_CUDA: the cudaStream_t the device compressors run on; NULL with host memory */
+  void* stream; /*!< GRAVAC_DEVICE_CUDA: the cudaStream_t the device compressors run on; NULL with host memory */
 } gravac_method;
 
 /*! Checks \p method without building anything: GRAVAC_OK for a composition the library
@@ -242,22 +242,22 @@ GRAVAC_C_API gravac_status gravac_trainer_numel(const gravac_trainer* trainer, s
 
 /*! What one step did. */
 typedef struct gravac_step_report {
-  uint32_t struct_size;          /*!< sizeof(gravac_step_report), set by the caller */
-  uint64_t step;                 /*!< the step this reports */
-  uint64_t bytes_sent;           /*!< bytes this rank put on the wire (payload) */
-  uint64_t dense_bytes;          /*!< bytes a dense fp32 Allreduce would have sent */
-  double wire_bytes_sent;        /*!< bytes sent by the collective's algorithm */
-  double wire_bytes_received;    /*!< bytes received by the collective's algorithm */
-  double gain;                   /*!< ||C(u)|| / ||u|| of what was sent */
-  double mean_kept_fraction;     /*!< mean over layers of values sent / numel */
-  const char* collective;        /*!< the aggregation used (static string) */
-  const char* fallback;          /*!< why the policy sent less compressed, or "none" */
-  double compress_s;             /*!< seconds compressing */
-  double communicate_s;          /*!< seconds in collectives */
-  double decompress_s;           /*!< seconds decompressing and averaging */
-  double exposed_communicate_s;  /*!< seconds the caller waited for communication */
-  uint64_t buckets;              /*!< buckets of the step */
-  int skipped;                   /*!< the step was skipped (non-finite gradient, skip mode) */
+  uint32_t struct_size;         /*!< sizeof(gravac_step_report), set by the caller */
+  uint64_t step;                /*!< the step this reports */
+  uint64_t bytes_sent;          /*!< bytes this rank put on the wire (payload) */
+  uint64_t dense_bytes;         /*!< bytes a dense fp32 Allreduce would have sent */
+  double wire_bytes_sent;       /*!< bytes sent by the collective's algorithm */
+  double wire_bytes_received;   /*!< bytes received by the collective's algorithm */
+  double gain;                  /*!< ||C(u)|| / ||u|| of what was sent */
+  double mean_kept_fraction;    /*!< mean over layers of values sent / numel */
+  const char* collective;       /*!< the aggregation used (static string) */
+  const char* fallback;         /*!< why the policy sent less compressed, or "none" */
+  double compress_s;            /*!< seconds compressing */
+  double communicate_s;         /*!< seconds in collectives */
+  double decompress_s;          /*!< seconds decompressing and averaging */
+  double exposed_communicate_s; /*!< seconds the caller waited for communication */
+  uint64_t buckets;             /*!< buckets of the step */
+  int skipped;                  /*!< the step was skipped (non-finite gradient, skip mode) */
 } gravac_step_report;
 
 /*! One synchronous step: \p grads (numel float32 in \p device memory) is compressed,
@@ -292,8 +292,7 @@ GRAVAC_C_API gravac_status gravac_trainer_policy_state(const gravac_trainer* tra
  *  (rank-local, no collective) into \p out. Two-phase: with \p out NULL or \p capacity too
  *  small, writes the size needed to \p *size and returns GRAVAC_BUFFER_TOO_SMALL (GRAVAC_OK
  *  for NULL). */
-GRAVAC_C_API gravac_status gravac_trainer_save(const gravac_trainer* trainer, void* out, size_t capacity,
-                                               size_t* size);
+GRAVAC_C_API gravac_status gravac_trainer_save(const gravac_trainer* trainer, void* out, size_t capacity, size_t* size);
 /*! Restores what gravac_trainer_save wrote on the same rank for the same layout and
  *  method; the trainer is unchanged when it fails. */
 GRAVAC_C_API gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, size_t size);

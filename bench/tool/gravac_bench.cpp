@@ -106,8 +106,8 @@ std::string usage() {
       case gravac::runtime::option_type::real:
         flag += o.type == gravac::runtime::option_type::integer ? " N" : " X";
         if (o.max >= gravac::runtime::detail::no_limit)
-          std::snprintf(buf, sizeof buf, "%s >= %.10g", o.type == gravac::runtime::option_type::integer ? "integer" : "real",
-                        o.min);
+          std::snprintf(buf, sizeof buf, "%s >= %.10g",
+                        o.type == gravac::runtime::option_type::integer ? "integer" : "real", o.min);
         else
           std::snprintf(buf, sizeof buf, "%s in [%.10g, %.10g]",
                         o.type == gravac::runtime::option_type::integer ? "integer" : "real", o.min, o.max);
@@ -367,7 +367,8 @@ int main(int argc, char** argv) {
     } else {
       std::printf(
           "gravac-bench: %s, %zu floats in %zu layer(s), fraction %g, %u thread(s), data %s, %s\n",
-          c.compressor.c_str(), n, c.layers.size(), c.settings.fraction(), c.settings.method.topk.threads, c.data.c_str(),
+          c.compressor.c_str(), n, c.layers.size(), c.settings.fraction(), c.settings.method.topk.threads,
+          c.data.c_str(),
           c.restored ? "restored state (best case)" : "dynamic (steps with a fresh gradient, residual carried)");
       if (opt.fixed_warmup)
         std::printf("  %zu warm-up steps (its residual is one step's coding error; norm changing %.2f%% per step)\n",

@@ -26,14 +26,13 @@
 #include <gravac/comm/mpi_communicator.hpp>
 #include <gravac/comm/mpi_guard.hpp>
 #include <gravac/comm/thread_communicator.hpp>
+#include <gravac/runtime/option_table.hpp>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gravac/runtime/option_table.hpp>
 
 #include "fmnist/report.hpp"
 #include "fmnist/train.hpp"

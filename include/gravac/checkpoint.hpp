@@ -250,17 +250,13 @@ checkpoint_state capture_checkpoint(const Trainer& t) {
     s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
   t.policy().save(s.policy);
   if constexpr (detail::has_state<typename Trainer::compressor_type>)
-    detail::save_bucket_states(t.bucket_count(), s.compressor, [&](std::size_t b, std::vector<std::byte>& out) {
-      t.compressor(b).save(out);
-    });
+    detail::save_bucket_states(t.bucket_count(), s.compressor,
+                               [&](std::size_t b, std::vector<std::byte>& out) { t.compressor(b).save(out); });
   if constexpr (detail::has_state<typename Trainer::collective_type>)
-    detail::save_bucket_states(t.bucket_count(), s.collective, [&](std::size_t b, std::vector<std::byte>& out) {
-      t.collective(b).save(out);
-    });
-  if constexpr (detail::has_local_state<typename Trainer::policy_type>)
-    t.policy().save_local(s.policy_local);
-  if constexpr (requires(std::vector<std::byte> & out) { t.save_step_state(out); })
-    t.save_step_state(s.trainer);
+    detail::save_bucket_states(t.bucket_count(), s.collective,
+                               [&](std::size_t b, std::vector<std::byte>& out) { t.collective(b).save(out); });
+  if constexpr (detail::has_local_state<typename Trainer::policy_type>) t.policy().save_local(s.policy_local);
+  if constexpr (requires(std::vector<std::byte> & out) { t.save_step_state(out); }) t.save_step_state(s.trainer);
   return s;
 }
 
@@ -364,7 +360,8 @@ restore_report restore_from(Trainer& t, Read read, const std::string& what, cons
 //! are at different steps, every rank throws and no trainer is modified.
 template <class Trainer>
 restore_report restore_checkpoint(Trainer& t, const std::string& path, const checkpoint_options& opt = {}) {
-  return detail::restore_from(t, [&] { return read_checkpoint(path); }, "'" + path + "'", opt);
+  return detail::restore_from(
+      t, [&] { return read_checkpoint(path); }, "'" + path + "'", opt);
 }
 
 //! Restores trainer \p t from \p bytes (save_checkpoint_bytes on the same rank), with the
@@ -372,8 +369,8 @@ restore_report restore_checkpoint(Trainer& t, const std::string& path, const che
 template <class Trainer>
 restore_report restore_checkpoint_bytes(Trainer& t, std::span<const std::byte> bytes,
                                         const checkpoint_options& opt = {.collective = false}) {
-  return detail::restore_from(t, [&] { return decode_checkpoint(bytes, "state"); }, "the state", opt);
+  return detail::restore_from(
+      t, [&] { return decode_checkpoint(bytes, "state"); }, "the state", opt);
 }
-
 
 }  // namespace gravac

@@ -2,7 +2,6 @@
 // collectives are C callbacks) must give the bits of gravac::trainer over
 // thread_communicator; and the ABI's error model, argument checks and rank agreement.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,11 +13,11 @@
 #include <vector>
 
 #include "gravac/checkpoint.hpp"
+#include "gravac/collective/allgather.hpp"
+#include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/comm/thread_communicator.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/topk.hpp"
-#include "gravac/collective/allgather.hpp"
-#include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/policy/fixed_policy.hpp"
 #include "gravac/trainer.hpp"
 #include "gravac_c.h"
@@ -29,7 +28,8 @@ constexpr int steps = 4;
 
 // The same function as c_abi_two_ranks.c's grad_at.
 float grad_at(std::size_t i, unsigned step, int rank) {
-  std::uint64_t h = (std::uint64_t)i * 0x9E3779B97F4A7C15ull ^ ((std::uint64_t)step << 32) ^ ((std::uint64_t)rank << 48);
+  std::uint64_t h =
+      (std::uint64_t)i * 0x9E3779B97F4A7C15ull ^ ((std::uint64_t)step << 32) ^ ((std::uint64_t)rank << 48);
   h ^= h >> 29;
   h *= 0xBF58476D1CE4E5B9ull;
   h ^= h >> 32;
@@ -116,7 +116,9 @@ gravac_comm_callbacks one_rank_callbacks(int* rc) {
   cb.user = rc;
   cb.rank = 0;
   cb.size = 1;
-  cb.allreduce = [](void* user, void*, std::size_t, gravac_dtype, gravac_reduce_op) { return *static_cast<int*>(user); };
+  cb.allreduce = [](void* user, void*, std::size_t, gravac_dtype, gravac_reduce_op) {
+    return *static_cast<int*>(user);
+  };
   cb.allgather = [](void*, const void* send, std::size_t bytes, void* recv) {
     if (bytes) std::memcpy(recv, send, bytes);
     return 0;
@@ -282,8 +284,7 @@ TEST_CASE("C ABI: CUDA memory is unsupported in this build", "[c_api]") {
   CHECK(gravac_trainer_step(r.trainer, grads.data(), 64, GRAVAC_DEVICE_HOST, nullptr, nullptr) == GRAVAC_OK);
 }
 
-TEST_CASE("C ABI: ranks built with different methods or layers fail with layout mismatch on every rank",
-          "[c_api]") {
+TEST_CASE("C ABI: ranks built with different methods or layers fail with layout mismatch on every rank", "[c_api]") {
   const auto run = [](const gravac_method& m0, const gravac_method& m1, const gravac_layer* l1) {
     gravac_thread_world* world = nullptr;
     REQUIRE(gravac_thread_world_create(2, &world) == GRAVAC_OK);

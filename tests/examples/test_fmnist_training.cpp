@@ -68,7 +68,8 @@ TEST_CASE("fashion_mnist: QSGD through the compressed allreduce learns, with few
   auto unoffered = fmnist_test::short_run(m);
   unoffered.method.compressor = fmnist::compressor_id::topk;
   unoffered.method.collective = fmnist::collective_id::compressed_allreduce;
-  CHECK_THROWS_WITH(run_on_threads(unoffered),
-                    Catch::Contains("does not accept topk + compressed_allreduce") &&
-                        Catch::Contains("compressed_allreduce with fixed takes identity, qsgd, terngrad, sign, cast16"));
+  CHECK_THROWS_WITH(
+      run_on_threads(unoffered),
+      Catch::Contains("does not accept topk + compressed_allreduce") &&
+          Catch::Contains("compressed_allreduce with fixed takes identity, qsgd, terngrad, sign, cast16"));
 }

@@ -1,12 +1,12 @@
 #include <catch2/catch.hpp>
 #include <fstream>
-#include <set>
-#include <sstream>
 #include <gravac/comm/thread_communicator.hpp>
 #include <gravac/detail/composition_checks.hpp>
 #include <gravac/runtime/make_trainer.hpp>
 #include <gravac/runtime/option_table.hpp>
 #include <gravac/runtime/presets.hpp>
+#include <set>
+#include <sstream>
 
 #include "gravac_test_util.hpp"
 
@@ -88,7 +88,8 @@ TEST_CASE("runtime: every option of the table reads back what it was set to, and
 TEST_CASE("runtime: the composition list is the library's verdict, and every accepted composition steps",
           "[runtime][compositions]") {
   const auto all = rt::compositions();
-  REQUIRE(all.size() == std::size(rt::compressor_names) * std::size(rt::collective_names) * std::size(rt::policy_names));
+  REQUIRE(all.size() ==
+          std::size(rt::compressor_names) * std::size(rt::collective_names) * std::size(rt::policy_names));
   // Spot checks against the trainer's own checks (composition_checks.hpp).
   const auto find = [&](rt::compressor_id c, rt::collective_id k, rt::policy_id p) {
     for (const auto& x : all)
@@ -181,8 +182,11 @@ TEST_CASE("runtime: make_trainer's trainer equals trainer<C, K, P> bit for bit, 
   run_ranks(2, [&](thread_communicator& comm) {  // no Catch macros in the rank threads
     const auto rank = static_cast<std::size_t>(comm.rank());
     trainer<topk, allgather, gravac_policy> t(comm, lay,
-                                             {.compressor = m.topk, .collective = m.allgather, .policy = m.gravac,
-                                              .seed = m.seed, .bucket_bytes = m.bucket_bytes});
+                                              {.compressor = m.topk,
+                                               .collective = m.allgather,
+                                               .policy = m.gravac,
+                                               .seed = m.seed,
+                                               .bucket_bytes = m.bucket_bytes});
     auto e = rt::make_trainer(m, comm, lay);
     std::vector<std::byte> state;
     for (int s = 0; s < steps; ++s) {
@@ -222,7 +226,8 @@ TEST_CASE("runtime: make_trainer's trainer equals trainer<C, K, P> bit for bit, 
   CHECK(resumed == erased);
   CHECK(!rt::recommended().gravac.dense_candidate == false);
   CHECK(rt::preset("dense").compressor == rt::compressor_id::identity);
-  CHECK_THROWS_WITH(rt::preset("fastest"), Catch::Contains("unknown preset 'fastest'") && Catch::Contains("recommended"));
+  CHECK_THROWS_WITH(rt::preset("fastest"),
+                    Catch::Contains("unknown preset 'fastest'") && Catch::Contains("recommended"));
 }
 
 namespace {

@@ -110,10 +110,9 @@ class callback_device_communicator {
     host_sizes_[n] = in.size();
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(sizes_dev_.data() + n, host_sizes_.data() + n, sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s()));
-    check(cb_.allgather(cb_.user, sizes_dev_.data() + n, sizeof(std::uint64_t), sizes_dev_.data(), s()),
-          "allgather");
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_sizes_.data(), sizes_dev_.data(), n * sizeof(std::uint64_t),
-                                    cudaMemcpyDeviceToHost, s()));
+    check(cb_.allgather(cb_.user, sizes_dev_.data() + n, sizeof(std::uint64_t), sizes_dev_.data(), s()), "allgather");
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(host_sizes_.data(), sizes_dev_.data(), n * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, s()));
     wait("allgather");
     sizes.resize(n);
     std::size_t total = 0, largest = 0;
@@ -208,11 +207,9 @@ class callback_device_communicator {
     }
     std::copy(d.begin(), d.end(), host_values_.data());
     order_after(producer_);
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(scratch_.data(), host_values_.data(), d.size_bytes(), cudaMemcpyHostToDevice, s()));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(scratch_.data(), host_values_.data(), d.size_bytes(), cudaMemcpyHostToDevice, s()));
     check(cb_.allreduce(cb_.user, scratch_.data(), d.size(), GRAVAC_FLOAT64, op, s()), "allreduce");
-    GRAVAC_TRY_CUDA(
-        cudaMemcpyAsync(host_values_.data(), scratch_.data(), d.size_bytes(), cudaMemcpyDeviceToHost, s()));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(host_values_.data(), scratch_.data(), d.size_bytes(), cudaMemcpyDeviceToHost, s()));
     wait("allreduce");
     std::copy(host_values_.data(), host_values_.data() + d.size(), d.begin());
   }

@@ -6,9 +6,9 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
@@ -24,12 +24,12 @@ enum class option_type : std::uint8_t { boolean, integer, real, choice };
 
 //! One option: how to parse it into a method_config and read it back.
 struct option_spec {
-  std::string_view name;     //!< "kept_fraction" (the command line writes --kept-fraction)
-  option_type type;          //!< its type
-  double min;                //!< least value (integer, real)
-  double max;                //!< greatest value (integer, real)
-  std::string_view choices;  //!< choice: the values, comma-separated
-  std::string_view doc;      //!< one line
+  std::string_view name;                          //!< "kept_fraction" (the command line writes --kept-fraction)
+  option_type type;                               //!< its type
+  double min;                                     //!< least value (integer, real)
+  double max;                                     //!< greatest value (integer, real)
+  std::string_view choices;                       //!< choice: the values, comma-separated
+  std::string_view doc;                           //!< one line
   void (*set)(method_config&, std::string_view);  //!< parses and stores (validated)
   std::string (*get)(const method_config&);       //!< the value, as text set() reads
 };
@@ -37,8 +37,7 @@ struct option_spec {
 namespace detail {
 
 [[noreturn]] inline void bad_option(std::string_view name, std::string_view value, const std::string& why) {
-  throw error(status::invalid_argument,
-              "option " + std::string(name) + ": '" + std::string(value) + "' " + why);
+  throw error(status::invalid_argument, "option " + std::string(name) + ": '" + std::string(value) + "' " + why);
 }
 
 inline bool parse_bool(std::string_view name, std::string_view v) {
@@ -88,26 +87,29 @@ inline constexpr double no_limit = std::numeric_limits<double>::max();
 }  // namespace detail
 
 // A numeric or boolean field of method_config. The lambdas are captureless, so the table
-// is a static array of plain function pointers.
-#define GRAVAC_RUNTIME_REAL(key, field, lo, hi, text)                                                  \
-  option_spec {                                                                                        \
-    key, option_type::real, lo, hi, "", text,                                                          \
+// is a static array of plain function pointers. The macros are #undef'd after the table.
+//! The option_spec of a real-valued method_config field, in [lo, hi].
+#define GRAVAC_RUNTIME_REAL(key, field, lo, hi, text)                                                        \
+  option_spec {                                                                                              \
+    key, option_type::real, lo, hi, "", text,                                                                \
         [](method_config& m, std::string_view v) { m.field = detail::parse_number(key, v, false, lo, hi); }, \
-        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); }       \
+        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); }             \
   }
-#define GRAVAC_RUNTIME_INT(key, field, lo, hi, text)                                                  \
-  option_spec {                                                                                       \
-    key, option_type::integer, lo, hi, "", text,                                                      \
-        [](method_config& m, std::string_view v) {                                                    \
-          m.field = static_cast<decltype(m.field)>(detail::parse_number(key, v, true, lo, hi));       \
-        },                                                                                            \
-        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); }      \
+//! The option_spec of an integer method_config field, in [lo, hi].
+#define GRAVAC_RUNTIME_INT(key, field, lo, hi, text)                                             \
+  option_spec {                                                                                  \
+    key, option_type::integer, lo, hi, "", text,                                                 \
+        [](method_config& m, std::string_view v) {                                               \
+          m.field = static_cast<decltype(m.field)>(detail::parse_number(key, v, true, lo, hi));  \
+        },                                                                                       \
+        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); } \
   }
-#define GRAVAC_RUNTIME_BOOL(key, field, text)                                                  \
-  option_spec {                                                                                \
-    key, option_type::boolean, 0, 1, "", text,                                                 \
-        [](method_config& m, std::string_view v) { m.field = detail::parse_bool(key, v); },    \
-        [](const method_config& m) { return std::string(m.field ? "true" : "false"); }         \
+//! The option_spec of a boolean method_config field.
+#define GRAVAC_RUNTIME_BOOL(key, field, text)                                               \
+  option_spec {                                                                             \
+    key, option_type::boolean, 0, 1, "", text,                                              \
+        [](method_config& m, std::string_view v) { m.field = detail::parse_bool(key, v); }, \
+        [](const method_config& m) { return std::string(m.field ? "true" : "false"); }      \
   }
 
 //! trainer options::bucket_bytes for a bucket of \p mb MiB: 0 (below one byte) is one
@@ -137,15 +139,13 @@ inline std::span<const option_spec> option_table() {
       GRAVAC_RUNTIME_INT("qsgd_levels", qsgd.levels, 1.0, 32767.0, "qsgd: levels s"),
       GRAVAC_RUNTIME_INT("powersgd_rank", powersgd.rank, 1.0, 1024.0, "powersgd: rank r"),
       GRAVAC_RUNTIME_BOOL("powersgd_warm_start", powersgd.warm_start, "powersgd: start from the last step's Q"),
-      option_spec{"cast16_format", option_type::choice, 0, 0, "fp16,bf16", "cast16: fp16 or bf16",
-                  [](method_config& m, std::string_view v) {
-                    m.cast16.format = detail::parse_choice("cast16_format", v, "fp16,bf16") == "bf16"
-                                          ? cast16_format::bf16
-                                          : cast16_format::fp16;
-                  },
-                  [](const method_config& m) {
-                    return std::string(m.cast16.format == cast16_format::bf16 ? "bf16" : "fp16");
-                  }},
+      option_spec{
+          "cast16_format", option_type::choice, 0, 0, "fp16,bf16", "cast16: fp16 or bf16",
+          [](method_config& m, std::string_view v) {
+            m.cast16.format = detail::parse_choice("cast16_format", v, "fp16,bf16") == "bf16" ? cast16_format::bf16
+                                                                                              : cast16_format::fp16;
+          },
+          [](const method_config& m) { return std::string(m.cast16.format == cast16_format::bf16 ? "bf16" : "fp16"); }},
       option_spec{"ar_rule", option_type::choice, 0, 0, "star,var", "allreduce_compatible: index rank rule",
                   [](method_config& m, std::string_view v) {
                     m.allreduce_compatible.rule = detail::parse_choice("ar_rule", v, "star,var") == "var"

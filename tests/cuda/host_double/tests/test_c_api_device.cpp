@@ -13,13 +13,13 @@
 
 #include <catch2/catch.hpp>
 #include <condition_variable>
-#include <stdexcept>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -385,12 +385,10 @@ const method_spec topk_allgather{"topk", "allgather", "kept_fraction", "0.05"};
 const method_spec topk_dense{"topk", "dense_allreduce", "kept_fraction", "0.05"};
 const method_spec qsgd_allgather{"qsgd", "allgather", "qsgd_levels", "127"};
 // The other device compressors and AR-Topk: the same bits as the host.
-const method_spec more[] = {{"threshold", "allgather", "kept_fraction", "0.05"},
-                            {"topk", "allreduce_compatible", "kept_fraction", "0.05"},
-                            {"terngrad", "allgather", nullptr, nullptr},
-                            {"sign", "allgather", nullptr, nullptr},
-                            {"cast16", "allgather", "cast16_format", "bf16"},
-                            {"adacomp", "allgather", nullptr, nullptr, "adacomp"}};
+const method_spec more[] = {
+    {"threshold", "allgather", "kept_fraction", "0.05"}, {"topk", "allreduce_compatible", "kept_fraction", "0.05"},
+    {"terngrad", "allgather", nullptr, nullptr},         {"sign", "allgather", nullptr, nullptr},
+    {"cast16", "allgather", "cast16_format", "bf16"},    {"adacomp", "allgather", nullptr, nullptr, "adacomp"}};
 
 }  // namespace
 
