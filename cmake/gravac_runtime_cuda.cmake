@@ -24,7 +24,9 @@ option(GRAVAC_C_CUDA "Give libgravac_c its CUDA path (device trainers over devic
 if(GRAVAC_C_CUDA AND TARGET gravac_c)
   target_sources(gravac_c PRIVATE src/c_api/gravac_c_cuda.cu)
   target_compile_definitions(gravac_c PRIVATE GRAVAC_C_WITH_CUDA)
-  set_target_properties(gravac_c PROPERTIES CUDA_VISIBILITY_PRESET hidden)
+  # gravac_c was created before CUDA was enabled, so it took no architectures from
+  # CMAKE_CUDA_ARCHITECTURES (set by gravac_backends.cmake when the user gave none).
+  set_target_properties(gravac_c PROPERTIES CUDA_VISIBILITY_PRESET hidden CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
   target_link_libraries(gravac_c PRIVATE gravac_runtime_cuda)
   message(STATUS "gravac: libgravac_c with its CUDA path (gravac::runtime_cuda)")
 endif()
