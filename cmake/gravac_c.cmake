@@ -11,7 +11,7 @@ set_target_properties(gravac_c PROPERTIES
   CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
   LINK_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/c_api/gravac_c.map)
 target_compile_definitions(gravac_c PRIVATE GRAVAC_C_VERSION_STRING="${PROJECT_VERSION}")
-target_compile_options(gravac_c PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)
+target_compile_options(gravac_c PRIVATE ${GRAVAC_OWN_WARNINGS})
 target_include_directories(gravac_c PUBLIC
   $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)

@@ -20,7 +20,7 @@ set_target_properties(gravac_runtime PROPERTIES EXPORT_NAME runtime POSITION_IND
                       CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
 target_link_libraries(gravac_runtime PUBLIC gravac_powersgd)
 # The trainers are the hot path of every front end built on them: optimised in every build type.
-target_compile_options(gravac_runtime PRIVATE -O2 $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)
+target_compile_options(gravac_runtime PRIVATE -O2 ${GRAVAC_OWN_WARNINGS})
 # Under add_subdirectory it is built only when something links it.
 if(NOT PROJECT_IS_TOP_LEVEL)
   set_target_properties(gravac_runtime PROPERTIES EXCLUDE_FROM_ALL ON)

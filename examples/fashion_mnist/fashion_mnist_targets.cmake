@@ -37,4 +37,4 @@ add_library(gravac_fashion_mnist_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/src/report.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/checkpoint.cpp)
 target_link_libraries(gravac_fashion_mnist_core PUBLIC gravac_fashion_mnist_headers gravac::runtime)
-target_compile_options(gravac_fashion_mnist_core PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)
+target_compile_options(gravac_fashion_mnist_core PRIVATE ${GRAVAC_OWN_WARNINGS})

@@ -3,6 +3,10 @@
 # benchmarks, target fashion_mnist), into a build directory of its own, and fails on any
 # `warning:` in the build's output, naming first those located in gravac's own files
 # (include/gravac/, examples/).
+# On demand (a whole Release build: about 6 minutes on 2 cores). CI does not run it; its
+# build compiles the same sources with GRAVAC_WERROR (warnings are errors) instead:
+#   cmake -DSOURCE_DIR=$PWD -DBINARY_DIR=/tmp/demo_build -DGENERATOR=Ninja -DCXX=c++ \
+#         -P tests/examples/demo_build_warnings.cmake
 # cmake -DSOURCE_DIR=<repo> -DBINARY_DIR=<dir> -DGENERATOR=<gen> -DCXX=<compiler>
 #       [-DJOBS=<n>] -P demo_build_warnings.cmake
 # The build directory is kept (configure is then quick), but every run cleans it first: an
