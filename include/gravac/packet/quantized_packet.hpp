@@ -1,7 +1,8 @@
 #pragma once
 //! \file
-//! \brief The quantized segment (packet_kind::quantized) shared by QSGD, TernGrad, EF-sign
-//! and cast16: one encoding byte per segment says which quantizer wrote it.
+//! \brief The quantized segment (packet_kind::quantized) shared by QSGD, TernGrad, EF-sign,
+//! cast16 and the block-scaled formats (MXFP8, MXFP4, NVFP4): one encoding byte per segment
+//! says which quantizer wrote it.
 //!
 //! Every quantized segment has `index_width == 0`, `count == numel` and a payload that
 //! starts with an 8-byte prefix (two 32-bit words whose meaning depends on the encoding),
@@ -13,6 +14,11 @@
 //! low bits | | terngrad | 1, bucket B | ceil(numel/B) float bucket scales (max \|u\|) | numel 2-bit codes: 00 zero, 01
 //! +1, 11 -1 | | sign | float scale (mean \|u\|), 0 | - | numel sign bits, 1 = negative | | fp16 / bf16 | float
 //! multiplier (the rank count N), 0 | - | numel 16-bit values of u / N |
+//!
+//! The block-scaled segments (mxfp8_e4m3, mxfp8_e5m2, mxfp4: blocks of B = 32; nvfp4:
+//! B = 16): the prefix holds B and 0 (MX) or the float per-layer scale t (nvfp4); then
+//! ceil(numel/B) scale bytes, E8M0 (MX) or E4M3 with the sign clear (nvfp4); then the numel
+//! element codes, one byte each (FP8) or two to a byte, the first in the low nibble (FP4).
 //!
 //! W = code_width(s) is the smallest of 2, 4, 8, 16 that holds a sign bit and the level s.
 //! Codes are packed little-endian (see detail/bit_codes.hpp); padding bits are zero.
@@ -30,11 +36,15 @@ namespace gravac {
 
 //! Which quantizer wrote a quantized segment (segment_header::encoding).
 enum class quant_encoding : std::uint8_t {
-  qsgd = 1,      //!< QSGD: stochastic levels of |u| / ||u_bucket||
-  terngrad = 2,  //!< TernGrad: scale * {-1, 0, 1}, stochastic
-  sign = 3,      //!< EF-sign: sign bits and one scale
-  fp16 = 4,      //!< IEEE half precision of u / N
-  bf16 = 5,      //!< bfloat16 of u / N
+  qsgd = 1,        //!< QSGD: stochastic levels of |u| / ||u_bucket||
+  terngrad = 2,    //!< TernGrad: scale * {-1, 0, 1}, stochastic
+  sign = 3,        //!< EF-sign: sign bits and one scale
+  fp16 = 4,        //!< IEEE half precision of u / N
+  bf16 = 5,        //!< bfloat16 of u / N
+  mxfp8_e4m3 = 6,  //!< MXFP8: FP8 E4M3 elements, one E8M0 scale per 32
+  mxfp8_e5m2 = 7,  //!< MXFP8: FP8 E5M2 elements, one E8M0 scale per 32
+  mxfp4 = 8,       //!< MXFP4: FP4 E2M1 elements, one E8M0 scale per 32
+  nvfp4 = 9,       //!< NVFP4: FP4 E2M1 elements, one E4M3 scale per 16 and one float scale per layer
 };
 
 //! Bytes of the prefix every quantized payload starts with.
@@ -70,5 +80,17 @@ constexpr std::size_t sign_payload_bytes(std::size_t numel) noexcept {
 
 //! Payload bytes of a cast16 segment.
 constexpr std::size_t half_payload_bytes(std::size_t numel) noexcept { return quant_prefix_bytes + pad8(numel * 2); }
+
+//! Elements per scale of the MX formats (OCP MX v1.0: k = 32).
+inline constexpr std::size_t mx_block = 32;
+//! Elements per E4M3 scale of NVFP4.
+inline constexpr std::size_t nvfp4_block = 16;
+
+//! Payload bytes of a block-scaled segment of \p numel elements: the prefix, one scale
+//! byte per block of \p block elements, and \p code_bits (8 or 4) per element, each part
+//! padded to 8 bytes.
+constexpr std::size_t block_scaled_payload_bytes(std::size_t numel, std::size_t block, unsigned code_bits) noexcept {
+  return quant_prefix_bytes + pad8(bucket_count(numel, block)) + pad8(detail::code_bytes(numel, code_bits));
+}
 
 }  // namespace gravac
