@@ -228,12 +228,11 @@ inline void write_checkpoint(const std::string& path, const checkpoint_state& s)
 }
 
 //! Trainer \p t's state (this rank's residual, the policy, compressor and collective
-//! state, the step counter, the seed, the layout hash), between steps. Rank-local.
+//! state, the step counter, the seed, the layout hash), between steps. Rank-local. A
+//! device trainer's residual (and a device collective's) is copied to the host, after the
+//! work queued on its compressor's stream.
 template <class Trainer>
 checkpoint_state capture_checkpoint(const Trainer& t) {
-  static_assert(Trainer::memory_space::host_accessible,
-                "gravac::save_checkpoint: device-memory trainers are not supported yet (copy the residual "
-                "to the host first)");
   detail::require_between_steps(t, "save_checkpoint");
   const layout& lay = t.get_layout();
 
@@ -243,8 +242,7 @@ checkpoint_state capture_checkpoint(const Trainer& t) {
   s.seed = t.get_options().seed;
   s.rank = t.communicator().rank();
   s.ranks = t.communicator().size();
-  const auto res = t.residual();
-  s.residual.assign(res.begin(), res.end());
+  t.residual_to_host(s.residual);
   s.layers.reserve(lay.size());
   for (const auto& l : lay.layers())
     s.layers.push_back({l.id, l.numel, std::vector<std::uint64_t>(l.shape.begin(), l.shape.end()), l.offset});
@@ -290,8 +288,6 @@ namespace detail {
 // restore_checkpoint's body: \p read yields the state, \p what names it in errors.
 template <class Trainer, class Read>
 restore_report restore_from(Trainer& t, Read read, const std::string& what, const checkpoint_options& opt) {
-  static_assert(Trainer::memory_space::host_accessible,
-                "gravac::restore_checkpoint: device-memory trainers are not supported yet");
   detail::require_between_steps(t, "restore_checkpoint");
   const layout& lay = t.get_layout();
   const int rank = t.communicator().rank();
@@ -330,8 +326,9 @@ restore_report restore_from(Trainer& t, Read read, const std::string& what, cons
       t.load_step_state(std::span<const std::byte>(s.trainer));
     rep.policy_restored = true;
   }
-  auto res = t.residual();  // the non-const accessor: the trainer knows the residual changed
-  std::fill(res.begin(), res.end(), 0.0f);
+  // The residual is assembled on the host (layers not restored are zero), then replaces
+  // the trainer's in one copy, whatever its memory space.
+  std::vector<float> res(lay.numel(), 0.0f);
   for (const auto& l : lay.layers()) {
     const auto it =
         std::find_if(s.layers.begin(), s.layers.end(), [&](const checkpoint_layer& c) { return c.id == l.id; });
@@ -345,6 +342,7 @@ restore_report restore_from(Trainer& t, Read read, const std::string& what, cons
       ++rep.layers_reset;
     }
   }
+  t.residual_from_host(res);
   t.set_steps(s.steps);
   t.set_seed(s.seed);
   rep.steps = s.steps;

@@ -24,6 +24,7 @@
 #include "gravac/detail/bucket_worker.hpp"
 #include "gravac/detail/composition_checks.hpp"
 #include "gravac/detail/consistency.hpp"
+#include "gravac/detail/host_transfer.hpp"
 #include "gravac/detail/layer_events.hpp"
 #include "gravac/detail/non_finite_guard.hpp"
 #include "gravac/detail/seconds_since.hpp"
@@ -300,6 +301,25 @@ class trainer {
     return {residual_.data(), residual_.size()};
   }
   // clang-format on
+
+  //! Copies the residual into host memory \p out (resized to the layout's element count),
+  //! between steps: in any memory space (on a device, after the queued work of the step
+  //! that wrote it, and waited for). What the checkpoint saves.
+  void residual_to_host(std::vector<float>& out) const {
+    out.resize(residual_.size());
+    if (!out.empty())
+      detail::host_transfer<memory_space>::to_host(buckets_[0].compressor, residual_.data(), out.data(), out.size());
+  }
+  //! Replaces the residual with the host values \p in (the layout's element count), between
+  //! steps, in any memory space: what the checkpoint restores. Throws gravac::error
+  //! (invalid_argument) for another length, before anything changes.
+  void residual_from_host(std::span<const float> in) {
+    require(in.size() == residual_.size(), "trainer::residual_from_host: " + std::to_string(in.size()) +
+                                               " values for a residual of " + std::to_string(residual_.size()));
+    residual_zero_ = false;
+    if (!in.empty())
+      detail::host_transfer<memory_space>::from_host(buckets_[0].compressor, in.data(), residual_.data(), in.size());
+  }
 
   //! Appends the trainer's own state between steps to \p out (checkpoint.hpp): this
   //! rank's times of the last step, which ride in the next step's collective for a policy

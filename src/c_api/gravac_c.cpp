@@ -239,12 +239,6 @@ constexpr bool with_cuda = true;
 constexpr bool with_cuda = false;
 #endif
 
-[[noreturn]] void device_state_unsupported() {
-  fail(GRAVAC_UNSUPPORTED,
-       "a GRAVAC_DEVICE_CUDA trainer's state cannot be saved or loaded yet (gravac's checkpoints hold host-memory "
-       "trainers only)");
-}
-
 [[noreturn]] void no_cuda_path() {
   fail(GRAVAC_UNSUPPORTED,
        "CUDA memory: this build of libgravac_c steps host memory only (it was built without the CUDA path: no "
@@ -735,7 +729,6 @@ gravac_status gravac_trainer_save(const gravac_trainer* trainer, void* out, size
   const auto s = guarded("gravac_trainer_save", [&] {
     need(trainer != nullptr && size != nullptr, "trainer or size is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
-    if (trainer->device == GRAVAC_DEVICE_CUDA) device_state_unsupported();
     const auto bytes = trainer->t->save_state();
     *size = bytes.size();
     if (out == nullptr) return;
@@ -758,7 +751,6 @@ gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, siz
     need(trainer != nullptr, "trainer is NULL");
     need(data != nullptr || size == 0, "data is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
-    if (trainer->device == GRAVAC_DEVICE_CUDA) device_state_unsupported();
     trainer->t->load_state(std::span(static_cast<const std::byte*>(data), size));
   });
 }

@@ -131,6 +131,12 @@ class erased_common : public any_trainer {
   void end_interval(const interval_info& info) override { t_.end_interval(info); }
   [[nodiscard]] const step_params& last_params() const override { return t_.last_params(); }
   [[nodiscard]] std::string policy_state() const override { return state_of(t_.policy()); }
+  [[nodiscard]] std::vector<std::byte> save_state() const override { return save_checkpoint_bytes(t_); }
+  void load_state(std::span<const std::byte> bytes) override { restore_checkpoint_bytes(t_, bytes); }
+  void save_checkpoint(const std::string& path) override { gravac::save_checkpoint(t_, path, {.collective = false}); }
+  void restore_checkpoint(const std::string& path) override {
+    gravac::restore_checkpoint(t_, path, {.collective = false});
+  }
 
  protected:
   trainer_t t_;
@@ -145,12 +151,6 @@ class erased_trainer final : public erased_common<C, K, P> {
       : erased_common<C, K, P>(m, comm, lay, options_of<C>(m)) {}
   const step_report& step(std::span<float> grads) override { return t_.step(grads); }
   void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
-  [[nodiscard]] std::vector<std::byte> save_state() const override { return save_checkpoint_bytes(t_); }
-  void load_state(std::span<const std::byte> bytes) override { restore_checkpoint_bytes(t_, bytes); }
-  void save_checkpoint(const std::string& path) override { gravac::save_checkpoint(t_, path, {.collective = false}); }
-  void restore_checkpoint(const std::string& path) override {
-    gravac::restore_checkpoint(t_, path, {.collective = false});
-  }
 };
 
 // The trainer of compressor C for the collective and policy \p m names; nullptr where the

@@ -19,13 +19,6 @@
 
 namespace gravac::runtime::detail {
 
-inline error not_on_device(const char* what) {
-  return error(status::invalid_argument,
-               std::string(what) +
-                   ": a device trainer's state cannot be saved or restored yet (gravac's checkpoints hold "
-                   "host-memory trainers only)");
-}
-
 template <class C, class K, class P>
 class erased_device_trainer final : public erased_common<C, K, P> {
   using erased_common<C, K, P>::t_;
@@ -36,10 +29,6 @@ class erased_device_trainer final : public erased_common<C, K, P> {
       : erased_common<C, K, P>(m, comm, lay, compressor) {}
   const step_report& step(std::span<float> g) override { return t_.step(grad_view<cuda_space>(g.data(), g.size())); }
   void begin_step(std::span<float> g) override { t_.begin_step(grad_view<cuda_space>(g.data(), g.size())); }
-  [[nodiscard]] std::vector<std::byte> save_state() const override { throw not_on_device("save_state"); }
-  void load_state(std::span<const std::byte>) override { throw not_on_device("load_state"); }
-  void save_checkpoint(const std::string&) override { throw not_on_device("save_checkpoint"); }
-  void restore_checkpoint(const std::string&) override { throw not_on_device("restore_checkpoint"); }
 };
 
 // The device trainer of device compressor D (options \p o, its stream set) for the

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "gravac/checkpoint.hpp"
 #include "gravac/collective/compressed_allreduce.hpp"
 #include "gravac/compress/detail/half.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
@@ -558,7 +559,9 @@ TEST_CASE("compressed_allreduce<sign_cuda> over NCCL: the server residual round-
 namespace {
 
 // Two steps of trainer<D, compressed_allreduce, fixed_policy> over NCCL: the composition
-// compiles, and its step runs the device two stages (or cast16_cuda's 16-bit path).
+// compiles, and its step runs the device two stages (or cast16_cuda's 16-bit path). Then
+// the trainer's checkpoint (its device residual and the collective's server residual,
+// through the host) goes into a new trainer, and both take a third step bit for bit alike.
 template <class D>
 void trainer_steps(const typename D::options& copt) {
   gravac::nccl_communicator comm(world());
@@ -573,6 +576,19 @@ void trainer_steps(const typename D::options& copt) {
     const auto& rep = t.step(gravac::device_view(g));
     REQUIRE(rep.collective == gravac::collective_kind::compressed_allreduce);
   }
+  const auto state = gravac::save_checkpoint_bytes(t);
+  T resumed(comm, lay, opt);
+  const auto report = gravac::restore_checkpoint_bytes(resumed, state);
+  REQUIRE(report.policy_restored);
+  REQUIRE(report.steps == 2);
+  REQUIRE(gravac::save_checkpoint_bytes(resumed) == state);
+  const auto g3 = shard_grad(lay, 2, comm.rank());
+  auto ga = to_device(g3), gb = to_device(g3);
+  t.step(gravac::device_view(ga));
+  resumed.step(gravac::device_view(gb));
+  const auto xa = to_host(ga.data(), ga.size()), xb = to_host(gb.data(), gb.size());
+  REQUIRE(std::memcmp(xa.data(), xb.data(), xa.size() * sizeof(float)) == 0);
+  REQUIRE(gravac::save_checkpoint_bytes(t) == gravac::save_checkpoint_bytes(resumed));
 }
 
 }  // namespace

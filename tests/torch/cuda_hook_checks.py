@@ -119,8 +119,27 @@ def check_staged(rank, device):
         require(torch.equal(pg.grad.cpu(), pc.grad), "the staged average differs from the host's")
 
 
+def check_device_resume(rank, device):
+    """A device trainer's state_dict() mid-run, loaded into a new trainer, ends bit for bit."""
+    method = dict(compressor="topk", collective="allgather", policy="gravac", gravac_warmup=1)
+    straight, resumed = make_model(4, device), make_model(4, device)
+    ts, tr = gt.Trainer(straight, **method), gt.Trainer(resumed, **method)
+    for step in range(STEPS):
+        if step == STEPS // 2:
+            saved = tr.state_dict()
+            tr = gt.Trainer(resumed, **method)
+            tr.load_state_dict(saved)
+        for model, trainer in ((straight, ts), (resumed, tr)):
+            backward(model, step, rank, device)
+            trainer.step()
+        for a, b in zip(straight.parameters(), resumed.parameters()):
+            require(torch.equal(a.grad, b.grad), f"step {step}: the resumed device trainer's average differs")
+    require(tr._engine.on_device, "the resumed trainer does not compress on the device")
+
+
 CHECKS = {"device": check_device, "device_equals_host": check_device_equals_host,
-          "hook_equals_trainer": check_hook_equals_trainer, "staged": check_staged}
+          "hook_equals_trainer": check_hook_equals_trainer, "staged": check_staged,
+          "device_resume": check_device_resume}
 
 
 def worker(rank, world, backend, store, names):

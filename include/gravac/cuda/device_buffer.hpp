@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/cuda/detail/host_transfer_cuda.hpp"
 #include "gravac/cuda/stream.hpp"
 #include "gravac/memory.hpp"
 

@@ -48,8 +48,8 @@ void require_device_accepted(const method_config& m);
 //! stream option set to \p stream (every compressor kernel runs there; pass the stream that
 //! produces the gradients). The returned trainer's step / begin_step take device pointers
 //! (the std::span is a device buffer of lay.numel() floats). Its save_state / load_state /
-//! checkpoints throw gravac::error (invalid_argument): gravac's checkpoints hold host
-//! trainers only. Throws as require_device_accepted for a refused composition.
+//! checkpoints copy the device residual (and a device collective's) through the host, on
+//! \p stream, between steps. Throws as require_device_accepted for a refused composition.
 std::unique_ptr<any_trainer> make_device_trainer(const method_config& m, device_comm comm, const layout& lay,
                                                  stream_ref stream);
 

@@ -57,9 +57,7 @@ struct shard_device_staging<cuda_space> {
   //! stream, where \p to was allocated, and waits: \p from may go when this returns.
   template <class C>
   static void from_host(const C& c, const float* from, float* to, std::size_t n) {
-    if (!n) return;
-    GRAVAC_TRY_CUDA(cudaMemcpyAsync(to, from, n * sizeof(float), cudaMemcpyHostToDevice, c.stream().get()));
-    c.stream().synchronize();
+    host_transfer<cuda_space>::from_host(c, from, to, n);
   }
 };
 
