@@ -16,12 +16,18 @@ target_include_directories(gravac_c PUBLIC
   $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(gravac_c PRIVATE gravac_runtime)
+# Under add_subdirectory it is built only when something links it (building it compiles
+# the whole runtime: minutes).
+if(NOT PROJECT_IS_TOP_LEVEL)
+  set_target_properties(gravac_c PROPERTIES EXCLUDE_FROM_ALL ON)
+endif()
 target_link_options(gravac_c PRIVATE
   "LINKER:--version-script=${CMAKE_CURRENT_SOURCE_DIR}/src/c_api/gravac_c.map"
   "LINKER:--no-undefined")
 # The C library and its SONAME link in lib/; the Python package's copy is one file,
 # gravac/libgravac_c.so.1 (the SONAME, which ctypes loads by path), in the component
 # "python" that only an explicit `cmake --install --component python` installs.
-install(TARGETS gravac_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# (OPTIONAL: under add_subdirectory the library exists only if something built it.)
+install(TARGETS gravac_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} OPTIONAL)
 install(FILES $<TARGET_FILE:gravac_c> DESTINATION gravac RENAME libgravac_c.so.1
         COMPONENT python EXCLUDE_FROM_ALL)

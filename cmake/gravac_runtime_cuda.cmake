@@ -15,12 +15,16 @@ add_library(gravac::runtime_cuda ALIAS gravac_runtime_cuda)
 set_target_properties(gravac_runtime_cuda PROPERTIES EXPORT_NAME runtime_cuda POSITION_INDEPENDENT_CODE ON
                       CUDA_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
 target_link_libraries(gravac_runtime_cuda PUBLIC gravac_runtime gravac_cuda)
-if(NOT PROJECT_IS_TOP_LEVEL)
-  set_target_properties(gravac_runtime_cuda PROPERTIES EXCLUDE_FROM_ALL ON)
-endif()
-list(APPEND _gravac_export_targets gravac_runtime_cuda)
-
 option(GRAVAC_C_CUDA "Give libgravac_c its CUDA path (device trainers over device callbacks) when CUDA is found" ON)
+# Built when something links it: libgravac_c's CUDA path, or a user's target. Without the
+# CUDA path (scripts/test) nothing does, and its nvcc build (minutes) is left out, and
+# not installed.
+if(NOT PROJECT_IS_TOP_LEVEL OR NOT GRAVAC_C_CUDA)
+  set_target_properties(gravac_runtime_cuda PROPERTIES EXCLUDE_FROM_ALL ON)
+else()
+  list(APPEND _gravac_export_targets gravac_runtime_cuda)
+endif()
+
 if(GRAVAC_C_CUDA AND TARGET gravac_c)
   target_sources(gravac_c PRIVATE src/c_api/gravac_c_cuda.cu)
   target_compile_definitions(gravac_c PRIVATE GRAVAC_C_WITH_CUDA)
