@@ -11,7 +11,7 @@ endif()
 # The layers from the bottom up, each "name pattern...": the first pattern a header's path
 # matches gives its layer.
 set(_layers
-  "base ^gravac/(error|layout|memory|step|atomic_file|bucket_plan|non_finite_action)\\.hpp$ ^gravac/detail/(fnv1a|random|isa_dispatch|seconds_since|bucket_states)\\.hpp$"
+  "base ^gravac/(error|layout|memory|step|atomic_file|bucket_plan|non_finite_action)\\.hpp$ ^gravac/detail/(fnv1a|random|isa_dispatch|seconds_since|bucket_states|host_transfer)\\.hpp$"
   "packet ^gravac/packet/"
   "concepts ^gravac/(concepts|composition)\\.hpp$ ^gravac/detail/(non_finite_ops|layer_events)\\.hpp$"
   "stats ^gravac/stats/"
