@@ -67,13 +67,16 @@ echo "fmnist_fault_kill: every rank had ended ${elapsed}s after the kill; exit s
 [ "$rc" -ne 0 ] || fail "the job with a killed rank exited with status 0"
 awk -v e="$elapsed" 'BEGIN { exit !(e < 30) }' || fail "the ranks took ${elapsed}s to end after the kill (more than 30 s)"
 # The launcher's own report (not the example's line above) must name the rank and the signal.
-grep -v -- "--fault-kill-rank" "$work/killed.log" | grep -Eq "rank 2.*(signal 9|Killed)" ||
+# Whole outputs, not `a | grep -q`: under pipefail that fails when grep stops reading early.
+messages=$(grep -v -- "--fault-kill-rank" "$work/killed.log" || true)
+grep -Eq "rank 2.*(signal 9|Killed)" <<< "$messages" ||
   fail "no message names the killed rank 2 and its signal"
 # No process of the job may be left: none whose command line names its checkpoint
 # directory (read from /proc, so that no procps is needed).
 left=()
 for p in /proc/[0-9]*; do
-  if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -e "--checkpoint-dir $ck "; then left+=("${p#/proc/}"); fi
+  cmdline=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null || true)
+  if grep -qF -e "--checkpoint-dir $ck " <<< "$cmdline"; then left+=("${p#/proc/}"); fi
 done
 [ ${#left[@]} -eq 0 ] || fail "processes of the killed job are still running: ${left[*]}"
 [ ! -e "$work/killed.params" ] || fail "the killed job wrote final parameters"
