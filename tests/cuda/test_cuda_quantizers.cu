@@ -147,7 +147,13 @@ struct typed_pair : pair_run<Host, Dev> {
   using pair_run<Host, Dev>::pair_run;
 };
 
-const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3, gravac::test::device_size(1u << 20)};
+#if defined(GRAVAC_CUDA_HOST_DOUBLE)
+// On the host double 2^20 shrinks to 2^16 (device_size), the size before it: it would
+// repeat that size's paths at the cost of half the suite's time.
+const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3};
+#else
+const std::size_t sizes[] = {1, 7, 1000, (1u << 16) + 3, std::size_t{1} << 20};
+#endif
 
 // Adversarial data of n values: \p kind 0 all zero, 1 huge (squares overflow float), 2
 // near the float maximum (sums overflow), 3 subnormal and tiny, 4 NaN and infinities among
