@@ -57,6 +57,7 @@
 #include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/policy/detail/persistent_fields.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
 
 namespace gravac {
@@ -251,19 +252,7 @@ class accordion_policy {
   void save(std::vector<std::byte>& out) const {
     detail::state_writer w(out);
     w.header(state_tag, state_version, fingerprint_);
-    std::vector<std::uint8_t> levels(levels_.size());
-    for (std::size_t i = 0; i < levels.size(); ++i) levels[i] = static_cast<std::uint8_t>(levels_[i]);
-    w.put_vector(levels);
-    w.put_vector(norm_prev_);
-    w.put_vector(ratio_);
-    w.put<std::uint64_t>(steps_);
-    w.put<std::uint64_t>(accumulated_);
-    w.put<std::uint64_t>(intervals_);
-    w.put<std::uint64_t>(decisions_);
-    w.put(learning_rate_);
-    w.put<std::uint8_t>(!request_.empty());
-    w.put<std::uint8_t>(has_prev_);
-    w.put<std::uint8_t>(hold_low_);
+    detail::save_fields<persistent_fields>(w, *this);
   }
   //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
   //! another policy, version, options or layout, or on truncated or inconsistent bytes.
@@ -272,52 +261,8 @@ class accordion_policy {
   void load(std::span<const std::byte> in) {
     detail::state_reader r(in, "accordion_policy");
     r.header(state_tag, state_version, fingerprint_);
-    const std::size_t n = levels_.size();
-    std::vector<std::uint8_t> levels;
-    std::vector<double> prev, ratio;
-    r.get_vector(levels, n);
-    r.get_vector(prev, n);
-    r.get_vector(ratio, n);
-    const auto steps = r.get<std::uint64_t>();
-    const auto accumulated = r.get<std::uint64_t>();
-    const auto intervals = r.get<std::uint64_t>();
-    const auto decisions = r.get<std::uint64_t>();
-    const auto lr = r.get<double>();
-    const auto pending = r.get<std::uint8_t>();
-    const auto has_prev = r.get<std::uint8_t>();
-    const auto hold_low = r.get<std::uint8_t>();
-    r.finish();
-    if (pending > 1 || has_prev > 1 || hold_low > 1) r.fail("corrupt flag");
-    bool any_high = false, all_low = true;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (levels[i] > static_cast<std::uint8_t>(accordion_level::dense)) r.fail("unknown level");
-      const bool dense = levels[i] == static_cast<std::uint8_t>(accordion_level::dense);
-      if (dense != (levels_[i] == accordion_level::dense)) r.fail("a layer's dense flag differs from the layout");
-      any_high |= levels[i] == static_cast<std::uint8_t>(accordion_level::high);
-      all_low &= dense || levels[i] == static_cast<std::uint8_t>(accordion_level::low);
-    }
-    if (negative(prev) || negative(ratio)) r.fail("a negative norm or ratio");
-    if (opt_.interval_steps > 0 && steps >= opt_.interval_steps) r.fail("more steps than an interval holds");
-    if (!std::isfinite(lr) || lr < 0) r.fail("invalid learning rate");
-    if (!has_prev && (any_high || decisions != 0)) r.fail("a decision without statistics");
-    if (hold_low && (!pending || !all_low)) r.fail("a hold after a decay without its decision in flight");
-    if (decisions > intervals) r.fail("more decisions than intervals");
-    for (std::size_t i = 0; i < n; ++i) levels_[i] = static_cast<accordion_level>(levels[i]);
-    norm_prev_ = std::move(prev);
-    ratio_ = std::move(ratio);
+    detail::load_fields<persistent_fields>(r, *this, [&](const state_stage& s) { check_loaded(s, r); });
     std::fill(acc_.begin(), acc_.end(), 0.0f);
-    // Every rank has the request or none (its length shapes the step's collective).
-    if (pending)
-      request_.assign(n, 0.0);
-    else
-      request_.clear();
-    steps_ = steps;
-    accumulated_ = accumulated;
-    intervals_ = intervals;
-    decisions_ = decisions;
-    learning_rate_ = lr;
-    has_prev_ = has_prev != 0;
-    hold_low_ = hold_low != 0;
   }
 
   //! Appends this rank's own state (versioned) to \p out: the accumulators of its gradient
@@ -463,6 +408,52 @@ class accordion_policy {
   double learning_rate_ = 0;
   bool has_prev_ = false;
   bool hold_low_ = false;
+
+  // The decision state a checkpoint holds, in the order of its bytes. Of the request only
+  // whether one is pending is shared (the local norms are save_local()'s).
+  using self = accordion_policy;
+  static std::uint8_t pending_of(const std::vector<double>& request) noexcept { return !request.empty(); }
+  // Every rank has the request or none (its length shapes the step's collective).
+  static void restore_pending(const detail::state_reader& r, std::uint8_t pending, std::vector<double>& request,
+                              const accordion_policy& current) {
+    if (pending > 1) r.fail("corrupt flag");
+    if (pending)
+      request.assign(current.levels_.size(), 0.0);
+    else
+      request.clear();
+  }
+  using persistent_fields =
+      detail::field_list<detail::field<&self::levels_>, detail::field<&self::norm_prev_>, detail::field<&self::ratio_>,
+                         detail::field<&self::steps_>, detail::field<&self::accumulated_>,
+                         detail::field<&self::intervals_>, detail::field<&self::decisions_>,
+                         detail::field<&self::learning_rate_>,
+                         detail::encoded<std::uint8_t, &self::pending_of, &self::restore_pending, &self::request_>,
+                         detail::field<&self::has_prev_>, detail::field<&self::hold_low_>>;
+  using state_stage = detail::field_stage<accordion_policy, persistent_fields>;
+
+  // Refuses a loaded state these options and this layout cannot hold (corrupt bytes).
+  void check_loaded(const state_stage& s, const detail::state_reader& r) const {
+    const auto& levels = s.get<&self::levels_>();
+    const bool pending = !s.get<&self::request_>().empty(), has_prev = s.get<&self::has_prev_>();
+    const auto decisions = s.get<&self::decisions_>();
+    bool any_high = false, all_low = true;
+    for (std::size_t i = 0; i < levels.size(); ++i) {
+      if (levels[i] > accordion_level::dense) r.fail("unknown level");
+      const bool dense = levels[i] == accordion_level::dense;
+      if (dense != (levels_[i] == accordion_level::dense)) r.fail("a layer's dense flag differs from the layout");
+      any_high |= levels[i] == accordion_level::high;
+      all_low &= dense || levels[i] == accordion_level::low;
+    }
+    if (negative(s.get<&self::norm_prev_>()) || negative(s.get<&self::ratio_>())) r.fail("a negative norm or ratio");
+    if (opt_.interval_steps > 0 && s.get<&self::steps_>() >= opt_.interval_steps)
+      r.fail("more steps than an interval holds");
+    const double lr = s.get<&self::learning_rate_>();
+    if (!std::isfinite(lr) || lr < 0) r.fail("invalid learning rate");
+    if (!has_prev && (any_high || decisions != 0)) r.fail("a decision without statistics");
+    if (s.get<&self::hold_low_>() && (!pending || !all_low))
+      r.fail("a hold after a decay without its decision in flight");
+    if (decisions > s.get<&self::intervals_>()) r.fail("more decisions than intervals");
+  }
 };
 static_assert(Policy<accordion_policy>);
 

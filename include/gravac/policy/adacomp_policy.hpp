@@ -27,6 +27,7 @@
 #include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/policy/detail/persistent_fields.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
 
 namespace gravac {
@@ -123,33 +124,18 @@ class adacomp_policy {
   //! Nothing happens at interval ends.
   void on_interval(const interval_info&) noexcept {}
 
-  //! Appends the full state (versioned) to \p out.
+  //! Appends the full state (versioned) to \p out: the fields of persistent_fields, in order.
   void save(std::vector<std::byte>& out) const {
     detail::state_writer w(out);
     w.header(state_tag, state_version, fingerprint_);
-    w.put_vector(last_);
-    w.put_vector(sum_);
-    w.put(last_model_);
-    w.put(sum_model_);
-    w.put<std::uint64_t>(observed_);
+    detail::save_fields<persistent_fields>(w, *this);
   }
   //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
   //! another policy, version, options or layout, or on truncated bytes.
   void load(std::span<const std::byte> in) {
     detail::state_reader r(in, "adacomp_policy");
     r.header(state_tag, state_version, fingerprint_);
-    std::vector<double> last, sum;
-    r.get_vector(last, last_.size());
-    r.get_vector(sum, sum_.size());
-    const auto last_model = r.get<double>();
-    const auto sum_model = r.get<double>();
-    const auto observed = r.get<std::uint64_t>();
-    r.finish();
-    last_ = std::move(last);
-    sum_ = std::move(sum);
-    last_model_ = last_model;
-    sum_model_ = sum_model;
-    observed_ = observed;
+    detail::load_fields<persistent_fields>(r, *this, [](const auto&) {});  // any values are valid
   }
 
   //! L_T of layer \p i.
@@ -212,6 +198,12 @@ class adacomp_policy {
   double last_model_ = 0;
   double sum_model_ = 0;
   std::uint64_t observed_ = 0;
+
+  // What a checkpoint holds, in the order of its bytes (the vectors hold one value per layer).
+  using persistent_fields =
+      detail::field_list<detail::field<&adacomp_policy::last_>, detail::field<&adacomp_policy::sum_>,
+                         detail::field<&adacomp_policy::last_model_>, detail::field<&adacomp_policy::sum_model_>,
+                         detail::field<&adacomp_policy::observed_>>;
 };
 static_assert(Policy<adacomp_policy>);
 

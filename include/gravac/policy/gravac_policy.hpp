@@ -55,7 +55,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
 #include <span>
 #include <string>
@@ -66,6 +65,7 @@
 #include "gravac/composition.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
+#include "gravac/policy/detail/persistent_fields.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
 #include "gravac/policy/detail/step_time_sums.hpp"
 #include "gravac/policy/time_source.hpp"
@@ -296,152 +296,18 @@ class gravac_policy {
     }
   }
 
-  //! Appends the full state (versioned) to \p out.
+  //! Appends the full state (versioned) to \p out: the fields of persistent_fields, in order.
   void save(std::vector<std::byte>& out) const {
     detail::state_writer w(out);
     w.header(state_tag, state_version, fingerprint_);
-    w.put(static_cast<std::uint8_t>(phase_));
-    w.put<std::uint64_t>(observed_);
-    w.put<std::uint64_t>(interval_steps_);
-    w.put<std::uint64_t>(candidate_);
-    for (const ewma* e : {&gain_c_, &gain_min_, &gain_next_}) {
-      w.put(e->value);
-      w.put<std::uint8_t>(e->ready);
-    }
-    w.put<std::uint64_t>(period_.steps);
-    w.put(period_.seconds);
-    w.put(period_.gain_sum);
-    w.put<std::uint64_t>(period_.gain_count);
-    w.put<std::uint64_t>(period_.sent_at_c);
-    w.put_vector(ct_);
-    w.put<std::uint64_t>(planned_candidate_);
-    w.put(planned_cf_);
-    w.put<std::uint8_t>(planned_next_);
-    w.put<std::uint64_t>(previous_.candidate);
-    w.put(previous_.cf);
-    w.put(previous_.gain);
-    w.put<std::uint8_t>(static_cast<std::uint8_t>(previous_.has_gain | previous_.searching << 1 | previous_.valid << 2 |
-                                                  close_pending_ << 3));
-    w.put(previous_modeled_s_);
-    w.put(close_samples_per_step_);
-    w.put(period_.comm_seconds);
-    w.put(static_cast<std::uint8_t>(planned_measure_));
-    w.put(static_cast<std::uint8_t>(previous_.what));
-    w.put(static_cast<std::uint8_t>(recheck_));
-    w.put<std::uint8_t>(static_cast<std::uint8_t>(kept_dense_ | dominance_pending_ << 1));
-    w.put<std::uint64_t>(probe_left_);
-    w.put<std::uint64_t>(kept_left_);
-    for (const auto* t : {&dense_, &warm_, &recheck_sums_, &kept_fresh_}) t->save(w);
-    w.put(kept_comm_.value);
-    w.put<std::uint8_t>(kept_comm_.ready);
-    w.put<std::uint64_t>(kept_steps_);
-    w.put(kept_ref_comm_);
-    w.put(ct_dense_);
-    w.put<std::uint64_t>(rechecks_);
-    w.put<std::uint64_t>(switches_);
+    detail::save_fields<persistent_fields>(w, *this);
   }
   //! Restores what save() wrote; throws gravac::error (and changes nothing) on bytes from
   //! another policy, version, options or layout, or on truncated or corrupt bytes.
   void load(std::span<const std::byte> in) {
     detail::state_reader r(in, "gravac_policy");
     r.header(state_tag, state_version, fingerprint_);
-    const auto phase = r.get<std::uint8_t>();
-    const auto observed = r.get<std::uint64_t>();
-    const auto interval_steps = r.get<std::uint64_t>();
-    const auto candidate = r.get<std::uint64_t>();
-    ewma gain_c, gain_min, gain_next;
-    for (ewma* e : {&gain_c, &gain_min, &gain_next}) {
-      e->value = r.get<double>();
-      e->ready = r.get<std::uint8_t>() != 0;
-    }
-    period_sums period;
-    period.steps = r.get<std::uint64_t>();
-    period.seconds = r.get<double>();
-    period.gain_sum = r.get<double>();
-    period.gain_count = r.get<std::uint64_t>();
-    period.sent_at_c = r.get<std::uint64_t>();
-    std::vector<double> ct;
-    r.get_vector(ct, candidates_.size());
-    const auto planned_candidate = r.get<std::uint64_t>();
-    const auto planned_cf = r.get<double>();
-    const auto planned_next = r.get<std::uint8_t>();
-    step_record previous;
-    previous.candidate = static_cast<std::size_t>(r.get<std::uint64_t>());
-    previous.cf = r.get<double>();
-    previous.gain = r.get<double>();
-    const auto flags = r.get<std::uint8_t>();
-    const auto previous_modeled = r.get<double>();
-    const auto close_samples = r.get<double>();
-    period.comm_seconds = r.get<double>();
-    const auto planned_measure = r.get<std::uint8_t>();
-    const auto previous_measure = r.get<std::uint8_t>();
-    const auto recheck = r.get<std::uint8_t>();
-    const auto dense_flags = r.get<std::uint8_t>();
-    const auto probe_left = r.get<std::uint64_t>();
-    const auto kept_left = r.get<std::uint64_t>();
-    const auto dense = detail::step_time_sums::load(r);
-    const auto warm = detail::step_time_sums::load(r);
-    const auto recheck_sums = detail::step_time_sums::load(r);
-    const auto kept_fresh = detail::step_time_sums::load(r);
-    ewma kept_comm;
-    kept_comm.value = r.get<double>();
-    kept_comm.ready = r.get<std::uint8_t>() != 0;
-    const auto kept_steps = r.get<std::uint64_t>();
-    const auto kept_ref_comm = r.get<double>();
-    const auto ct_dense = r.get<double>();
-    const auto rechecks = r.get<std::uint64_t>();
-    const auto switches = r.get<std::uint64_t>();
-    r.finish();
-    if (planned_measure > static_cast<std::uint8_t>(measure::kept_fresh) ||
-        previous_measure > static_cast<std::uint8_t>(measure::kept_fresh))
-      r.fail("unknown measurement");
-    if (recheck > static_cast<std::uint8_t>(recheck_kind::compressed)) r.fail("unknown re-check");
-    if (dense_flags > 3) r.fail("unknown dense flags");
-    if (probe_left > opt_.dense_probe_steps || kept_left > opt_.dense_probe_steps) r.fail("probe steps out of range");
-    if (planned_candidate >= candidates_.size() || previous.candidate >= candidates_.size())
-      r.fail("planned candidate index out of range");
-    if (flags > 15) r.fail("unknown flags");
-    previous.has_gain = flags & 1;
-    previous.searching = (flags >> 1) & 1;
-    previous.valid = (flags >> 2) & 1;
-    if (phase > static_cast<std::uint8_t>(gravac_phase::dense_probe)) r.fail("unknown phase");
-    if (!opt_.dense_candidate && (phase == static_cast<std::uint8_t>(gravac_phase::dense_probe) || dense_flags != 0 ||
-                                  recheck != 0 || probe_left != 0 || kept_left != 0))
-      r.fail("dense choice state without options::dense_candidate");
-    if (candidate >= candidates_.size()) r.fail("candidate index out of range");
-    phase_ = static_cast<gravac_phase>(phase);
-    observed_ = observed;
-    interval_steps_ = interval_steps;
-    candidate_ = static_cast<std::size_t>(candidate);
-    gain_c_ = gain_c;
-    gain_min_ = gain_min;
-    gain_next_ = gain_next;
-    period_ = period;
-    ct_ = std::move(ct);
-    planned_candidate_ = static_cast<std::size_t>(planned_candidate);
-    planned_cf_ = planned_cf;
-    planned_next_ = planned_next != 0;
-    previous_ = previous;
-    close_pending_ = (flags >> 3) & 1;
-    previous_modeled_s_ = previous_modeled;
-    close_samples_per_step_ = close_samples;
-    planned_measure_ = static_cast<measure>(planned_measure);
-    previous_.what = static_cast<measure>(previous_measure);
-    recheck_ = static_cast<recheck_kind>(recheck);
-    kept_dense_ = dense_flags & 1;
-    dominance_pending_ = (dense_flags >> 1) & 1;
-    probe_left_ = probe_left;
-    dense_ = dense;
-    warm_ = warm;
-    recheck_sums_ = recheck_sums;
-    kept_left_ = kept_left;
-    kept_fresh_ = kept_fresh;
-    kept_comm_ = kept_comm;
-    kept_steps_ = kept_steps;
-    kept_ref_comm_ = kept_ref_comm;
-    ct_dense_ = ct_dense;
-    rechecks_ = rechecks;
-    switches_ = switches;
+    detail::load_fields<persistent_fields>(r, *this, [&](const state_stage& s) { check_loaded(s, r); });
   }
 
   //! The compression factor the next step will use (1 = dense).
@@ -499,6 +365,7 @@ class gravac_policy {
       ready = true;
     }
     [[nodiscard]] double get() const noexcept { return ready ? value : std::numeric_limits<double>::quiet_NaN(); }
+    using persistent_fields = detail::field_list<detail::field<&ewma::value>, detail::field<&ewma::ready>>;
   };
   // What the evaluation period in progress has accumulated.
   struct period_sums {
@@ -774,6 +641,54 @@ class gravac_policy {
   double ct_dense_ = std::numeric_limits<double>::quiet_NaN();  // dense's CT at the last comparison
   std::uint64_t rechecks_ = 0;
   std::uint64_t switches_ = 0;
+
+  // The decision state a checkpoint holds, in the order of its bytes (state_version 3). The
+  // order is the history of the format (fields were appended as versions grew): keep it.
+  using self = gravac_policy;
+  template <auto... Path>
+  using field = detail::field<Path...>;
+  template <auto... Path>
+  using at = detail::path<Path...>;
+  using persistent_fields = detail::field_list<
+      field<&self::phase_>, field<&self::observed_>, field<&self::interval_steps_>, field<&self::candidate_>,
+      field<&self::gain_c_>, field<&self::gain_min_>, field<&self::gain_next_>,  //
+      field<&self::period_, &period_sums::steps>, field<&self::period_, &period_sums::seconds>,
+      field<&self::period_, &period_sums::gain_sum>, field<&self::period_, &period_sums::gain_count>,
+      field<&self::period_, &period_sums::sent_at_c>,  //
+      field<&self::ct_>, field<&self::planned_candidate_>, field<&self::planned_cf_>, field<&self::planned_next_>,
+      field<&self::previous_, &step_record::candidate>, field<&self::previous_, &step_record::cf>,
+      field<&self::previous_, &step_record::gain>,
+      detail::packed_flags<std::uint8_t, at<&self::previous_, &step_record::has_gain>,
+                           at<&self::previous_, &step_record::searching>, at<&self::previous_, &step_record::valid>,
+                           at<&self::close_pending_>>,
+      field<&self::previous_modeled_s_>, field<&self::close_samples_per_step_>,
+      field<&self::period_, &period_sums::comm_seconds>,
+      // options::dense_candidate (version 3)
+      field<&self::planned_measure_>, field<&self::previous_, &step_record::what>, field<&self::recheck_>,
+      detail::packed_flags<std::uint8_t, at<&self::kept_dense_>, at<&self::dominance_pending_>>,
+      field<&self::probe_left_>, field<&self::kept_left_>, field<&self::dense_>, field<&self::warm_>,
+      field<&self::recheck_sums_>, field<&self::kept_fresh_>, field<&self::kept_comm_>, field<&self::kept_steps_>,
+      field<&self::kept_ref_comm_>, field<&self::ct_dense_>, field<&self::rechecks_>, field<&self::switches_>>;
+  using state_stage = detail::field_stage<gravac_policy, persistent_fields>;
+
+  // Refuses a loaded state that these options and this layout cannot hold (corrupt bytes).
+  void check_loaded(const state_stage& s, const detail::state_reader& r) const {
+    constexpr auto last_measure = measure::kept_fresh;
+    const auto& prev = s.get<&self::previous_>();
+    if (s.get<&self::planned_measure_>() > last_measure || prev.what > last_measure) r.fail("unknown measurement");
+    if (s.get<&self::recheck_>() > recheck_kind::compressed) r.fail("unknown re-check");
+    const auto probe_left = s.get<&self::probe_left_>(), kept_left = s.get<&self::kept_left_>();
+    if (probe_left > opt_.dense_probe_steps || kept_left > opt_.dense_probe_steps) r.fail("probe steps out of range");
+    if (s.get<&self::planned_candidate_>() >= candidates_.size() || prev.candidate >= candidates_.size())
+      r.fail("planned candidate index out of range");
+    const auto phase = s.get<&self::phase_>();
+    if (phase > gravac_phase::dense_probe) r.fail("unknown phase");
+    if (!opt_.dense_candidate &&
+        (phase == gravac_phase::dense_probe || s.get<&self::kept_dense_>() || s.get<&self::dominance_pending_>() ||
+         s.get<&self::recheck_>() != recheck_kind::none || probe_left != 0 || kept_left != 0))
+      r.fail("dense choice state without options::dense_candidate");
+    if (s.get<&self::candidate_>() >= candidates_.size()) r.fail("candidate index out of range");
+  }
 };
 static_assert(Policy<gravac_policy>);
 

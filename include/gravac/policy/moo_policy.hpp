@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +37,8 @@
 #include "gravac/network/network_estimate.hpp"
 #include "gravac/network/network_profile.hpp"
 #include "gravac/network/network_source.hpp"
+#include "gravac/policy/detail/persistent_fields.hpp"
+#include "gravac/policy/detail/policy_state.hpp"
 #include "gravac/policy/moo_choice.hpp"
 
 namespace gravac {
@@ -138,45 +139,18 @@ class moo_policy {
     interval_start_step_ = info.step;
   }
 
-  //! Serialises the state (decision, smoothed gains, warm-up progress, network reference).
+  //! Serialises the state (decision, smoothed gains, warm-up progress, network reference)
+  //! into \p out, replacing what it held: the fields of persistent_fields, in order.
   void save(std::vector<std::byte>& out) const {
     out.clear();
-    put(out, magic);
-    put(out, static_cast<std::uint64_t>(smoothed_.size()));
-    put(out, static_cast<std::uint64_t>(decided_) | static_cast<std::uint64_t>(has_gain_) << 1);
-    put(out, chosen_);
-    put(out, steps_seen_);
-    put(out, intervals_);
-    put(out, interval_start_step_);
-    put(out, ref_net_.alpha);
-    put(out, ref_net_.beta);
-    put(out, decisions_);
-    for (std::size_t c = 0; c < smoothed_.size(); ++c) {
-      put(out, smoothed_[c]);
-      put(out, reference_[c]);
-    }
+    detail::state_writer w(out);
+    detail::save_fields<persistent_fields>(w, *this);
   }
-  //! Restores a state written by save; throws gravac::error on a size or format mismatch.
+  //! Restores a state written by save; throws gravac::error (and changes nothing) on a
+  //! candidate count or format mismatch, or on truncated bytes.
   void load(std::span<const std::byte> in) {
-    const std::size_t n = smoothed_.size();
-    require(in.size() == (10 + 2 * n) * 8, "moo_policy::load: state size does not match these options");
-    std::size_t at = 0;
-    require(get<std::uint64_t>(in, at) == magic, "moo_policy::load: not a moo_policy state");
-    require(get<std::uint64_t>(in, at) == n, "moo_policy::load: candidate count differs");
-    const auto flags = get<std::uint64_t>(in, at);
-    decided_ = flags & 1;
-    has_gain_ = (flags >> 1) & 1;
-    chosen_ = get<double>(in, at);
-    steps_seen_ = get<std::uint64_t>(in, at);
-    intervals_ = get<std::uint64_t>(in, at);
-    interval_start_step_ = get<std::uint64_t>(in, at);
-    ref_net_.alpha = get<double>(in, at);
-    ref_net_.beta = get<double>(in, at);
-    decisions_ = get<std::uint64_t>(in, at);
-    for (std::size_t c = 0; c < n; ++c) {
-      smoothed_[c] = get<double>(in, at);
-      reference_[c] = get<double>(in, at);
-    }
+    detail::state_reader r(in, "moo_policy");
+    detail::load_fields<persistent_fields>(r, *this, [](const auto&) {});  // any values are valid
   }
 
   //! The kept fraction of step \p step (warm-up value until the first decision).
@@ -291,20 +265,6 @@ class moo_policy {
     ++decisions_;
   }
 
-  template <class T>
-  static void put(std::vector<std::byte>& out, T v) {
-    const auto at = out.size();
-    out.resize(at + sizeof v);
-    std::memcpy(out.data() + at, &v, sizeof v);
-  }
-  template <class T>
-  static T get(std::span<const std::byte> in, std::size_t& at) {
-    T v;
-    std::memcpy(&v, in.data() + at, sizeof v);
-    at += sizeof v;
-    return v;
-  }
-
   layout layout_;
   options options_;
   moo_chooser chooser_;
@@ -326,6 +286,23 @@ class moo_policy {
   std::uint64_t decisions_ = 0;
   cost_terms pending_terms_{};  // measured source: the last step's cost terms, until its time arrives
   bool has_pending_ = false;
+
+  // What a checkpoint holds, in the order of its bytes (a format of its own: 64-bit words, no
+  // policy_state header). The candidate count must match these options.
+  using self = moo_policy;
+  static std::uint64_t count_of(const std::vector<double>& smoothed) noexcept { return smoothed.size(); }
+  static void check_count(const detail::state_reader& r, std::uint64_t n, const std::vector<double>&,
+                          const moo_policy& current) {
+    if (n != current.smoothed_.size()) r.fail("candidate count differs");
+  }
+  using persistent_fields = detail::field_list<
+      detail::constant<std::uint64_t, magic>,
+      detail::encoded<std::uint64_t, &self::count_of, &self::check_count, &self::smoothed_>,
+      detail::packed_flags<std::uint64_t, detail::path<&self::decided_>, detail::path<&self::has_gain_>>,
+      detail::field<&self::chosen_>, detail::field<&self::steps_seen_>, detail::field<&self::intervals_>,
+      detail::field<&self::interval_start_step_>, detail::field<&self::ref_net_, &network_params::alpha>,
+      detail::field<&self::ref_net_, &network_params::beta>, detail::field<&self::decisions_>,
+      detail::interleaved<detail::path<&self::smoothed_>, detail::path<&self::reference_>>>;
 };
 static_assert(Policy<moo_policy>);
 

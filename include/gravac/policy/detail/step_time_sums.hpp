@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gravac/policy/detail/persistent_fields.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
 
 namespace gravac::detail {
@@ -42,27 +43,14 @@ struct step_time_sums {
   //! Mean gain per step.
   [[nodiscard]] double mean_gain() const noexcept { return timed ? gain_sum / static_cast<double>(timed) : 0.0; }
 
-  //! Appends the sums to \p w.
-  void save(state_writer& w) const {
-    w.put<std::uint64_t>(expected);
-    w.put<std::uint64_t>(accounted);
-    w.put<std::uint64_t>(timed);
-    w.put(seconds);
-    w.put(comm_seconds);
-    w.put(gain_sum);
+  //! Refuses sums whose counts are out of order (corrupt bytes); runs after a load.
+  void check_loaded(const state_reader& r) const {
+    if (accounted > expected || timed > accounted) r.fail("step time sums out of order");
   }
-  //! Reads what save() wrote.
-  static step_time_sums load(state_reader& r) {
-    step_time_sums s;
-    s.expected = r.get<std::uint64_t>();
-    s.accounted = r.get<std::uint64_t>();
-    s.timed = r.get<std::uint64_t>();
-    s.seconds = r.get<double>();
-    s.comm_seconds = r.get<double>();
-    s.gain_sum = r.get<double>();
-    if (s.accounted > s.expected || s.timed > s.accounted) r.fail("step time sums out of order");
-    return s;
-  }
+  //! What a checkpoint holds, in this order.
+  using persistent_fields = field_list<field<&step_time_sums::expected>, field<&step_time_sums::accounted>,
+                                       field<&step_time_sums::timed>, field<&step_time_sums::seconds>,
+                                       field<&step_time_sums::comm_seconds>, field<&step_time_sums::gain_sum>>;
 };
 
 //! Progress per second of a choice, per sample of the batch: its gain over its seconds per
