@@ -4,33 +4,8 @@
 //! the layers' stable ids), the policy's state, the step counter and the shared seed, in
 //! a versioned file with a checksum, written atomically.
 //!
-//! A checkpoint is per rank (each rank owns its residual). The file is
-//!
-//! | field | bytes |
-//! |---|---|
-//! | magic "GRVCKPT\0" | 8 |
-//! | format version, header bytes (u32 each) | 8 |
-//! | payload bytes (u64) | 8 |
-//! | FNV-1a 64 checksum of the payload (u64) | 8 |
-//! | payload | payload bytes |
-//!
-//! and the payload holds the layout hash, step counter, seed, rank and rank count, one
-//! record per layer (stable id, numel, shape), the residual of every layer, and the
-//! state blobs of the policy, the compressor and the collective (the last two only when
-//! they have `save`/`load` members), and the policy's rank-local state (only when it has
-//! `save_local`/`load_local`: e.g. an accumulator of this rank's gradients), and the
-//! trainer's own step state (version 3: the last step's times, which ride in the next
-//! step's collective, so a resumed run sends what an uninterrupted one sends; a version 2
-//! file is read without it). The policy
-//! blob is the decision state every rank shares (compared across ranks on save and
-//! restore); the local blob is this rank's own, like its residual. Every field is 8-byte aligned and bounds-checked on
-//! reading: a truncated, corrupted or foreign file is rejected with a clear error before
-//! anything in the trainer changes.
-//!
-//! Save and restore are collective by default: every rank of the trainer's communicator
-//! calls them, and if any rank fails (unreadable file, bad checksum, other layout, ranks
-//! at different steps) every rank throws the same error naming the failing ranks instead
-//! of some ranks going on and the others hanging.
+//! Save and restore are collective by default, so a rank that fails makes every rank throw
+//! instead of a hang; the file's layout: docs/guarantees.md, "The checkpoint file".
 
 #include <algorithm>
 #include <cmath>

@@ -19,6 +19,117 @@
 
 namespace gravac {
 
+//! The requirements of the Compressor, Collective and Policy concepts, one concept each, so
+//! that the trainer's checks (detail/composition_checks.hpp) name the one that failed.
+namespace detail {
+
+//! Opts in to Compressor.
+template <class C>
+concept compressor_opts_in = requires {
+  typename C::compressor_tag;
+};
+//! The memory space the compressor's gradients live in.
+template <class C>
+concept compressor_has_memory_space = requires {
+  typename C::memory_space;
+};
+//! The compressor's options struct.
+template <class C>
+concept compressor_has_options = requires {
+  typename C::options;
+};
+//! `C(const layout&, const C::options&)`.
+template <class C>
+concept compressor_constructible = std::constructible_from<C, const layout&, const typename C::options&>;
+//! `static constexpr bool summable_by_index`.
+template <class C>
+concept compressor_has_summable_by_index = requires {
+  { C::summable_by_index } -> std::convertible_to<bool>;
+};
+//! `std::size_t max_packet_bytes() const`.
+template <class C>
+concept compressor_has_max_packet_bytes = requires(const C& c) {
+  { c.max_packet_bytes() } -> std::same_as<std::size_t>;
+};
+//! `std::size_t compress(grad_view g, grad_view e, const step_params&, std::span<std::byte>, compress_stats&)`.
+template <class C>
+concept compressor_has_compress = requires(C& c, grad_view<typename C::memory_space> v, const step_params& p,
+                                           std::span<std::byte> out, compress_stats& st) {
+  { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
+};
+//! `validation validate(std::span<const std::byte>) const`.
+template <class C>
+concept compressor_has_validate = requires(const C& c, std::span<const std::byte> in) {
+  { c.validate(in) } -> std::same_as<validation>;
+};
+//! `decompress_add(std::span<const std::byte>, grad_view, float scale)`.
+template <class C>
+concept compressor_has_decompress_add = requires(C& c, std::span<const std::byte> in,
+                                                 grad_view<typename C::memory_space> v, float scale) {
+  c.decompress_add(in, v, scale);
+};
+
+//! Opts in to Collective.
+template <class K>
+concept collective_opts_in = requires {
+  typename K::collective_tag;
+};
+//! The collective's options struct.
+template <class K>
+concept collective_has_options = requires {
+  typename K::options;
+};
+
+//! Opts in to Policy.
+template <class P>
+concept policy_opts_in = requires {
+  typename P::policy_tag;
+};
+//! The policy's options struct.
+template <class P>
+concept policy_has_options = requires {
+  typename P::options;
+};
+//! `P(const layout&, const P::options&)`.
+template <class P>
+concept policy_constructible = std::constructible_from<P, const layout&, const typename P::options&>;
+//! `static constexpr bool needs_statistics`.
+template <class P>
+concept policy_has_needs_statistics = requires {
+  { P::needs_statistics } -> std::convertible_to<bool>;
+};
+//! `plan(step_params&)`.
+template <class P>
+concept policy_has_plan = requires(P& p, step_params& sp) {
+  p.plan(sp);
+};
+//! `observe(const step_report&)`.
+template <class P>
+concept policy_has_observe = requires(P& p, const step_report& r) {
+  p.observe(r);
+};
+//! `on_interval(const interval_info&)`.
+template <class P>
+concept policy_has_on_interval = requires(P& p, const interval_info& iv) {
+  p.on_interval(iv);
+};
+//! `save(std::vector<std::byte>&) const`.
+template <class P>
+concept policy_has_save = requires(const P& p, std::vector<std::byte>& out) {
+  p.save(out);
+};
+//! `load(std::span<const std::byte>)`.
+template <class P>
+concept policy_has_load = requires(P& p, std::span<const std::byte> in) {
+  p.load(in);
+};
+
+//! Communicator \p M carries data of the memory space of compressor \p C.
+template <class M, class C>
+concept same_memory_space = std::same_as<typename M::memory_space, typename C::memory_space>;
+
+}  // namespace detail
+
 //! A transport engine: ranks, reductions, variable-length allgather, broadcast, barrier.
 //!
 //! Float spans live in `memory_space`; double spans (statistics) are always host memory.
@@ -66,28 +177,16 @@ concept AlltoallCommunicator = Communicator<M> &&
 //! - `summable_by_index` says whether values at shared indices can be summed across
 //!   ranks (top-k, threshold, random-k), which allreduce_compatible needs.
 template <class C>
-concept Compressor = requires {
-  typename C::compressor_tag;
-  typename C::memory_space;
-  typename C::options;
-}
-&&std::constructible_from<C, const layout&, const typename C::options&>&& requires(
-    C& c, const C& cc, grad_view<typename C::memory_space> v, const step_params& p, std::span<std::byte> out,
-    std::span<const std::byte> in, compress_stats& st, float scale) {
-  { C::summable_by_index } -> std::convertible_to<bool>;
-  { cc.max_packet_bytes() } -> std::same_as<std::size_t>;
-  { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
-  { cc.validate(in) } -> std::same_as<validation>;
-  c.decompress_add(in, v, scale);
-};
+concept Compressor =
+    detail::compressor_opts_in<C> && detail::compressor_has_memory_space<C> && detail::compressor_has_options<C> &&
+    detail::compressor_constructible<C> && detail::compressor_has_summable_by_index<C> &&
+    detail::compressor_has_max_packet_bytes<C> && detail::compressor_has_compress<C> &&
+    detail::compressor_has_validate<C> && detail::compressor_has_decompress_add<C>;
 
 //! How compressed gradients from all ranks become one averaged gradient.
 //! `K::accepts<C>` says which compressors it can aggregate.
 template <class K>
-concept Collective = requires {
-  typename K::collective_tag;
-  typename K::options;
-};
+concept Collective = detail::collective_opts_in<K> && detail::collective_has_options<K>;
 
 //! Reads step statistics and decides the next step's parameters, identically on every rank.
 //!
@@ -102,30 +201,20 @@ concept Collective = requires {
 //!   be the same on every rank (checkpoints compare it).
 //!
 //! Optional members, found by the trainer with `requires`:
-//! - `accumulate(std::span<const float> local_grad)`: this rank's gradient, every step,
-//!   before aggregation (host memory), e.g. Accordion's summed gradient.
+//! - `accumulate(std::span<const float> local_grad, std::size_t first_layer, std::size_t
+//!   last_layer)`: this rank's whole flat gradient (host memory, layout order), once per
+//!   bucket before its aggregation, of which the layers [first_layer, last_layer) are the
+//!   bucket's, e.g. Accordion's summed gradient. A policy with only the one-argument form
+//!   is refused at compile time; on device memory the trainer does not call it.
 //! - `agreement_request()` -> `std::span<const double>` and `agreed(std::span<const double>
 //!   sums)`: values this rank contributes, summed over the ranks in the step's own
 //!   collective and handed back after it (before observe), e.g. norms at a decision.
 //! - `save_local(bytes)` / `load_local(bytes)`: rank-local state (not compared across
 //!   ranks), stored in each rank's checkpoint beside its residual.
 template <class P>
-concept Policy = requires {
-  typename P::policy_tag;
-  typename P::options;
-}
-&&std::constructible_from<P, const layout&, const typename P::options&>&& requires(P& p, const P& cp, step_params& sp,
-                                                                                   const step_report& r,
-                                                                                   const interval_info& iv,
-                                                                                   std::vector<std::byte>& out,
-                                                                                   std::span<const std::byte> in) {
-  { P::needs_statistics } -> std::convertible_to<bool>;
-  p.plan(sp);
-  p.observe(r);
-  p.on_interval(iv);
-  cp.save(out);
-  p.load(in);
-};
+concept Policy = detail::policy_opts_in<P> && detail::policy_has_options<P> && detail::policy_constructible<P> &&
+    detail::policy_has_needs_statistics<P> && detail::policy_has_plan<P> && detail::policy_has_observe<P> &&
+    detail::policy_has_on_interval<P> && detail::policy_has_save<P> && detail::policy_has_load<P>;
 
 //! Compressor \p C and collective \p K can be composed.
 template <class K, class C>
@@ -133,8 +222,7 @@ concept CollectiveAccepts = Collective<K> && Compressor<C> && K::template accept
 
 //! Communicator \p M carries data of compressor \p C's memory space.
 template <class M, class C>
-concept CommunicatorFor =
-    Communicator<M> && Compressor<C> && std::same_as<typename M::memory_space, typename C::memory_space>;
+concept CommunicatorFor = Communicator<M> && Compressor<C> && detail::same_memory_space<M, C>;
 
 //! Compressors whose packets can be summed elementwise once indices are shared.
 template <class C>

@@ -161,7 +161,7 @@ struct step_report {
   std::size_t dense_bytes = 0;  //!< bytes a dense fp32 Allreduce would have sent
   //! Bytes this rank sent on the wire by the algorithm of the collective used (a ring
   //! Allreduce's 2(N-1)/N of the buffer, an Allgather's forwarding of the N-1 other
-  //! packets, an all-to-all's blocks to the others; the rules of simulated_communicator.hpp).
+  //! packets, an all-to-all's blocks to the others; the rules of network/wire_bytes.hpp).
   //! 0 where a collective does not count them.
   double wire_bytes_sent = 0;
   double wire_bytes_received = 0;  //!< bytes this rank received on the wire (as wire_bytes_sent)

@@ -15,6 +15,7 @@
 #include "gradient_data.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
+#include "topk_reference.hpp"
 
 using namespace gravac_bench;
 using Catch::Matchers::Contains;
@@ -196,12 +197,12 @@ void check_topk_sequence(const gradient_stream& s, const gravac::layout& lay, co
     c.decompress_add(std::span<const std::byte>(packet.data(), bytes), gravac::host_view(dense), 1.0f);
     std::vector<char> is_sel(n, 0);
     if (opt.whole_buffer) {
-      gravac::detail::select_topk_reference(u, gravac::kept_count(n, fraction), order, selected);
+      gravac::test::select_topk_reference(u, gravac::kept_count(n, fraction), order, selected);
       for (auto ix : selected) is_sel[ix] = 1;
     } else {
       for (const auto& l : lay.layers()) {
-        gravac::detail::select_topk_reference(std::span<const float>(u.data() + l.offset, l.numel),
-                                              gravac::kept_count(l.numel, fraction), order, selected);
+        gravac::test::select_topk_reference(std::span<const float>(u.data() + l.offset, l.numel),
+                                            gravac::kept_count(l.numel, fraction), order, selected);
         for (auto ix : selected) is_sel[l.offset + ix] = 1;
       }
     }

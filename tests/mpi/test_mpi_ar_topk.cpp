@@ -8,6 +8,7 @@
 #include "gravac/comm/mpi_communicator.hpp"
 #include "gravac/comm/simulated_communicator.hpp"
 #include "gravac_test_util.hpp"
+#include "topk_reference.hpp"
 
 using namespace gravac;
 
@@ -61,8 +62,8 @@ TEST_CASE("MPI: AR-Topk STAR equals the serial reference on every rank", "[mpi][
         if (p.kept_fraction[i] >= 1)
           for (std::size_t j = 0; j < l.numel; ++j) sel.push_back(j);
         else
-          detail::select_topk_reference(std::span<const float>(u[s % n].data() + l.offset, l.numel),
-                                        kept_count(l.numel, p.kept_fraction[i]), order, sel);
+          test::select_topk_reference(std::span<const float>(u[s % n].data() + l.offset, l.numel),
+                                      kept_count(l.numel, p.kept_fraction[i]), order, sel);
         for (auto ix : sel) {
           double sum = 0;
           for (int r = 0; r < n; ++r) sum += u[r][l.offset + ix];

@@ -6,6 +6,7 @@
 
 #include "gravac/collective/allreduce_compatible.hpp"
 #include "gravac_test_util.hpp"
+#include "topk_reference.hpp"
 
 using namespace gravac;
 
@@ -29,7 +30,7 @@ std::vector<float> ar_topk_reference(const layout& lay, const step_params& p, co
       for (std::size_t j = 0; j < l.numel; ++j) sel.push_back(j);
     } else {
       std::span<const float> ur(u[static_cast<std::size_t>(root)].data() + l.offset, l.numel);
-      detail::select_topk_reference(ur, kept_count(l.numel, p.kept_fraction[i]), order, sel);
+      test::select_topk_reference(ur, kept_count(l.numel, p.kept_fraction[i]), order, sel);
     }
     for (auto ix : sel) {
       const std::size_t j = l.offset + ix;

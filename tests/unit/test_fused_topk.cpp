@@ -1,11 +1,12 @@
 // The fused error-feedback top-k against the sort-based reference selection
-// (detail::select_topk_reference): identical indices and values, bit for bit.
+// (test::select_topk_reference): identical indices and values, bit for bit.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "gravac_test_util.hpp"
+#include "topk_reference.hpp"
 
 using namespace gravac;
 
@@ -35,7 +36,7 @@ decoded run(topk& c, const layout& lay, const std::vector<float>& g, std::vector
 // The expected (dense, residual) from the reference selection over u restricted to \p sel_layers.
 void expect_reference(const std::vector<float>& u, std::size_t first, std::size_t n, std::size_t k, const decoded& d) {
   std::vector<std::uint64_t> order, selected;
-  detail::select_topk_reference(std::span<const float>(u.data() + first, n), k, order, selected);
+  test::select_topk_reference(std::span<const float>(u.data() + first, n), k, order, selected);
   std::vector<char> is_sel(n, 0);
   for (auto ix : selected) is_sel[ix] = 1;
   for (std::size_t i = 0; i < n; ++i) {
@@ -126,7 +127,7 @@ TEST_CASE("fused whole-buffer top-k equals the reference over the compressed lay
           where.push_back(lay[li].offset + j);
         }
       std::vector<std::uint64_t> order, selected;
-      detail::select_topk_reference(cat, kept_count(cat.size(), f), order, selected);
+      test::select_topk_reference(cat, kept_count(cat.size(), f), order, selected);
       std::vector<char> is_sel(lay.numel(), 0);
       for (auto ix : selected) is_sel[where[ix]] = 1;
       for (std::size_t i = lay[1].offset; i < lay[1].offset + 17; ++i) is_sel[i] = 1;  // dense layer
@@ -225,7 +226,7 @@ TEST_CASE("NaN and infinity are reported and never selected", "[topk][fused][non
       for (std::size_t i = 0; i < n; ++i) finite[i] += e[i];
       finite[10] = finite[20] = finite[30] = 0.0f;
       std::vector<std::uint64_t> order, selected;
-      detail::select_topk_reference(finite, kept_count(n, 0.01), order, selected);
+      test::select_topk_reference(finite, kept_count(n, 0.01), order, selected);
       for (auto ix : selected) CHECK(bit_equal(d.dense[ix], finite[ix]));
       CHECK(d.st.layers[0].kept == kept_count(n, 0.01));
     }

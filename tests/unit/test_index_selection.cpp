@@ -6,6 +6,7 @@
 
 #include "gravac/compress/index_selection.hpp"
 #include "gravac_test_util.hpp"
+#include "topk_reference.hpp"
 
 using namespace gravac;
 
@@ -17,7 +18,7 @@ TEST_CASE("the fast top-k index selection equals the reference, ties included", 
       for (double f : {0.0001, 0.001, 0.01, 0.1, 0.24, 0.5}) {
         const std::size_t k = kept_count(n, f);
         detail::select_topk_indices(u, k, scratch, fast);
-        detail::select_topk_reference(u, k, order, want);
+        test::select_topk_reference(u, k, order, want);
         INFO("n " << n << " data " << kind << " f " << f);
         REQUIRE(fast.size() == k);
         CHECK(fast == want);
@@ -34,7 +35,7 @@ TEST_CASE("the fast top-k index selection falls back to the reference on non-fin
   std::vector<std::uint64_t> fast, want, scratch, order;
   for (std::size_t k : {std::size_t{1}, std::size_t{200}, std::size_t{2000}}) {
     detail::select_topk_indices(u, k, scratch, fast);
-    detail::select_topk_reference(u, k, order, want);
+    test::select_topk_reference(u, k, order, want);
     CHECK(fast == want);
   }
 }
@@ -44,7 +45,7 @@ TEST_CASE("AR-Topk's topk and threshold hooks select the reference's indices", "
   const auto u = test::make_data(lay.numel(), 9, test::distribution::laplace);
   auto p = test::params_for(lay, 0.01);
   std::vector<std::uint64_t> got, want, scratch, order;
-  detail::select_topk_reference(u, kept_count(u.size(), 0.01), order, want);
+  test::select_topk_reference(u, kept_count(u.size(), 0.01), order, want);
   index_selection<topk>::select(topk(lay), u, 0, p, got, scratch);
   CHECK(got == want);
   index_selection<threshold>::select(threshold(lay), u, 0, p, got, scratch);

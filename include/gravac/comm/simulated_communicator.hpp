@@ -5,38 +5,9 @@
 //! that call, under the profile's current network, to a virtual clock. This is how one
 //! machine reproduces slow and changing networks: the data are real, the time is modeled.
 //!
-//! Charged per call (N ranks, L = ceil(log2 N)): Allreduce by ring (or the algorithm the
-//! options name, or call by call the one Open MPI 4.1 or NCCL would choose: options::rule),
-//! Allgather by recursive doubling on the total bytes, broadcast by binomial tree,
-//! barrier by dissemination. The charges depend only on sizes every rank agrees on, so
-//! the clock is identical on every rank.
-//!
-//! Beside the clock it counts the bytes this rank sends and receives on the wire under the
-//! algorithm each call is charged as (wire_bytes_sent(), wire_bytes_received()). A packet's
-//! own size understates what an Allgather moves (every rank receives the N-1 others'
-//! packets), so byte comparisons between collectives should use these counts. The rules
-//! live in wire_bytes.hpp, which the collectives use for step_report's wire bytes too:
-//!
-//! - Allreduce of B bytes: sent = received = 2(N-1)/N B. Exact for the ring (reduce-scatter
-//!   and allgather, 2(N-1) blocks of B/N); for the tree it is the per-rank average of its
-//!   2(N-1) messages of B (a reduce and a broadcast, N-1 messages each), since the tree's
-//!   own split between ranks depends on their position in it. Recursive doubling and
-//!   Rabenseifner count their own bytes (wire_bytes::allreduce with an algorithm), a
-//!   per-rank average when N is not a power of two.
-//! - Allgather(v) of blocks summing to T, own block b: received = T - b; sent = T - b too,
-//!   counting a ring's forwarding (each rank passes on N-1 blocks). In a ring the blocks a
-//!   rank forwards are all but its successor's, so with unequal blocks its exact share
-//!   differs by (successor's block - own block); the sum over ranks is the same.
-//! - Broadcast of B: received = B on every rank but the root, 0 on the root; sent = the
-//!   per-rank average (N-1)/N B of the binomial tree's N-1 messages (the tree's inner
-//!   ranks send more than its leaves).
-//! - Alltoallv: sent = the blocks addressed to the other ranks, received = the blocks from
-//!   them (exact: a pairwise exchange sends each block once, directly). It is charged as N-1
-//!   rounds over the busiest rank's bytes (cost_model::alltoall); the busiest rank's count
-//!   comes from a small max-Allreduce of (sent, received) through the inner engine, which is
-//!   neither charged nor counted (a real alltoallv exchanges its sizes too), so the clock
-//!   stays identical on every rank.
-//! - Barrier: no payload, 0.
+//! It also counts this rank's wire bytes (wire_bytes_sent(), wire_bytes_received()), since a
+//! packet's size understates what an Allgather moves. What each call is charged and counted:
+//! docs/algorithms.md, "The cost model" and "Wire bytes".
 
 #include <algorithm>
 #include <cstddef>
@@ -119,7 +90,7 @@ class simulated_communicator {
   }
   // clang-format off
   //! Personalised all-to-all (real), charged as a pairwise exchange over the busiest
-  //! rank's bytes (see the file comment). Present when the inner engine has alltoallv.
+  //! rank's bytes (docs/algorithms.md, "Wire bytes"). Present when the inner engine has alltoallv.
   void alltoallv(std::span<const std::byte> in, std::span<const std::size_t> send_sizes, byte_buffer& out,
                  std::vector<std::size_t>& recv_sizes)
     requires AlltoallCommunicator<Inner>
@@ -183,7 +154,7 @@ class simulated_communicator {
   //! run prices the same calls on several networks (the counters of a checkpoint leave it out).
   [[nodiscard]] const cost_terms& charged_terms() const noexcept { return total_terms_; }
   //! Bytes this rank has sent on the wire so far (cumulative, like modeled_seconds()), by
-  //! the algorithm each call is charged as (see the file comment). Fractional where the
+  //! the algorithm each call is charged as (docs/algorithms.md, "Wire bytes"). Fractional where the
   //! count is a per-rank average (Allreduce, broadcast).
   [[nodiscard]] double wire_bytes_sent() const noexcept { return sent_; }
   //! Bytes this rank has received on the wire so far (cumulative), by the algorithm each

@@ -2,7 +2,7 @@
 //! \file topk.hpp
 //! \brief Exact top-k with error feedback: the k entries of largest |u|, ties to the lower
 //! index, per layer or over the whole buffer. Runs the fused kernel of
-//! detail/fused_topk.hpp; the sort-based reference selection is kept for tests.
+//! detail/fused_topk.hpp (the tests check it against tests/support/topk_reference.hpp).
 
 #include <algorithm>
 #include <cmath>

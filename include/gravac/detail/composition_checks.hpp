@@ -2,12 +2,8 @@
 //! \file
 //! \brief The trainer's compile-time checks, one static_assert per requirement, each with
 //! a message that names what failed and what would work. They run before anything else of
-//! the composition is instantiated, so the first error line is the cause.
-
-#include <concepts>
-#include <cstddef>
-#include <span>
-#include <vector>
+//! the composition is instantiated, so the first error line is the cause. Each asserts a
+//! requirement concept of concepts.hpp or collective_for.hpp, never its expression again.
 
 #include "gravac/collective/collective_for.hpp"
 #include "gravac/composition.hpp"
@@ -18,94 +14,57 @@ namespace gravac::detail {
 //! One static_assert per requirement of the Compressor concept.
 template <class C>
 consteval bool check_compressor() {
-  static_assert(
-      requires { typename C::compressor_tag; },
-      "gravac::trainer: the compressor is not a gravac::Compressor: it has no opt-in member "
-      "`using compressor_tag = void;` (see docs/concept_compressor.md)");
-  static_assert(
-      requires { typename C::memory_space; },
-      "gravac::trainer: Compressor requirement: a member type memory_space (gravac::host_space or "
-      "gravac::cuda_space)");
-  static_assert(
-      requires { typename C::options; }, "gravac::trainer: Compressor requirement: a member type options");
-  static_assert(
-      requires { requires std::constructible_from<C, const layout&, const typename C::options&>; },
-      "gravac::trainer: Compressor requirement: a constructor C(const gravac::layout&, const C::options&)");
-  static_assert(
-      requires {
-        { C::summable_by_index } -> std::convertible_to<bool>;
-      },
-      "gravac::trainer: Compressor requirement: static constexpr bool summable_by_index");
-  static_assert(
-      requires(const C& c) {
-        { c.max_packet_bytes() } -> std::same_as<std::size_t>;
-      },
-      "gravac::trainer: Compressor requirement: std::size_t max_packet_bytes() const");
-  static_assert(
-      requires(C & c, grad_view<typename C::memory_space> v, const step_params& p, std::span<std::byte> out,
-               compress_stats& st) {
-        { c.compress(v, v, p, out, st) } -> std::same_as<std::size_t>;
-      },
-      "gravac::trainer: Compressor requirement: std::size_t compress(grad_view g, grad_view e, const "
-      "step_params&, std::span<std::byte> out, compress_stats&)");
-  static_assert(
-      requires(const C& c, std::span<const std::byte> in) {
-        { c.validate(in) } -> std::same_as<validation>;
-      },
-      "gravac::trainer: Compressor requirement: validation validate(std::span<const std::byte>) const");
-  static_assert(
-      requires(C & c, std::span<const std::byte> in, grad_view<typename C::memory_space> v, float s) {
-        c.decompress_add(in, v, s);
-      },
-      "gravac::trainer: Compressor requirement: void decompress_add(std::span<const std::byte>, grad_view, "
-      "float scale)");
+  static_assert(compressor_opts_in<C>,
+                "gravac::trainer: the compressor is not a gravac::Compressor: it has no opt-in member "
+                "`using compressor_tag = void;` (see docs/concept_compressor.md)");
+  static_assert(compressor_has_memory_space<C>,
+                "gravac::trainer: Compressor requirement: a member type memory_space (gravac::host_space or "
+                "gravac::cuda_space)");
+  static_assert(compressor_has_options<C>, "gravac::trainer: Compressor requirement: a member type options");
+  static_assert(compressor_constructible<C>,
+                "gravac::trainer: Compressor requirement: a constructor C(const gravac::layout&, const C::options&)");
+  static_assert(compressor_has_summable_by_index<C>,
+                "gravac::trainer: Compressor requirement: static constexpr bool summable_by_index");
+  static_assert(compressor_has_max_packet_bytes<C>,
+                "gravac::trainer: Compressor requirement: std::size_t max_packet_bytes() const");
+  static_assert(compressor_has_compress<C>,
+                "gravac::trainer: Compressor requirement: std::size_t compress(grad_view g, grad_view e, const "
+                "step_params&, std::span<std::byte> out, compress_stats&)");
+  static_assert(compressor_has_validate<C>,
+                "gravac::trainer: Compressor requirement: validation validate(std::span<const std::byte>) const");
+  static_assert(compressor_has_decompress_add<C>,
+                "gravac::trainer: Compressor requirement: void decompress_add(std::span<const std::byte>, grad_view, "
+                "float scale)");
   return Compressor<C>;
 }
 
 //! The requirements of the Collective concept.
 template <class K>
 consteval bool check_collective() {
-  static_assert(
-      requires { typename K::collective_tag; },
-      "gravac::trainer: the collective is not a gravac::Collective: it has no opt-in member "
-      "`using collective_tag = void;` (see docs/concept_collective.md)");
-  static_assert(
-      requires { typename K::options; }, "gravac::trainer: Collective requirement: a member type options");
+  static_assert(collective_opts_in<K>,
+                "gravac::trainer: the collective is not a gravac::Collective: it has no opt-in member "
+                "`using collective_tag = void;` (see docs/concept_collective.md)");
+  static_assert(collective_has_options<K>, "gravac::trainer: Collective requirement: a member type options");
   return Collective<K>;
 }
 
 //! One static_assert per requirement of the Policy concept.
 template <class P>
 consteval bool check_policy() {
-  static_assert(
-      requires { typename P::policy_tag; },
-      "gravac::trainer: the policy is not a gravac::Policy: it has no opt-in member "
-      "`using policy_tag = void;` (see docs/concept_policy.md)");
-  static_assert(
-      requires { typename P::options; }, "gravac::trainer: Policy requirement: a member type options");
-  static_assert(
-      requires { requires std::constructible_from<P, const layout&, const typename P::options&>; },
-      "gravac::trainer: Policy requirement: a constructor P(const gravac::layout&, const P::options&)");
-  static_assert(
-      requires {
-        { P::needs_statistics } -> std::convertible_to<bool>;
-      },
-      "gravac::trainer: Policy requirement: static constexpr bool needs_statistics");
-  static_assert(
-      requires(P & p, step_params & sp) { p.plan(sp); },
-      "gravac::trainer: Policy requirement: void plan(step_params&)");
-  static_assert(
-      requires(P & p, const step_report& r) { p.observe(r); },
-      "gravac::trainer: Policy requirement: void observe(const step_report&)");
-  static_assert(
-      requires(P & p, const interval_info& i) { p.on_interval(i); },
-      "gravac::trainer: Policy requirement: void on_interval(const interval_info&)");
-  static_assert(
-      requires(const P& p, std::vector<std::byte>& out) { p.save(out); },
-      "gravac::trainer: Policy requirement: void save(std::vector<std::byte>&) const");
-  static_assert(
-      requires(P & p, std::span<const std::byte> in) { p.load(in); },
-      "gravac::trainer: Policy requirement: void load(std::span<const std::byte>)");
+  static_assert(policy_opts_in<P>,
+                "gravac::trainer: the policy is not a gravac::Policy: it has no opt-in member "
+                "`using policy_tag = void;` (see docs/concept_policy.md)");
+  static_assert(policy_has_options<P>, "gravac::trainer: Policy requirement: a member type options");
+  static_assert(policy_constructible<P>,
+                "gravac::trainer: Policy requirement: a constructor P(const gravac::layout&, const P::options&)");
+  static_assert(policy_has_needs_statistics<P>,
+                "gravac::trainer: Policy requirement: static constexpr bool needs_statistics");
+  static_assert(policy_has_plan<P>, "gravac::trainer: Policy requirement: void plan(step_params&)");
+  static_assert(policy_has_observe<P>, "gravac::trainer: Policy requirement: void observe(const step_report&)");
+  static_assert(policy_has_on_interval<P>,
+                "gravac::trainer: Policy requirement: void on_interval(const interval_info&)");
+  static_assert(policy_has_save<P>, "gravac::trainer: Policy requirement: void save(std::vector<std::byte>&) const");
+  static_assert(policy_has_load<P>, "gravac::trainer: Policy requirement: void load(std::span<const std::byte>)");
   return Policy<P>;
 }
 
@@ -179,14 +138,12 @@ consteval bool check_accepts() {
 //! one readable assertion each.
 template <class C, class K>
 consteval bool check_operations() {
-  static_assert(std::constructible_from<K, const layout&, const typename K::options&>,
+  static_assert(collective_constructible<K>,
                 "gravac::trainer: Collective requirement: a constructor K(const gravac::layout&, const K::options&)");
+  static_assert(collective_has_prepare<K, C>,
+                "gravac::trainer: Collective requirement: void prepare(C&) (sizes the workspaces from the compressor)");
   static_assert(
-      requires(K & k, C & c) { k.prepare(c); },
-      "gravac::trainer: Collective requirement: void prepare(C&) (sizes the workspaces from the compressor)");
-  static_assert(
-      requires(K & k, C & c, communicator_ref<typename C::memory_space> & m, step_buffers<typename C::memory_space> & b,
-               const step_params& p, compress_stats& st, step_report& r) { k.aggregate(c, m, b, p, st, r); },
+      collective_has_aggregate<K, C>,
       "gravac::trainer: Collective requirement: void aggregate(C&, Communicator&, step_buffers<space>&, const "
       "step_params&, compress_stats&, step_report&) (see docs/concept_collective.md)");
   return CollectiveFor<K, C>;
@@ -239,7 +196,7 @@ consteval bool check_communicator() {
   static_assert(Communicator<M>,
                 "gravac::trainer: the communicator is not a gravac::Communicator (opt-in member "
                 "`using communicator_tag = void;` and the collectives of docs/concept_communicator.md)");
-  static_assert(!Communicator<M> || std::same_as<typename M::memory_space, typename C::memory_space>,
+  static_assert(!Communicator<M> || same_memory_space<M, C>,
                 "gravac::trainer: the communicator's memory space differs from the compressor's (a device-memory "
                 "compressor needs a communicator that accepts device memory: nccl_communicator)");
   return true;

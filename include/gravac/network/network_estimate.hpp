@@ -3,27 +3,9 @@
 //! \brief An online estimate of the network's (alpha, beta), fitted by robust least squares
 //! from the timings of collectives the run already makes, accurate whatever its prior.
 //!
-//! Each timed call contributes one sample `seconds ~ latency * alpha + bytes * beta`, whose
-//! coefficients come from the cost model of the algorithm used (cost_terms). The fit minimises
-//! *relative* residuals (network noise is multiplicative, and small messages must count as
-//! much as large ones to pin down alpha), with Huber weights re-estimated from the median
-//! absolute residual (IRLS), so a few stalls do not move it.
-//!
-//! The prior only ever decides what the samples cannot:
-//! - its magnitude never counts: the prior is first scaled as a whole to the samples (the
-//!   median of measured over prior-modeled time), and the fit runs in units of that scaled
-//!   prior, so a prior 100 times too slow or too fast costs nothing;
-//! - when the samples determine both unknowns, the pull towards the prior's split is worth
-//!   `prior_weight` samples that know it only to within 100%, while the real samples count
-//!   with the residual scale the fit sees: exact samples outweigh any prior, noisy ones
-//!   outweigh it unless they barely separate alpha from beta;
-//! - when every sample has the same shape (all (latency, bytes) pairs proportional: one
-//!   collective at one message size), alpha and beta cannot be told apart: the fit then keeps
-//!   the prior's proportions and only fits their common scale, so the modeled time at that
-//!   shape is right and identifiable() is false.
-//!
-//! Samples live in a fixed ring buffer: no allocation per step. Results depend only on the
-//! samples and their order (same samples, same bits).
+//! Each timed call is one sample of the cost model; the fit weighs relative residuals
+//! robustly because network noise is multiplicative and stalls happen. The fit and how the
+//! prior counts: docs/algorithms.md, "The network estimate".
 
 #include <algorithm>
 #include <cmath>

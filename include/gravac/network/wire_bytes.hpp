@@ -4,8 +4,8 @@
 //! algorithm the call runs as. One set of rules for both counters: the collectives fill
 //! step_report::wire_bytes_sent / wire_bytes_received with them, and simulated_communicator
 //! adds them up in wire_bytes_sent() / wire_bytes_received(), so a report and the simulated
-//! network agree to the byte. simulated_communicator.hpp's file comment says why each rule is
-//! what it is (exact for a ring, a per-rank average for a tree).
+//! network agree to the byte. docs/algorithms.md, "Wire bytes", says why each rule is what
+//! it is (exact for a ring, a per-rank average for a tree).
 //!
 //! Every rule is 0 with one rank: nothing leaves the process.
 

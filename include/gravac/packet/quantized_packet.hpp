@@ -4,24 +4,8 @@
 //! cast16 and the block-scaled formats (MXFP8, MXFP4, NVFP4): one encoding byte per segment
 //! says which quantizer wrote it.
 //!
-//! Every quantized segment has `index_width == 0`, `count == numel` and a payload that
-//! starts with an 8-byte prefix (two 32-bit words whose meaning depends on the encoding),
-//! followed by encoding-specific scales and the element codes, each part padded to 8 bytes.
-//!
-//! | encoding | prefix (word 0, word 1) | then | codes |
-//! |---|---|---|---|
-//! | qsgd | levels s, bucket B | ceil(numel/B) float bucket norms | numel codes of W bits: sign bit W-1, level in the
-//! low bits | | terngrad | 1, bucket B | ceil(numel/B) float bucket scales (max \|u\|) | numel 2-bit codes: 00 zero, 01
-//! +1, 11 -1 | | sign | float scale (mean \|u\|), 0 | - | numel sign bits, 1 = negative | | fp16 / bf16 | float
-//! multiplier (the rank count N), 0 | - | numel 16-bit values of u / N |
-//!
-//! The block-scaled segments (mxfp8_e4m3, mxfp8_e5m2, mxfp4: blocks of B = 32; nvfp4:
-//! B = 16): the prefix holds B and 0 (MX) or the float per-layer scale t (nvfp4); then
-//! ceil(numel/B) scale bytes, E8M0 (MX) or E4M3 with the sign clear (nvfp4); then the numel
-//! element codes, one byte each (FP8) or two to a byte, the first in the low nibble (FP4).
-//!
-//! W = code_width(s) is the smallest of 2, 4, 8, 16 that holds a sign bit and the level s.
-//! Codes are packed little-endian (see detail/bit_codes.hpp); padding bits are zero.
+//! One segment kind, so every quantizer shares its sizes and header checks; each encoding's
+//! prefix, scales and codes: docs/algorithms.md, "The quantized segment".
 
 #include <bit>
 #include <cmath>

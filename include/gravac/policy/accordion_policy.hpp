@@ -3,44 +3,8 @@
 //! \brief Accordion (Agarwal et al., MLSys 2021): per layer, low compression in critical
 //! regimes (the gradient changes fast) and high compression otherwise.
 //!
-//! The rules, as implemented:
-//! - Per compressed layer l the policy keeps an accumulator A_l of this rank's local
-//!   gradient over the current interval (an epoch, i.e. each on_interval call, or every
-//!   `interval_steps` steps): A_l += g_l at every step (trainer hook accumulate(), before
-//!   aggregation; skipped steps add nothing).
-//! - At the end of an interval the layer's statistic is the norm of the sum, n_l = ||A_l||,
-//!   not the sum of the per-step norms: over an epoch the per-step noise dominates that sum,
-//!   which then almost never moves by eta, while the noise largely cancels in the sum of
-//!   the gradients. A_l is reset at every interval end.
-//! - Decisions are taken every `compare_every` (C) intervals: at the ends of intervals
-//!   1, 1 + C, 1 + 2C, ... (the authors' 0-based `epoch % C == 0`). Only then is n_l
-//!   averaged over the ranks; it rides in the next step's own gradient collective
-//!   (agreement_request / agreed), so it costs no collective of its own.
-//! - r = |n_then - n_now| / n_then, with n_then the statistic of the previous decision
-//!   (C intervals before). r >= eta (0.5) gives the layer the low-compression level,
-//!   else the high-compression level; the level holds until the next decision. n_then = 0
-//!   gives r = 0 when n_now is 0 too, infinity otherwise; a NaN r counts as critical.
-//! - The first decision (no earlier statistic) is low, and so are the layers before it.
-//! - When the learning rate decays (interval_info::learning_rate below the previous one),
-//!   every compressed layer goes low at once and stays low until the next decision. A
-//!   decision whose statistics were gathered before the decay and are still in flight
-//!   records them (the next comparison uses them) but leaves the layers low.
-//! - Only tensors with more than one dimension are compressed (`one_dim_dense`, default);
-//!   1-D tensors (biases, norms) are sent dense.
-//! - A level means something to every compressor: the kept fraction (top-k, threshold,
-//!   random-k: step_params::kept_fraction, filled by plan()) and the rank (PowerSGD:
-//!   powersgd_settings::approximation_rank, filled by plan_settings()).
-//!
-//! Timing: the statistics of an interval that ends between steps s and s + 1 are summed
-//! over the ranks by step s + 1's collective, so the decision applies from step s + 2: the
-//! first step of the new interval still runs at the old levels.
-//!
-//! The accumulators need the local gradient in host memory: on a device-memory trainer
-//! (which does not call accumulate()) the first interval end throws gravac::error.
-//!
-//! State: save() / load() hold the decision state, the same on every rank; save_local() /
-//! load_local() this rank's accumulators and the local norms of a decision in flight
-//! (checkpoints store them per rank, beside the residual).
+//! A layer's statistic is the norm of its interval-summed local gradient (the per-step noise
+//! largely cancels in it); the rules, their timing and why: docs/algorithms.md, "Accordion".
 
 #include <algorithm>
 #include <cmath>

@@ -3,52 +3,9 @@
 //! \brief GraVAC (Tyagi & Swany 2023): adapt the compression factor during training by
 //! weighing compression throughput against the information compression loses.
 //!
-//! The rules, step by step (docs/algorithms.md, "GraVAC"):
-//! - gain(c) = ||C_c(u)|| / ||u|| over the whole model, from the step's gain curve (one
-//!   residual: both gains come from the same u), averaged over ranks by the trainer and
-//!   smoothed by an EWMA with alpha = 2 / (w + 1) (the usual "span w" convention).
-//! - Warm-up: the first `warmup_steps` steps send at CF_min.
-//! - Candidates: CF_min, CF_min / s, CF_min / s^2, ... while below CF_max, then CF_max.
-//! - Every step at candidate c: c if smoothed gain(c) >= eps, else CF_min if smoothed
-//!   gain(CF_min) >= eps, else dense. While searching, every step also measures the gain
-//!   of the next candidate (the gain curve prices any ratio from the same pass), so a new
-//!   candidate starts with a smoothed gain instead of one blind fallback step. A gain that
-//!   was never measured counts as below eps: a ratio is never sent blind. The step's
-//!   policy's fallback() (and step_report::fallback) says which gain was below eps.
-//!   A dense step is an Allreduce of the dense gradient under every collective.
-//! - CT(c) = samples per second * mean gain(c), both over the steps of c's evaluation
-//!   period that were actually sent at c (a step that fell back says nothing about c's
-//!   throughput; a period without one gives CT 0). A step's seconds come from the clock
-//!   of time_options. A clock every rank shares (simulated without the codec time) is
-//!   read at once; one with measured parts (measured, modeled, simulated with the codec
-//!   time) is read one step late, from the previous step's times the trainer averages
-//!   over the ranks in the next step's own collective (step_report::previous_times), so
-//!   a period is then judged one step after it closes. No collective of its own, ever.
-//! - After each period, in this order: stop if the two best CTs differ by less than
-//!   omega (relative to the better: (CT1 - CT2) / CT1 < omega) and keep the more
-//!   aggressive of the two; else stop if CT fell for the new candidate and keep the best
-//!   so far; else stop at CF_max keeping the best; else move to the next candidate.
-//! - After the search the kept CF is monitored: the fallback rule applies every step.
-//!
-//! Works with any compressor; one that reports no gain curve leaves every gain at 1, so
-//! the search then weighs throughput alone.
-//!
-//! With options::dense_candidate, sending dense is one of the choices, weighed by the same
-//! progress per second (gain / seconds per step, gain 1 for dense; docs/algorithms.md,
-//! "GraVAC with dense among the choices", a deviation from the paper):
-//! - The first dense_probe_steps steps are sent dense and timed (the first one not: it is
-//!   a transition), before the warm-up.
-//! - Dense dominates a measured ratio when its progress rate is at least that ratio's with
-//!   its communication time taken away: then no more aggressive ratio can win either, and
-//!   the search stops at once, keeping dense. This is checked after the warm-up (CF_min's
-//!   steps) and after every evaluation period.
-//! - When the search stops, dense is kept if its rate is at least the kept ratio's.
-//! - While monitoring, the kept choice's communication time is smoothed (the gain's EWMA);
-//!   once it moves by more than recheck_drift from where it settled (down for a ratio: the
-//!   network got faster; up for dense: slower), the kept choice is timed afresh for
-//!   dense_probe_steps steps, then the other is probed as long, and the policy switches only
-//!   if the other's rate is higher by more than omega. A probe resets the reference, so a
-//!   steady network never re-probes.
+//! Every decision reads only what all ranks share (the trainer's rank averages, or a clock
+//! they share), so all ranks choose alike with no collective of their own. The rules, the
+//! deviations from the paper and dense among the choices: docs/algorithms.md, "GraVAC".
 
 #include <algorithm>
 #include <array>
@@ -86,7 +43,7 @@ struct gravac_policy_options {
   time_options time{};              //!< the clock CT is measured with (measured, modeled or simulated)
   bool one_dim_dense = false;       //!< send 1-D tensors (biases, norms) uncompressed
   collective_kind collective = collective_kind::automatic;  //!< hint for switching collectives
-  //! Weigh sending dense against the ratios (see the rules in the file comment).
+  //! Weigh sending dense against the ratios (docs/algorithms.md, "GraVAC with dense among the choices").
   bool dense_candidate = false;
   std::uint32_t dense_probe_steps = 10;  //!< steps of a probe of the other choice, >= 2 (the first is not timed)
   //! Relative change in the kept choice's smoothed communication time that makes the policy

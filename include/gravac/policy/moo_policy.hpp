@@ -4,22 +4,9 @@
 //! flexible-communication paper (Tyagi & Swany 2023, arXiv 2312.02493), without replaying
 //! batches: the gain curve of the live step gives gain(f) at every candidate.
 //!
-//! - Warm-up: f falls linearly from warmup_start (1.0) to warmup_end (0.1) over
-//!   warmup_steps steps, or over warmup_intervals intervals (epochs) when that is set.
-//! - Then: time t(f) from the cost model (of the collective in use, or the cheapest of
-//!   the three when the flexible collective decides) under the network estimate, and
-//!   information loss 1/gain(f) fitted over the candidates in log f; the Pareto front of
-//!   the two curves by a dense scan; the point chosen by an ASF with weights 0.6 (time)
-//!   and 0.4 (loss) (moo_chooser).
-//! - Re-decided when the smoothed relative change of gain reaches gain_change (0.1) or
-//!   when alpha or beta move by network_change relative to the last decision.
-//!
-//! needs_statistics is true: the trainer averages the gain curve over ranks (in the step's
-//! own collective), so every rank decides the same. With the measured network source a
-//! step's communication time enters the fit one step late, as the ranks' average the
-//! trainer carries in the next step's collective (step_report::previous_times): no
-//! collective of its own. The modeled source reads the network model's clock, which is the
-//! same on every rank, at once.
+//! Its inputs are rank averages carried by the step's own collective (or a modeled clock
+//! every rank shares), so all ranks decide alike; the steps and why: docs/algorithms.md,
+//! "Multi-objective choice of f".
 
 #include <algorithm>
 #include <cmath>

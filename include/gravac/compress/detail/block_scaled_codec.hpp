@@ -101,7 +101,7 @@ GRAVAC_KERNEL_INLINE void fill_element_bits(std::uint64_t stream, std::size_t fi
   }
 }
 
-//! Writes, checks and decodes the segments of format \p F (see quantized_packet.hpp).
+//! Writes, checks and decodes the segments of format \p F (docs/algorithms.md, "The quantized segment").
 //!
 //! What the writer computes, per block of B elements of u = g + e (the last block may be
 //! shorter):

@@ -3,20 +3,9 @@
 //! \brief The CPU kernels of exact error-feedback top-k (and of threshold selection): the
 //! workspace that runs them, and the include point of their parts.
 //!
-//! One fused pass (fused_pass.hpp) forms u = g + e, writes u over e, sums ||g||^2 and
-//! ||u||^2, optionally fills a (possibly sampled) magnitude histogram, and collects
-//! (index, bit pattern) of every element whose |u| is at or above a guessed key (learnt from
-//! the previous steps' candidates, fused_guess.hpp, or an estimate from a sample). When at
-//! least k elements were collected, the exact top-k is among them and is resolved from the
-//! short list by a radix select on the keys (candidate_select.hpp); the residual update is
-//! then k scattered (prefetched) writes of zero, or none when the pass left its candidates
-//! as zero (threshold) (candidate_segment.hpp). A miss (too few collected) costs one
-//! collecting read of e from the floor the pass counted, or, when the floor was too high as
-//! well, a histogram of the layer first. Ties go to the lower index, which makes the result
-//! identical to the sort-based reference.
-//!
-//! Candidates live in a workspace as long as the gradient buffer, in the region of each
-//! layer (at the layer's offset), so no list can overflow and nothing is allocated per step.
+//! One pass over g and e collects the candidates, so a layer is usually read once; the pass
+//! (fused_pass.hpp), its guess (fused_guess.hpp), the select (candidate_select.hpp) and the
+//! residual update (candidate_segment.hpp): docs/algorithms.md, "Compressors" (Top-k).
 
 #include <algorithm>
 #include <cstddef>

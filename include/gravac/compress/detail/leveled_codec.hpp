@@ -26,7 +26,7 @@ enum class level_scale : std::uint8_t {
   max_abs,  //!< max |u_bucket| (TernGrad)
 };
 
-//! Encodes and decodes leveled segments (see quantized_packet.hpp for the format).
+//! Encodes and decodes leveled segments (the format: docs/algorithms.md, "The quantized segment").
 //!
 //! Element i of a layer draws uniform24(element_bits(stream, i)) (quantize_kernels.hpp),
 //! where the caller derives stream from (seed, step, layer id). The uniform has 24 bits, so

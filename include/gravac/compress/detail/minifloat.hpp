@@ -6,16 +6,9 @@
 //! power-of-two scales of the MX formats), as in the OCP Microscaling Formats (MX)
 //! specification v1.0.
 //!
-//! Conversions to an element format round to nearest, ties to even, or stochastically, and
-//! saturate: a finite value (or an infinity) beyond the largest finite value of the format
-//! becomes that value with its sign, as the specification's conversion with saturation
-//! does. A NaN becomes the format's NaN (E4M3 S.1111.111, E5M2 S.11111.11); E2M1 has no
-//! NaN, and gravac encodes a NaN as +0 there (the specification leaves it to the
-//! implementation). The block compressors never put a NaN on the wire (block_scaled.hpp).
-//!
-//! Every conversion is integer arithmetic on the float's bits, so that it is exact (no
-//! intermediate float rounding, also for subnormal floats and for scales that would
-//! underflow a float product) and gives the same bits on every machine and on a device.
+//! Every conversion is integer arithmetic on the float's bits, so it is exact (subnormals
+//! included) and gives the same bits on every machine and on a device; rounding, saturation
+//! and NaN: docs/algorithms.md, "Block-scaled formats".
 
 #include <array>
 #include <bit>

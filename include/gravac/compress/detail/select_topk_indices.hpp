@@ -1,8 +1,7 @@
 #pragma once
 //! \file
-//! \brief Exact top-k indices: the reference (nth_element over every index) and the fast
-//! path by a sampled threshold and a short candidate list (AR-Topk's index rank, top-k's
-//! whole-buffer and reference tests).
+//! \brief Exact top-k indices by a sampled threshold and a short candidate list (AR-Topk's
+//! index rank), with nth_element over every index as its fallback.
 
 #include <algorithm>
 #include <cmath>
@@ -26,9 +25,10 @@ struct by_magnitude_then_index {
   }
 };
 
-//! Selects the exact top-k of \p u into \p selected (ascending indices); \p order is scratch.
-inline void select_topk_reference(std::span<const float> u, std::size_t k, std::vector<std::uint64_t>& order,
-                                  std::vector<std::uint64_t>& selected) {
+//! Selects the exact top-k of \p u into \p selected (ascending indices) by nth_element over
+//! every index; \p order is scratch. select_topk_indices' fallback.
+inline void select_topk_by_nth_element(std::span<const float> u, std::size_t k, std::vector<std::uint64_t>& order,
+                                       std::vector<std::uint64_t>& selected) {
   order.resize(u.size());
   for (std::size_t i = 0; i < u.size(); ++i) order[i] = i;
   selected.clear();
@@ -42,19 +42,19 @@ inline void select_topk_reference(std::span<const float> u, std::size_t k, std::
 }
 
 //! The exact top-k of \p u into \p out (ascending indices), the same indices as
-//! select_topk_reference (k largest |u|, ties to the lower index) at a fraction of its
+//! select_topk_by_nth_element (k largest |u|, ties to the lower index) at a fraction of its
 //! cost: a seeded sample of the keys sets a low threshold (four standard deviations of the
 //! sampled count below the k-th), one pass collects (key, index) of everything above it
 //! packed in 64 bits, and nth_element then runs on that short list only. Falls back to
-//! the reference when the threshold was too high (almost never) or u holds a non-finite
-//! value (whose order the reference defines). \p scratch grows to u.size() once.
+//! select_topk_by_nth_element when the threshold was too high (almost never) or u holds a
+//! non-finite value (whose order that defines). \p scratch grows to u.size() once.
 inline void select_topk_indices(std::span<const float> u, std::size_t k, std::vector<std::uint64_t>& scratch,
                                 std::vector<std::uint64_t>& out) {
   const std::size_t n = u.size();
   out.clear();
   if (k == 0) return;
   constexpr std::size_t sample_size = 16384;
-  if (k >= n / 4 || n <= 4 * sample_size || n > 0xffffffffull) return select_topk_reference(u, k, scratch, out);
+  if (k >= n / 4 || n <= 4 * sample_size || n > 0xffffffffull) return select_topk_by_nth_element(u, k, scratch, out);
   scratch.resize(n);
   // Keys (|u| bit patterns, ordered like |u|) at sample_size places, one drawn in each stratum.
   splitmix64 rng(0x9e3779b97f4a7c15ull ^ n);
@@ -63,12 +63,12 @@ inline void select_topk_indices(std::span<const float> u, std::size_t k, std::ve
     scratch[j] = magnitude_key(u[j * stratum + static_cast<std::size_t>(rng.next() % stratum)]);
   const double hits = static_cast<double>(k) * static_cast<double>(sample_size) / static_cast<double>(n);
   const double rank = hits + 4.0 * std::sqrt(hits) + 4.0;  // sampled keys above the threshold, aimed high
-  if (rank >= static_cast<double>(sample_size)) return select_topk_reference(u, k, scratch, out);
+  if (rank >= static_cast<double>(sample_size)) return select_topk_by_nth_element(u, k, scratch, out);
   const auto r = static_cast<std::ptrdiff_t>(rank);
   std::nth_element(scratch.begin(), scratch.begin() + r, scratch.begin() + static_cast<std::ptrdiff_t>(sample_size),
                    std::greater<>());
   const auto floor = static_cast<std::uint32_t>(scratch[static_cast<std::size_t>(r)]);
-  // (key << 32 | ~index): larger means a larger |u|, then a lower index, as the reference.
+  // (key << 32 | ~index): larger means a larger |u|, then a lower index, as by_magnitude_then_index.
   std::size_t c = 0;
   bool non_finite = false;
   for (std::size_t i = 0; i < n; ++i) {
@@ -77,7 +77,7 @@ inline void select_topk_indices(std::span<const float> u, std::size_t k, std::ve
     scratch[c] = (static_cast<std::uint64_t>(key) << 32) | (0xffffffffu - static_cast<std::uint32_t>(i));
     c += key >= floor ? 1u : 0u;
   }
-  if (non_finite || c < k) return select_topk_reference(u, k, scratch, out);
+  if (non_finite || c < k) return select_topk_by_nth_element(u, k, scratch, out);
   const auto kk = static_cast<std::ptrdiff_t>(k);
   std::nth_element(scratch.begin(), scratch.begin() + kk - 1, scratch.begin() + static_cast<std::ptrdiff_t>(c),
                    std::greater<>());

@@ -3,21 +3,9 @@
 //! \brief The kernels of adacomp_cuda: AdaComp's six steps (docs/algorithms.md, "Compressors") on the device,
 //! the same packets as gravac::adacomp bit for bit.
 //!
-//! For one layer of n elements and bin length L (bins = ceil(n / L)):
-//! 1. adacomp_bins: R = r + g (r = R), the statistics, and each bin's largest finite |R|
-//!    as the integer maximum of its magnitude bits (shared memory per tile, then one
-//!    global atomicMax per bin and tile).
-//! 2. adacomp_scale: the bin maxima into detail::exponent_sum's 254 integers (atomics:
-//!    exact, so any order gives the same integers); the last block combines them in the
-//!    host's double operations and order and writes scale = float(sum / bins).
-//! 3. an ordered stream compaction (cub::DeviceSelect) of the indices with R_i finite and
-//!    non-zero and |R_i + g_i| >= gmax_{bin(i)}, written straight into the segment (whose
-//!    index region starts at a fixed offset from the cursor, so the count is not needed
-//!    first), then place_adacomp_segment writes the header once the count is known.
-//! 4. adacomp_signs: the sign bits (packed 32 to a word) and R_i -= sign(R_i) * scale.
-//! Every float operation that decides a bit of the packet or of the residual is one
-//! explicitly rounded IEEE operation (no contraction into an FMA), as on the host.
-//! Also the device validation of AdaComp packets and their scatter-add decompression.
+//! The scale's sum is exact per exponent, so atomics in any order give the host's bits; the
+//! kernels: docs/algorithms.md, "The device kernels". Also the device validation of AdaComp
+//! packets and their scatter-add decompression.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)

@@ -3,24 +3,8 @@
 //! \brief Device kernels of the quantizing compressors (qsgd_cuda, terngrad_cuda,
 //! sign_cuda, cast16_cuda): the same codes, scales and residuals as the host's, bit for bit.
 //!
-//! Bit identity needs the host's arithmetic exactly, so:
-//! - every float and double operation is an explicitly rounded intrinsic (__fadd_rn,
-//!   __fmul_rn, ...): nvcc would otherwise contract a * b + c into one FMA, which the host
-//!   (x86-64 without -mfma) does not;
-//! - a bucket's scale is summed in the host's order: the host accumulates u^2 (and |u|) in
-//!   chunks of quant_chunk = 1024 elements per bucket, each in sum_lanes = 16 float lanes
-//!   (lane k takes elements k, k + 16, ...), then the tail of fewer than 16 in double, then
-//!   the 16 lanes in lane order, and adds the chunks in order in double. Here 16 threads
-//!   own one chunk's lanes (accumulate_chunks), and one thread per bucket adds the chunks in
-//!   order (bucket_scales; layer_scale for EF-sign, whose one scale covers the layer);
-//!   a chunk whose float lanes overflowed, or whose squares underflowed, is summed again in
-//!   double in index order by its first lane, as detail::exact_block_sums does on the host;
-//! - a bucket's scale is capped at detail::max_level_scale, as on the host;
-//! - the random draw of element i is detail::element_bits(stream, i), a pure function;
-//! - a float-to-int conversion of NaN or of 2^31 or more gives INT_MIN, as x86's cvttss2si
-//!   does for the host (CUDA's conversion saturates and maps NaN to 0).
-//! The layers of one packet are jobs of one launch per pass: each job owns whole blocks
-//! (quant_job::block_first), so a block never mixes layers and reduces its statistics once.
+//! Bit identity needs the host's arithmetic exactly: explicitly rounded intrinsics (no FMA)
+//! and the host's summation order; how: docs/algorithms.md, "The device kernels".
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
