@@ -16,8 +16,9 @@
 
 #include "gravac/bucket_plan.hpp"
 #include "gravac/collective/collective_for.hpp"
+#include "gravac/collective/control/detail/step_statistics.hpp"
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/collective/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/detail/async_schedule.hpp"
@@ -30,7 +31,6 @@
 #include "gravac/detail/seconds_since.hpp"
 #include "gravac/detail/step_buckets.hpp"
 #include "gravac/detail/step_settings.hpp"
-#include "gravac/detail/step_statistics.hpp"
 #include "gravac/error.hpp"
 #include "gravac/non_finite_action.hpp"
 
@@ -368,16 +368,6 @@ class trainer {
   [[nodiscard]] const communicator_ref<memory_space>& communicator() const noexcept { return comm_; }
 
  private:
-  // The last bucket's collective seals the control values once it has compressed (every
-  // other bucket has run): the merged statistics go into their slots.
-  struct statistics_sealer final : step_control::sealer {
-    trainer* owner = nullptr;
-    void seal(const compress_stats&) override {
-      owner->merge_stats();
-      owner->plane_.write(owner->stats_, owner->layout_);
-    }
-  };
-
   static bucket_plan checked_plan(const layout& lay, const options& opt) {
     require(lay.numel() > 0, "trainer: the layout has no elements");
     require(opt.bucket_bytes > 0, "trainer: bucket_bytes must be positive (bucket_per_layer: one bucket per layer)");
@@ -460,10 +450,6 @@ class trainer {
       if constexpr (requires(const P& p) { p.agreement_request(); }) agree = policy_.agreement_request();
       plane_.prepare(decltype(guard_)::flag_rides(options_.on_non_finite), P::needs_statistics, layout_.size(),
                      params_.gain_candidates.size(), agree);
-      if constexpr (P::needs_statistics) {
-        sealer_.owner = this;  // the trainer may have moved since the last step
-        plane_.control().on_seal(sealer_);
-      }
     } else {
       plane_.prepare_none();
     }
@@ -507,9 +493,10 @@ class trainer {
 
   // One bucket: screened for non-finite values, seen by a policy that accumulates the
   // gradient, then compressed, exchanged and decompressed by its collective, which carries
-  // the step's control values when it is the last bucket (every other bucket's statistics
-  // are known when it seals them). In the asynchronous step on a device its compressor
-  // stream first waits for its layers' events, so no host thread waits for backward.
+  // the step's control values when it is the last bucket: every other bucket's statistics
+  // travel down with it, and its seal() adds its own once it has compressed. In the
+  // asynchronous step on a device its compressor stream first waits for its layers'
+  // events, so no host thread waits for backward.
   void run_bucket(std::size_t b) {
     auto& s = buckets_[b];
     const bucket& bk = plan_[b];
@@ -527,6 +514,8 @@ class trainer {
       static_assert(sizeof(P) == 0, "a policy that accumulates the gradient must take a layer range");
     }
     const bool carries_control = b + 1 == buckets_.size() && !plane_.control().empty();
+    if (carries_control && plane_.carries_statistics())
+      buckets_.merge_stats(plan_, layout_.size(), plane_.hand_down(layout_, bk.first_layer), b);
     s.buffers = step_buffers<memory_space>{g, e, residual_zero_, carries_control ? &plane_.control() : nullptr};
     const double modeled_before = comm_.modeled_seconds();
     s.report.wire_bytes_sent = s.report.wire_bytes_received = 0;  // a collective that counts them sets them
@@ -572,7 +561,6 @@ class trainer {
   detail::non_finite_guard<memory_space> guard_;                     // the non-finite protocol
   detail::step_buckets<C, K> buckets_;                               // built from plan_
   detail::step_statistics plane_;                                    // the control plane
-  statistics_sealer sealer_;                                         // its seal, run by the last collective
   detail::async_schedule schedule_;                                  // ready layers, releasable buckets
   [[no_unique_address]] detail::layer_events<memory_space> events_;  // device: one CUDA event per layer
   step_params params_;

@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/detail/ar_topk_host_passes.hpp"
 #include "gravac/collective/detail/space_ops.hpp"
 #include "gravac/collective/detail/space_workspace.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/collective/step_control.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"

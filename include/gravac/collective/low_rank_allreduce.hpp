@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/collective/step_control.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/network/wire_bytes.hpp"
 

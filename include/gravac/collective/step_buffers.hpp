@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-#include "gravac/collective/step_control.hpp"
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/detail/seconds_since.hpp"
 #include "gravac/memory.hpp"
 

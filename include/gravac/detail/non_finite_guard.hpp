@@ -13,9 +13,9 @@
 #include <utility>
 
 #include "gravac/bucket_plan.hpp"
+#include "gravac/collective/control/detail/step_statistics.hpp"
 #include "gravac/comm/communicator_ref.hpp"
 #include "gravac/detail/non_finite_ops.hpp"
-#include "gravac/detail/step_statistics.hpp"
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/memory.hpp"

@@ -92,13 +92,15 @@ class step_buckets {
     }
   }
 
-  //! The step's statistics from the buckets': per-layer statistics in layout order,
-  //! gain-curve energies summed.
-  void merge_stats(const bucket_plan& plan, std::size_t layers, compress_stats& out) const {
+  //! The step's statistics from the first \p count buckets' (all by default): per-layer
+  //! statistics in layout order, gain-curve energies summed in bucket order.
+  void merge_stats(const bucket_plan& plan, std::size_t layers, compress_stats& out,
+                   std::size_t count = static_cast<std::size_t>(-1)) const {
+    count = std::min(count, all_.size());
     std::size_t candidates = 0;
-    for (const auto& s : all_) candidates = std::max(candidates, s->stats.candidate_kept_sq.size());
+    for (std::size_t b = 0; b < count; ++b) candidates = std::max(candidates, all_[b]->stats.candidate_kept_sq.size());
     out.reset(layers, candidates);
-    for (std::size_t b = 0; b < all_.size(); ++b) {
+    for (std::size_t b = 0; b < count; ++b) {
       const compress_stats& st = all_[b]->stats;
       for (std::size_t i = 0; i < st.layers.size(); ++i) out.layers[plan[b].first_layer + i] = st.layers[i];
       for (std::size_t c = 0; c < st.candidate_kept_sq.size(); ++c) out.candidate_kept_sq[c] += st.candidate_kept_sq[c];

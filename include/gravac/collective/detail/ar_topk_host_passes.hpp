@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "gravac/collective/step_control.hpp"
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/error.hpp"
 #include "gravac/layout.hpp"

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/detail/space_ops.hpp"
-#include "gravac/collective/step_control.hpp"
 #include "gravac/concepts.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
 #include "gravac/cuda/detail/launch.hpp"

@@ -1,73 +1,26 @@
 #pragma once
 //! \file
-//! \brief detail::step_statistics: the trainer's control plane. It lays out the slots of a
-//! step's control values (the non-finite flag, the statistics a policy needs, the previous
-//! step's times, the values a policy asked to agree on), writes this rank's values and
-//! reads the rank averages back into the report. The statistics have one slot layout,
-//! written once (statistics_slots), whether they ride as floats in the host collective's
-//! trailer or as doubles in the device step's Allreduce of their own.
+//! \brief detail::step_statistics: the trainer's side of the control plane. It lays out the
+//! slots of a step's control values (the non-finite flag, the statistics a policy needs,
+//! the previous step's times, the values a policy asked to agree on), hands the statistics
+//! down to the step's last collective and reads the rank averages back into the report.
+//! The statistics have one slot layout (statistics_slots.hpp), whether they ride as floats
+//! in the host collective's trailer or as doubles in the device step's Allreduce of their own.
 
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
-#include "gravac/collective/step_control.hpp"
+#include "gravac/collective/control/detail/pending_times.hpp"
+#include "gravac/collective/control/detail/statistics_slots.hpp"
+#include "gravac/collective/control/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/detail/pending_times.hpp"
 #include "gravac/layout.hpp"
 #include "gravac/step.hpp"
 
 namespace gravac::detail {
-
-//! The order of the statistics slots: the gain, one gain per candidate, each layer's
-//! gradient norm, each layer's kept fraction, then (when pending) the previous step's four
-//! times.
-struct statistics_slots {
-  std::size_t layers = 0;      //!< L
-  std::size_t candidates = 0;  //!< G
-  bool times = false;          //!< the previous step's times ride along
-
-  //! Number of slots: 1 + G + 2L (+ 4).
-  [[nodiscard]] std::size_t size() const noexcept { return 1 + candidates + 2 * layers + (times ? 4 : 0); }
-
-  //! Writes this rank's statistics from \p st (compressed over \p lay) by \p put(slot, value).
-  template <class Put>
-  void pack(const compress_stats& st, const layout& lay, const pending_times& pending, Put&& put) const {
-    std::size_t at = 0;
-    const double in = st.input_sq();
-    put(at++, gain_from_sq(st.kept_sq(), in));
-    for (std::size_t c = 0; c < candidates; ++c)
-      put(at++, c < st.candidate_kept_sq.size() ? gain_from_sq(st.candidate_kept_sq[c], in) : 1.0);
-    for (std::size_t i = 0; i < layers; ++i) put(at++, std::sqrt(st.layers[i].grad_sq));
-    for (std::size_t i = 0; i < layers; ++i) {
-      const auto n = static_cast<double>(lay[i].numel);
-      put(at++, n > 0 ? static_cast<double>(st.layers[i].kept) / n : 0.0);
-    }
-    if (!times) return;
-    const step_times& t = pending.times;
-    for (double v : {t.compress_s, t.communicate_s, t.decompress_s, t.iteration_s}) put(at++, v);
-  }
-
-  //! Reads the sums \p sum(slot) into \p r as rank averages over \p ranks.
-  template <class Sum>
-  void unpack(Sum&& sum, int ranks, step_report& r) const {
-    const double inv = 1.0 / ranks;
-    std::size_t at = 0;
-    r.gain = sum(at++) * inv;
-    for (auto& g : r.gain_curve) g = sum(at++) * inv;
-    for (auto& n : r.layer_grad_norm) n = sum(at++) * inv;
-    for (auto& k : r.kept_fraction) k = sum(at++) * inv;
-    r.statistics_synchronized = true;
-    r.previous_times_agreed = times;
-    if (times) {
-      r.previous_times.compress_s = sum(at++) * inv;
-      r.previous_times.communicate_s = sum(at++) * inv;
-      r.previous_times.decompress_s = sum(at++) * inv;
-      r.previous_times.iteration_s = sum(at++) * inv;
-    }
-  }
-};
 
 //! The control plane of one trainer: slots, this rank's values, the averages.
 class step_statistics {
@@ -135,11 +88,17 @@ class step_statistics {
     return {control_.sum(flag_slot_), control_.sum(flag_slot_ + 1)};
   }
 
-  //! Writes this rank's statistics \p st into their slots (when the last bucket's
-  //! collective seals them).
-  void write(const compress_stats& st, const layout& lay) {
-    slots_.pack(st, lay, pending_,
-                [&](std::size_t i, double v) { control_.local(stats_slot_ + i) = static_cast<float>(v); });
+  //! Hands the statistics down with the step to its last collective, whose first layer in
+  //! \p lay is \p first_layer (call only when they ride): returns where the trainer merges
+  //! every earlier bucket's statistics; the collective's seal() adds its own and writes them.
+  compress_stats& hand_down(const layout& lay, std::size_t first_layer) {
+    statistics_seal& s = control_.seal_;
+    s.slot = stats_slot_;
+    s.slots = slots_;
+    s.lay = &lay;
+    s.first_layer = first_layer;
+    s.previous = pending_.times;
+    return s.merged;
   }
 
   //! The rank averages of the statistics into \p r: from the slots the collective summed,
@@ -152,7 +111,7 @@ class step_statistics {
     } else if constexpr (!Space::host_accessible) {
       slots_ = {lay.size(), r.gain_curve.size(), pending_.has};
       sync_.resize(slots_.size());
-      slots_.pack(st, lay, pending_, [&](std::size_t i, double v) { sync_[i] = v; });
+      slots_.pack(st, lay, pending_.times, [&](std::size_t i, double v) { sync_[i] = v; });
       comm.allreduce_sum(std::span<double>(sync_));
       slots_.unpack([&](std::size_t i) { return sync_[i]; }, comm.size(), r);
     }

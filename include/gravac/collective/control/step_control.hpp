@@ -13,6 +13,11 @@
 //! every rank gets the same bits). After the collective every slot holds its sum over
 //! the ranks. The layout of the slots is decided from state every rank shares, so every
 //! rank's trailer has the same length.
+//!
+//! Data flows one way: what the trainer knows travels down in the step_control (the
+//! statistics of every earlier bucket among them), the collective completes it with what
+//! only it knows (seal(): its own compression's statistics) and the sums come back up in
+//! it. Nothing here calls the trainer.
 
 #include <algorithm>
 #include <cstddef>
@@ -20,30 +25,27 @@
 #include <span>
 #include <vector>
 
+#include "gravac/collective/control/detail/statistics_slots.hpp"
 #include "gravac/error.hpp"
 #include "gravac/step.hpp"
 
 namespace gravac {
 
+namespace detail {
+class step_statistics;
+}  // namespace detail
+
 //! Slots of float values summed over the ranks by a step's own collective.
 class step_control {
  public:
   //! An index that names no slot (a slot not reserved this step).
-  static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
-  //! What seal() runs: it writes the statistics of the compressed step into their slots.
-  class sealer {
-   public:
-    //! Writes the slots once the step's last collective has compressed (\p stats: its own).
-    virtual void seal(const compress_stats& stats) = 0;
-
-   protected:
-    ~sealer() = default;
-  };
+  static constexpr std::size_t no_slot = detail::statistics_seal::no_slot;
 
   //! Forgets every slot (start of a step); keeps the memory.
   void clear() noexcept {
     local_.clear();
     summed_.clear();
+    seal_.slot = no_slot;
     sealed_ = false;
   }
   //! Reserves \p n slots (initialised to 0) and returns the index of the first.
@@ -66,14 +68,13 @@ class step_control {
   //! Slot \p i of this rank.
   float& local(std::size_t i) { return local_.at(i); }
 
-  //! Called by a collective after compression, before it communicates: runs the sealer
-  //! the trainer installed (it writes the statistics of the compressed step into its slots).
+  //! Called by a collective after compression, before it communicates, with its own
+  //! statistics \p st: where the trainer handed the step's statistics down, joins \p st to
+  //! them and writes this rank's values into their slots (the first call of the step only).
   void seal(const compress_stats& st) {
-    if (sealer_ && !sealed_) sealer_->seal(st);
+    if (seal_.slot != no_slot && !sealed_) seal_.write(st, local_);
     sealed_ = true;
   }
-  //! Installs the sealer seal() runs (it must outlive the step).
-  void on_seal(sealer& s) noexcept { sealer_ = &s; }
 
   //! Allreduce path: copies the local values to \p out (the tail of the reduction buffer).
   void write_local(std::span<float> out) const noexcept { std::copy(local_.begin(), local_.end(), out.begin()); }
@@ -106,7 +107,9 @@ class step_control {
  private:
   std::vector<float> local_;
   std::vector<float> summed_;
-  sealer* sealer_ = nullptr;
+  // The statistics the trainer's control plane hands down for seal() (it alone fills them).
+  friend class detail::step_statistics;
+  detail::statistics_seal seal_;
   bool sealed_ = false;
 };
 
