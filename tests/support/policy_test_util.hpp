@@ -14,6 +14,22 @@
 
 namespace gravac::test {
 
+// One step of policy p (Accordion's protocol) as the trainer runs it on a single rank: plan,
+// accumulate, the collective (over one rank the request's sum is the request itself),
+// agreed, observe. Returns the step's parameters.
+template <class P>
+step_params single_rank_step(P& p, const std::vector<float>& g) {
+  step_params sp;
+  p.plan(sp);
+  p.accumulate(g);
+  if (p.decision_pending()) {
+    const std::vector<double> sums(p.agreement_request().begin(), p.agreement_request().end());
+    p.agreed(sums);
+  }
+  p.observe(step_report{});
+  return sp;
+}
+
 // Hash of everything in step_params that changes what is sent.
 inline std::uint64_t params_hash(const step_params& p) {
   std::uint64_t h = detail::fnv1a_u64(p.step, 0xcbf29ce484222325ull);

@@ -31,19 +31,7 @@ std::vector<float> with_norms(const layout& lay, const std::vector<double>& valu
   return g;
 }
 
-// One step as the trainer runs it on a single rank: plan, accumulate, the collective (which
-// sums the request over one rank: the request itself), agreed, observe.
-step_params one_step(accordion_policy& p, const std::vector<float>& g) {
-  step_params sp;
-  p.plan(sp);
-  p.accumulate(g);
-  if (p.decision_pending()) {
-    const std::vector<double> sums(p.agreement_request().begin(), p.agreement_request().end());
-    p.agreed(sums);
-  }
-  p.observe(step_report{});
-  return sp;
-}
+step_params one_step(accordion_policy& p, const std::vector<float>& g) { return test::single_rank_step(p, g); }
 
 // Hands a pending request its sums at once (a collective without a step), for tests of
 // the rule rather than of its timing.

@@ -12,6 +12,7 @@
 #include "gravac/policy/gravac_policy.hpp"
 #include "gravac/policy/moo_policy.hpp"
 #include "gravac_test_util.hpp"
+#include "policy_test_util.hpp"
 
 using namespace gravac;
 
@@ -98,14 +99,7 @@ std::pair<std::vector<std::byte>, std::vector<std::byte>> accordion_state(int st
     const float a = s % 4 < 2 ? 0.5f : 0.25f;
     std::vector<float> g(lay.numel(), 0.125f);
     for (std::size_t j = 0; j < lay[0].numel; ++j) g[lay[0].offset + j] = a;
-    step_params sp;
-    p.plan(sp);
-    p.accumulate(g);
-    if (p.decision_pending()) {
-      const std::vector<double> sums(p.agreement_request().begin(), p.agreement_request().end());
-      p.agreed(sums);
-    }
-    p.observe(step_report{});
+    test::single_rank_step(p, g);
     if (s % 5 == 4) p.on_interval({.step = 0, .epoch = 0, .learning_rate = s < 12 ? 0.1 : 0.01, .samples = 0});
   }
   std::pair<std::vector<std::byte>, std::vector<std::byte>> out;
@@ -153,6 +147,21 @@ void check_golden(const std::vector<std::byte>& bytes, const golden& want) {
   CHECK(got.hash == want.hash);
 }
 
+// Each state after its step has its golden size and hash, and loads and saves back to itself.
+void check_gravac_states(const gravac_policy_options& o, const std::vector<int>& cuts,
+                         const std::vector<std::vector<std::byte>>& states, const std::vector<golden>& want) {
+  REQUIRE(states.size() == want.size());
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    INFO("after step " << cuts[i]);
+    check_golden(states[i], want[i]);
+    gravac_policy q(golden_layout(), o);
+    q.load(states[i]);
+    std::vector<std::byte> again;
+    q.save(again);
+    CHECK(again == states[i]);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("policy state: the checkpoint bytes are those of the hand-written save()", "[policy][state][golden]") {
@@ -167,15 +176,7 @@ TEST_CASE("policy state: the checkpoint bytes are those of the hand-written save
                                    {483, 0xcd726cad7016f555ull},
                                    {483, 0xea5fc3b836d30583ull}};
     const auto states = gravac_states(o, false, cuts);
-    for (std::size_t i = 0; i < states.size(); ++i) {
-      INFO("after step " << cuts[i]);
-      check_golden(states[i], want[i]);
-      gravac_policy q(lay, o);
-      q.load(states[i]);
-      std::vector<std::byte> again;
-      q.save(again);
-      CHECK(again == states[i]);
-    }
+    check_gravac_states(o, cuts, states, want);
   }
   SECTION("gravac on a measured clock (a step read one step late, periods by interval)") {
     const gravac_policy_options o{.cf_max = 160, .window = 3, .warmup_steps = 3};
@@ -185,15 +186,7 @@ TEST_CASE("policy state: the checkpoint bytes are those of the hand-written save
                                    {483, 0x21bf194af307a8b7ull},
                                    {483, 0x34ce61726c3a0fb8ull}};
     const auto states = gravac_states(o, false, cuts);
-    for (std::size_t i = 0; i < states.size(); ++i) {
-      INFO("after step " << cuts[i]);
-      check_golden(states[i], want[i]);
-      gravac_policy q(lay, o);
-      q.load(states[i]);
-      std::vector<std::byte> again;
-      q.save(again);
-      CHECK(again == states[i]);
-    }
+    check_gravac_states(o, cuts, states, want);
   }
   SECTION("gravac with dense among the choices") {
     const gravac_policy_options o{.cf_max = 40,
@@ -210,15 +203,7 @@ TEST_CASE("policy state: the checkpoint bytes are those of the hand-written save
         {467, 0x3ed7a6daafe53f0cull}, {467, 0x27bd88f937c5f806ull}, {467, 0x1bd9b2f0ad8b1412ull},
         {467, 0x40f43857d1411ef8ull}, {467, 0x9c42b59f483b64adull}, {467, 0xd8b52d7ad8666f28ull}};
     const auto states = gravac_states(o, true, cuts);
-    for (std::size_t i = 0; i < states.size(); ++i) {
-      INFO("after step " << cuts[i]);
-      check_golden(states[i], want[i]);
-      gravac_policy q(lay, o);
-      q.load(states[i]);
-      std::vector<std::byte> again;
-      q.save(again);
-      CHECK(again == states[i]);
-    }
+    check_gravac_states(o, cuts, states, want);
   }
   SECTION("adacomp") {
     const std::vector<golden> want{{104, 0x52b8ca851725bdb7ull}, {104, 0x0f5eeb1e983443d1ull}};
