@@ -119,6 +119,16 @@ struct compress_stats {
     candidate_kept_sq.assign(n_candidates, 0.0);
     non_finite = false;
   }
+  //! Joins a bucket's statistics \p st, whose first layer here is \p first_layer: its
+  //! layers copied into place, its gain-curve energies added (in the order buckets join,
+  //! so every rank sums the same bits), its non-finite flag or-ed in.
+  void add_bucket(const compress_stats& st, std::size_t first_layer) {
+    if (candidate_kept_sq.size() < st.candidate_kept_sq.size())
+      candidate_kept_sq.resize(st.candidate_kept_sq.size(), 0.0);
+    for (std::size_t i = 0; i < st.layers.size(); ++i) layers[first_layer + i] = st.layers[i];
+    for (std::size_t c = 0; c < st.candidate_kept_sq.size(); ++c) candidate_kept_sq[c] += st.candidate_kept_sq[c];
+    non_finite = non_finite || st.non_finite;
+  }
   //! ||u||^2 over the buffer.
   [[nodiscard]] double input_sq() const noexcept {
     double s = 0;

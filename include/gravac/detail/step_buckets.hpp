@@ -97,15 +97,8 @@ class step_buckets {
   void merge_stats(const bucket_plan& plan, std::size_t layers, compress_stats& out,
                    std::size_t count = static_cast<std::size_t>(-1)) const {
     count = std::min(count, all_.size());
-    std::size_t candidates = 0;
-    for (std::size_t b = 0; b < count; ++b) candidates = std::max(candidates, all_[b]->stats.candidate_kept_sq.size());
-    out.reset(layers, candidates);
-    for (std::size_t b = 0; b < count; ++b) {
-      const compress_stats& st = all_[b]->stats;
-      for (std::size_t i = 0; i < st.layers.size(); ++i) out.layers[plan[b].first_layer + i] = st.layers[i];
-      for (std::size_t c = 0; c < st.candidate_kept_sq.size(); ++c) out.candidate_kept_sq[c] += st.candidate_kept_sq[c];
-      out.non_finite = out.non_finite || st.non_finite;
-    }
+    out.reset(layers, 0);
+    for (std::size_t b = 0; b < count; ++b) out.add_bucket(all_[b]->stats, plan[b].first_layer);
   }
 
   //! The step's report from the buckets': bytes and times summed, the collective of the

@@ -79,15 +79,10 @@ struct statistics_seal {
   compress_stats merged;        //!< every earlier bucket's statistics, merged over *lay
 
   //! Joins \p last (the carrying collective's statistics, its layers from first_layer)
-  //! to the earlier buckets' as detail::step_buckets::merge_stats does, candidate sums in
-  //! bucket order (the same bits), then writes this rank's values to \p out (its slots).
+  //! to the earlier buckets' as the trainer joins every bucket's (the same bits), then
+  //! writes this rank's values to \p out (its slots).
   void write(const compress_stats& last, std::span<float> out) {
-    if (merged.candidate_kept_sq.size() < last.candidate_kept_sq.size())
-      merged.candidate_kept_sq.resize(last.candidate_kept_sq.size(), 0.0);
-    for (std::size_t i = 0; i < last.layers.size(); ++i) merged.layers[first_layer + i] = last.layers[i];
-    for (std::size_t c = 0; c < last.candidate_kept_sq.size(); ++c)
-      merged.candidate_kept_sq[c] += last.candidate_kept_sq[c];
-    merged.non_finite = merged.non_finite || last.non_finite;
+    merged.add_bucket(last, first_layer);
     slots.pack(merged, *lay, previous, [&](std::size_t i, double v) { out[slot + i] = static_cast<float>(v); });
   }
 };
