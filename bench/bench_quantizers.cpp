@@ -14,7 +14,7 @@
 // (EF-sign's floor passes over e twice, as its layer-wide scale requires).
 // On a processor with AVX2, compress of the dispatched quantizers also prints
 // avx2_speedup: the same compress with the baseline (SSE2) kernels / with the AVX2 ones
-// (see gravac/detail/isa_dispatch.hpp), medians in the same run.
+// (see gravac/core/detail/isa_dispatch.hpp), medians in the same run.
 //
 // Arguments: log2 N, data (0 Gaussian, 1 Laplace). Sizes 2^16, 2^20 and 2^24 run by
 // default; 2^26 is registered with the prefix "large/" and runs only when selected, e.g.
@@ -34,7 +34,7 @@
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/sign.hpp"
 #include "gravac/compress/terngrad.hpp"
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 #if __has_include(<Eigen/Core>)
 #include "gravac/compress/powersgd.hpp"
 #define GRAVAC_BENCH_POWERSGD 1

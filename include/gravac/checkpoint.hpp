@@ -20,13 +20,13 @@
 #include <utility>
 #include <vector>
 
-#include "gravac/atomic_file.hpp"
-#include "gravac/detail/bucket_states.hpp"
-#include "gravac/detail/checkpoint_agreement.hpp"
-#include "gravac/detail/checkpoint_file.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/core/atomic_file.hpp"
+#include "gravac/core/detail/bucket_states.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
 #include "gravac/packet/format.hpp"
+#include "gravac/trainer/detail/checkpoint_agreement.hpp"
+#include "gravac/trainer/detail/checkpoint_file.hpp"
 
 namespace gravac {
 

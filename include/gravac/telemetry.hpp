@@ -22,10 +22,10 @@
 #include <string_view>
 #include <vector>
 
-#include "gravac/detail/telemetry_format.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
+#include "gravac/trainer/detail/telemetry_format.hpp"
 
 namespace gravac {
 

@@ -14,25 +14,25 @@
 #include <string>
 #include <vector>
 
-#include "gravac/bucket_plan.hpp"
 #include "gravac/collective/collective_for.hpp"
 #include "gravac/collective/control/detail/step_statistics.hpp"
 #include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/detail/async_schedule.hpp"
-#include "gravac/detail/bucket_worker.hpp"
-#include "gravac/detail/composition_checks.hpp"
-#include "gravac/detail/consistency.hpp"
-#include "gravac/detail/host_transfer.hpp"
-#include "gravac/detail/layer_events.hpp"
-#include "gravac/detail/non_finite_guard.hpp"
-#include "gravac/detail/seconds_since.hpp"
-#include "gravac/detail/step_buckets.hpp"
-#include "gravac/detail/step_settings.hpp"
-#include "gravac/error.hpp"
-#include "gravac/non_finite_action.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/concepts/detail/host_transfer.hpp"
+#include "gravac/concepts/detail/layer_events.hpp"
+#include "gravac/core/bucket_plan.hpp"
+#include "gravac/core/detail/seconds_since.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/non_finite_action.hpp"
+#include "gravac/trainer/detail/async_schedule.hpp"
+#include "gravac/trainer/detail/bucket_worker.hpp"
+#include "gravac/trainer/detail/composition_checks.hpp"
+#include "gravac/trainer/detail/consistency.hpp"
+#include "gravac/trainer/detail/non_finite_guard.hpp"
+#include "gravac/trainer/detail/step_buckets.hpp"
+#include "gravac/trainer/detail/step_settings_of.hpp"
 
 namespace gravac {
 
@@ -59,7 +59,7 @@ namespace gravac {
 //! bits (averaged gradient, residuals, reports but the measured times).
 //!
 //! A composition that cannot work is a compile error whose first line says why
-//! (detail/composition_checks.hpp): a type that does not model its concept (the
+//! (trainer/detail/composition_checks.hpp): a type that does not model its concept (the
 //! requirement it misses), a collective that cannot aggregate the compressor's packets (and
 //! the collectives that can), a policy whose decisions the compressor ignores
 //! (composition.hpp), a communicator of another memory space.

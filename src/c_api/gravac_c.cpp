@@ -20,7 +20,7 @@
 
 #include "gravac/comm/callback_communicator.hpp"
 #include "gravac/comm/thread_communicator.hpp"
-#include "gravac/detail/fnv1a.hpp"
+#include "gravac/core/detail/fnv1a.hpp"
 #include "gravac/runtime/make_trainer.hpp"
 #include "gravac/runtime/option_table.hpp"
 #include "gravac/runtime/presets.hpp"

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "gravac/checkpoint.hpp"
-#include "gravac/detail/composition_checks.hpp"
 #include "gravac/runtime/make_trainer.hpp"
+#include "gravac/trainer/detail/composition_checks.hpp"
 
 namespace gravac::runtime::detail {
 

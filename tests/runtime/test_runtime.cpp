@@ -1,10 +1,10 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <gravac/comm/thread_communicator.hpp>
-#include <gravac/detail/composition_checks.hpp>
 #include <gravac/runtime/make_trainer.hpp>
 #include <gravac/runtime/option_table.hpp>
 #include <gravac/runtime/presets.hpp>
+#include <gravac/trainer/detail/composition_checks.hpp>
 #include <set>
 #include <sstream>
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gravac/compress/step_settings.hpp"
-#include "gravac/detail/consistency.hpp"
+#include "gravac/trainer/detail/consistency.hpp"
 #include "gravac_test_util.hpp"
 
 namespace gravac::test {

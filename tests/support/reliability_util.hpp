@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "gravac/detail/random.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac_test_util.hpp"
 
 #if defined(__unix__)

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "gravac/collective/compressed_allreduce.hpp"
-#include "gravac/detail/checkpoint_agreement.hpp"
+#include "gravac/trainer/detail/checkpoint_agreement.hpp"
 #include "gravac_test_util.hpp"
 #include "two_stage_reference.hpp"
 

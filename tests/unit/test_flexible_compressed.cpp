@@ -16,7 +16,7 @@
 
 #include "gravac/collective/flexible.hpp"
 #include "gravac/comm/simulated_communicator.hpp"
-#include "gravac/detail/checkpoint_agreement.hpp"
+#include "gravac/trainer/detail/checkpoint_agreement.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;

@@ -10,7 +10,7 @@
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 #include "gravac_test_util.hpp"
 
 using namespace gravac;

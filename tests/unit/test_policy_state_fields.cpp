@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <map>
 
-#include "gravac/detail/fnv1a.hpp"
+#include "gravac/core/detail/fnv1a.hpp"
 #include "gravac/policy/accordion_policy.hpp"
 #include "gravac/policy/adacomp_policy.hpp"
 #include "gravac/policy/detail/persistent_fields.hpp"

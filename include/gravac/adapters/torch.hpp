@@ -37,9 +37,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac {
 

@@ -41,9 +41,9 @@
 #include <vector>
 
 #include "gravac/adapters/torch.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac {
 

@@ -25,8 +25,8 @@
 #include "gravac/collective/detail/space_workspace.hpp"
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/compress/index_selection.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {

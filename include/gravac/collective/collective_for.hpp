@@ -8,14 +8,14 @@
 
 #include "gravac/collective/step_buffers.hpp"
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac {
 
 //! The operations of CollectiveFor, one concept each (the trainer's checks name the one
-//! that failed, detail/composition_checks.hpp).
+//! that failed, trainer/detail/composition_checks.hpp).
 namespace detail {
 
 //! `K(const layout&, const K::options&)`.

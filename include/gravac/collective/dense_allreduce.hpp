@@ -13,8 +13,8 @@
 #include "gravac/collective/detail/space_ops.hpp"
 #include "gravac/collective/detail/space_workspace.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {

@@ -26,7 +26,7 @@
 #include "gravac/collective/compressed_allreduce.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/network/cost_model.hpp"
 #include "gravac/network/network_estimate.hpp"
 #include "gravac/network/network_profile.hpp"

@@ -11,7 +11,7 @@
 
 #include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/network/wire_bytes.hpp"
 
 namespace gravac {

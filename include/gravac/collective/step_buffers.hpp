@@ -5,8 +5,8 @@
 #include <chrono>
 
 #include "gravac/collective/control/step_control.hpp"
-#include "gravac/detail/seconds_since.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/core/detail/seconds_since.hpp"
+#include "gravac/core/memory.hpp"
 
 namespace gravac {
 

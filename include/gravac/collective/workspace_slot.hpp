@@ -11,7 +11,7 @@
 #include <typeinfo>
 #include <utility>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac {
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "gravac/comm/detail/padded_allgatherv.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac_c.h"
 
 namespace gravac {

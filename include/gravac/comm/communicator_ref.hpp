@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gravac/comm/sum_piece.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/network/cost_model.hpp"
 
 namespace gravac {

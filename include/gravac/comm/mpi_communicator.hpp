@@ -27,9 +27,9 @@
 #include "gravac/comm/detail/collective_watchdog.hpp"
 #include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/detail/mpi_error.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/memory.hpp"
 
 //! Calls an MPI function and throws gravac::error(backend_failure) with the call, the
 //! MPI error text and the rank when it does not return MPI_SUCCESS.

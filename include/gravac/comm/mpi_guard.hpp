@@ -24,7 +24,7 @@
 
 #include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/mpi_communicator.hpp"
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac {
 

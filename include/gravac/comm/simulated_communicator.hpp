@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/network/cost_model.hpp"
 #include "gravac/network/network_profile.hpp"
 #include "gravac/network/wire_bytes.hpp"

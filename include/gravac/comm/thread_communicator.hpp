@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/memory.hpp"
 
 namespace gravac {
 

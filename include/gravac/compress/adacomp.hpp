@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/detail/adacomp_bits.hpp"
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/step_settings.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/packet/detail/bit_codes.hpp"
 #include "gravac/packet/packet_bound.hpp"
 

@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <span>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/detail/block_scaled_codec.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/detail/random.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 

@@ -10,13 +10,13 @@
 #include <cstring>
 #include <span>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/cast16_format.hpp"
 #include "gravac/compress/detail/cast16_limits.hpp"
 #include "gravac/compress/detail/half.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/quantized_packet.hpp"

@@ -9,10 +9,10 @@
 #include <span>
 #include <vector>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
 
 namespace gravac {
 

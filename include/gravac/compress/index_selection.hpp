@@ -34,8 +34,8 @@
 #include <span>
 #include <vector>
 
-#include "gravac/concepts.hpp"
-#include "gravac/detail/random.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 
 namespace gravac {
 

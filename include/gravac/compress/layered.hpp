@@ -10,13 +10,13 @@
 #include <span>
 #include <vector>
 
-#include "gravac/layout.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac {
 

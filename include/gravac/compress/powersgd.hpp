@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/detail/eigen_core.hpp"  // <Eigen/Core>, without GCC 12's false positives
 #include "gravac/compress/layered.hpp"
 #include "gravac/compress/step_settings.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/detail/random.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/stats/gain_curve.hpp"
 

@@ -11,8 +11,8 @@
 #include "gravac/compress/detail/sample_indices.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/detail/random.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 
 namespace gravac {

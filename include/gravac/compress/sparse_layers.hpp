@@ -12,11 +12,11 @@
 
 #include "gravac/compress/detail/select_topk_indices.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/memory.hpp"
+#include "gravac/core/step.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/sparse_packet.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "gravac/compress/detail/leveled_compressor.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 
 namespace gravac {
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/adacomp.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"

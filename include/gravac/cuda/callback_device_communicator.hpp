@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/error.hpp"
-#include "gravac/memory.hpp"
 #include "gravac_c.h"
 
 namespace gravac {

@@ -17,7 +17,7 @@
 #include "gravac/comm/sum_piece.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/cast16_format.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/cuda/detail/quantize_cuda_base.hpp"
 #include "gravac/cuda/stream.hpp"
 #include "gravac/packet/format.hpp"

@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/detail/host_transfer_cuda.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac {
 

@@ -26,7 +26,7 @@
 #include "gravac/comm/detail/mpi_abort.hpp"
 #include "gravac/comm/mpi_communicator.hpp"  // the unique-id exchange, and mpi_world_rank for errors
 #include "gravac/comm/sum_piece.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/cuda/detail/throw_nccl.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"

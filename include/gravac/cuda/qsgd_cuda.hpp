@@ -11,7 +11,7 @@
 #include <string>
 
 #include "gravac/compress/qsgd.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/cuda/detail/quantize_cuda_base.hpp"
 #include "gravac/cuda/stream.hpp"
 #include "gravac/packet/quantized_packet.hpp"

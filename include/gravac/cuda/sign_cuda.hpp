@@ -8,7 +8,7 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include "gravac/compress/sign.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/cuda/detail/quantize_cuda_base.hpp"
 #include "gravac/cuda/stream.hpp"
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "gravac/compress/terngrad.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/cuda/detail/quantize_cuda_base.hpp"
 #include "gravac/cuda/stream.hpp"
 

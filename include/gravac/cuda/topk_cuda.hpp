@@ -21,7 +21,8 @@
 #include <vector>
 
 #include "gravac/compress/index_selection.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/cuda/detail/ar_topk_device_passes.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
@@ -37,7 +38,6 @@
 #include "gravac/cuda/detail/threshold_kernels.hpp"
 #include "gravac/cuda/detail/whole_select_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
-#include "gravac/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/sparse_packet.hpp"

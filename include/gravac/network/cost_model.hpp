@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <limits>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac {
 

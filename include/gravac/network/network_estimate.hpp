@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/network/cost_model.hpp"
 
 namespace gravac {

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/network/cost_model.hpp"
 
 namespace gravac {

@@ -11,8 +11,8 @@
 
 #include <bit>
 
+#include "gravac/core/step.hpp"
 #include "gravac/network/cost_model.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <type_traits>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
 
 namespace gravac {
 

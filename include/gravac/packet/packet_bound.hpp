@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "gravac/layout.hpp"
+#include "gravac/core/layout.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/raw_segment.hpp"
 

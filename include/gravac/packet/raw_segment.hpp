@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <span>
 
-#include "gravac/layout.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 #include "gravac/packet/format.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac {
 

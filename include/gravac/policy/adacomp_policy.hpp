@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/step_settings.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/policy/detail/persistent_fields.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
 

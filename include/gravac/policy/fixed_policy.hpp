@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/policy/detail/policy_state.hpp"
 
 namespace gravac {

@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/policy/detail/quadratic_fit.hpp"
 
 namespace gravac {

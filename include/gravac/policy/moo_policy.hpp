@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "gravac/composition.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/network/cost_model.hpp"
 #include "gravac/network/network_estimate.hpp"
 #include "gravac/network/network_profile.hpp"

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "gravac/error.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac::runtime {
 

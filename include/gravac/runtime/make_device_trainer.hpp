@@ -16,10 +16,10 @@
 #include <optional>
 
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/composition.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/core/layout.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/layout.hpp"
 #include "gravac/runtime/any_trainer.hpp"
 
 namespace gravac::runtime {

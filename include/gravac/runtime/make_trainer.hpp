@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/composition.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/core/layout.hpp"
 #include "gravac/runtime/any_trainer.hpp"
 #include "gravac/runtime/method_config.hpp"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 #include "gravac/runtime/method_config.hpp"
 
 namespace gravac::runtime {

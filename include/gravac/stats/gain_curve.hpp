@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
+#include "gravac/core/step.hpp"
 #include "gravac/stats/detail/reference_gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac {
 

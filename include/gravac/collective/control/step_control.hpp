@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "gravac/collective/control/detail/statistics_slots.hpp"
-#include "gravac/error.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac {
 

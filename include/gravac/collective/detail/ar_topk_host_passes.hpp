@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "gravac/collective/control/step_control.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 

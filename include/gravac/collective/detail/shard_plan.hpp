@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
 
 namespace gravac::detail {
 

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "gravac/memory.hpp"
+#include "gravac/core/memory.hpp"
 
 namespace gravac::detail {
 

@@ -9,7 +9,7 @@
 #include <concepts>
 
 #include "gravac/collective/workspace_slot.hpp"
-#include "gravac/memory.hpp"
+#include "gravac/core/memory.hpp"
 
 namespace gravac::detail {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac::detail {
 

@@ -16,7 +16,7 @@
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
 #include "gravac/packet/detail/bit_codes.hpp"
 #include "gravac/packet/packet_bound.hpp"
 

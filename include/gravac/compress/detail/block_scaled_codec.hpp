@@ -15,9 +15,9 @@
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/minifloat.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/core/step.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac::detail {
 

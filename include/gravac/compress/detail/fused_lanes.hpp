@@ -12,7 +12,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 #if GRAVAC_ISA_DISPATCH
 #include <immintrin.h>
 #endif

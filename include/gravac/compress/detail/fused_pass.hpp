@@ -17,7 +17,7 @@
 
 #include "gravac/compress/detail/fused_lanes.hpp"
 #include "gravac/compress/detail/gain_sampling.hpp"
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac::detail {

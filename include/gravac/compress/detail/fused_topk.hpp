@@ -20,7 +20,7 @@
 #include "gravac/compress/detail/fused_guess.hpp"
 #include "gravac/compress/detail/fused_pass.hpp"
 #include "gravac/compress/detail/gain_sampling.hpp"
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "gravac/compress/detail/float_bits.hpp"
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 
 namespace gravac::detail {
 

@@ -14,9 +14,9 @@
 #include <type_traits>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/core/step.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac::detail {
 

@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <span>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/detail/leveled_codec.hpp"
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/detail/random.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 
 namespace gravac::detail {

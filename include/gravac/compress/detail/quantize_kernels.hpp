@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "gravac/compress/detail/float_bits.hpp"
-#include "gravac/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/isa_dispatch.hpp"
 #include "gravac/packet/detail/bit_codes.hpp"
 
 namespace gravac::detail {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gravac/compress/layered.hpp"
-#include "gravac/concepts.hpp"
-#include "gravac/detail/random.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 
 namespace gravac::detail {

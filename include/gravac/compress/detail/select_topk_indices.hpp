@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "gravac/detail/random.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac::detail {

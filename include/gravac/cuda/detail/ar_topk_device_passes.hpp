@@ -25,16 +25,16 @@
 
 #include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/detail/space_ops.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/device_buffer.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac::detail {
 

@@ -15,13 +15,13 @@
 #include <span>
 #include <string>
 
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/memory.hpp"
+#include "gravac/core/step.hpp"
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/memory.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac::detail {
 

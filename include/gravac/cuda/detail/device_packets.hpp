@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "gravac/core/layout.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/device_buffer.hpp"
-#include "gravac/layout.hpp"
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac/packet/sparse_packet.hpp"
 

@@ -10,9 +10,9 @@
 
 #include <cstddef>
 
+#include "gravac/concepts/detail/host_transfer.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/cuda_error.hpp"
-#include "gravac/detail/host_transfer.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac::detail {
 

@@ -2,7 +2,7 @@
 //! \file
 //! \brief The trainer's screening of u = g + e for NaN and infinity on device memory
 //! (on_non_finite): detail::non_finite_ops<cuda_space>, the specialization of the core's
-//! trait (gravac/detail/non_finite_ops.hpp), and its kernels. Each operation runs on the
+//! trait (gravac/concepts/detail/non_finite_ops.hpp), and its kernels. Each operation runs on the
 //! stream of the compressor it is given (the bucket's), so it is ordered before that
 //! compressor reads g.
 
@@ -13,14 +13,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "gravac/concepts/detail/non_finite_ops.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/device_buffer.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/detail/non_finite_ops.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac::detail {
 

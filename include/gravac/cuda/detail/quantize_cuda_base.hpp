@@ -17,10 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "gravac/composition.hpp"
 #include "gravac/compress/cast16_format.hpp"
 #include "gravac/compress/detail/cast16_limits.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/random.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
@@ -33,7 +34,6 @@
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/device_buffer.hpp"
-#include "gravac/detail/random.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/packet/raw_segment.hpp"

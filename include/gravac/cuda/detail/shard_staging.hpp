@@ -14,9 +14,9 @@
 
 #include "gravac/collective/detail/shard_plan.hpp"
 #include "gravac/collective/detail/space_ops.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/device_buffer.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac::detail {
 

@@ -11,5 +11,5 @@
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
-#include "gravac/cuda/detail/layer_events.hpp"
+#include "gravac/cuda/detail/layer_events_cuda.hpp"
 #include "gravac/cuda/detail/non_finite_kernels.hpp"

@@ -8,9 +8,9 @@
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac::detail {
 

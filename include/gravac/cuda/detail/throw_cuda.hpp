@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac::detail {
 

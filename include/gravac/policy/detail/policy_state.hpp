@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
 
 namespace gravac::detail {
 

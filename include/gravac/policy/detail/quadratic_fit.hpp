@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac::detail {
 

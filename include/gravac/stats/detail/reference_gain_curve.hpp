@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "gravac/core/step.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/step.hpp"
 
 namespace gravac::detail {
 

@@ -25,7 +25,7 @@
 #include "gravac/collective/allreduce_compatible.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
-#include "gravac/cuda/detail/layer_events.hpp"
+#include "gravac/cuda/detail/layer_events_cuda.hpp"
 #include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"

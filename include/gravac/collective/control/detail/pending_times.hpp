@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac::detail {
 

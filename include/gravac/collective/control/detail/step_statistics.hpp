@@ -17,8 +17,8 @@
 #include "gravac/collective/control/detail/statistics_slots.hpp"
 #include "gravac/collective/control/step_control.hpp"
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac::detail {
 

@@ -6,8 +6,8 @@
 //! requirement concept of concepts.hpp or collective_for.hpp, never its expression again.
 
 #include "gravac/collective/collective_for.hpp"
-#include "gravac/composition.hpp"
-#include "gravac/concepts.hpp"
+#include "gravac/concepts/composition.hpp"
+#include "gravac/concepts/concepts.hpp"
 
 namespace gravac::detail {
 

@@ -12,15 +12,15 @@
 #include <string>
 #include <utility>
 
-#include "gravac/bucket_plan.hpp"
 #include "gravac/collective/control/detail/step_statistics.hpp"
 #include "gravac/comm/communicator_ref.hpp"
-#include "gravac/detail/non_finite_ops.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/memory.hpp"
-#include "gravac/non_finite_action.hpp"
-#include "gravac/step.hpp"
+#include "gravac/concepts/detail/non_finite_ops.hpp"
+#include "gravac/core/bucket_plan.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/memory.hpp"
+#include "gravac/core/non_finite_action.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac::detail {
 

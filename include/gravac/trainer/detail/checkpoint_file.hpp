@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
 #include "gravac/packet/format.hpp"
 
 namespace gravac::detail {

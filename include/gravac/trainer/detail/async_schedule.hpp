@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "gravac/bucket_plan.hpp"
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
+#include "gravac/core/bucket_plan.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
 
 namespace gravac::detail {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "gravac/error.hpp"
+#include "gravac/core/error.hpp"
 
 namespace gravac::detail {
 

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "gravac/layout.hpp"
+#include "gravac/core/layout.hpp"
 
 namespace gravac::detail {
 

@@ -13,9 +13,9 @@
 #include <string_view>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac::detail {
 

@@ -4,7 +4,7 @@
 //! gradient is final in memory space Space. On the host, ready() itself says so (backward
 //! ran in the caller's thread before it), so the primary template does nothing. A backend
 //! whose gradients are produced asynchronously specializes it (CUDA:
-//! gravac/cuda/detail/layer_events.hpp, which every CUDA compressor includes through
+//! gravac/cuda/detail/layer_events_cuda.hpp, which every CUDA compressor includes through
 //! cuda/detail/space_hooks.hpp, records an event per layer on the caller's stream and
 //! orders each bucket's work after its layers' events; its synchronous step orders every
 //! bucket after one event on the caller's default stream).

@@ -1,5 +1,5 @@
 #pragma once
-//! \file consistency.hpp
+//! \file
 //! \brief The debug check that every rank took the same decision for a step: a hash of
 //! the step parameters is compared across the ranks by a tiny allreduce (trainer option
 //! `check_consistency`). Ranks that diverge would otherwise send packets of different
@@ -13,9 +13,9 @@
 #include <tuple>
 #include <vector>
 
-#include "gravac/error.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/error.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
 
 namespace gravac::detail {
 

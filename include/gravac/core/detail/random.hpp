@@ -1,5 +1,5 @@
 #pragma once
-//! \file random.hpp
+//! \file
 //! \brief A small portable generator. std::uniform_*_distribution differ between
 //! standard libraries, and ranks must draw identical streams from identical seeds.
 

@@ -1,5 +1,5 @@
 #pragma once
-//! \file bucket_worker.hpp
+//! \file
 //! \brief The communication thread of an asynchronous step: it runs the step's buckets in
 //! index order, each as soon as the caller releases it, while the caller goes on with
 //! backward.

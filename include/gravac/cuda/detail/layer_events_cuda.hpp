@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/concepts/detail/layer_events.hpp"
+#include "gravac/core/memory.hpp"
 #include "gravac/cuda/cuda_error.hpp"
 #include "gravac/cuda/stream.hpp"
-#include "gravac/detail/layer_events.hpp"
-#include "gravac/memory.hpp"
 
 namespace gravac::detail {
 

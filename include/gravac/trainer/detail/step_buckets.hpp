@@ -10,13 +10,13 @@
 #include <memory>
 #include <vector>
 
-#include "gravac/bucket_plan.hpp"
 #include "gravac/collective/collective_for.hpp"
 #include "gravac/collective/step_buffers.hpp"
-#include "gravac/detail/async_schedule.hpp"
-#include "gravac/detail/step_settings.hpp"
-#include "gravac/layout.hpp"
-#include "gravac/step.hpp"
+#include "gravac/core/bucket_plan.hpp"
+#include "gravac/core/layout.hpp"
+#include "gravac/core/step.hpp"
+#include "gravac/trainer/detail/async_schedule.hpp"
+#include "gravac/trainer/detail/step_settings_of.hpp"
 
 namespace gravac::detail {
 

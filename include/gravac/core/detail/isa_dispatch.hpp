@@ -1,5 +1,5 @@
 #pragma once
-//! \file isa_dispatch.hpp
+//! \file
 //! \brief Runs a CPU kernel compiled for AVX2 when the processor has it, without the user
 //! building with -mavx2. The quantizers' per-element work (32-bit multiplies of the random
 //! draws, float-to-int conversions, selects) is compute bound on baseline x86-64 (SSE2 has
