@@ -1,0 +1,25 @@
+// Part of warnings_library (CMakeLists.txt here; -O2): trainers over the compressors and
+// policies whose headers warned, each run for a few steps on one thread rank.
+#include <vector>
+
+#include "gravac/gravac.hpp"
+
+namespace gravac_warnings {
+
+template <class C, class K, class P>
+float train(gravac::thread_communicator& comm, const gravac::layout& lay,
+            const typename gravac::trainer<C, K, P>::options& opt) {
+  gravac::trainer<C, K, P> t(comm, lay, opt);
+  std::vector<float> grad(lay.numel(), 0.5f);
+  for (int s = 0; s < 3; ++s) t.step(grad);
+  return grad[0];
+}
+
+#define GRAVAC_WARNINGS_TRAIN(C, K, P)                                               \
+  template float train<C, K, P>(gravac::thread_communicator&, const gravac::layout&, \
+                                const gravac::trainer<C, K, P>::options&)
+GRAVAC_WARNINGS_TRAIN(gravac::topk, gravac::allgather, gravac::gravac_policy);
+GRAVAC_WARNINGS_TRAIN(gravac::qsgd, gravac::allgather, gravac::fixed_policy);
+#undef GRAVAC_WARNINGS_TRAIN
+
+}  // namespace gravac_warnings
