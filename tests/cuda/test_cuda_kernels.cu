@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -23,6 +24,7 @@
 #include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac_test_util.hpp"
+#include "pairwise_cases.hpp"
 
 namespace {
 
@@ -54,19 +56,22 @@ TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and 
   const double fractions[] = {0.0, 1e-6, 0.001, 0.01, 0.1, 0.3, 0.5, 0.9, 0.999999, 1.0};
   const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
                                 distribution::narrow};
-  for (auto n : sizes)
-    for (auto d : dists)
-      for (auto f : fractions) {
-        if (n >= device_size(1u << 20) && (f == 1e-6 || f == 0.999999 || f == 0.3)) continue;  // keep the run short
-        INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
-        pair_run r(gravac::layout::flat(n));
-        const auto p = gravac::test::params_for(r.lay, f);
-        // Three steps: the first without a previous threshold, the second reuses it (the
-        // candidate buffer hits), the third jumps in scale (the candidate buffer misses).
-        r.step(gravac::test::make_data(n, 11, d), p);
-        r.step(gravac::test::make_data(n, 12, d), p);
-        r.step(scaled(gravac::test::make_data(n, 13, d), 1e-3f), p);
-      }
+  // Size x distribution x fraction: every case on a GPU, a pairwise cover on the host double.
+  for (const auto& c :
+       gravac::test::device_sweep_cases({static_cast<int>(std::size(sizes)), static_cast<int>(std::size(dists)),
+                                         static_cast<int>(std::size(fractions))})) {
+    const auto n = sizes[c[0]];
+    const auto d = dists[c[1]];
+    const auto f = fractions[c[2]];
+    INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
+    pair_run r(gravac::layout::flat(n));
+    const auto p = gravac::test::params_for(r.lay, f);
+    // Three steps: the first without a previous threshold, the second reuses it (the
+    // candidate buffer hits), the third jumps in scale (the candidate buffer misses).
+    r.step(gravac::test::make_data(n, 11, d), p);
+    r.step(gravac::test::make_data(n, 12, d), p);
+    r.step(scaled(gravac::test::make_data(n, 13, d), 1e-3f), p);
+  }
 }
 
 TEST_CASE("topk_cuda at 2^26 values matches topk at 1% and 0.1%") {
@@ -247,18 +252,22 @@ TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate,
   const double fractions[] = {0.0, 0.001, 0.01, 0.1, 0.5, 1.0};
   const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
                                 distribution::narrow};
-  for (auto n : sizes)
-    for (auto d : dists)
-      for (auto f : fractions) {
-        INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
-        threshold_pair r(gravac::layout::flat(n));
-        for (std::uint64_t step = 0; step < 3; ++step) {
-          const auto p = gravac::test::params_for(r.lay, f, step);  // a new sample every step
-          r.step(step == 2 ? scaled(gravac::test::make_data(n, 70 + step, d), 1e-3f)
-                           : gravac::test::make_data(n, 70 + step, d),
-                 p);
-        }
-      }
+  // Size x distribution x fraction: every case on a GPU, a pairwise cover on the host double.
+  for (const auto& c :
+       gravac::test::device_sweep_cases({static_cast<int>(std::size(sizes)), static_cast<int>(std::size(dists)),
+                                         static_cast<int>(std::size(fractions))})) {
+    const auto n = sizes[c[0]];
+    const auto d = dists[c[1]];
+    const auto f = fractions[c[2]];
+    INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
+    threshold_pair r(gravac::layout::flat(n));
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      const auto p = gravac::test::params_for(r.lay, f, step);  // a new sample every step
+      r.step(step == 2 ? scaled(gravac::test::make_data(n, 70 + step, d), 1e-3f)
+                       : gravac::test::make_data(n, 70 + step, d),
+             p);
+    }
+  }
 }
 
 TEST_CASE("threshold_cuda at 2^26 values matches threshold at 1%, on a mixed layout with non-finite values") {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <span>
 #include <string>
@@ -32,6 +33,7 @@
 #include "gravac/policy/fixed_policy.hpp"
 #include "gravac/trainer.hpp"
 #include "gravac_test_util.hpp"
+#include "pairwise_cases.hpp"
 
 // The device quantizers plug into the collectives the device top-k uses.
 static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::qsgd_cuda>);
@@ -198,26 +200,29 @@ std::vector<float> adversarial(std::size_t n, int kind, std::uint64_t seed) {
   return v;
 }
 
-// Steps a pair over every size: Gaussian and Laplace data, then each adversarial kind.
+// Steps a pair at one size: Gaussian and Laplace data, then each adversarial kind.
 template <class Pair>
-void sweep(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& dopt, bool big_sizes = true) {
-  for (auto n : sizes) {
-    if (!big_sizes && n > 70000) continue;
-    INFO("n = " << n);
-    Pair r(gravac::layout::flat(n), ho, dopt);
-    for (std::uint64_t s = 0; s < 2; ++s) {
-      r.step(gravac::test::make_data(n, 11 + s, s ? distribution::laplace : distribution::gaussian),
-             gravac::test::params_for(r.lay, 0.1, s));
-    }
-    r.check_decode(0.25f);
-    for (int kind = 0; kind < adversarial_kinds; ++kind) {
-      INFO("adversarial kind " << kind);
-      Pair a(gravac::layout::flat(n), ho, dopt);
-      a.step(adversarial(n, kind, 21 + kind), gravac::test::params_for(a.lay, 0.1, 3));
-      if (kind != 4) a.step(adversarial(n, kind, 31 + kind), gravac::test::params_for(a.lay, 0.1, 4));
-      if (a.last_finite) a.check_decode(0.25f);
-    }
+void sweep_at(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& dopt, std::size_t n) {
+  INFO("n = " << n);
+  Pair r(gravac::layout::flat(n), ho, dopt);
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    r.step(gravac::test::make_data(n, 11 + s, s ? distribution::laplace : distribution::gaussian),
+           gravac::test::params_for(r.lay, 0.1, s));
   }
+  r.check_decode(0.25f);
+  for (int kind = 0; kind < adversarial_kinds; ++kind) {
+    INFO("adversarial kind " << kind);
+    Pair a(gravac::layout::flat(n), ho, dopt);
+    a.step(adversarial(n, kind, 21 + kind), gravac::test::params_for(a.lay, 0.1, 3));
+    if (kind != 4) a.step(adversarial(n, kind, 31 + kind), gravac::test::params_for(a.lay, 0.1, 4));
+    if (a.last_finite) a.check_decode(0.25f);
+  }
+}
+
+// Steps a pair over every size.
+template <class Pair>
+void sweep(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& dopt) {
+  for (auto n : sizes) sweep_at<Pair>(ho, dopt, n);
 }
 
 }  // namespace
@@ -226,11 +231,16 @@ TEST_CASE("qsgd_cuda equals qsgd: every code width and bucket size, Gaussian and
   using P = typed_pair<gravac::qsgd, gravac::qsgd_cuda>;
   const std::uint32_t levels[] = {1, 7, 127, 1000};    // codes of 2, 4, 8 and 16 bits
   const std::uint32_t buckets[] = {512, 64, 0, 2048};  // 0: one norm per layer; 2048: two chunks per bucket
-  for (auto lv : levels)
-    for (auto b : buckets) {
-      INFO("levels = " << lv << ", bucket = " << b);
-      sweep<P>({.levels = lv, .bucket = b}, {.levels = lv, .bucket = b}, lv == 127 || b == 512);
-    }
+  constexpr int n_sizes = static_cast<int>(std::size(sizes));
+  // Code width x bucket x size: every case on a GPU, a pairwise cover on the host double.
+  for (const auto& c : gravac::test::device_sweep_cases({4, 4, n_sizes})) {
+    const auto lv = levels[c[0]];
+    const auto b = buckets[c[1]];
+    const auto n = sizes[c[2]];
+    if (n > 70000 && lv != 127 && b != 512) continue;  // the largest sizes: 8-bit codes or 512 buckets
+    INFO("levels = " << lv << ", bucket = " << b);
+    sweep_at<P>({.levels = lv, .bucket = b}, {.levels = lv, .bucket = b}, n);
+  }
 }
 
 TEST_CASE("terngrad_cuda equals terngrad: bucket sizes, Gaussian and adversarial data") {

@@ -402,14 +402,10 @@ void async_equals_sync(gravac::nccl_communicator& comm, std::size_t bucket_bytes
 }
 
 // The cases of a sweep over bucket size x action on non-finite values x hand-over x
-// collective: the full product on a GPU; on the host double, where each case takes seconds,
-// a pairwise cover (every two settings meet in some case: 16 of 64, 7 of 24).
+// collective: the full product on a GPU, a pairwise cover on the host double (16 of 64, 7
+// of 24).
 std::vector<std::vector<int>> sweep_cases(const std::vector<int>& levels) {
-#if defined(GRAVAC_CUDA_HOST_DOUBLE)
-  return gravac::test::pairwise_cases(levels);
-#else
-  return gravac::test::all_cases(levels);
-#endif
+  return gravac::test::device_sweep_cases(levels);
 }
 
 void async_sweep(gravac::nccl_communicator& comm, const std::vector<std::size_t>& buckets,

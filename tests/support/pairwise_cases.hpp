@@ -60,4 +60,15 @@ inline std::vector<std::vector<int>> pairwise_cases(const std::vector<int>& leve
   return k < 2 ? all : cases;  // one factor: every level is a case
 }
 
+//! The cases of a device test's sweep: the full product on a GPU; on the CUDA host double,
+//! which runs the kernels one thread at a time and makes each case seconds long, the
+//! pairwise cover.
+inline std::vector<std::vector<int>> device_sweep_cases(const std::vector<int>& levels) {
+#if defined(GRAVAC_CUDA_HOST_DOUBLE)
+  return pairwise_cases(levels);
+#else
+  return all_cases(levels);
+#endif
+}
+
 }  // namespace gravac::test
