@@ -12,6 +12,10 @@
 
 namespace gravac::test {
 
+//! The rank count of the thread-rank tests that need no particular one. Shared rather than
+//! defined in each file, so that unity batches of test files do not define it twice.
+inline constexpr int ranks = 4;
+
 // A layout with a conv, a dense, a bias, an empty layer and an odd-sized tail.
 inline layout mixed_layout() {
   layout l;

@@ -21,7 +21,7 @@
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
+using gravac::test::ranks;
 constexpr int total_steps = 40;
 
 // Runs the schedule on 4 thread ranks and checks agreement and the serial reference.

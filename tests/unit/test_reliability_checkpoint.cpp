@@ -13,7 +13,7 @@
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
+using gravac::test::ranks;
 
 std::vector<std::byte> file_bytes(const std::string& path) { return detail::read_file(path); }
 void write_bytes(const std::string& path, const std::vector<std::byte>& b) {

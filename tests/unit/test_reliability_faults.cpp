@@ -11,7 +11,7 @@
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
+using gravac::test::ranks;
 using topk_trainer = trainer<topk, allgather, fixed_policy>;
 
 // MOCK (unit test only): a thread communicator whose rank `bad` damages its own packet on

@@ -55,7 +55,7 @@ void operator delete[](void* p, const std::nothrow_t&) noexcept { counted_free(p
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
+using gravac::test::ranks;
 constexpr std::uint64_t warmup = 1000, total = 10000;
 
 // Resident set size in bytes (Linux), 0 elsewhere.

@@ -10,7 +10,7 @@
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
+using gravac::test::ranks;
 constexpr int bad_rank = 2;
 
 const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),

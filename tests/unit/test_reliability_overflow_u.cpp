@@ -13,15 +13,15 @@
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
-constexpr int bad_rank = 1;
+using gravac::test::ranks;
+constexpr int overflowing_rank = 1;
 constexpr float big = 0.75f * std::numeric_limits<float>::max();  // big + big overflows, big alone does not
 
 bool all_finite(std::span<const float> v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
-// One step after a warm-up step; on bad_rank the residual at element `at` of layer
+// One step after a warm-up step; on overflowing_rank the residual at element `at` of layer
 // `layer` is set to `big` and the gradient there is `big` too.
 template <class C, class K, class Check>
 void overflow_step(non_finite_action action, double f, std::size_t layer, Check&& check) {
@@ -32,9 +32,9 @@ void overflow_step(non_finite_action action, double f, std::size_t layer, Check&
     t.step(g0);
     const std::size_t at = lay[layer].offset + lay[layer].numel / 2;
     auto res = t.residual();  // the mutable accessor: the trainer no longer assumes e = 0
-    if (comm.rank() == bad_rank) res[at] = big;
+    if (comm.rank() == overflowing_rank) res[at] = big;
     auto g = test::make_data(lay.numel(), 23 + comm.rank());
-    if (comm.rank() == bad_rank) g[at] = big;
+    if (comm.rank() == overflowing_rank) g[at] = big;
     REQUIRE(all_finite(g));
     REQUIRE(all_finite(t.residual()));
     check(comm.rank(), t, g, at);
@@ -58,7 +58,7 @@ TEST_CASE("overflow of g + e: throw_error names the layer and the overflow, lose
                                    } catch (const gravac::error& e) {
                                      ++thrown;
                                      CHECK(e.code() == status::non_finite);
-                                     if (r == bad_rank) {
+                                     if (r == overflowing_rank) {
                                        CHECK_THAT(e.what(), Catch::Contains("layer '" + lay[2].name + "'"));
                                        CHECK_THAT(e.what(), Catch::Contains("overflows"));
                                      } else {
@@ -67,7 +67,7 @@ TEST_CASE("overflow of g + e: throw_error names the layer and the overflow, lose
                                    }
                                    // Nothing lost: the failing rank keeps its residual, the others hold u = g + e.
                                    const std::vector<float> now(t.residual().begin(), t.residual().end());
-                                   CHECK(test::bitwise_equal(now, r == bad_rank ? before : u));
+                                   CHECK(test::bitwise_equal(now, r == overflowing_rank ? before : u));
                                    CHECK(all_finite(now));
                                    CHECK(t.steps() == steps);
                                  });
@@ -98,7 +98,7 @@ TEST_CASE("overflow of g + e: zero_values drops g there and goes on with finite 
                                       CHECK(all_finite(t.residual()));
                                       // On the failing rank u there was the residual alone: it is either still in the
                                       // residual or was sent (and the residual there is 0).
-                                      if (r == bad_rank) CHECK((t.residual()[at] == e_at || t.residual()[at] == 0.0f));
+                                      if (r == overflowing_rank) CHECK((t.residual()[at] == e_at || t.residual()[at] == 0.0f));
                                     });
 }
 

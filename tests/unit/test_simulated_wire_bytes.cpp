@@ -13,7 +13,7 @@ using namespace gravac;
 
 namespace {
 
-constexpr int ranks = 4;
+using gravac::test::ranks;
 
 // Sent and received bytes of one call on every rank: fn(sim) makes the call.
 struct wire {

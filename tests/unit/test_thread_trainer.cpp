@@ -5,7 +5,7 @@
 using namespace gravac;
 
 namespace {
-constexpr int ranks = 4;
+using gravac::test::ranks;
 
 // Each rank trains `steps` steps on deliberately different gradients; every rank's output
 // must equal the serial reference, and every rank must hold the same bits.
