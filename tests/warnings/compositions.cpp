@@ -1,5 +1,7 @@
 // Part of warnings_library (CMakeLists.txt here; -O2): trainers over the compressors and
-// policies whose headers warned, each run for a few steps on one thread rank.
+// policies whose headers warned, each run for a few steps on one thread rank, and the state
+// a checkpoint saves between steps.
+#include <cstddef>
 #include <vector>
 
 #include "gravac/gravac.hpp"
@@ -15,11 +17,21 @@ float train(gravac::thread_communicator& comm, const gravac::layout& lay,
   return grad[0];
 }
 
+// What a checkpoint saves between steps, into a new buffer.
+template <class T>
+std::vector<std::byte> step_state(const T& t) {
+  std::vector<std::byte> out;
+  t.save_step_state(out);
+  return out;
+}
+
 #define GRAVAC_WARNINGS_TRAIN(C, K, P)                                               \
   template float train<C, K, P>(gravac::thread_communicator&, const gravac::layout&, \
                                 const gravac::trainer<C, K, P>::options&)
 GRAVAC_WARNINGS_TRAIN(gravac::topk, gravac::allgather, gravac::gravac_policy);
 GRAVAC_WARNINGS_TRAIN(gravac::qsgd, gravac::allgather, gravac::fixed_policy);
 #undef GRAVAC_WARNINGS_TRAIN
+template std::vector<std::byte> step_state(
+    const gravac::trainer<gravac::topk, gravac::allgather, gravac::gravac_policy>&);
 
 }  // namespace gravac_warnings

@@ -25,8 +25,11 @@ struct pending_times {
   //! Appends the state to \p out: five doubles (has, then the four times).
   void save(std::vector<std::byte>& out) const {
     const double v[5] = {has ? 1.0 : 0.0, times.compress_s, times.communicate_s, times.decompress_s, times.iteration_s};
-    const auto* b = reinterpret_cast<const std::byte*>(v);
-    out.insert(out.end(), b, b + sizeof v);
+    // Grown, then copied into: GCC 12 at -O2 misread insert(end, first, last) of this
+    // 40-byte range (a false -Wstringop-overflow in the relocation of the old elements).
+    const std::size_t at = out.size();
+    out.resize(at + sizeof v);
+    std::memcpy(out.data() + at, v, sizeof v);
   }
   //! Restores what save() wrote; an empty \p in (a checkpoint without it) means no times
   //! are pending. Throws gravac::error for any other length or a non-finite time.
