@@ -14,7 +14,7 @@ using namespace gravac;
 
 namespace {
 template <class C, class K>
-void check_against_reference(const typename C::options& copt, double f) {
+void check_quantizer_against_reference(const typename C::options& copt, double f) {
   mpi_communicator comm;
   const int n = comm.size();
   const auto lay = test::mixed_layout();
@@ -52,8 +52,8 @@ void check_against_reference(const typename C::options& copt, double f) {
 template <class C>
 void both(const typename C::options& copt) {
   for (double f : {0.1, 1.0}) {
-    check_against_reference<C, allgather>(copt, f);
-    check_against_reference<C, dense_allreduce>(copt, f);
+    check_quantizer_against_reference<C, allgather>(copt, f);
+    check_quantizer_against_reference<C, dense_allreduce>(copt, f);
   }
 }
 }  // namespace
