@@ -98,7 +98,8 @@ TEST_CASE("overflow of g + e: zero_values drops g there and goes on with finite 
                                       CHECK(all_finite(t.residual()));
                                       // On the failing rank u there was the residual alone: it is either still in the
                                       // residual or was sent (and the residual there is 0).
-                                      if (r == overflowing_rank) CHECK((t.residual()[at] == e_at || t.residual()[at] == 0.0f));
+                                      if (r == overflowing_rank)
+                                        CHECK((t.residual()[at] == e_at || t.residual()[at] == 0.0f));
                                     });
 }
 
