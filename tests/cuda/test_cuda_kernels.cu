@@ -48,6 +48,15 @@ struct pair_run_t : gravac::test::pair_run<Host, Dev> {
 using pair_run = pair_run_t<gravac::topk, gravac::topk_cuda>;
 using threshold_pair = pair_run_t<gravac::threshold, gravac::threshold_cuda>;
 
+// Calls f(size, distribution, fraction) for each case of a sweep over the three: every case
+// on a GPU, a pairwise cover on the host double.
+template <std::size_t S, std::size_t D, std::size_t F, class Fn>
+void for_each_sweep_case(const std::size_t (&sizes)[S], const distribution (&dists)[D], const double (&fractions)[F],
+                         Fn&& f) {
+  for (const auto& c : gravac::test::device_sweep_cases({int{S}, int{D}, int{F}}))
+    f(sizes[c[0]], dists[c[1]], fractions[c[2]]);
+}
+
 }  // namespace
 
 TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and all fractions") {
@@ -56,13 +65,7 @@ TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and 
   const double fractions[] = {0.0, 1e-6, 0.001, 0.01, 0.1, 0.3, 0.5, 0.9, 0.999999, 1.0};
   const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
                                 distribution::narrow};
-  // Size x distribution x fraction: every case on a GPU, a pairwise cover on the host double.
-  for (const auto& c :
-       gravac::test::device_sweep_cases({static_cast<int>(std::size(sizes)), static_cast<int>(std::size(dists)),
-                                         static_cast<int>(std::size(fractions))})) {
-    const auto n = sizes[c[0]];
-    const auto d = dists[c[1]];
-    const auto f = fractions[c[2]];
+  for_each_sweep_case(sizes, dists, fractions, [&](std::size_t n, distribution d, double f) {
     INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
     pair_run r(gravac::layout::flat(n));
     const auto p = gravac::test::params_for(r.lay, f);
@@ -71,7 +74,7 @@ TEST_CASE("topk_cuda selects exactly what topk selects, for sizes 1 .. 2^22 and 
     r.step(gravac::test::make_data(n, 11, d), p);
     r.step(gravac::test::make_data(n, 12, d), p);
     r.step(scaled(gravac::test::make_data(n, 13, d), 1e-3f), p);
-  }
+  });
 }
 
 TEST_CASE("topk_cuda at 2^26 values matches topk at 1% and 0.1%") {
@@ -252,13 +255,7 @@ TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate,
   const double fractions[] = {0.0, 0.001, 0.01, 0.1, 0.5, 1.0};
   const distribution dists[] = {distribution::gaussian, distribution::laplace, distribution::all_equal,
                                 distribution::narrow};
-  // Size x distribution x fraction: every case on a GPU, a pairwise cover on the host double.
-  for (const auto& c :
-       gravac::test::device_sweep_cases({static_cast<int>(std::size(sizes)), static_cast<int>(std::size(dists)),
-                                         static_cast<int>(std::size(fractions))})) {
-    const auto n = sizes[c[0]];
-    const auto d = dists[c[1]];
-    const auto f = fractions[c[2]];
+  for_each_sweep_case(sizes, dists, fractions, [&](std::size_t n, distribution d, double f) {
     INFO("n = " << n << ", fraction = " << f << ", distribution = " << static_cast<int>(d));
     threshold_pair r(gravac::layout::flat(n));
     for (std::uint64_t step = 0; step < 3; ++step) {
@@ -267,7 +264,7 @@ TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate,
                        : gravac::test::make_data(n, 70 + step, d),
              p);
     }
-  }
+  });
 }
 
 TEST_CASE("threshold_cuda at 2^26 values matches threshold at 1%, on a mixed layout with non-finite values") {
