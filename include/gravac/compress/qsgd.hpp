@@ -51,30 +51,15 @@ class qsgd : public detail::leveled_compressor<detail::level_scale::l2_norm> {
   //! A compressor for \p lay; rejects a level count outside 1..32767 or a bucket that is not a multiple of 64.
   qsgd(const layout& lay, const options& opt = {})
       : leveled_compressor(lay, quant_encoding::qsgd, opt.levels, opt.bucket), options_(opt) {
-    if (opt.levels < 1 || opt.levels > qsgd_max_levels) throw_bad_levels(opt.levels);
-    if (opt.bucket % 64 != 0) throw_bad_bucket(opt.bucket);
+    require(opt.levels >= 1 && opt.levels <= qsgd_max_levels, "qsgd: levels must be in 1..", qsgd_max_levels, ", got ",
+            opt.levels);
+    require(opt.bucket % 64 == 0, "qsgd: bucket must be a multiple of 64 (or 0 for whole layers), got ", opt.bucket);
   }
 
   //! The options it was built with.
   [[nodiscard]] const options& get_options() const noexcept { return options_; }
 
  private:
-  // Each message is appended to one named string, built only when it is thrown: GCC 12
-  // misreads a chain of temporaries ("..." + std::to_string(a) + ", got " + ...) and warned
-  // here at -O2 (a false -Warray-bounds / -Wrestrict in std::string; tests/warnings checks).
-  [[noreturn]] static void throw_bad_levels(std::uint32_t levels) {
-    std::string what = "qsgd: levels must be in 1..";
-    what += std::to_string(qsgd_max_levels);
-    what += ", got ";
-    what += std::to_string(levels);
-    throw error(status::invalid_argument, std::move(what));
-  }
-  [[noreturn]] static void throw_bad_bucket(std::uint32_t bucket) {
-    std::string what = "qsgd: bucket must be a multiple of 64 (or 0 for whole layers), got ";
-    what += std::to_string(bucket);
-    throw error(status::invalid_argument, std::move(what));
-  }
-
   options options_;
 };
 static_assert(Compressor<qsgd>);

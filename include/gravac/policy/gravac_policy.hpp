@@ -112,7 +112,8 @@ class gravac_policy {
     // Candidates: multiply by 1/s while below CF_max (a relative margin absorbs rounding), then CF_max.
     for (double c = opt.cf_min; c < opt.cf_max * (1 - 1e-9); c /= opt.scale) {
       candidates_.push_back(c);
-      if (candidates_.size() >= max_candidates) throw_too_many_candidates();
+      require(candidates_.size() < max_candidates, "gravac_policy: cf_min, cf_max and scale give more than ",
+              max_candidates, " candidates");
     }
     candidates_.push_back(opt.cf_max);
     ct_.assign(candidates_.size(), std::numeric_limits<double>::quiet_NaN());
@@ -310,16 +311,6 @@ class gravac_policy {
   [[nodiscard]] const options& get_options() const noexcept { return opt_; }
 
  private:
-  // The message is appended to one named string, built only when it is thrown: a chain of
-  // temporaries ("..." + std::to_string(n) + "...") made GCC 12 at -O3 report a false
-  // -Warray-bounds in std::string's move constructor here (tests/warnings checks).
-  [[noreturn]] static void throw_too_many_candidates() {
-    std::string what = "gravac_policy: cf_min, cf_max and scale give more than ";
-    what += std::to_string(max_candidates);
-    what += " candidates";
-    throw error(status::invalid_argument, std::move(what));
-  }
-
   static constexpr std::uint32_t state_tag = 0x43565247;  // "GRVC"
 
   // EWMA that starts from its first sample.
