@@ -14,7 +14,8 @@ add_library(gravac_runtime STATIC
   src/runtime/trainers_topk.cpp
   src/runtime/trainers_selection.cpp
   src/runtime/trainers_quantizer.cpp
-  src/runtime/trainers_other.cpp)
+  src/runtime/trainers_other.cpp
+  src/runtime/trainers_block_scaled.cpp)
 add_library(gravac::runtime ALIAS gravac_runtime)
 set_target_properties(gravac_runtime PROPERTIES EXPORT_NAME runtime POSITION_INDEPENDENT_CODE ON
                       CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)

@@ -14,6 +14,7 @@
 #include "gravac/comm/simulated_communicator.hpp"
 #include "gravac/comm/thread_communicator.hpp"
 #include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/index_selection.hpp"

@@ -15,6 +15,7 @@
 #include "gravac/collective/flexible.hpp"
 #include "gravac/collective/low_rank_allreduce.hpp"
 #include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/powersgd.hpp"
@@ -46,7 +47,10 @@ enum class compressor_id : std::uint8_t {
   terngrad,
   sign,
   cast16,
-  powersgd
+  powersgd,
+  mxfp8,
+  mxfp4,
+  nvfp4
 };
 //! The collectives a runtime method may name (the order of detail::collective_types).
 enum class collective_id : std::uint8_t {
@@ -72,7 +76,8 @@ inline constexpr named<compressor_id> compressor_names[] = {
     {"identity", compressor_id::identity},   {"topk", compressor_id::topk},       {"randomk", compressor_id::randomk},
     {"threshold", compressor_id::threshold}, {"adacomp", compressor_id::adacomp}, {"qsgd", compressor_id::qsgd},
     {"terngrad", compressor_id::terngrad},   {"sign", compressor_id::sign},       {"cast16", compressor_id::cast16},
-    {"powersgd", compressor_id::powersgd}};
+    {"powersgd", compressor_id::powersgd},   {"mxfp8", compressor_id::mxfp8},     {"mxfp4", compressor_id::mxfp4},
+    {"nvfp4", compressor_id::nvfp4}};
 //! Every collective, by name.
 inline constexpr named<collective_id> collective_names[] = {
     {"dense_allreduce", collective_id::dense_allreduce},
@@ -125,6 +130,9 @@ struct method_config {
   sign_options sign{};            //!< options of sign
   cast16_options cast16{};        //!< options of cast16
   powersgd_options powersgd{};    //!< options of powersgd
+  mxfp8_options mxfp8{};          //!< options of mxfp8
+  mxfp4_options mxfp4{};          //!< options of mxfp4
+  nvfp4_options nvfp4{};          //!< options of nvfp4
 
   dense_allreduce_options dense_allreduce{};            //!< options of dense_allreduce
   allgather_options allgather{};                        //!< options of allgather

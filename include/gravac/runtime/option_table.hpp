@@ -225,6 +225,32 @@ inline std::span<const option_spec> option_table() {
                          "qsgd: elements per bucket sharing one norm, a multiple of 64 (0: one per layer)"),
       GRAVAC_RUNTIME_INT("terngrad_bucket", terngrad.bucket, 0.0, 4294967232.0,
                          "terngrad: elements per bucket sharing one scale, a multiple of 64 (0: one per layer)"),
+      option_spec{
+          "mxfp8_element", option_type::choice, 0, 0, "e4m3,e5m2", "mxfp8: element format (FP8 E4M3 or E5M2)",
+          [](method_config& m, std::string_view v) {
+            m.mxfp8.element = detail::parse_choice("mxfp8_element", v, "e4m3,e5m2") == "e5m2" ? mxfp8_element::e5m2
+                                                                                              : mxfp8_element::e4m3;
+          },
+          [](const method_config& m) { return std::string(m.mxfp8.element == mxfp8_element::e5m2 ? "e5m2" : "e4m3"); }},
+      // One knob for the three block-scaled formats: a run names one of them.
+      option_spec{"block_rounding", option_type::choice, 0, 0, "nearest_even,stochastic",
+                  "mxfp8, mxfp4, nvfp4: rounding of the elements (stochastic: seeded, counter-based)",
+                  [](method_config& m, std::string_view v) {
+                    const auto r = detail::parse_choice("block_rounding", v, "nearest_even,stochastic") == "stochastic"
+                                       ? block_rounding::stochastic
+                                       : block_rounding::nearest_even;
+                    m.mxfp8.rounding = m.mxfp4.rounding = m.nvfp4.rounding = r;
+                  },
+                  [](const method_config& m) {
+                    return std::string(m.mxfp8.rounding == block_rounding::stochastic ? "stochastic" : "nearest_even");
+                  }},
+      option_spec{"block_error_feedback", option_type::boolean, 0, 1, "",
+                  "mxfp8, mxfp4, nvfp4: keep the coding error in the residual (false: measure what it brings)",
+                  [](method_config& m, std::string_view v) {
+                    m.mxfp8.error_feedback = m.mxfp4.error_feedback = m.nvfp4.error_feedback =
+                        detail::parse_bool("block_error_feedback", v);
+                  },
+                  [](const method_config& m) { return std::string(m.mxfp8.error_feedback ? "true" : "false"); }},
   };
   return table;
 }
