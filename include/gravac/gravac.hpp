@@ -16,6 +16,7 @@
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16.hpp"
+#include "gravac/compress/fp8_rowwise.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/compress/qsgd.hpp"

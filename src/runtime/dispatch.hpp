@@ -19,9 +19,9 @@ namespace gravac::runtime::detail {
 
 // The library's parts, in the order of the name tables (method_config.hpp).
 using compressor_types = std::tuple<identity, topk, randomk, threshold, adacomp, qsgd, terngrad, sign, cast16, powersgd,
-                                    mxfp8, mxfp4, nvfp4>;
-using collective_types =
-    std::tuple<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce, compressed_allreduce>;
+                                    mxfp8, mxfp4, nvfp4, fp8_rowwise>;
+using collective_types = std::tuple<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce,
+                                    compressed_allreduce>;
 using policy_types = std::tuple<fixed_policy, gravac_policy, accordion_policy, adacomp_policy, moo_policy>;
 static_assert(std::tuple_size_v<compressor_types> == std::size(compressor_names));
 static_assert(std::tuple_size_v<collective_types> == std::size(collective_names));
@@ -47,56 +47,32 @@ decltype(auto) visit_type(std::size_t index, F&& f) {
 // The options of part T inside a method_config.
 template <class T>
 const auto& options_of(const method_config& m) {
-  if constexpr (std::is_same_v<T, identity>)
-    return m.identity;
-  else if constexpr (std::is_same_v<T, topk>)
-    return m.topk;
-  else if constexpr (std::is_same_v<T, randomk>)
-    return m.randomk;
-  else if constexpr (std::is_same_v<T, threshold>)
-    return m.threshold;
-  else if constexpr (std::is_same_v<T, adacomp>)
-    return m.adacomp;
-  else if constexpr (std::is_same_v<T, qsgd>)
-    return m.qsgd;
-  else if constexpr (std::is_same_v<T, terngrad>)
-    return m.terngrad;
-  else if constexpr (std::is_same_v<T, sign>)
-    return m.sign;
-  else if constexpr (std::is_same_v<T, cast16>)
-    return m.cast16;
-  else if constexpr (std::is_same_v<T, powersgd>)
-    return m.powersgd;
-  else if constexpr (std::is_same_v<T, mxfp8>)
-    return m.mxfp8;
-  else if constexpr (std::is_same_v<T, mxfp4>)
-    return m.mxfp4;
-  else if constexpr (std::is_same_v<T, nvfp4>)
-    return m.nvfp4;
-  else if constexpr (std::is_same_v<T, dense_allreduce>)
-    return m.dense_allreduce;
-  else if constexpr (std::is_same_v<T, allgather>)
-    return m.allgather;
-  else if constexpr (std::is_same_v<T, allreduce_compatible>)
-    return m.allreduce_compatible;
-  else if constexpr (std::is_same_v<T, flexible>)
-    return m.flexible;
-  else if constexpr (std::is_same_v<T, low_rank_allreduce>)
-    return m.low_rank_allreduce;
-  else if constexpr (std::is_same_v<T, compressed_allreduce>)
-    return m.compressed_allreduce;
-  else if constexpr (std::is_same_v<T, fixed_policy>)
-    return m.fixed;
-  else if constexpr (std::is_same_v<T, gravac_policy>)
-    return m.gravac;
-  else if constexpr (std::is_same_v<T, accordion_policy>)
-    return m.accordion;
-  else if constexpr (std::is_same_v<T, adacomp_policy>)
-    return m.adacomp_policy;
-  else if constexpr (std::is_same_v<T, moo_policy>)
-    return m.moo;
-  else
-    static_assert(sizeof(T) == 0, "gravac::runtime: no options for this part");
+  if constexpr (std::is_same_v<T, identity>) return m.identity;
+  else if constexpr (std::is_same_v<T, topk>) return m.topk;
+  else if constexpr (std::is_same_v<T, randomk>) return m.randomk;
+  else if constexpr (std::is_same_v<T, threshold>) return m.threshold;
+  else if constexpr (std::is_same_v<T, adacomp>) return m.adacomp;
+  else if constexpr (std::is_same_v<T, qsgd>) return m.qsgd;
+  else if constexpr (std::is_same_v<T, terngrad>) return m.terngrad;
+  else if constexpr (std::is_same_v<T, sign>) return m.sign;
+  else if constexpr (std::is_same_v<T, cast16>) return m.cast16;
+  else if constexpr (std::is_same_v<T, powersgd>) return m.powersgd;
+  else if constexpr (std::is_same_v<T, mxfp8>) return m.mxfp8;
+  else if constexpr (std::is_same_v<T, mxfp4>) return m.mxfp4;
+  else if constexpr (std::is_same_v<T, nvfp4>) return m.nvfp4;
+  else if constexpr (std::is_same_v<T, fp8_rowwise>) return m.fp8_rowwise;
+  else if constexpr (std::is_same_v<T, dense_allreduce>) return m.dense_allreduce;
+  else if constexpr (std::is_same_v<T, allgather>) return m.allgather;
+  else if constexpr (std::is_same_v<T, allreduce_compatible>) return m.allreduce_compatible;
+  else if constexpr (std::is_same_v<T, flexible>) return m.flexible;
+  else if constexpr (std::is_same_v<T, low_rank_allreduce>) return m.low_rank_allreduce;
+  else if constexpr (std::is_same_v<T, compressed_allreduce>) return m.compressed_allreduce;
+  else if constexpr (std::is_same_v<T, fixed_policy>) return m.fixed;
+  else if constexpr (std::is_same_v<T, gravac_policy>) return m.gravac;
+  else if constexpr (std::is_same_v<T, accordion_policy>) return m.accordion;
+  else if constexpr (std::is_same_v<T, adacomp_policy>) return m.adacomp_policy;
+  else if constexpr (std::is_same_v<T, moo_policy>) return m.moo;
+  else static_assert(sizeof(T) == 0, "gravac::runtime: no options for this part");
 }
 
 // A short description of a policy's state.

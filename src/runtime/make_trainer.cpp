@@ -37,8 +37,7 @@ std::vector<composition> compositions() {
   std::vector<composition> out;
   for (const auto& c : compressor_names)
     for (const auto& k : collective_names)
-      for (const auto& p : policy_names)
-        out.push_back({c.value, k.value, p.value, verdict_of(c.value, k.value, p.value)});
+      for (const auto& p : policy_names) out.push_back({c.value, k.value, p.value, verdict_of(c.value, k.value, p.value)});
   return out;
 }
 
@@ -65,9 +64,8 @@ void require_accepted(const method_config& m) {
               "gravac does not accept " + method_name(m) + ": " + to_string(r) + ". With " +
                   std::string(name_of(compressor_names, m.compressor)) + " it accepts " +
                   (offered.empty() ? std::string("nothing") : offered) +
-                  (takes.empty() ? ""
-                                 : ". " + collective + " with " + std::string(name_of(policy_names, m.policy)) +
-                                       " takes " + takes));
+                  (takes.empty() ? "" : ". " + collective + " with " + std::string(name_of(policy_names, m.policy)) +
+                                            " takes " + takes));
 }
 
 std::unique_ptr<any_trainer> make_trainer(const method_config& m, host_comm comm, const layout& lay) {
@@ -90,6 +88,7 @@ std::unique_ptr<any_trainer> make_trainer(const method_config& m, host_comm comm
     case compressor_id::mxfp8:
     case compressor_id::mxfp4:
     case compressor_id::nvfp4:
+    case compressor_id::fp8_rowwise:
       return detail::make_block_scaled(m, comm, lay);
   }
   throw error(status::invalid_argument, "gravac: unknown compressor id");

@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "compressed_allreduce_check.hpp"
 #include "gravac/compress/block_scaled.hpp"
 #include "packet_battery.hpp"
 #include "reliability_util.hpp"
@@ -610,60 +611,11 @@ TEST_CASE("block-scaled in a trainer: a non-finite gradient throws on every rank
   }
 }
 
-namespace {
-// trainer<C, compressed_allreduce, fixed_policy> on n thread ranks against the serial
-// two-stage reference: every rank's result, residual and server residual bit for bit.
-template <class C>
-void check_compressed_allreduce(int n, const typename C::options& copt) {
-  using T = trainer<C, compressed_allreduce, fixed_policy>;
-  const layout lay = test::mixed_layout();
-  constexpr int steps = 3;
-  typename T::options opt;
-  opt.compressor = copt;
-  const auto N = static_cast<std::size_t>(n);
-  std::vector<std::vector<std::vector<float>>> results(steps, std::vector<std::vector<float>>(N));
-  std::vector<std::vector<float>> res(N), srv(N);
-  std::vector<int> kind_ok(N, 0);
-  run_ranks(n, [&](thread_communicator& comm) {
-    T t(comm, lay, opt);
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (int s = 0; s < steps; ++s) {
-      auto g = spread_data(lay.numel(), 100 * static_cast<std::uint64_t>(s) + r + 1);
-      kind_ok[r] += t.step(g).collective == collective_kind::compressed_allreduce;
-      results[static_cast<std::size_t>(s)][r] = g;
-    }
-    res[r].assign(t.residual().begin(), t.residual().end());
-    const auto sr = t.collective().server_residual();
-    srv[r].assign(sr.begin(), sr.end());
-  });
-  std::vector<std::vector<float>> e(N, std::vector<float>(lay.numel(), 0.0f)), server;
-  fixed_policy pol(lay, opt.policy);
-  for (int s = 0; s < steps; ++s) {
-    step_params p = test::params_for(lay, 0.01, static_cast<std::uint64_t>(s), opt.seed);
-    pol.plan(p);
-    p.ranks = n;
-    std::vector<std::vector<float>> g(N);
-    for (std::size_t r = 0; r < N; ++r) g[r] = spread_data(lay.numel(), 100 * static_cast<std::uint64_t>(s) + r + 1);
-    const auto ref = test::two_stage_reference<C>(lay, copt, p, g, e, server);
-    for (std::size_t r = 0; r < N; ++r) {
-      INFO(n << " ranks, step " << s << ", rank " << r);
-      CHECK(test::bitwise_equal(results[static_cast<std::size_t>(s)][r], ref));
-    }
-  }
-  for (std::size_t r = 0; r < N; ++r) {
-    INFO(n << " ranks, rank " << r);
-    CHECK(kind_ok[r] == steps);
-    CHECK(test::bitwise_equal(res[r], e[r]));
-    CHECK(test::bitwise_equal(srv[r], server[r]));
-  }
-}
-}  // namespace
-
 TEST_CASE("block-scaled over the compressed allreduce on 1 to 5 thread ranks equals the two-stage reference",
           "[block_scaled][compressed_allreduce][threads]") {
   for (int n = 1; n <= 5; ++n) {
-    check_compressed_allreduce<mxfp8>(n, {});
-    check_compressed_allreduce<mxfp4>(n, {.rounding = block_rounding::stochastic});
-    check_compressed_allreduce<nvfp4>(n, {});
+    test::check_compressed_allreduce<mxfp8>(n, {}, spread_data);
+    test::check_compressed_allreduce<mxfp4>(n, {.rounding = block_rounding::stochastic}, spread_data);
+    test::check_compressed_allreduce<nvfp4>(n, {}, spread_data);
   }
 }

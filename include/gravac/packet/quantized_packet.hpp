@@ -20,15 +20,16 @@ namespace gravac {
 
 //! Which quantizer wrote a quantized segment (segment_header::encoding).
 enum class quant_encoding : std::uint8_t {
-  qsgd = 1,        //!< QSGD: stochastic levels of |u| / ||u_bucket||
-  terngrad = 2,    //!< TernGrad: scale * {-1, 0, 1}, stochastic
-  sign = 3,        //!< EF-sign: sign bits and one scale
-  fp16 = 4,        //!< IEEE half precision of u / N
-  bf16 = 5,        //!< bfloat16 of u / N
-  mxfp8_e4m3 = 6,  //!< MXFP8: FP8 E4M3 elements, one E8M0 scale per 32
-  mxfp8_e5m2 = 7,  //!< MXFP8: FP8 E5M2 elements, one E8M0 scale per 32
-  mxfp4 = 8,       //!< MXFP4: FP4 E2M1 elements, one E8M0 scale per 32
-  nvfp4 = 9,       //!< NVFP4: FP4 E2M1 elements, one E4M3 scale per 16 and one float scale per layer
+  qsgd = 1,          //!< QSGD: stochastic levels of |u| / ||u_bucket||
+  terngrad = 2,      //!< TernGrad: scale * {-1, 0, 1}, stochastic
+  sign = 3,          //!< EF-sign: sign bits and one scale
+  fp16 = 4,          //!< IEEE half precision of u / N
+  bf16 = 5,          //!< bfloat16 of u / N
+  mxfp8_e4m3 = 6,    //!< MXFP8: FP8 E4M3 elements, one E8M0 scale per 32
+  mxfp8_e5m2 = 7,    //!< MXFP8: FP8 E5M2 elements, one E8M0 scale per 32
+  mxfp4 = 8,         //!< MXFP4: FP4 E2M1 elements, one E8M0 scale per 32
+  nvfp4 = 9,         //!< NVFP4: FP4 E2M1 elements, one E4M3 scale per 16 and one float scale per layer
+  fp8_rowwise = 10,  //!< FP8 E4M3 elements, one float scale per row (torchft's fp8 allreduce)
 };
 
 //! Bytes of the prefix every quantized payload starts with.
@@ -75,6 +76,12 @@ inline constexpr std::size_t nvfp4_block = 16;
 //! padded to 8 bytes.
 constexpr std::size_t block_scaled_payload_bytes(std::size_t numel, std::size_t block, unsigned code_bits) noexcept {
   return quant_prefix_bytes + pad8(bucket_count(numel, block)) + pad8(detail::code_bytes(numel, code_bits));
+}
+
+//! Payload bytes of an fp8_rowwise segment of \p numel elements in rows of \p row: the
+//! prefix, one float scale per row and one byte per element, each part padded to 8 bytes.
+constexpr std::size_t rowwise_payload_bytes(std::size_t numel, std::size_t row) noexcept {
+  return quant_prefix_bytes + pad8(bucket_count(numel, row) * sizeof(float)) + pad8(numel);
 }
 
 }  // namespace gravac

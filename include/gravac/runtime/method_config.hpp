@@ -17,6 +17,7 @@
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16.hpp"
+#include "gravac/compress/fp8_rowwise.hpp"
 #include "gravac/compress/identity.hpp"
 #include "gravac/compress/powersgd.hpp"
 #include "gravac/compress/qsgd.hpp"
@@ -50,7 +51,8 @@ enum class compressor_id : std::uint8_t {
   powersgd,
   mxfp8,
   mxfp4,
-  nvfp4
+  nvfp4,
+  fp8_rowwise
 };
 //! The collectives a runtime method may name (the order of detail::collective_types).
 enum class collective_id : std::uint8_t {
@@ -73,11 +75,13 @@ struct named {
 
 //! Every compressor, by name.
 inline constexpr named<compressor_id> compressor_names[] = {
-    {"identity", compressor_id::identity},   {"topk", compressor_id::topk},       {"randomk", compressor_id::randomk},
-    {"threshold", compressor_id::threshold}, {"adacomp", compressor_id::adacomp}, {"qsgd", compressor_id::qsgd},
-    {"terngrad", compressor_id::terngrad},   {"sign", compressor_id::sign},       {"cast16", compressor_id::cast16},
-    {"powersgd", compressor_id::powersgd},   {"mxfp8", compressor_id::mxfp8},     {"mxfp4", compressor_id::mxfp4},
-    {"nvfp4", compressor_id::nvfp4}};
+    {"identity", compressor_id::identity}, {"topk", compressor_id::topk},
+    {"randomk", compressor_id::randomk},   {"threshold", compressor_id::threshold},
+    {"adacomp", compressor_id::adacomp},   {"qsgd", compressor_id::qsgd},
+    {"terngrad", compressor_id::terngrad}, {"sign", compressor_id::sign},
+    {"cast16", compressor_id::cast16},     {"powersgd", compressor_id::powersgd},
+    {"mxfp8", compressor_id::mxfp8},       {"mxfp4", compressor_id::mxfp4},
+    {"nvfp4", compressor_id::nvfp4},       {"fp8_rowwise", compressor_id::fp8_rowwise}};
 //! Every collective, by name.
 inline constexpr named<collective_id> collective_names[] = {
     {"dense_allreduce", collective_id::dense_allreduce},
@@ -120,19 +124,20 @@ struct method_config {
   collective_id collective = collective_id::allgather;  //!< which collective
   policy_id policy = policy_id::gravac;                 //!< which policy
 
-  identity_options identity{};    //!< options of identity
-  topk_options topk{};            //!< options of topk
-  randomk_options randomk{};      //!< options of randomk
-  threshold_options threshold{};  //!< options of threshold
-  adacomp_options adacomp{};      //!< options of the adacomp compressor
-  qsgd_options qsgd{};            //!< options of qsgd
-  terngrad_options terngrad{};    //!< options of terngrad
-  sign_options sign{};            //!< options of sign
-  cast16_options cast16{};        //!< options of cast16
-  powersgd_options powersgd{};    //!< options of powersgd
-  mxfp8_options mxfp8{};          //!< options of mxfp8
-  mxfp4_options mxfp4{};          //!< options of mxfp4
-  nvfp4_options nvfp4{};          //!< options of nvfp4
+  identity_options identity{};        //!< options of identity
+  topk_options topk{};                //!< options of topk
+  randomk_options randomk{};          //!< options of randomk
+  threshold_options threshold{};      //!< options of threshold
+  adacomp_options adacomp{};          //!< options of the adacomp compressor
+  qsgd_options qsgd{};                //!< options of qsgd
+  terngrad_options terngrad{};        //!< options of terngrad
+  sign_options sign{};                //!< options of sign
+  cast16_options cast16{};            //!< options of cast16
+  powersgd_options powersgd{};        //!< options of powersgd
+  mxfp8_options mxfp8{};              //!< options of mxfp8
+  mxfp4_options mxfp4{};              //!< options of mxfp4
+  nvfp4_options nvfp4{};              //!< options of nvfp4
+  fp8_rowwise_options fp8_rowwise{};  //!< options of fp8_rowwise
 
   dense_allreduce_options dense_allreduce{};            //!< options of dense_allreduce
   allgather_options allgather{};                        //!< options of allgather

@@ -251,6 +251,9 @@ inline std::span<const option_spec> option_table() {
                         detail::parse_bool("block_error_feedback", v);
                   },
                   [](const method_config& m) { return std::string(m.mxfp8.error_feedback ? "true" : "false"); }},
+      GRAVAC_RUNTIME_INT("fp8_row", fp8_rowwise.row, 1.0, 4294967295.0, "fp8_rowwise: elements per float scale"),
+      GRAVAC_RUNTIME_BOOL("fp8_rowwise_error_feedback", fp8_rowwise.error_feedback,
+                          "fp8_rowwise: keep the coding error in the residual (torchft has none)"),
   };
   return table;
 }
