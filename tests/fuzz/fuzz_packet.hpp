@@ -4,13 +4,16 @@
 // GRAVAC_FUZZ_COMPRESSOR; this header turns it into
 //  - LLVMFuzzerTestOneInput: validate the untrusted bytes and, only when they are valid,
 //    decompress them into a heap buffer of exactly the layout's size, so AddressSanitizer
-//    sees any read or write out of bounds and UBSan any undefined arithmetic;
+//    sees any read or write out of bounds and UBSan any undefined arithmetic (and, for a
+//    decoder that promises finite output, check_finite, that every layer a coded segment
+//    decoded into is finite);
 //  - a seed-corpus writer: `fuzz_<name> --make-corpus=DIR` compresses a range of
 //    gradients (dense, sparse, mixed per-layer fractions, zeros, heavy tails) and writes
 //    every packet as a file, then exits without fuzzing.
 // The layout is fixed (the packet header carries its hash): tests' mixed_layout, which has
 // a conv, a dense, a 1-D bias, an empty layer and odd sizes not divisible by bin lengths.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -29,9 +32,16 @@ inline const layout& fuzz_layout() {
   return lay;
 }
 
+// What decode_one checks of a decoded packet beyond memory safety.
+enum class check_output : bool {
+  none,    // raw or coded values may be anything a float holds
+  finite,  // coded (non-raw) segments decode to finite values (raw ones carry any float)
+};
+
 // Decodes one untrusted packet; returns 0 (libFuzzer's "keep going").
 template <class C>
-int decode_one(C& c, const std::uint8_t* data, std::size_t size, const layout& lay = fuzz_layout()) {
+int decode_one(C& c, const std::uint8_t* data, std::size_t size, const layout& lay = fuzz_layout(),
+               check_output check = check_output::none) {
   const auto bytes = std::as_bytes(std::span<const std::uint8_t>(data, size));
   const validation v = c.validate(bytes);
   if (!v) {
@@ -40,6 +50,13 @@ int decode_one(C& c, const std::uint8_t* data, std::size_t size, const layout& l
   }
   std::vector<float> out(lay.numel(), 0.0f);
   c.decompress_add(bytes, host_view(out), 0.25f);
+  if (check == check_output::finite)
+    for_each_segment(bytes, [&](const segment_header& sh, std::span<const std::byte>) {
+      if (sh.encoding == raw_encoding) return;
+      const layer& l = lay[sh.layer];
+      for (std::size_t i = 0; i < l.numel; ++i)
+        if (!std::isfinite(out[l.offset + i])) std::abort();
+    });
   // Validation must be a pure function of the bytes.
   if (!c.validate(bytes)) std::abort();
   return 0;
@@ -58,8 +75,9 @@ inline step_params corpus_params(const layout& lay, std::uint64_t step, double f
   return p;
 }
 
-inline void write_seed(const std::string& dir, int n, std::span<const std::byte> bytes) {
-  const std::string path = dir + "/seed_" + std::to_string(n);
+inline void write_seed(const std::string& dir, int n, std::span<const std::byte> bytes,
+                       const std::string& prefix = "seed_") {
+  const std::string path = dir + "/" + prefix + std::to_string(n);
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
@@ -68,10 +86,11 @@ inline void write_seed(const std::string& dir, int n, std::span<const std::byte>
   std::fclose(f);
 }
 
-// Writes valid packets of compressor C into dir (which must exist); every packet is
-// validated first, so a seed that does not validate is a bug in the compressor.
+// Writes valid packets of compressor C into dir (which must exist), named prefix + number;
+// every packet is validated first, so a seed that does not validate is a bug in the compressor.
 template <class C>
-int make_corpus(const std::string& dir, const typename C::options& opt, const layout& lay = fuzz_layout()) {
+int make_corpus(const std::string& dir, const typename C::options& opt, const layout& lay = fuzz_layout(),
+                const std::string& prefix = "seed_") {
   C c(lay, opt);
   std::vector<std::byte> packet(c.max_packet_bytes());
   std::vector<float> e(lay.numel(), 0.0f);
@@ -93,7 +112,7 @@ int make_corpus(const std::string& dir, const typename C::options& opt, const la
           std::fprintf(stderr, "corpus: a packet of the compressor does not validate: %s\n", v.reason.c_str());
           return 1;
         }
-        write_seed(dir, n++, pk);
+        write_seed(dir, n++, pk, prefix);
         ++step;
       }
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
