@@ -1,11 +1,10 @@
-// The device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda) against their
-// host compressors on the same data: packets equal byte for byte (scales, random draws,
-// codes, padding), residuals equal bit for bit, statistics close; device validation agrees
-// with the host's on good and corrupted packets, and device decoding equals the host's bit
-// for bit. Sizes 1, 7, 1000, 2^16 + 3, 2^20; Gaussian, heavy-tailed and adversarial data
-// (all-zero layers, huge values, subnormals, NaN and infinity). The device trainer's
-// on_non_finite against the host trainer's, each action on a NaN and on a finite g whose
-// g + e overflows. Skipped without a GPU.
+// The device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda, mxfp8_cuda,
+// mxfp4_cuda, nvfp4_cuda) against their host compressors on the same data: packets equal byte for byte (scales, random
+// draws, codes, padding), residuals equal bit for bit, statistics close; device validation agrees with the host's on
+// good and corrupted packets, and device decoding equals the host's bit for bit. Sizes 1, 7, 1000, 2^16 + 3, 2^20;
+// Gaussian, heavy-tailed and adversarial data (all-zero layers, huge values, subnormals, NaN and infinity). The device
+// trainer's on_non_finite against the host trainer's, each action on a NaN and on a finite g whose g + e overflows.
+// Skipped without a GPU.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cfloat>
@@ -16,16 +15,19 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_test_util.hpp"
 #include "gravac/collective/allgather.hpp"
 #include "gravac/collective/dense_allreduce.hpp"
 #include "gravac/comm/thread_communicator.hpp"
+#include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/sign.hpp"
 #include "gravac/compress/terngrad.hpp"
+#include "gravac/cuda/block_scaled_cuda.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
@@ -40,6 +42,8 @@ static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::qsgd_cuda>);
 static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::cast16_cuda>);
 static_assert(gravac::CollectiveAccepts<gravac::dense_allreduce, gravac::sign_cuda>);
 static_assert(gravac::CollectiveAccepts<gravac::dense_allreduce, gravac::terngrad_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::mxfp8_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::allgather, gravac::nvfp4_cuda>);
 
 namespace {
 
@@ -225,6 +229,37 @@ void sweep(const typename Pair::host_opt_t& ho, const typename Pair::dev_opt_t& 
   for (auto n : sizes) sweep_at<Pair>(ho, dopt, n);
 }
 
+// The block-scaled formats: 0 MXFP8 E4M3, 1 MXFP8 E5M2, 2 MXFP4, 3 NVFP4.
+constexpr int block_formats = 4;
+const char* const block_format_names[] = {"mxfp8 e4m3", "mxfp8 e5m2", "mxfp4", "nvfp4"};
+
+// Calls fn(std::type_identity<pair type>, host options, device options) for block format
+// \p format with rounding \p r and error feedback \p ef.
+template <class Fn>
+void with_block_format(int format, gravac::block_rounding r, bool ef, Fn&& fn) {
+  using gravac::mxfp8_element;
+  switch (format) {
+    case 0:
+    case 1: {
+      const auto el = format == 0 ? mxfp8_element::e4m3 : mxfp8_element::e5m2;
+      fn(std::type_identity<typed_pair<gravac::mxfp8, gravac::mxfp8_cuda>>{},
+         gravac::mxfp8_options{.element = el, .rounding = r, .error_feedback = ef},
+         gravac::mxfp8_cuda_options{.element = el, .rounding = r, .error_feedback = ef});
+      break;
+    }
+    case 2:
+      fn(std::type_identity<typed_pair<gravac::mxfp4, gravac::mxfp4_cuda>>{},
+         gravac::mxfp4_options{.rounding = r, .error_feedback = ef},
+         gravac::mxfp4_cuda_options{.rounding = r, .error_feedback = ef});
+      break;
+    default:
+      fn(std::type_identity<typed_pair<gravac::nvfp4, gravac::nvfp4_cuda>>{},
+         gravac::nvfp4_options{.rounding = r, .error_feedback = ef},
+         gravac::nvfp4_cuda_options{.rounding = r, .error_feedback = ef});
+      break;
+  }
+}
+
 }  // namespace
 
 TEST_CASE("qsgd_cuda equals qsgd: every code width and bucket size, Gaussian and adversarial data") {
@@ -279,6 +314,22 @@ TEST_CASE("cast16_cuda equals cast16: fp16 and bf16, one and several ranks") {
   }
 }
 
+TEST_CASE("mxfp8_cuda, mxfp4_cuda and nvfp4_cuda equal the host's: every format, rounding, error feedback and size",
+          "[block_scaled]") {
+  constexpr int n_sizes = static_cast<int>(std::size(sizes));
+  // Format x rounding x error feedback x size: every case on a GPU, a pairwise cover on the
+  // host double. Sizes 7, 1000 and 2^16 + 3 end in a partial block of 16 and of 32.
+  for (const auto& c : gravac::test::device_sweep_cases({block_formats, 2, 2, n_sizes})) {
+    const auto r = c[1] ? gravac::block_rounding::stochastic : gravac::block_rounding::nearest_even;
+    const bool ef = c[2] == 0;
+    INFO(block_format_names[c[0]] << (c[1] ? ", stochastic" : ", nearest even")
+                                  << (ef ? ", error feedback" : ", no error feedback"));
+    with_block_format(c[0], r, ef, [&](auto pair, const auto& ho, const auto& dopt) {
+      sweep_at<typename decltype(pair)::type>(ho, dopt, sizes[c[3]]);
+    });
+  }
+}
+
 TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and the gain curve") {
   auto lay = gravac::test::mixed_layout();
   lay.add("zero", {4096}, gravac::layer_kind::dense);
@@ -313,6 +364,14 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
                                                       {.format = gravac::cast16_format::bf16});
     run(r);
   }
+  for (int f = 0; f < block_formats; ++f) {
+    INFO(block_format_names[f]);
+    const auto rounding = f % 2 ? gravac::block_rounding::stochastic : gravac::block_rounding::nearest_even;
+    with_block_format(f, rounding, f != 2, [&](auto pair, const auto& ho, const auto& dopt) {
+      typename decltype(pair)::type r(lay, ho, dopt);
+      run(r);
+    });
+  }
 }
 
 // A small case for compute-sanitizer (scripts/gpu-check): QSGD's buckets on a mixed layout
@@ -338,6 +397,20 @@ TEST_CASE("device quantizers: invalid options are rejected as on the host") {
   CHECK_THROWS_AS(gravac::qsgd_cuda(lay, {.bucket = 100}), gravac::error);
   CHECK_THROWS_AS(gravac::terngrad_cuda(lay, {.bucket = 65}), gravac::error);
   CHECK_THROWS_AS(gravac::cast16_cuda(lay, {.format = static_cast<gravac::cast16_format>(7)}), gravac::error);
+  // The block-scaled formats reject what their host compressors reject.
+  const auto bad_element = static_cast<gravac::mxfp8_element>(7);
+  const auto bad_rounding = static_cast<gravac::block_rounding>(5);
+  CHECK_THROWS_AS(gravac::mxfp8(lay, {.element = bad_element}), gravac::error);
+  CHECK_THROWS_AS(gravac::mxfp8_cuda(lay, {.element = bad_element}), gravac::error);
+  CHECK_THROWS_AS(gravac::mxfp8(lay, {.rounding = bad_rounding}), gravac::error);
+  CHECK_THROWS_AS(gravac::mxfp8_cuda(lay, {.rounding = bad_rounding}), gravac::error);
+  CHECK_THROWS_AS(gravac::mxfp4(lay, {.rounding = bad_rounding}), gravac::error);
+  CHECK_THROWS_AS(gravac::mxfp4_cuda(lay, {.rounding = bad_rounding}), gravac::error);
+  CHECK_THROWS_AS(gravac::nvfp4(lay, {.rounding = bad_rounding}), gravac::error);
+  CHECK_THROWS_AS(gravac::nvfp4_cuda(lay, {.rounding = bad_rounding}), gravac::error);
+  CHECK_NOTHROW(gravac::mxfp8_cuda(lay, {.element = gravac::mxfp8_element::e5m2,
+                                         .rounding = gravac::block_rounding::stochastic,
+                                         .error_feedback = false}));
 }
 
 namespace {
@@ -376,7 +449,7 @@ void corruptions(Pair& r) {
   }
   const std::size_t pl = pos + sizeof sh;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  check(put(pos + offsetof(gravac::segment_header, encoding), std::uint8_t{9}), "encoding");
+  check(put(pos + offsetof(gravac::segment_header, encoding), std::uint8_t{200}), "encoding");  // no encoding
   check(put(pos + offsetof(gravac::segment_header, index_width), std::uint8_t{4}), "indices");
   check(put(pos + offsetof(gravac::segment_header, count), std::uint64_t{sh.numel - 1}), "count");
   const auto enc = static_cast<gravac::quant_encoding>(sh.encoding);
@@ -409,6 +482,45 @@ void corruptions(Pair& r) {
     const std::size_t used = sh.numel * w;
     if ((pl + sh.payload_bytes) * 8 > codes * 8 + used) {
       auto b = good;  // the last payload bit (padding)
+      b[pl + sh.payload_bytes - 1] |= std::byte{0x80};
+      check(b, "padding bit set");
+    }
+  } else if (enc == gravac::quant_encoding::mxfp8_e4m3 || enc == gravac::quant_encoding::mxfp8_e5m2 ||
+             enc == gravac::quant_encoding::mxfp4 || enc == gravac::quant_encoding::nvfp4) {
+    namespace gd = gravac::detail;
+    const bool nv = enc == gravac::quant_encoding::nvfp4;
+    const bool fp8 = enc == gravac::quant_encoding::mxfp8_e4m3 || enc == gravac::quant_encoding::mxfp8_e5m2;
+    const std::uint32_t block = nv ? 16 : 32;
+    const unsigned w = fp8 ? 8 : 4;
+    const std::size_t nb = gravac::bucket_count(sh.numel, block);
+    const std::size_t scales = pl + 8, codes = scales + gravac::pad8(nb);
+    check(put(pl, std::uint32_t{nv ? 32u : 16u}), "wrong block size");
+    if (nv) {
+      check(put(pl + 4, nan), "NaN per-layer scale");
+      check(put(pl + 4, -1.0f), "negative per-layer scale");
+      check(put(pl + 4, std::numeric_limits<float>::infinity()), "infinite per-layer scale");
+      check(put(pl + 4, FLT_MAX), "per-layer scale whose largest value overflows");
+      check(put(scales, std::uint8_t{0x80}), "negative block scale");
+      check(put(scales, std::uint8_t{0x7f}), "NaN block scale");
+      check(put(scales, std::uint8_t{0x7e}), "largest block scale", false);
+    } else {
+      const auto elem = enc == gravac::quant_encoding::mxfp8_e4m3   ? gd::minifloat::e4m3
+                        : enc == gravac::quant_encoding::mxfp8_e5m2 ? gd::minifloat::e5m2
+                                                                    : gd::minifloat::e2m1;
+      const auto top = static_cast<std::uint8_t>(gd::mx_max_scale_code(elem));
+      check(put(pl + 4, std::uint32_t{1}), "prefix word set");
+      check(put(scales, std::uint8_t{0xff}), "NaN scale");
+      check(put(scales, static_cast<std::uint8_t>(top + 1)), "scale above the largest");
+      check(put(scales, top), "the largest scale", false);
+    }
+    if (nb % 8 != 0) check(put(scales + nb, std::uint8_t{1}), "scale padding set");
+    if (fp8) {
+      check(put(codes, std::uint8_t{0x7f}), "NaN element");
+      check(put(codes, std::uint8_t{0xff}), "negative NaN element");
+      if (enc == gravac::quant_encoding::mxfp8_e5m2) check(put(codes, std::uint8_t{0xfc}), "infinite element");
+    }
+    if ((pl + sh.payload_bytes) * 8 > codes * 8 + sh.numel * w) {
+      auto b = good;
       b[pl + sh.payload_bytes - 1] |= std::byte{0x80};
       check(b, "padding bit set");
     }
@@ -461,6 +573,14 @@ TEST_CASE("device quantizers: validation agrees with the host's on good and corr
     typed_pair<gravac::cast16, gravac::cast16_cuda> r(lay, {.format = f}, {.format = f});
     r.step(g, p);
     corruptions(r);
+  }
+  for (int f = 0; f < block_formats; ++f) {
+    INFO(block_format_names[f]);
+    with_block_format(f, gravac::block_rounding::nearest_even, true, [&](auto pair, const auto& ho, const auto& dopt) {
+      typename decltype(pair)::type r(lay, ho, dopt);
+      r.step(g, p);
+      corruptions(r);
+    });
   }
 }
 
@@ -524,6 +644,9 @@ TEST_CASE("trainer with a device quantizer equals the host trainer (one rank, al
   trainer_pair<gravac::terngrad, gravac::terngrad_cuda, gravac::allgather>(0.1);
   trainer_pair<gravac::sign, gravac::sign_cuda, gravac::dense_allreduce>(0.1);
   trainer_pair<gravac::cast16, gravac::cast16_cuda, gravac::dense_allreduce>(0.1);
+  trainer_pair<gravac::mxfp8, gravac::mxfp8_cuda, gravac::allgather>(0.1);
+  trainer_pair<gravac::mxfp4, gravac::mxfp4_cuda, gravac::allgather>(0.1);
+  trainer_pair<gravac::nvfp4, gravac::nvfp4_cuda, gravac::allgather>(0.1);
 }
 
 // ---- on_non_finite on device memory --------------------------------------------------------

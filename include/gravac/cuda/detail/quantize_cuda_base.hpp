@@ -2,10 +2,12 @@
 //! \file quantize_cuda_base.hpp
 //! \brief detail::quantize_cuda_base: the body the quantizing compressors on the device
 //! share (qsgd_cuda, terngrad_cuda, sign_cuda and cast16_cuda, each in its own header under
-//! cuda/, which adds its options, their checks and its documentation). Same packets as
-//! gravac::qsgd, terngrad, sign and cast16 on the same input, bit for bit (the same scales,
-//! random draws, codes and padding), and the same residual e = u - decompress(packet); see
-//! quantize_cuda_kernels.hpp for how. Part of target gravac::cuda.
+//! cuda/, and mxfp8_cuda, mxfp4_cuda and nvfp4_cuda in block_scaled_cuda.hpp, which add
+//! their options, their checks and their documentation). Same packets as gravac::qsgd,
+//! terngrad, sign, cast16, mxfp8, mxfp4 and nvfp4 on the same input, bit for bit (the same
+//! scales, random draws, codes and padding), and the same residual e = u -
+//! decompress(packet); see quantize_cuda_kernels.hpp and block_scaled_kernels.hpp for how.
+//! Part of target gravac::cuda.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
@@ -17,11 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16_format.hpp"
+#include "gravac/compress/detail/block_scaled_codec.hpp"
 #include "gravac/compress/detail/cast16_limits.hpp"
 #include "gravac/concepts/composition.hpp"
 #include "gravac/concepts/concepts.hpp"
 #include "gravac/core/detail/random.hpp"
+#include "gravac/cuda/detail/block_scaled_kernels.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
@@ -49,7 +54,9 @@ namespace gravac::detail {
 //! the options and which layers go raw), uploads the plan, and runs a fixed sequence of
 //! launches that each cover every layer: the headers; the gain pass when gain candidates
 //! are asked for (the histogram of topk_cuda's fused pass); raw layers; then per quantizer
-//! the chunk sums, the scales and the codes with the residual. One copy of the statistics
+//! the chunk sums, the scales and the codes with the residual (block-scaled: the chunk sums,
+//! NVFP4's per-layer largest |u|, then one pass that finds each block's scale and writes
+//! its codes and the residual). One copy of the statistics
 //! comes back and it returns when packet and residual are ready. Every workspace is
 //! allocated at construction (no allocation per step). compress_stats::non_finite reports a
 //! NaN or infinity in u = g + e (the host trainer checks g itself; device memory it cannot
@@ -57,6 +64,7 @@ namespace gravac::detail {
 template <quant_family Q, class Options>
 class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>> {
   static constexpr bool leveled = Q == quant_family::qsgd || Q == quant_family::terngrad;
+  static constexpr bool block_scaled = is_block_family(Q);
 
  public:
   //! Opt-in tag for the Compressor concept.
@@ -65,7 +73,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   static constexpr decision acts_on = decision::none;
   //! Works on device memory.
   using memory_space = cuda_space;
-  //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options or cast16_cuda_options).
+  //! Options (qsgd_cuda_options, terngrad_cuda_options, sign_cuda_options, cast16_cuda_options,
+  //! mxfp8_cuda_options, mxfp4_cuda_options or nvfp4_cuda_options).
   using options = Options;
   //! Each rank has its own scales, so codes cannot be summed elementwise.
   static constexpr bool summable_by_index = false;
@@ -135,10 +144,15 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
 
  protected:
   //! A compressor for \p lay with options \p opt, already checked by the public class, and
-  //! \p levels and \p bucket (qsgd's; terngrad's bucket with one level; 1 and 0 for sign
-  //! and cast16); allocates the whole workspace.
+  //! \p levels and \p bucket (qsgd's; terngrad's bucket with one level; 1 and 0 for sign,
+  //! cast16 and the block-scaled formats); allocates the whole workspace.
   quantize_cuda_base(const layout& lay, const options& opt, std::uint32_t levels, std::uint32_t bucket)
       : layout_(lay), options_(opt), levels_(levels), bucket_(bucket) {
+    if constexpr (block_scaled) {
+      format_ = block_format_of(opt);
+      stochastic_ = opt.rounding == block_rounding::stochastic;
+      feedback_ = opt.error_feedback;
+    }
     const stream_ref s = opt.stream;
     launch_ = detail::launch_config::current_device();
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
@@ -157,6 +171,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
                                     cudaMemcpyHostToDevice, s.get()));
     jobs_ = device_buffer<detail::quant_job>(L, s);
     sums_ = device_buffer<detail::quant_sums>(L, s);
+    if constexpr (block_scaled) amax_ = device_buffer<std::uint32_t>(L, s);
     chunks_ = device_buffer<detail::chunk_sums>(std::max<std::size_t>(chunks, 1), s);
     scales_ = device_buffer<detail::bucket_scale>(std::max<std::size_t>(buckets, 1), s);
     plan_ = device_buffer<detail::segment_desc>(L, s);
@@ -240,7 +255,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         blocks[cd::pass_codes] += cd::blocks_covering(slots, T);
         if constexpr (Q != quant_family::cast16) {
           blocks[cd::pass_accumulate] += cd::blocks_covering(sh.chunks, cd::chunks_per_block);
-          blocks[cd::pass_scales] += leveled ? cd::blocks_covering(sh.buckets, T) : cd::one_block;
+          if constexpr (block_scaled)  // NVFP4's per-layer amax, one thread per element
+            blocks[cd::pass_scales] += format_ == block_format::nvfp4 ? cd::blocks_covering(l.numel, T) : 0;
+          else
+            blocks[cd::pass_scales] += leveled ? cd::blocks_covering(sh.buckets, T) : cd::one_block;
         }
       }
       job_layer_[jobs] = i;
@@ -274,6 +292,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
       GRAVAC_TRY_CUDA(
           cudaMemcpyAsync(jobs_.data(), jobs_host_.data(), jobs * sizeof(cd::quant_job), cudaMemcpyHostToDevice, s));
       GRAVAC_TRY_CUDA(cudaMemsetAsync(sums_.data(), 0, jobs * sizeof(cd::quant_sums), s));
+      if constexpr (block_scaled) GRAVAC_TRY_CUDA(cudaMemsetAsync(amax_.data(), 0, jobs * sizeof(std::uint32_t), s));
     }
     detail::launch(&cd::write_packet_headers, cd::table_blocks(jobs, cd::packet_threads), cd::packet_threads, s, packet,
                    head_.data(), plan_.data(), jobs);
@@ -337,7 +356,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
           detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd);
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
-        if constexpr (Q == quant_family::sign) {
+        if constexpr (block_scaled) {
+          if (gs) detail::launch(&cd::layer_finite_amax, gs, cd::quant_threads, s, ed, jd, jobs, amax_.data());
+          launch_block_codes(gc, ed, packet, jobs);
+        } else if constexpr (Q == quant_family::sign) {
           detail::launch(&cd::sign_layer_scale, gs, cd::quant_threads, s, jd, jobs, chunks_.data(), scales_.data(),
                          packet, sd);
           detail::launch(&cd::sign_codes, gc, cd::quant_threads, s, ed, jd, jobs, scales_.data(), packet);
@@ -390,6 +412,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   [[nodiscard]] unsigned code_bits() const noexcept {
     if constexpr (leveled)
       return code_width(levels_);
+    else if constexpr (block_scaled)
+      return detail::shape_of(format_).code_bits;
     else if constexpr (Q == quant_family::sign)
       return 1;
     else
@@ -397,12 +421,16 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   }
 
   [[nodiscard]] std::size_t payload_bytes(std::size_t n) const noexcept {
-    if constexpr (leveled)
+    if constexpr (leveled) {
       return leveled_payload_bytes(n, levels_, bucket_);
-    else if constexpr (Q == quant_family::sign)
+    } else if constexpr (block_scaled) {
+      const block_shape bs = detail::shape_of(format_);
+      return block_scaled_payload_bytes(n, bs.block, bs.code_bits);
+    } else if constexpr (Q == quant_family::sign) {
       return sign_payload_bytes(n);
-    else
+    } else {
       return half_payload_bytes(n);
+    }
   }
 
   [[nodiscard]] std::uint8_t encoding_for() const noexcept {
@@ -415,7 +443,19 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
       enc = quant_encoding::sign;
     else if constexpr (Q == quant_family::cast16)
       enc = options_.format == cast16_format::bf16 ? quant_encoding::bf16 : quant_encoding::fp16;
+    else if constexpr (block_scaled)
+      enc = detail::shape_of(format_).encoding;
     return static_cast<std::uint8_t>(enc);
+  }
+
+  // The block-scaled format of the options (checked by the public class).
+  static block_format block_format_of(const options& opt) noexcept {
+    if constexpr (Q == quant_family::mxfp8)
+      return opt.element == mxfp8_element::e5m2 ? block_format::mxfp8_e5m2 : block_format::mxfp8_e4m3;
+    else if constexpr (Q == quant_family::mxfp4)
+      return block_format::mxfp4;
+    else
+      return block_format::nvfp4;
   }
 
   static constexpr const char* name() noexcept {
@@ -426,6 +466,12 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         return "terngrad_cuda";
       case quant_family::sign:
         return "sign_cuda";
+      case quant_family::mxfp8:
+        return "mxfp8_cuda";
+      case quant_family::mxfp4:
+        return "mxfp4_cuda";
+      case quant_family::nvfp4:
+        return "nvfp4_cuda";
       default:
         return "cast16_cuda";
     }
@@ -457,9 +503,37 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     }
   }
 
+  // The code pass of the block-scaled format chosen at construction (one instantiation per
+  // format and rounding, as the host's with_codec).
+  void launch_block_codes(unsigned grid, float* e, std::byte* packet, std::uint32_t count) {
+    if constexpr (block_scaled) {
+      switch (format_) {
+        case block_format::mxfp8_e5m2:
+          return launch_block_codes_of<block_format::mxfp8_e5m2>(grid, e, packet, count);
+        case block_format::mxfp4:
+          return launch_block_codes_of<block_format::mxfp4>(grid, e, packet, count);
+        case block_format::nvfp4:
+          return launch_block_codes_of<block_format::nvfp4>(grid, e, packet, count);
+        default:
+          return launch_block_codes_of<block_format::mxfp8_e4m3>(grid, e, packet, count);
+      }
+    }
+  }
+  template <block_format F>
+  void launch_block_codes_of(unsigned grid, float* e, std::byte* packet, std::uint32_t count) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    if (stochastic_)
+      detail::launch(&cd::block_scaled_codes<F, true>, grid, cd::quant_threads, s, e, jobs_.data(), count, amax_.data(),
+                     packet, feedback_, sums_.data());
+    else
+      detail::launch(&cd::block_scaled_codes<F, false>, grid, cd::quant_threads, s, e, jobs_.data(), count,
+                     amax_.data(), packet, feedback_, sums_.data());
+  }
+
   void launch_walk(std::span<const std::byte> packet) const {
     detail::launch(&detail::walk_quantized_packet, detail::one_block, detail::one_thread, options_.stream.get(),
-                   packet.data(), packet.size(), desc(), Q, table_.data(), walk_.data());
+                   packet.data(), packet.size(), desc(), Q, encoding_for(), table_.data(), walk_.data());
   }
   [[nodiscard]] detail::layout_desc desc() const noexcept {
     const std::size_t L = std::max<std::size_t>(layout_.size(), 1);
@@ -471,10 +545,14 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   options options_;
   std::uint32_t levels_ = 1;
   std::uint32_t bucket_ = 0;
+  block_format format_{};         // block-scaled: the format
+  bool stochastic_ = false;       // block-scaled: stochastic rounding
+  bool feedback_ = true;          // block-scaled: keep the residual
   detail::launch_config launch_;  // the grids of this device
   device_buffer<std::uint64_t> layer_info_;
   device_buffer<detail::quant_job> jobs_;
   device_buffer<detail::quant_sums> sums_;
+  device_buffer<std::uint32_t> amax_;  // NVFP4: each job's largest finite |u| (bits)
   device_buffer<detail::chunk_sums> chunks_;
   device_buffer<detail::bucket_scale> scales_;
   device_buffer<detail::segment_desc> plan_;

@@ -2,8 +2,9 @@
 //! \file quantized_packet_kernels.hpp
 //! \brief Quantized packets (packet_kind::quantized) in device memory: the header walk,
 //! the payload checks and the decoding of the device quantizers. The same checks as the
-//! host's validate (leveled_codec::check, sign::validate, cast16::validate) and the same
-//! decoded values bit for bit (every float operation rounded explicitly, no contraction).
+//! host's validate (leveled_codec::check, sign::validate, cast16::validate,
+//! block_codec::check) and the same decoded values bit for bit (every float operation
+//! rounded explicitly, no contraction).
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
@@ -11,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gravac/cuda/detail/block_scaled_kernels.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/packet/format.hpp"
@@ -25,7 +27,15 @@ enum class quant_family : std::uint8_t {
   terngrad,  //!< quant_encoding::terngrad, one level
   sign,      //!< quant_encoding::sign
   cast16,    //!< quant_encoding::fp16 or bf16
+  mxfp8,     //!< quant_encoding::mxfp8_e4m3 or mxfp8_e5m2 (the compressor's element format only)
+  mxfp4,     //!< quant_encoding::mxfp4
+  nvfp4,     //!< quant_encoding::nvfp4
 };
+
+//! True for the block-scaled families (mxfp8, mxfp4, nvfp4).
+constexpr bool is_block_family(quant_family f) noexcept {
+  return f == quant_family::mxfp8 || f == quant_family::mxfp4 || f == quant_family::nvfp4;
+}
 
 //! Verdicts of the quantized checks (after packet_kernels.hpp's verdict codes).
 enum quant_verdict : std::uint32_t {
@@ -41,6 +51,8 @@ enum quant_verdict : std::uint32_t {
   qv_code,
   qv_padding,
   qv_special,
+  qv_block,
+  qv_prefix_word,
 };
 
 //! Human-readable reason of a verdict of the quantized walk or checks.
@@ -70,6 +82,10 @@ inline const char* quant_validation_reason(std::uint32_t v) {
       return "quantized segment: padding bits set";
     case qv_special:
       return "cast16 segment: infinite or NaN value";
+    case qv_block:
+      return "block-scaled segment: wrong block size";
+    case qv_prefix_word:
+      return "block-scaled segment: prefix word set";
     default:
       return validation_reason(v);
   }
@@ -81,7 +97,7 @@ struct quant_segment {
   std::uint64_t numel = 0;    //!< elements
   std::uint32_t layer = 0;    //!< layer index
   std::uint32_t levels = 0;   //!< leveled: level count s
-  std::uint32_t bucket = 0;   //!< leveled: elements per bucket (0: the whole layer)
+  std::uint32_t bucket = 0;   //!< leveled: elements per bucket (0: the whole layer); block-scaled: elements per scale
   std::uint8_t encoding = 0;  //!< segment_header::encoding
   std::uint8_t raw = 0;       //!< a raw (dense) segment
   std::uint8_t width = 0;     //!< code width in bits
@@ -106,10 +122,11 @@ __device__ __forceinline__ bool valid_scale_dev(float s) { return s >= 0.0f && s
 
 //! Walks an untrusted quantized packet (one thread): every header check of validate_packet,
 //! raw segments as validate_raw_segment, quantized segments' encoding, prefix and size as
-//! the host's; fills the segment table. Reads no byte outside [packet, packet + size).
+//! the host's; fills the segment table. A block-scaled family accepts \p block_encoding
+//! only (mxfp8's element format). Reads no byte outside [packet, packet + size).
 static __global__ void walk_quantized_packet(const std::byte* __restrict__ packet, std::uint64_t size, layout_desc lay,
-                                             quant_family family, quant_segment* __restrict__ table,
-                                             walk_result* __restrict__ out) {
+                                             quant_family family, std::uint8_t block_encoding,
+                                             quant_segment* __restrict__ table, walk_result* __restrict__ out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   auto fail = [&](std::uint32_t v) { *out = {v, 0}; };
   packet_header h;
@@ -155,6 +172,23 @@ static __global__ void walk_quantized_packet(const std::byte* __restrict__ packe
       memcpy(&word1, pl + 4, 4);
       if (!valid_scale_dev(scale) || word1 != 0) return fail(qv_scale);
       en.width = 1;
+    } else if (is_block_family(family)) {
+      // block_codec::check: the shared checks, then the prefix (block size; the second word
+      // zero for MX, NVFP4's per-layer scale usable).
+      if (sh.encoding != block_encoding) return fail(qv_encoding);
+      if (sh.index_width != 0) return fail(qv_indices);
+      if (sh.count != sh.numel) return fail(qv_count);
+      const bool nv = family == quant_family::nvfp4;
+      const std::uint32_t block = nv ? static_cast<std::uint32_t>(nvfp4_block) : static_cast<std::uint32_t>(mx_block);
+      const unsigned width = family == quant_family::mxfp8 ? 8u : 4u;
+      if (sh.payload_bytes != block_scaled_payload_bytes(sh.numel, block, width)) return fail(qv_size);
+      std::uint32_t prefix[2];
+      memcpy(prefix, pl, sizeof prefix);
+      if (prefix[0] != block) return fail(qv_block);
+      if (!nv && prefix[1] != 0) return fail(qv_prefix_word);
+      if (nv && !nvfp4_tensor_scale_ok_dev(__uint_as_float(prefix[1]))) return fail(qv_scale);
+      en.bucket = block;
+      en.width = static_cast<std::uint8_t>(width);
     } else {
       if (sh.encoding != static_cast<std::uint8_t>(quant_encoding::fp16) &&
           sh.encoding != static_cast<std::uint8_t>(quant_encoding::bf16))
@@ -181,12 +215,14 @@ __device__ __forceinline__ std::uint64_t code_offset(const quant_segment& en) {
   if (en.encoding == static_cast<std::uint8_t>(quant_encoding::qsgd) ||
       en.encoding == static_cast<std::uint8_t>(quant_encoding::terngrad))
     return quant_prefix_bytes + pad8(bucket_count(en.numel, en.bucket) * sizeof(float));
+  if (is_block_encoding(en.encoding)) return quant_prefix_bytes + pad8(bucket_count(en.numel, en.bucket));
   return quant_prefix_bytes;
 }
 
 //! Checks the payload of every quantized segment the walk found: leveled scales finite and
-//! non-negative, every code valid (leveled: level <= s and no sign on level 0; cast16: not
-//! infinite or NaN), every padding bit zero. Slot y of the grid takes segments y, y +
+//! non-negative, block scales in range (block_scale_invalid), every code valid (leveled:
+//! level <= s and no sign on level 0; cast16: not infinite or NaN; FP8: not NaN or
+//! infinite), every padding bit zero (the block scales' padding bytes too). Slot y of the grid takes segments y, y +
 //! gridDim.y, ...; a failure is recorded once (atomicCAS on the verdict).
 static __global__ void check_quantized_payloads(const std::byte* __restrict__ packet,
                                                 const quant_segment* __restrict__ table,
@@ -208,6 +244,18 @@ static __global__ void check_quantized_payloads(const std::byte* __restrict__ pa
       for (std::uint64_t b = first; b < nb; b += step)
         if (!valid_scale_dev(scales[b])) fail(qv_scale);
     }
+    const bool block = is_block_encoding(en.encoding);
+    if (block) {
+      const std::uint64_t nb = bucket_count(en.numel, en.bucket);
+      const auto* scales = reinterpret_cast<const std::uint8_t*>(pl + quant_prefix_bytes);
+      for (std::uint64_t b = first; b < pad8(nb); b += step) {
+        if (b >= nb) {
+          if (scales[b] != 0) fail(qv_padding);
+        } else if (block_scale_invalid(en.encoding, scales[b])) {
+          fail(qv_scale);
+        }
+      }
+    }
     const unsigned W = en.width;
     const unsigned per = 32 / W;
     const std::uint32_t mask = (1u << W) - 1u;  // W <= 16
@@ -226,6 +274,8 @@ static __global__ void check_quantized_payloads(const std::byte* __restrict__ pa
           if ((c & (sign_bit - 1u)) > en.levels || c == sign_bit) fail(qv_code);
         } else if (W == 16) {
           if ((c & special) == special) fail(qv_special);
+        } else if (block) {
+          if (block_code_invalid(en.encoding, c)) fail(qv_code);
         }
       }
     }
@@ -273,6 +323,17 @@ static __global__ void decode_quantized(const std::byte* __restrict__ packet, la
         const std::uint32_t c = (words[i / 2] >> ((i % 2) * 16)) & 0xffffu;
         const float h = bf16 ? bf16_to_float_dev(c) : fp16_to_float_dev(c);
         o[i] = __fadd_rn(o[i], __fmul_rn(scale, __fmul_rn(h, mult)));
+      }
+    } else if (is_block_encoding(en.encoding)) {
+      // block_codec::add: o += scale * decoded(code, block_scale(s, t)), each product rounded.
+      const auto* scales = reinterpret_cast<const std::uint8_t*>(pl + quant_prefix_bytes);
+      std::uint32_t tb;
+      memcpy(&tb, pl + 4, 4);
+      const float t = en.encoding == static_cast<std::uint8_t>(quant_encoding::nvfp4) ? __uint_as_float(tb) : 0.0f;
+      for (std::uint64_t i = first; i < n; i += step) {
+        const std::uint32_t c = (words[i / per] >> ((i % per) * W)) & mask;
+        const float v = block_value_dev(en.encoding, c, scales[i / en.bucket], t);
+        o[i] = __fadd_rn(o[i], __fmul_rn(scale, v));
       }
     } else {
       const auto* scales = reinterpret_cast<const float*>(pl + quant_prefix_bytes);
