@@ -231,6 +231,60 @@ TEST_CASE("runtime: make_trainer's trainer equals trainer<C, K, P> bit for bit, 
 }
 
 namespace {
+// The erased trainer make_trainer builds for compressor \p id over collective K with the
+// fixed policy, against trainer<C, K, fixed_policy>: the same results, bit for bit, over a
+// few steps on 2 ranks (so that every name builds its own compressor, not a neighbour's).
+template <class C, class K>
+bool erased_is(rt::compressor_id id, rt::collective_id k) {
+  const layout lay = small_layout();
+  rt::method_config m;
+  m.compressor = id;
+  m.collective = k;
+  m.policy = rt::policy_id::fixed;
+  m.fixed.kept_fraction = 0.25;
+  m.seed = 3;
+  std::vector<int> same(2, 0);
+  run_ranks(2, [&](thread_communicator& comm) {
+    using T = trainer<C, K, fixed_policy>;
+    typename T::options o;
+    o.policy = m.fixed;
+    o.seed = m.seed;
+    T t(comm, lay, o);
+    auto e = rt::make_trainer(m, comm, lay);
+    for (int s = 0; s < 3; ++s) {
+      auto a = gradient(lay.numel(), comm.rank(), s), b = a;
+      t.step(a);
+      e->step(b);
+      same[static_cast<std::size_t>(comm.rank())] += a == b;
+    }
+  });
+  return same == std::vector<int>{3, 3};
+}
+}  // namespace
+
+TEST_CASE("runtime: every compressor name builds that compressor", "[runtime][compositions]") {
+  using c = rt::compressor_id;
+  const auto ag = rt::collective_id::allgather;
+  CHECK(erased_is<identity, dense_allreduce>(c::identity, rt::collective_id::dense_allreduce));
+  CHECK(erased_is<topk, allgather>(c::topk, ag));
+  CHECK(erased_is<randomk, allgather>(c::randomk, ag));
+  CHECK(erased_is<threshold, allgather>(c::threshold, ag));
+  CHECK(erased_is<adacomp, allgather>(c::adacomp, ag));
+  CHECK(erased_is<qsgd, allgather>(c::qsgd, ag));
+  CHECK(erased_is<terngrad, allgather>(c::terngrad, ag));
+  CHECK(erased_is<sign, allgather>(c::sign, ag));
+  CHECK(erased_is<cast16, allgather>(c::cast16, ag));
+  CHECK(erased_is<powersgd, low_rank_allreduce>(c::powersgd, rt::collective_id::low_rank_allreduce));
+  CHECK(erased_is<mxfp8, allgather>(c::mxfp8, ag));
+  CHECK(erased_is<mxfp4, allgather>(c::mxfp4, ag));
+  CHECK(erased_is<nvfp4, allgather>(c::nvfp4, ag));
+  CHECK(erased_is<fp8_rowwise, compressed_allreduce>(c::fp8_rowwise, rt::collective_id::compressed_allreduce));
+  // A neighbour's trainer gives other bits: the check can fail.
+  CHECK_FALSE(erased_is<nvfp4, allgather>(c::mxfp4, ag));
+  STATIC_REQUIRE(std::size(rt::compressor_names) == 14);  // a new name adds a line above
+}
+
+namespace {
 // docs/options.md: the option table as Markdown, generated from option_table().
 std::string options_markdown() {
   std::string s =
