@@ -3,10 +3,10 @@
 // receive, and compressed_allreduce's 16-bit path (cast16_cuda, its codes summed by an
 // NCCL Allreduce in fp16 or bf16) against a host reference built from the host cast16's
 // packets of every rank, an fp16 sum that overflows, and return_sent; the two stages on
-// device memory (sign_cuda, qsgd_cuda, terngrad_cuda) bit for bit against a serial host
-// reference of the same ranks' inputs, a malformed piece refused with nothing changed, the
-// server residual's checkpoint, and the trainer compositions over NCCL. Skipped (exit 77)
-// without a GPU.
+// device memory (sign_cuda, qsgd_cuda, terngrad_cuda, mxfp8_cuda, mxfp4_cuda, nvfp4_cuda)
+// bit for bit against a serial host reference of the same ranks' inputs, a malformed piece
+// refused with nothing changed, the server residual's checkpoint, and the trainer
+// compositions over NCCL. Skipped (exit 77) without a GPU.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +17,7 @@
 #include "gravac/checkpoint.hpp"
 #include "gravac/collective/compressed_allreduce.hpp"
 #include "gravac/compress/detail/half.hpp"
+#include "gravac/cuda/block_scaled_cuda.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
 #include "gravac/cuda/nccl_communicator.hpp"
 #include "gravac/cuda/qsgd_cuda.hpp"
@@ -48,6 +49,10 @@ static_assert(!gravac::DeviceShardableCompressor<gravac::cast16_cuda>);
 static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::qsgd_cuda>);
 static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::terngrad_cuda>);
 static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::sign_cuda>);
+static_assert(gravac::DeviceShardableCompressor<gravac::mxfp8_cuda>);
+static_assert(gravac::DeviceShardableCompressor<gravac::mxfp4_cuda>);
+static_assert(gravac::DeviceShardableCompressor<gravac::nvfp4_cuda>);
+static_assert(gravac::CollectiveAccepts<gravac::compressed_allreduce, gravac::nvfp4_cuda>);
 
 // Bytes rank q sends rank j: uneven, and empty for every pair with (q + j) % 3 == 0 (so
 // every rank has empty blocks both ways once there are 3 ranks, and the self block of
@@ -397,6 +402,18 @@ TEST_CASE(
     check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({.levels = 7, .bucket = 0}, {.levels = 7, .bucket = 0});
   }
   SECTION("terngrad") { check_device_two_stages<gravac::terngrad_cuda, gravac::terngrad>({}, {}); }
+  // The block-scaled formats (their own scales per block and per shard layer).
+  SECTION("mxfp8 e5m2, stochastic") {
+    constexpr auto e5m2 = gravac::mxfp8_element::e5m2;
+    constexpr auto st = gravac::block_rounding::stochastic;
+    check_device_two_stages<gravac::mxfp8_cuda, gravac::mxfp8>({.element = e5m2, .rounding = st},
+                                                               {.element = e5m2, .rounding = st});
+  }
+  SECTION("mxfp4") { check_device_two_stages<gravac::mxfp4_cuda, gravac::mxfp4>({}, {}); }
+  SECTION("nvfp4, stochastic") {
+    constexpr auto st = gravac::block_rounding::stochastic;
+    check_device_two_stages<gravac::nvfp4_cuda, gravac::nvfp4>({.rounding = st}, {.rounding = st});
+  }
 }
 
 TEST_CASE(
@@ -424,6 +441,8 @@ TEST_CASE(
     check_device_two_stages<gravac::qsgd_cuda, gravac::qsgd>({.levels = 7, .bucket = 0}, {.levels = 7, .bucket = 0},
                                                              *lay, raw);
     check_device_two_stages<gravac::terngrad_cuda, gravac::terngrad>({}, {}, *lay, raw);
+    check_device_two_stages<gravac::mxfp8_cuda, gravac::mxfp8>({}, {}, *lay, raw);
+    check_device_two_stages<gravac::nvfp4_cuda, gravac::nvfp4>({}, {}, *lay, raw);
   }
 }
 
