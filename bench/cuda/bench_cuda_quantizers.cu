@@ -1,4 +1,5 @@
-// The device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda) against the
+// The device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda, and the
+// block-scaled mxfp8_cuda, mxfp4_cuda and nvfp4_cuda) against the
 // device's copy bandwidth measured in the same binary (cudaMemcpy device to device of the
 // same n floats). Timed with CUDA events (UseManualTime); one compress per iteration, the
 // residual carried over as in training.
@@ -8,6 +9,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench_cuda_util.hpp"
+#include "gravac/cuda/block_scaled_cuda.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
@@ -45,6 +47,27 @@ void BM_cast16_cuda(benchmark::State& state) {
   o.format = state.range(1) ? gravac::cast16_format::bf16 : gravac::cast16_format::fp16;
   run<gravac::cast16_cuda>(state, o);
 }
+// range(1): 1 for stochastic rounding (else nearest even); mxfp8: range(2) 1 for E5M2.
+gravac::block_rounding rounding_of(const benchmark::State& state) {
+  return state.range(1) ? gravac::block_rounding::stochastic : gravac::block_rounding::nearest_even;
+}
+void BM_mxfp8_cuda(benchmark::State& state) {
+  gravac::mxfp8_cuda_options o;
+  o.rounding = rounding_of(state);
+  o.element = state.range(2) ? gravac::mxfp8_element::e5m2 : gravac::mxfp8_element::e4m3;
+  run<gravac::mxfp8_cuda>(state, o);
+}
+void BM_mxfp4_cuda(benchmark::State& state) {
+  gravac::mxfp4_cuda_options o;
+  o.rounding = rounding_of(state);
+  run<gravac::mxfp4_cuda>(state, o);
+}
+// NVFP4 reads u once more than the MX formats (the per-layer largest |u| before the codes).
+void BM_nvfp4_cuda(benchmark::State& state) {
+  gravac::nvfp4_cuda_options o;
+  o.rounding = rounding_of(state);
+  run<gravac::nvfp4_cuda>(state, o);
+}
 
 }  // namespace
 
@@ -59,5 +82,14 @@ BENCHMARK(BM_qsgd_cuda)
 BENCHMARK(BM_terngrad_cuda)->UseManualTime()->Unit(benchmark::kMicrosecond)->Arg(1 << 24)->Arg(1 << 26);
 BENCHMARK(BM_sign_cuda)->UseManualTime()->Unit(benchmark::kMicrosecond)->Arg(1 << 20)->Arg(1 << 24)->Arg(1 << 26);
 BENCHMARK(BM_cast16_cuda)->UseManualTime()->Unit(benchmark::kMicrosecond)->Args({1 << 26, 0})->Args({1 << 26, 1});
+BENCHMARK(BM_mxfp8_cuda)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Args({1 << 24, 0, 0})
+    ->Args({1 << 26, 0, 0})
+    ->Args({1 << 26, 1, 0})
+    ->Args({1 << 26, 0, 1});
+BENCHMARK(BM_mxfp4_cuda)->UseManualTime()->Unit(benchmark::kMicrosecond)->Args({1 << 26, 0})->Args({1 << 26, 1});
+BENCHMARK(BM_nvfp4_cuda)->UseManualTime()->Unit(benchmark::kMicrosecond)->Args({1 << 26, 0})->Args({1 << 26, 1});
 
 int main(int argc, char** argv) { return gravac::bench::run_benchmarks(argc, argv); }
