@@ -16,6 +16,11 @@ differs:
   gravac_topk       gravac: topk + allgather + fixed (kept_fraction 0.01)
   gravac_gravac     gravac: topk + allgather + gravac
   gravac_adacomp    gravac: adacomp + allgather + adacomp
+  gravac_mxfp8, gravac_mxfp4, gravac_nvfp4
+                    gravac: the block-scaled format + compressed_allreduce + fixed; the
+                    _no_ef rows with block_error_feedback=False
+  gravac_fp8_rowwise
+                    gravac: fp8_rowwise + compressed_allreduce + fixed (torchft's scheme)
 
 The gravac rows need the extension `gravac.torch`; when it cannot be imported they are
 skipped with a message. Run with Debian's Python, which has torch (python3-torch):
@@ -66,6 +71,15 @@ METHODS = {
     "gravac_topk": ("gravac", ("topk", "allgather", "fixed")),
     "gravac_gravac": ("gravac", ("topk", "allgather", "gravac")),
     "gravac_adacomp": ("gravac", ("adacomp", "allgather", "adacomp")),
+    # The block-scaled formats over the compressed allreduce, with error feedback and
+    # without, and torchft's fp8 row-wise scheme (no error feedback).
+    "gravac_mxfp8": ("gravac", ("mxfp8", "compressed_allreduce", "fixed")),
+    "gravac_mxfp8_no_ef": ("gravac", ("mxfp8", "compressed_allreduce", "fixed")),
+    "gravac_mxfp4": ("gravac", ("mxfp4", "compressed_allreduce", "fixed")),
+    "gravac_mxfp4_no_ef": ("gravac", ("mxfp4", "compressed_allreduce", "fixed")),
+    "gravac_nvfp4": ("gravac", ("nvfp4", "compressed_allreduce", "fixed")),
+    "gravac_nvfp4_no_ef": ("gravac", ("nvfp4", "compressed_allreduce", "fixed")),
+    "gravac_fp8_rowwise": ("gravac", ("fp8_rowwise", "compressed_allreduce", "fixed")),
     # The same compositions through gravac's C++ trainer without DDP (gravac.torch.Trainer,
     # one step() after backward): the baseline of the hook's overhead.
     "trainer_powersgd": ("trainer", ("powersgd", "low_rank_allreduce", "fixed")),
@@ -223,6 +237,8 @@ def gravac_options(method, args):
         return {"powersgd_rank": args["powersgd_rank"]}
     if method == "gravac_topk":
         return {"kept_fraction": args["kept_fraction"]}
+    if method.endswith("_no_ef"):
+        return {"block_error_feedback": False}
     return {}
 
 

@@ -19,6 +19,10 @@ gradient exchange differs:
                       is: topk + allgather + gravac, gravac_dense=True, gravac_period=100)
   gravac_adacomp      gravac adacomp + allgather + adacomp
   gravac_accordion    gravac topk + allgather + accordion
+  gravac_mxfp8, gravac_mxfp4, gravac_nvfp4
+                      gravac: the block-scaled format + compressed_allreduce + fixed; the
+                      _no_ef rows with block_error_feedback=False
+  gravac_fp8_rowwise  gravac fp8_rowwise + compressed_allreduce + fixed (torchft's scheme)
 
 The gravac rows need `gravac.torch`; when it cannot be imported they are skipped with a
 message and the PyTorch rows still run.
@@ -92,6 +96,15 @@ METHODS = {
     "gravac_recommended": ("gravac", "recommended"),
     "gravac_adacomp": ("gravac", ("adacomp", "allgather", "adacomp")),
     "gravac_accordion": ("gravac", ("topk", "allgather", "accordion")),
+    # The block-scaled formats over the compressed allreduce, with error feedback and without
+    # (the _no_ef rows), and torchft's fp8 row-wise scheme (no error feedback).
+    "gravac_mxfp8": ("gravac", ("mxfp8", "compressed_allreduce", "fixed")),
+    "gravac_mxfp8_no_ef": ("gravac", ("mxfp8", "compressed_allreduce", "fixed")),
+    "gravac_mxfp4": ("gravac", ("mxfp4", "compressed_allreduce", "fixed")),
+    "gravac_mxfp4_no_ef": ("gravac", ("mxfp4", "compressed_allreduce", "fixed")),
+    "gravac_nvfp4": ("gravac", ("nvfp4", "compressed_allreduce", "fixed")),
+    "gravac_nvfp4_no_ef": ("gravac", ("nvfp4", "compressed_allreduce", "fixed")),
+    "gravac_fp8_rowwise": ("gravac", ("fp8_rowwise", "compressed_allreduce", "fixed")),
 }
 
 # Collective calls per bucket of each gravac collective (for the latency term only; an estimate:
@@ -214,6 +227,8 @@ def build_gravac_hook(method, model, args):
         opts["powersgd_rank"] = args["powersgd_rank"]
     if method == "gravac_topk":
         opts["kept_fraction"] = args["kept_fraction"]
+    if method.endswith("_no_ef"):
+        opts["block_error_feedback"] = False
     state, hook = gt.ddp_hook(model, compressor=compressor, collective=collective, policy=policy, **opts, **common)
     return state, hook, "%s+%s+%s" % (compressor, collective, policy)
 

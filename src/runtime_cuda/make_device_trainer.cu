@@ -1,10 +1,12 @@
 // make_device_trainer and its composition verdicts, read off composition_verdict for every
 // triple of the device compressors, the collectives and the policies at compile time; and
-// the trainers of the device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda),
+// the trainers of the device quantizers (qsgd_cuda, terngrad_cuda, sign_cuda, cast16_cuda and
+// the block-scaled mxfp8_cuda, mxfp4_cuda, nvfp4_cuda),
 // whose header may be included by one translation unit only (see dispatch_cuda.hpp).
 #include <array>
 
 #include "gravac/cuda/adacomp_cuda.hpp"
+#include "gravac/cuda/block_scaled_cuda.hpp"
 #include "gravac/cuda/cast16_cuda.hpp"
 #include "gravac/cuda/qsgd_cuda.hpp"
 #include "gravac/cuda/sign_cuda.hpp"
@@ -49,6 +51,18 @@ template <>
 struct device_form<cast16> {
   using type = cast16_cuda;
 };
+template <>
+struct device_form<mxfp8> {
+  using type = mxfp8_cuda;
+};
+template <>
+struct device_form<mxfp4> {
+  using type = mxfp4_cuda;
+};
+template <>
+struct device_form<nvfp4> {
+  using type = nvfp4_cuda;
+};
 
 std::unique_ptr<any_trainer> make_device_quantizer(const method_config& m, device_comm comm, const layout& lay,
                                                    stream_ref s) {
@@ -70,6 +84,28 @@ std::unique_ptr<any_trainer> make_device_quantizer(const method_config& m, devic
       sign_cuda::options o;
       o.stream = s;
       return make_device_for<sign_cuda>(m, comm, lay, o);
+    }
+    case compressor_id::mxfp8: {
+      mxfp8_cuda::options o;
+      o.stream = s;
+      o.element = m.mxfp8.element;
+      o.rounding = m.mxfp8.rounding;
+      o.error_feedback = m.mxfp8.error_feedback;
+      return make_device_for<mxfp8_cuda>(m, comm, lay, o);
+    }
+    case compressor_id::mxfp4: {
+      mxfp4_cuda::options o;
+      o.stream = s;
+      o.rounding = m.mxfp4.rounding;
+      o.error_feedback = m.mxfp4.error_feedback;
+      return make_device_for<mxfp4_cuda>(m, comm, lay, o);
+    }
+    case compressor_id::nvfp4: {
+      nvfp4_cuda::options o;
+      o.stream = s;
+      o.rounding = m.nvfp4.rounding;
+      o.error_feedback = m.nvfp4.error_feedback;
+      return make_device_for<nvfp4_cuda>(m, comm, lay, o);
     }
     default: {
       cast16_cuda::options o;
@@ -160,6 +196,9 @@ std::unique_ptr<any_trainer> make_device_trainer(const method_config& m, device_
     case compressor_id::terngrad:
     case compressor_id::sign:
     case compressor_id::cast16:
+    case compressor_id::mxfp8:
+    case compressor_id::mxfp4:
+    case compressor_id::nvfp4:
       return detail::make_device_quantizer(m, comm, lay, stream);
     default:
       break;

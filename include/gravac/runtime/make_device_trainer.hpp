@@ -3,7 +3,8 @@
 //! \brief From a runtime method to a trainer over CUDA device memory: the compressor names
 //! mapped to gravac's device compressors (topk -> topk_cuda, threshold -> threshold_cuda,
 //! adacomp -> adacomp_cuda, qsgd -> qsgd_cuda, terngrad -> terngrad_cuda, sign -> sign_cuda,
-//! cast16 -> cast16_cuda), every composition of them that composition_verdict accepts,
+//! cast16 -> cast16_cuda, mxfp8 -> mxfp8_cuda, mxfp4 -> mxfp4_cuda, nvfp4 -> nvfp4_cuda),
+//! every composition of them that composition_verdict accepts,
 //! built over any device communicator, with every compressor kernel on one stream. A CUDA
 //! header (compile as CUDA C++); link gravac::runtime_cuda, where the instantiations are
 //! compiled once.

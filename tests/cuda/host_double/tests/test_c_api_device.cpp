@@ -414,10 +414,15 @@ const method_spec topk_allgather{"topk", "allgather", "kept_fraction", "0.05"};
 const method_spec topk_dense{"topk", "dense_allreduce", "kept_fraction", "0.05"};
 const method_spec qsgd_allgather{"qsgd", "allgather", "qsgd_levels", "127"};
 // The other device compressors and AR-Topk: the same bits as the host.
-const method_spec more[] = {
-    {"threshold", "allgather", "kept_fraction", "0.05"}, {"topk", "allreduce_compatible", "kept_fraction", "0.05"},
-    {"terngrad", "allgather", nullptr, nullptr},         {"sign", "allgather", nullptr, nullptr},
-    {"cast16", "allgather", "cast16_format", "bf16"},    {"adacomp", "allgather", nullptr, nullptr, "adacomp"}};
+const method_spec more[] = {{"threshold", "allgather", "kept_fraction", "0.05"},
+                            {"topk", "allreduce_compatible", "kept_fraction", "0.05"},
+                            {"terngrad", "allgather", nullptr, nullptr},
+                            {"sign", "allgather", nullptr, nullptr},
+                            {"cast16", "allgather", "cast16_format", "bf16"},
+                            {"adacomp", "allgather", nullptr, nullptr, "adacomp"},
+                            {"mxfp8", "allgather", "mxfp8_element", "e5m2"},
+                            {"mxfp4", "allgather", "block_rounding", "stochastic"},
+                            {"nvfp4", "allgather", "block_error_feedback", "false"}};
 
 }  // namespace
 
