@@ -14,6 +14,8 @@
 //   dynamic/topk_2threads  top-k with threads = 2; speedup_vs_1_thread against threads = 1
 //   dynamic/threshold      threshold selection; k_error_max over the timed steps
 //   dynamic/adacomp, qsgd_s127, qsgd_s7, terngrad, sign, cast16_fp16, cast16_bf16
+//   dynamic/mxfp8_e4m3, mxfp4, nvfp4 (rounding to nearest even, error feedback on) and
+//                          mxfp8_e4m3_sr, mxfp4_sr, nvfp4_sr (stochastic rounding)
 //   bandwidth/memcpy_2threads  a memcpy split over two threads against one (the ceiling
 //                          of a two-thread speedup of a memory-bound pass)
 //
@@ -35,6 +37,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -44,6 +47,7 @@
 #include "compressors.hpp"
 #include "dynamic_steps.hpp"
 #include "gradient_data.hpp"
+#include "gravac/compress/block_scaled.hpp"
 
 namespace {
 
@@ -96,7 +100,32 @@ gravac::layout eight_layers(std::size_t n) {
 
 enum class extra { none, gain5, threads2, k_error };
 
-void run(benchmark::State& state, const std::string& name, compressor_settings s, extra x, bool whole = false) {
+// Builds a compressor of a layout by name (make_compressor: the runtime's option table).
+using maker = bench_compressor (*)(const std::string&, const gravac::layout&, const compressor_settings&);
+
+// The block-scaled compressors (gravac/compress/block_scaled.hpp), built here with their
+// options until the runtime's option table names them: mxfp8_e4m3, mxfp4, nvfp4, each with
+// the suffix _sr for stochastic rounding. Their residual is one step's coding error.
+bench_compressor make_block_scaled(const std::string& name, const gravac::layout& lay, const compressor_settings& s) {
+  const bool sr = name.ends_with("_sr");
+  const auto rounding = sr ? gravac::block_rounding::stochastic : gravac::block_rounding::nearest_even;
+  const std::string base = sr ? name.substr(0, name.size() - 3) : name;
+  bench_compressor b;
+  if (base == "mxfp8_e4m3")
+    b = gravac_bench::detail::wrap<gravac::mxfp8>(
+        name, lay, gravac::mxfp8_options{.element = gravac::mxfp8_element::e4m3, .rounding = rounding}, s);
+  else if (base == "mxfp4")
+    b = gravac_bench::detail::wrap<gravac::mxfp4>(name, lay, gravac::mxfp4_options{.rounding = rounding}, s);
+  else if (base == "nvfp4")
+    b = gravac_bench::detail::wrap<gravac::nvfp4>(name, lay, gravac::nvfp4_options{.rounding = rounding}, s);
+  else
+    throw std::invalid_argument("unknown block-scaled compressor '" + name + "'");
+  b.one_step_residual = true;
+  return b;
+}
+
+void run(benchmark::State& state, const std::string& name, compressor_settings s, extra x, bool whole = false,
+         maker make = make_compressor) {
   const std::size_t n = std::size_t{1} << state.range(0);
   const int data = static_cast<int>(state.range(2));
   s.method.fixed.kept_fraction = static_cast<double>(state.range(1)) / 10000.0;
@@ -111,7 +140,7 @@ void run(benchmark::State& state, const std::string& name, compressor_settings s
   const auto lay = whole ? eight_layers(n) : one_layer(n);
   auto with = s;
   if (x == extra::gain5) with.gain_candidates = {0.1, 0.033, 0.011, 0.004, 0.001};
-  auto c = make_compressor(name, lay, with);
+  auto c = make(name, lay, with);
   std::vector<float> e(n, 0.0f), e_other(n, 0.0f);
   bench_compressor other;
   if (x == extra::gain5) {
@@ -204,6 +233,7 @@ void register_all() {
     extra x;
     bool whole;
     bool selection;  // takes a kept fraction
+    maker make = make_compressor;
   };
   const std::vector<entry> entries{
       {"topk", "topk", {}, extra::none, false, true},
@@ -218,10 +248,16 @@ void register_all() {
       {"sign", "sign", {}, extra::none, false, false},
       {"cast16_fp16", "cast16", {}, extra::none, false, false},
       {"cast16_bf16", "cast16", with({{"cast16_format", "bf16"}}), extra::none, false, false},
+      {"mxfp8_e4m3", "mxfp8_e4m3", {}, extra::none, false, false, make_block_scaled},
+      {"mxfp8_e4m3_sr", "mxfp8_e4m3_sr", {}, extra::none, false, false, make_block_scaled},
+      {"mxfp4", "mxfp4", {}, extra::none, false, false, make_block_scaled},
+      {"mxfp4_sr", "mxfp4_sr", {}, extra::none, false, false, make_block_scaled},
+      {"nvfp4", "nvfp4", {}, extra::none, false, false, make_block_scaled},
+      {"nvfp4_sr", "nvfp4_sr", {}, extra::none, false, false, make_block_scaled},
   };
   for (const auto& en : entries) {
     auto* b = benchmark::RegisterBenchmark((std::string("dynamic/") + en.name).c_str(), [en](benchmark::State& st) {
-      run(st, en.compressor, en.settings, en.x, en.whole);
+      run(st, en.compressor, en.settings, en.x, en.whole, en.make);
     });
     for (int lg : {16, 20, 24})
       for (int f : en.selection ? std::vector<int>{100, 10} : std::vector<int>{100})

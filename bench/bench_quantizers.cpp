@@ -1,4 +1,5 @@
-// AdaComp, the quantizers (QSGD, TernGrad, EF-sign, cast16) and PowerSGD: compress and
+// AdaComp, the quantizers (QSGD, TernGrad, EF-sign, cast16, the block-scaled mxfp8 E4M3,
+// mxfp4 and nvfp4 with rounding to nearest even) and PowerSGD: compress and
 // decompress against a memcpy of the same buffer, measured in the same process (and
 // BM_nth_element, copy + abs + std::nth_element at 1%, the selection baseline, for scale).
 // Every call compresses the same gradient: the best case. bench_dynamic times the
@@ -30,6 +31,7 @@
 
 #include "bench_common.hpp"
 #include "gravac/compress/adacomp.hpp"
+#include "gravac/compress/block_scaled.hpp"
 #include "gravac/compress/cast16.hpp"
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/sign.hpp"
@@ -164,6 +166,9 @@ GRAVAC_QBENCH(terngrad, terngrad, gravac::terngrad_options{}, false)
 GRAVAC_QBENCH(sign, sign, gravac::sign_options{}, false)
 GRAVAC_QBENCH(cast16_fp16, cast16, gravac::cast16_options{.format = gravac::cast16_format::fp16}, false)
 GRAVAC_QBENCH(cast16_bf16, cast16, gravac::cast16_options{.format = gravac::cast16_format::bf16}, false)
+GRAVAC_QBENCH(mxfp8_e4m3, mxfp8, gravac::mxfp8_options{.element = gravac::mxfp8_element::e4m3}, false)
+GRAVAC_QBENCH(mxfp4, mxfp4, gravac::mxfp4_options{}, false)
+GRAVAC_QBENCH(nvfp4, nvfp4, gravac::nvfp4_options{}, false)
 #ifdef GRAVAC_BENCH_POWERSGD
 GRAVAC_QBENCH(powersgd_r4, powersgd, gravac::powersgd_options{.rank = 4}, true)
 #endif
