@@ -232,6 +232,7 @@ struct block_codec {
                                                 const std::uint32_t* __restrict r,
                                                 std::uint8_t* __restrict code) noexcept {
     constexpr std::uint32_t sign_bit = sign_bit_of(element);
+    if constexpr (!Stochastic) return code_block_nearest(u, m, k, x, feedback, code);
     double sq = 0;
     for (std::size_t i = 0; i < m; ++i) {
       const float v = u[i];
@@ -256,8 +257,80 @@ struct block_codec {
     return sq;
   }
 
+  // code_block rounding to nearest even, the same codes, residual and sum, in float
+  // operations the compiler vectorizes (no table, no per-element branch or variable shift):
+  // y = |u| * 2^-k (MX; exact, but for values under 2^-126 that code to 0 either way) or
+  // |u| / x (NVFP4, the division encode_magnitude's caller makes), capped at 2^(emax+2)
+  // (an infinity saturates); y below 2^emin rounds to a multiple of the subnormal step
+  // 2^(emin-mb) by adding and subtracting 2^(emin-mb+23) (the float addition rounds to
+  // nearest even at that step), y above by rounding its float bits to mb mantissa bits
+  // (add half a step less one, plus the kept lowest bit, then clear the dropped bits). The
+  // rounded value, capped at the largest element, is the code's value exactly, so it
+  // replaces the decoding table; the code is its exponent and mantissa fields rebased to
+  // the format's bias, or for a subnormal value the count of subnormal steps. The decoded
+  // squares are summed in double in index order after the loop, as code_block does.
+  GRAVAC_KERNEL_INLINE static double code_block_nearest(float* __restrict u, std::size_t m, int k, float x,
+                                                        bool feedback, std::uint8_t* __restrict code) noexcept {
+    constexpr minifloat_spec sp = spec_of(element);
+    constexpr int mb = static_cast<int>(sp.mantissa_bits);
+    constexpr int emin = 1 - sp.bias;
+    constexpr std::uint32_t sign_bit = sign_bit_of(element);
+    constexpr std::uint32_t drop = 23u - sp.mantissa_bits;  // float mantissa bits below the format's
+    const float cap = pow2_normal(sp.emax + 2);
+    const float min_normal = pow2_normal(emin);
+    const float sub_magic = pow2_normal(emin - mb + 23);
+    const float sub_steps = pow2_normal(mb - emin);  // 1 / the subnormal step
+    const float max_value = minifloat_value(element, sp.max_code);
+    constexpr std::uint32_t rebase = static_cast<std::uint32_t>(127 + emin - 1) << sp.mantissa_bits;
+    // MX: y = |u| * 2^-k; NVFP4: y = |u| / x, or 0 when x is 0 (a block that sends zeros).
+    // Every operation runs for every element and the choices are integer minima and masks
+    // on the bits (y and q are never negative or NaN, so their bits order as their values):
+    // with a float operation feeding only one arm of a ?:, GCC moves it into a branch that
+    // it may not undo (the operation could trap), and the loop no longer vectorizes.
+    const float inv = shape.e8m0_scales ? pow2_normal(-k) : 0.0f;
+    const std::uint32_t live = shape.e8m0_scales || x > 0.0f ? ~0u : 0u;
+    const float div = live != 0 ? x : 1.0f;
+    const std::uint32_t keep = feedback ? ~0u : 0u;
+    const std::uint32_t cap_bits = float_bits(cap), min_normal_bits = float_bits(min_normal);
+    const std::uint32_t max_bits = float_bits(max_value);
+    alignas(64) float d[block];
+    for (std::size_t i = 0; i < m; ++i) {
+      const float v = u[i];
+      const std::uint32_t b = float_bits(v);
+      const std::uint32_t a0 = b & 0x7fffffffu;
+      const std::uint32_t nan = 0u - static_cast<std::uint32_t>(a0 > 0x7f800000u);  // all ones for a NaN
+      const float av = bits_float(a0 & ~nan);
+      std::uint32_t yb;
+      if constexpr (shape.e8m0_scales)
+        yb = float_bits(av * inv);
+      else
+        yb = float_bits(av / div) & live;
+      yb = yb < cap_bits ? yb : cap_bits;
+      const float y = bits_float(yb);
+      const std::uint32_t sub_bits = float_bits((y + sub_magic) - sub_magic);
+      const std::uint32_t nb = (yb + ((1u << (drop - 1)) - 1u) + ((yb >> drop) & 1u)) & ~((1u << drop) - 1u);
+      const std::uint32_t small = 0u - static_cast<std::uint32_t>(yb < min_normal_bits);
+      std::uint32_t qb = (sub_bits & small) | (nb & ~small);
+      qb = qb < max_bits ? qb : max_bits;
+      const float q = bits_float(qb);
+      // Subnormal steps of min(q, 2^emin): at most 2^mb, so the conversion is always in range.
+      const float qs = bits_float(qb < min_normal_bits ? qb : min_normal_bits);
+      const auto steps = static_cast<std::uint32_t>(static_cast<std::int32_t>(qs * sub_steps));
+      const std::uint32_t sub_code = 0u - static_cast<std::uint32_t>(qb < min_normal_bits);
+      const std::uint32_t mag = (steps & sub_code) | (((qb >> drop) - rebase) & ~sub_code);
+      const std::uint32_t neg = (0u - (b >> 31)) & ~nan;
+      code[i] = static_cast<std::uint8_t>(mag | (neg & sign_bit));
+      const float dv = bits_float(float_bits(q * x) | (neg & 0x80000000u));
+      d[i] = dv;
+      u[i] = bits_float(float_bits(v - dv) & keep);
+    }
+    double sq = 0;
+    for (std::size_t i = 0; i < m; ++i) sq += static_cast<double>(d[i]) * d[i];
+    return sq;
+  }
+
   // The scale of a block whose largest finite |u| has bits amax; its code into *s.
-  static float choose_scale(std::uint32_t amax, float t, int& k, std::uint8_t* s) noexcept {
+  GRAVAC_KERNEL_INLINE static float choose_scale(std::uint32_t amax, float t, int& k, std::uint8_t* s) noexcept {
     if constexpr (shape.e8m0_scales) {
       k = mx_shared_exponent<element>(amax);
       *s = static_cast<std::uint8_t>(e8m0_code(k));
@@ -289,41 +362,46 @@ struct block_codec {
       if constexpr (!shape.e8m0_scales) {
         // NVFP4's per-layer scale needs the whole layer's u first.
         std::uint32_t amax = 0;
-        for (std::size_t c = 0; c < n; c += quant_chunk) {
-          const std::size_t mc = std::min(quant_chunk, n - c);
-          const auto s = accumulate_block(g.data() + c, e.data() + c, mc);
-          gsq += s.g_sq;
-          usq += s.u_sq;
-          amax = std::max(amax, finite_max_bits(e.data() + c, mc));
-        }
+        with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
+          for (std::size_t c = 0; c < n; c += quant_chunk) {
+            const std::size_t mc = std::min(quant_chunk, n - c);
+            const auto s = accumulate_block(g.data() + c, e.data() + c, mc);
+            gsq += s.g_sq;
+            usq += s.u_sq;
+            amax = std::max(amax, finite_max_bits(e.data() + c, mc));
+          }
+        });
         t = nvfp4_tensor_scale(bits_float(amax));
       }
       const std::uint32_t prefix_words[2] = {static_cast<std::uint32_t>(block), float_bits(t)};
       std::memcpy(prefix, prefix_words, sizeof prefix_words);
       alignas(64) std::uint8_t code[quant_chunk];
       alignas(64) std::uint32_t r[Stochastic ? quant_chunk : 1];
-      for (std::size_t c = 0; c < n; c += quant_chunk) {
-        const std::size_t mc = std::min(quant_chunk, n - c);
-        float* u = e.data() + c;
-        if constexpr (shape.e8m0_scales) {  // u = g + e, the chunk then in cache for its blocks
-          const auto s = accumulate_block(g.data() + c, u, mc);
-          gsq += s.g_sq;
-          usq += s.u_sq;
+      // Compiled for AVX2 where the processor has it (isa_dispatch.hpp; the same bits).
+      with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
+        for (std::size_t c = 0; c < n; c += quant_chunk) {
+          const std::size_t mc = std::min(quant_chunk, n - c);
+          float* u = e.data() + c;
+          if constexpr (shape.e8m0_scales) {  // u = g + e, the chunk then in cache for its blocks
+            const auto s = accumulate_block(g.data() + c, u, mc);
+            gsq += s.g_sq;
+            usq += s.u_sq;
+          }
+          if constexpr (Stochastic) fill_element_bits(stream, c, mc, r);
+          for (std::size_t lo = 0; lo < mc; lo += block) {
+            const std::size_t m = std::min(block, mc - lo);
+            int k = 0;
+            const float x = choose_scale(finite_max_bits(u + lo, m), t, k, scales + (c + lo) / block);
+            ksq += code_block<Stochastic>(u + lo, m, k, x, feedback, r + (Stochastic ? lo : 0), code + lo);
+          }
+          if constexpr (shape.code_bits == 8) {
+            std::memcpy(codes + c, code, mc);
+          } else {
+            std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
+            pack_code_bytes<4>(code, mc, codes + c / 2);
+          }
         }
-        if constexpr (Stochastic) fill_element_bits(stream, c, mc, r);
-        for (std::size_t lo = 0; lo < mc; lo += block) {
-          const std::size_t m = std::min(block, mc - lo);
-          int k = 0;
-          const float x = choose_scale(finite_max_bits(u + lo, m), t, k, scales + (c + lo) / block);
-          ksq += code_block<Stochastic>(u + lo, m, k, x, feedback, r + (Stochastic ? lo : 0), code + lo);
-        }
-        if constexpr (shape.code_bits == 8) {
-          std::memcpy(codes + c, code, mc);
-        } else {
-          std::fill(code + mc, code + ((mc + 7) & ~std::size_t{7}), std::uint8_t{0});
-          pack_code_bytes<4>(code, mc, codes + c / 2);
-        }
-      }
+      });
     });
     ls = {n, gsq, usq, ksq};
   }
