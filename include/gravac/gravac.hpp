@@ -34,6 +34,7 @@
 #include "gravac/network/network_estimate.hpp"
 #include "gravac/network/network_profile.hpp"
 #include "gravac/network/network_source.hpp"
+#include "gravac/network/random_walk_profile.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 #include "gravac/policy/accordion_policy.hpp"
