@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
   auto* ne = app.add_option_group("network");
   ne->add_option("--network", network,
                  "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
-                 "(25 Gbit/s 1 ms <-> 1 Gbit/s 32 ms) or trace:<file.csv>")
+                 "(25 Gbit/s 1 ms <-> 1 Gbit/s 32 ms), trace:<file.csv> or random-walk:<seed> (0.1-100 Gbit/s, "
+                 "10 us-5 ms, a change every 10-200 steps)")
       ->capture_default_str();
   ne->add_option("--network-allreduce", network_allreduce,
                  "how the modeled network prices an Allreduce: ring (always), open-mpi-4.1 or nccl (the algorithm "

@@ -48,6 +48,22 @@ TEST_CASE("fashion_mnist: a static top-k run learns, and invalid settings are re
   CHECK_THROWS_WITH(run_on_threads(unoffered), Catch::Contains("does not accept qsgd + allreduce_compatible"));
 }
 
+TEST_CASE("fashion_mnist: a random-walk network is parsed, described, refused when malformed, and trained on") {
+  const auto n = fmnist::network_config::parse("random-walk:3");
+  CHECK(n.type == fmnist::network_config::kind::random_walk);
+  CHECK(n.walk_seed == 3);
+  CHECK(n.describe() == "random-walk:3");
+  for (const char* bad : {"random-walk:", "random-walk:x", "random-walk:-1", "random-walk:3.5"})
+    CHECK_THROWS_WITH(fmnist::network_config::parse(bad), Catch::Contains("random-walk needs a seed"));
+  auto m = fmnist_test::dense_method();
+  m.compressor = fmnist::compressor_id::topk;
+  m.collective = fmnist::collective_id::allgather;
+  m.fixed.kept_fraction = 0.01;
+  auto cfg = fmnist_test::short_run(m);
+  cfg.network = n;
+  fmnist_test::check_learned(run_on_threads(cfg), 4);
+}
+
 TEST_CASE("fashion_mnist: QSGD through the compressed allreduce learns, with fewer wire bytes than by Allgather") {
   auto m = fmnist_test::dense_method();
   m.compressor = fmnist::compressor_id::qsgd;

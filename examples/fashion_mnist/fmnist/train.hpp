@@ -40,15 +40,18 @@ namespace fmnist {
 struct network_config {
   //! none: no simulated network (communication is not modeled); constant: one bandwidth
   //! and latency; schedule: the flexible-communication paper's schedule (25 Gbit/s, 1 ms
-  //! and 1 Gbit/s, 32 ms alternating every `phase_epochs` epochs); trace: a CSV file.
-  enum class kind : std::uint8_t { none, constant, schedule, trace } type = kind::constant;
-  double gbps = 1;           //!< constant: bandwidth in Gbit/s
-  double latency_s = 50e-6;  //!< constant: latency of one message in seconds
-  double phase_epochs = 1;   //!< schedule: epochs per phase
-  std::string trace_path;    //!< trace: the CSV file (see gravac::network_profile::parse_csv)
+  //! and 1 Gbit/s, 32 ms alternating every `phase_epochs` epochs); trace: a CSV file;
+  //! random_walk: gravac::random_walk_profile's defaults (0.1-100 Gbit/s, 10 us-5 ms, a
+  //! change every 10-200 steps) from `walk_seed`.
+  enum class kind : std::uint8_t { none, constant, schedule, trace, random_walk } type = kind::constant;
+  double gbps = 1;              //!< constant: bandwidth in Gbit/s
+  double latency_s = 50e-6;     //!< constant: latency of one message in seconds
+  double phase_epochs = 1;      //!< schedule: epochs per phase
+  std::string trace_path;       //!< trace: the CSV file (see gravac::network_profile::parse_csv)
+  std::uint64_t walk_seed = 1;  //!< random_walk: the walk's seed
 
   //! Parses "none", "1gbps", "10gbps", "2.5gbps:0.2ms", "schedule", "schedule:2" (epochs
-  //! per phase) or "trace:FILE". Throws gravac::error on anything else.
+  //! per phase), "trace:FILE" or "random-walk:SEED". Throws gravac::error on anything else.
   static network_config parse(const std::string& spec);
   //! The spelling parse() accepts, e.g. "1gbps:0.05ms".
   [[nodiscard]] std::string describe() const;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <gravac/checkpoint.hpp>
 #include <gravac/comm/simulated_communicator.hpp>
+#include <gravac/network/random_walk_profile.hpp>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -192,13 +193,19 @@ network_config network_config::parse(const std::string& spec) {
     n.type = kind::trace;
     n.trace_path = spec.substr(6);
     gravac::require(!n.trace_path.empty(), "network: trace needs a file, e.g. trace:net.csv");
+  } else if (spec.rfind("random-walk:", 0) == 0) {
+    n.type = kind::random_walk;
+    const std::string seed = spec.substr(12);
+    gravac::require(!seed.empty() && seed.find_first_not_of("0123456789") == std::string::npos && seed.size() <= 19,
+                    "network: random-walk needs a seed, a whole number, e.g. random-walk:3; got '" + spec + "'");
+    n.walk_seed = std::stoull(seed);
   } else {
     n.type = kind::constant;
     const auto colon = spec.find(':');
     const std::string bw = spec.substr(0, colon);
     gravac::require(ends_with(bw, "gbps"),
-                    "network: expected none, <N>gbps[:<L>ms], schedule[:<epochs>] or "
-                    "trace:<file>, got '" +
+                    "network: expected none, <N>gbps[:<L>ms], schedule[:<epochs>], "
+                    "trace:<file> or random-walk:<seed>, got '" +
                         spec + "'");
     n.gbps = parse_number(bw.substr(0, bw.size() - 4), spec);
     if (colon != std::string::npos) {
@@ -220,6 +227,8 @@ std::string network_config::describe() const {
       return b;
     case kind::trace:
       return "trace:" + trace_path;
+    case kind::random_walk:
+      return "random-walk:" + std::to_string(walk_seed);
     case kind::constant:
       std::snprintf(b, sizeof b, "%ggbps:%gms", gbps, latency_s * 1e3);
       return b;
@@ -398,6 +407,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
         return gravac::network_profile::fast_slow_schedule(n.phase_epochs * static_cast<double>(steps_per_epoch));
       case network_config::kind::trace:
         return gravac::network_profile::from_csv(n.trace_path);
+      case network_config::kind::random_walk:
+        return gravac::random_walk_profile({}, n.walk_seed);
       default:
         return gravac::network_profile::constant(gravac::network_params::from_gbps(n.latency_s, n.gbps));
     }
