@@ -477,18 +477,41 @@ void probe_and_warm_up(driver& d, double dense, double c10) {
 
 }  // namespace
 
-TEST_CASE("gravac + dense: dense that beats a ratio even without its communication wins at once",
+TEST_CASE("gravac + dense: dense that beats a ratio even without its communication wins once timed afresh",
           "[policy][gravac][dense]") {
   driver d(two_layers(), with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 10}));
   // Dense: 1.1 s a step (rate 1 / 1.1 = 0.909). CF 10 at gain 0.9 without its 0.01 s of
-  // communication: 0.9 / 1.0 = 0.9 <= 0.909, and no larger ratio can do better.
+  // communication: 0.9 / 1.0 = 0.9 <= 0.909, and no larger ratio can do better. Dense's
+  // timing is from before the warm-up, so CF 10 and dense are timed afresh first.
   probe_and_warm_up(d, 0.1, 0.01);
   CHECK(d.pol.phase() == gravac_phase::monitoring);
-  CHECK(d.pol.dense_kept());
+  CHECK_FALSE(d.pol.dense_kept());
+  CHECK(d.pol.rechecks() == 1);
   CHECK(d.pol.dense_throughput() == Approx(1 / 1.1));
+  for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);  // CF 10 afresh
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.1) == 1);                        // dense afresh
+  CHECK(d.pol.dense_kept());  // 0.909 >= 0.891: no hysteresis when confirming the search
+  CHECK(d.pol.switches() == 1);
   for (int s = 0; s < 20; ++s) CHECK(d.run({}, 0.1) == 1);  // a steady network: dense, no probe
   CHECK(d.asked().empty());
-  CHECK(d.pol.rechecks() == 0);
+  CHECK(d.pol.rechecks() == 1);
+}
+
+TEST_CASE("gravac + dense: a dense probe timed on a fast network does not decide on a slow one",
+          "[policy][gravac][dense]") {
+  driver d(two_layers(), with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 10}));
+  // The dense probe sees 0.1 s of communication; then the network slows 10x, so that CF 10
+  // takes 0.1 s too during the warm-up: dense "dominates" on the stale timing (0.909 >= 0.9).
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.1) == 1);
+  for (int s = 0; s < 3; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.1) == 10);
+  REQUIRE(d.pol.rechecks() == 1);
+  // Timed afresh on the slow network: CF 10 0.9 / 1.1 = 0.818, dense 1 / 2 = 0.5. CF 10 stays.
+  for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.1) == 10);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 1.0) == 1);
+  CHECK_FALSE(d.pol.dense_kept());
+  CHECK(d.pol.switches() == 0);
+  for (int s = 0; s < 20; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.1) == 10);
+  CHECK(d.pol.rechecks() == 1);
 }
 
 TEST_CASE("gravac + dense: on a slow network the search runs and keeps a ratio", "[policy][gravac][dense]") {
@@ -516,54 +539,85 @@ TEST_CASE("gravac + dense: the search ends on dense when dense's CT beats the be
   for (int s = 0; s < 10; ++s) d.run({{20, 0.8}, {10, 0.9}}, 0.1);
   CHECK(d.pol.phase() == gravac_phase::monitoring);
   CHECK(d.pol.candidate_cf() == 10);  // the best ratio, kept for a later probe
-  CHECK(d.pol.dense_kept());          // 0.833 >= 0.783
+  CHECK_FALSE(d.pol.dense_kept());    // 0.833 >= 0.783 on the search's timings: confirmed afresh
+  CHECK(d.plan() == 10);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.15) == 10);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.2) == 1);
+  CHECK(d.pol.dense_kept());
   CHECK(d.plan() == 1);
 }
 
-TEST_CASE("gravac + dense: a network that slows or speeds up is probed once, with hysteresis",
+TEST_CASE("gravac + dense: a network that slows or speeds up is followed from the last paired timing",
           "[policy][gravac][dense]") {
   driver d(two_layers(), with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 10}));
   probe_and_warm_up(d, 0.1, 0.01);
+  for (int s = 0; s < 4; ++s) d.run({{10, 0.9}, {20, 0.8}}, 0.01);
+  for (int s = 0; s < 4; ++s) d.run({}, 0.1);
   REQUIRE(d.pol.dense_kept());
-  for (int s = 0; s < 5; ++s) d.run({}, 0.1);  // the watch settles on 0.1 s of communication
-  // The network slows 100x: the next dense step moves the watch past recheck_drift (25%);
-  // dense is timed afresh for 4 steps, then CF 10 (the candidate kept for it) is probed
-  // for 4 steps, whatever its gain.
+  REQUIRE(d.pol.rechecks() == 1);
+  // The pair: dense 0.1 s of communication, CF 10 0.01 s (gain 0.9). The network slows 100x:
+  // CF 10 is predicted at 0.9 / (1 + 1) = 0.45 against dense's 1 / 11: dense is timed afresh
+  // for 4 steps, then CF 10 for 4, whatever its gain.
   CHECK(d.run({}, 10) == 1);
-  CHECK(d.pol.rechecks() == 1);
+  CHECK(d.pol.rechecks() == 2);
   for (int s = 0; s < 4; ++s) CHECK(d.run({}, 10) == 1);
   for (int s = 0; s < 4; ++s) {
     CHECK(d.run({{10, 0.9}, {20, 0.8}}, 1) == 10);
     CHECK_FALSE(d.asked().empty());
   }
-  // CF 10: 0.9 / 2 s = 0.45 against dense's 1 / 11 s: switched.
   CHECK_FALSE(d.pol.dense_kept());
-  CHECK(d.pol.switches() == 1);
+  CHECK(d.pol.switches() == 2);
   CHECK(d.plan() == 10);
   for (int s = 0; s < 30; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 1) == 10);  // steady: no probe
-  CHECK(d.pol.rechecks() == 1);
-  // The network gets faster: CF 10's communication falls to 0.01 s and dense is probed at
-  // once (window 1), but at 1.1 s (0.909) it beats CF 10 (0.9 / 1.01 = 0.891) by less than
-  // omega (5%): CF 10 is kept.
-  CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);
   CHECK(d.pol.rechecks() == 2);
-  for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);  // CF 10 afresh
-  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.1) == 1);
-  CHECK_FALSE(d.pol.dense_kept());
-  CHECK(d.pol.switches() == 1);
-  CHECK(d.plan() == 10);
-  // A probe resets the watch: it settles again where CF 10 now is (0.005 s) ...
-  for (int s = 0; s < 3; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.005) == 10);
+  // The network gets 100x faster: dense is predicted at 1 / 1.1 = 0.909 against CF 10's
+  // 0.9 / 1.01 = 0.891, 2% better, within the margin (omega times 1 + sqrt(window / steps
+  // watched)): no probe.
+  for (int s = 0; s < 10; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.01) == 10);
   CHECK(d.pol.rechecks() == 2);
-  // ... and when it falls further, dense at 1.02 s (0.980) beats CF 10 at 1.001 s (0.899)
-  // by 9%: switched.
+  // 1000x faster: dense predicted at 1 / 1.01 = 0.990 against 0.9 / 1.001 = 0.899, 10% better:
+  // probed (CF 10 afresh, then dense) and switched.
   CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.001) == 10);
   CHECK(d.pol.rechecks() == 3);
   for (int s = 0; s < 4; ++s) CHECK(d.run({{10, 0.9}, {20, 0.8}}, 0.001) == 10);
-  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.02) == 1);
+  for (int s = 0; s < 4; ++s) CHECK(d.run({}, 0.01) == 1);
   CHECK(d.pol.dense_kept());
-  CHECK(d.pol.switches() == 2);
+  CHECK(d.pol.switches() == 3);
   CHECK(d.plan() == 1);
+}
+
+TEST_CASE(
+    "gravac + dense: a network that changes faster than the window is followed on average, without "
+    "oscillating",
+    "[policy][gravac][dense]") {
+  auto o = with_dense({.cf_max = 40, .warmup_steps = 3, .period_steps = 10});
+  o.window = 8;
+  driver d(two_layers(), o);
+  probe_and_warm_up(d, 0.1, 0.01);
+  for (int s = 0; s < 4; ++s) d.run({{10, 0.9}, {20, 0.8}}, 0.01);
+  for (int s = 0; s < 4; ++s) d.run({}, 0.1);
+  REQUIRE(d.pol.dense_kept());
+  // The network alternates every 3 steps between dense at 0.1 s and at 0.3 s (CF 10 at a
+  // tenth), faster than the window of 8: on average dense takes 1.2 s (0.833) and CF 10
+  // 1.02 s (0.882), within 3 omega. The probes find the two close, each doubles the wait
+  // before the next (8, 16, 32, 64, 128 steps), and nothing switches back and forth.
+  const auto comm = [](int s, double cf) { return (s / 3 % 2 == 0 ? 0.1 : 0.3) / cf; };
+  std::vector<std::uint64_t> probes_by_step;
+  for (int s = 0; s < 300; ++s) {
+    const double cf = d.plan();
+    d.run({{10, 0.9}, {20, 0.8}}, comm(s, cf));
+    probes_by_step.push_back(d.pol.rechecks());
+  }
+  CHECK(d.pol.switches() == 1);  // the confirmation of dense only
+  CHECK(d.pol.rechecks() <= 5);
+  CHECK(probes_by_step[299] - probes_by_step[169] <= 1);  // the last 130 steps: one probe at most
+  // Then the network settles 30x slower: CF 10 must be found and kept.
+  for (int s = 0; s < 60; ++s) {
+    const double cf = d.plan();
+    d.run({{10, 0.9}, {20, 0.8}}, 3.0 / cf);
+  }
+  CHECK_FALSE(d.pol.dense_kept());
+  CHECK(d.plan() == 10);
 }
 
 TEST_CASE("gravac + dense: save / load in every phase continues with the same decisions",

@@ -1,6 +1,7 @@
 // Policy state declared once (issue 45): the checkpoint bytes of each policy are pinned
 // (golden size and FNV-1a of save() for scripted states, recorded before the field lists
-// replaced the hand-written save/load), load round-trips them, and a field appended to a
+// replaced the hand-written save/load; gravac's re-recorded for its state version 4, which
+// appends the dense watch's timing anchor), load round-trips them, and a field appended to a
 // field list is saved and restored with no other change.
 #include <catch2/catch.hpp>
 #include <map>
@@ -170,21 +171,21 @@ TEST_CASE("policy state: the checkpoint bytes are those of the hand-written save
     const gravac_policy_options o{
         .cf_max = 160, .window = 3, .warmup_steps = 3, .period_steps = 4, .time = {time_source::simulated, 0.0, false}};
     const std::vector<int> cuts{2, 5, 9, 17, 30};
-    const std::vector<golden> want{{483, 0xc32bfe4af9c95526ull},
-                                   {483, 0xf5e8ffca1cff78e8ull},
-                                   {483, 0xe754d51aaf56a101ull},
-                                   {483, 0xcd726cad7016f555ull},
-                                   {483, 0xea5fc3b836d30583ull}};
+    const std::vector<golden> want{{541, 0x9c238d56b7b5eaebull},
+                                   {541, 0x1b33dd46d8cf958dull},
+                                   {541, 0xcb7359e3ebb63388ull},
+                                   {541, 0x331fe18250b7d5b0ull},
+                                   {541, 0x831419bd52bb6536ull}};
     const auto states = gravac_states(o, false, cuts);
     check_gravac_states(o, cuts, states, want);
   }
   SECTION("gravac on a measured clock (a step read one step late, periods by interval)") {
     const gravac_policy_options o{.cf_max = 160, .window = 3, .warmup_steps = 3};
     const std::vector<int> cuts{1, 6, 13, 25};
-    const std::vector<golden> want{{483, 0x92cc9e5d00654951ull},
-                                   {483, 0xe332be83497de17dull},
-                                   {483, 0x21bf194af307a8b7ull},
-                                   {483, 0x34ce61726c3a0fb8ull}};
+    const std::vector<golden> want{{541, 0x5206513f0e271658ull},
+                                   {541, 0x714dc2822615ccull},
+                                   {541, 0x806687529e65826aull},
+                                   {541, 0x570f3024944fa18dull}};
     const auto states = gravac_states(o, false, cuts);
     check_gravac_states(o, cuts, states, want);
   }
@@ -199,9 +200,9 @@ TEST_CASE("policy state: the checkpoint bytes are those of the hand-written save
                                   .dense_probe_steps = 4};
     const std::vector<int> cuts{2, 5, 8, 41, 43, 45, 83, 85, 120};
     const std::vector<golden> want{
-        {467, 0xe1104cf90c199d45ull}, {467, 0xfefc57eb5bda6a1aull}, {467, 0x0302c08668e80585ull},
-        {467, 0x3ed7a6daafe53f0cull}, {467, 0x27bd88f937c5f806ull}, {467, 0x1bd9b2f0ad8b1412ull},
-        {467, 0x40f43857d1411ef8ull}, {467, 0x9c42b59f483b64adull}, {467, 0xd8b52d7ad8666f28ull}};
+        {525, 0x5fa27654b8f3fefcull}, {525, 0x570bd6c31415c3fbull}, {525, 0xacbe313b7c7e7168ull},
+        {525, 0xa169811426a86baaull}, {525, 0xa1934c19e833f63cull}, {525, 0xba2458b22976a440ull},
+        {525, 0x7bff9f8927edc26aull}, {525, 0x4cb128c076b102ceull}, {525, 0x616e0a3b2692bb79ull}};
     const auto states = gravac_states(o, true, cuts);
     check_gravac_states(o, cuts, states, want);
   }

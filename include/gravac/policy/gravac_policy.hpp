@@ -89,7 +89,7 @@ class gravac_policy {
   //! Most candidates a configuration may produce (guards against s close to 1).
   static constexpr std::size_t max_candidates = 4096;
   //! Version of the bytes save() writes.
-  static constexpr std::uint32_t state_version = 3;
+  static constexpr std::uint32_t state_version = 4;
 
   //! A policy for \p lay; throws gravac::error on an option out of its domain.
   gravac_policy(const layout& lay, const options& opt = {}) : opt_(opt) {
@@ -190,6 +190,7 @@ class gravac_policy {
     if (r.skipped) return;
     ++observed_;
     ++interval_steps_;
+    just_stopped_ = false;
     // The gains are index-aligned with the request plan() made for this step.
     const bool has_c = !r.gain_curve.empty();
     const bool has_min = planned_candidate_ == 0 ? has_c : r.gain_curve.size() >= 2;
@@ -229,7 +230,8 @@ class gravac_policy {
       period_ = {};
       dominance_pending_ = opt_.dense_candidate;
     }
-    if (opt_.dense_candidate) advance_dense_choice();
+    // A search that stopped during this step has set up its probe: nothing to advance yet.
+    if (opt_.dense_candidate && !just_stopped_) advance_dense_choice();
   }
 
   //! The end of an interval: closes the evaluation period when periods are intervals (with a
@@ -356,6 +358,22 @@ class gravac_policy {
     measure what = measure::none;
   };
 
+  // The last paired timing of both choices (dense_candidate): what the watch predicts from.
+  struct pair_anchor {
+    bool valid = false;
+    double kept_comm = 0;   // the kept choice's communication per step, seconds
+    double kept_fixed = 0;  // the rest of its step (compute, codec)
+    double kept_gain = 1;
+    double other_comm = 0;  // the other choice's
+    double other_fixed = 0;
+    double other_gain = 1;
+    using persistent_fields =
+        detail::field_list<detail::field<&pair_anchor::valid>, detail::field<&pair_anchor::kept_comm>,
+                           detail::field<&pair_anchor::kept_fixed>, detail::field<&pair_anchor::kept_gain>,
+                           detail::field<&pair_anchor::other_comm>, detail::field<&pair_anchor::other_fixed>,
+                           detail::field<&pair_anchor::other_gain>>;
+  };
+
   // True when every rank reads the same clock (no measured part): its time is used at once.
   [[nodiscard]] bool shared_clock() const noexcept {
     return opt_.time.source == time_source::simulated && !opt_.time.include_codec;
@@ -459,17 +477,43 @@ class gravac_policy {
     gain_next_ = {};
   }
 
-  // Ends the search keeping candidate \p keep, or dense (dense_candidate) when \p dense_wins
-  // or when dense's CT is at least the kept ratio's.
+  // Ends the search keeping candidate \p keep. With dense_candidate, when \p dense_wins or
+  // dense's CT is at least the kept ratio's, dense is not taken at once: its timing may come
+  // from another network (the dense probe ran before the warm-up and the search), so the ratio
+  // and dense are timed afresh, one after the other, and close_recheck decides.
   void stop(std::size_t keep, bool dense_wins = false) {
     phase_ = gravac_phase::monitoring;
+    just_stopped_ = true;
     dominance_pending_ = false;
     if (keep != candidate_) {
       candidate_ = keep;
       gain_c_ = keep == 0 ? gain_min_ : ewma{};  // the kept ratio's gain is measured afresh
     }
-    if (opt_.dense_candidate)
-      settle(dense_wins || (std::isfinite(ct_dense_) && std::isfinite(ct_[keep]) && ct_dense_ >= ct_[keep]));
+    if (!opt_.dense_candidate) return;
+    settle(false);
+    if (dense_wins || (std::isfinite(ct_dense_) && std::isfinite(ct_[keep]) && ct_dense_ >= ct_[keep])) {
+      start_recheck(recheck_kind::dense);
+      confirming_ = true;  // as the search's rule: dense wins a tie, no hysteresis
+    }
+  }
+  // Times the kept choice afresh for dense_probe_steps, then \p other for as many.
+  void start_recheck(recheck_kind other) {
+    recheck_ = other;
+    kept_left_ = opt_.dense_probe_steps;
+    recheck_sums_ = kept_fresh_ = {};
+    ++rechecks_;
+  }
+  // The other choice's progress rate over the kept one's, predicted from the last paired
+  // timing (anchor_) and how the kept choice's communication has changed since (the network's
+  // speed now against then); 0 when there is nothing to predict from.
+  [[nodiscard]] double predicted_advantage() const noexcept {
+    if (!(anchor_.kept_comm > 0) || !kept_comm_.ready) return 0.0;
+    const double f = kept_comm_.value / anchor_.kept_comm;
+    const double kept_gain = kept_dense_ ? 1.0 : (gain_c_.ready ? gain_c_.value : anchor_.kept_gain);
+    const double other_gain = kept_dense_ ? anchor_.other_gain : 1.0;
+    const double kept = detail::progress_rate(kept_gain, anchor_.kept_fixed + kept_comm_.value);
+    const double other = detail::progress_rate(other_gain, anchor_.other_fixed + anchor_.other_comm * f);
+    return kept > 0 ? other / kept : 0.0;
   }
 
   // The first step after warm_up_end() searches; with a dense probe first, it ends later.
@@ -529,32 +573,63 @@ class gravac_policy {
       return;
     }
     if (kept_steps_ < opt_.window) return;  // the watch has not settled yet
+    if (anchor_.valid) {                    // both choices were timed together: predict the other from the kept one
+      // A clear advantage (over 3 omega) is probed at once. A smaller one must beat omega times
+      // a margin that shrinks from 2 to 1 as the watch sees more steps (its confidence grows),
+      // and waits the longer after probes that found the choices close: each doubles the wait,
+      // up to 16 windows, so a network near the break-even point is not probed over and over.
+      const double adv = predicted_advantage();
+      const double margin =
+          std::min(2.0, 1 + std::sqrt(static_cast<double>(opt_.window) / static_cast<double>(kept_steps_)));
+      const bool waited = kept_steps_ >= (std::uint64_t{opt_.window} << std::min<std::uint64_t>(close_probes_, 4));
+      if (adv > 1 + 3 * opt_.omega || (waited && adv > 1 + opt_.omega * margin))
+        start_recheck(kept_dense_ ? recheck_kind::compressed : recheck_kind::dense);
+      return;
+    }
     if (kept_ref_comm_ <= 0) {
       kept_ref_comm_ = kept_comm_.value;  // where the kept choice settled
       return;
     }
     const double change = kept_comm_.value / kept_ref_comm_ - 1;
-    if (kept_dense_ ? change > opt_.recheck_drift : change < -opt_.recheck_drift) {
-      recheck_ = kept_dense_ ? recheck_kind::compressed : recheck_kind::dense;
-      kept_left_ = opt_.dense_probe_steps;
-      recheck_sums_ = kept_fresh_ = {};
-      ++rechecks_;
-    }
+    if (kept_dense_ ? change > opt_.recheck_drift : change < -opt_.recheck_drift)
+      start_recheck(kept_dense_ ? recheck_kind::compressed : recheck_kind::dense);
   }
   // A probe while monitoring is timed: switch if the other choice's progress rate beats the
-  // kept one's by more than omega, and watch the kept choice afresh either way.
+  // kept one's by more than omega, and watch the kept choice afresh either way. The pair of
+  // timings becomes the anchor the watch predicts the other choice from. A kept ratio that was
+  // never sent at its factor while it was timed (its gain fell below eps) loses to dense.
   void close_recheck() {
     const bool other_dense = recheck_ == recheck_kind::dense;
     recheck_ = recheck_kind::none;
     bool switch_over = false;
-    if (recheck_sums_.timed > 0 && kept_fresh_.timed > 0) {
+    const bool confirming = confirming_;
+    confirming_ = false;
+    const bool paired = recheck_sums_.timed > 0 && kept_fresh_.timed > 0;
+    if (paired) {
       const double other = detail::progress_rate(other_dense ? 1.0 : recheck_sums_.mean_gain(), recheck_sums_.mean_s());
       const double kept = detail::progress_rate(kept_dense_ ? 1.0 : kept_fresh_.mean_gain(), kept_fresh_.mean_s());
-      switch_over = other > kept * (1 + opt_.omega);
+      switch_over = confirming ? other >= kept : other > kept * (1 + opt_.omega);
+      const double far = 1 + 3 * opt_.omega;  // a clear verdict resets the back-off
+      close_probes_ = other > kept * far || kept > other * far ? 0 : close_probes_ + 1;
+    } else {
+      switch_over = other_dense && recheck_sums_.timed > 0;
     }
     if (switch_over && other_dense) dense_ = recheck_sums_;
     if (switch_over) ++switches_;
-    settle(switch_over ? other_dense : kept_dense_);
+    const bool dense_now = switch_over ? other_dense : kept_dense_;
+    anchor_ = {};
+    if (paired) {
+      const auto& kept = switch_over ? recheck_sums_ : kept_fresh_;
+      const auto& other = switch_over ? kept_fresh_ : recheck_sums_;
+      anchor_.valid = true;
+      anchor_.kept_comm = kept.mean_comm_s();
+      anchor_.kept_fixed = kept.mean_s() - kept.mean_comm_s();
+      anchor_.kept_gain = dense_now ? 1.0 : kept.mean_gain();
+      anchor_.other_comm = other.mean_comm_s();
+      anchor_.other_fixed = other.mean_s() - other.mean_comm_s();
+      anchor_.other_gain = dense_now ? other.mean_gain() : 1.0;
+    }
+    settle(dense_now);
   }
 
   options opt_;
@@ -598,8 +673,12 @@ class gravac_policy {
   double ct_dense_ = std::numeric_limits<double>::quiet_NaN();  // dense's CT at the last comparison
   std::uint64_t rechecks_ = 0;
   std::uint64_t switches_ = 0;
+  pair_anchor anchor_;              // the last paired timing (version 4)
+  bool confirming_ = false;         // the probe in progress confirms the search's choice of dense (version 4)
+  std::uint64_t close_probes_ = 0;  // probes in a row that found the choices within 3 omega (version 4)
+  bool just_stopped_ = false;       // the search stopped during the step being observed (not saved)
 
-  // The decision state a checkpoint holds, in the order of its bytes (state_version 3). The
+  // The decision state a checkpoint holds, in the order of its bytes (state_version 4). The
   // order is the history of the format (fields were appended as versions grew): keep it.
   using self = gravac_policy;
   template <auto... Path>
@@ -625,7 +704,9 @@ class gravac_policy {
       detail::packed_flags<std::uint8_t, at<&self::kept_dense_>, at<&self::dominance_pending_>>,
       field<&self::probe_left_>, field<&self::kept_left_>, field<&self::dense_>, field<&self::warm_>,
       field<&self::recheck_sums_>, field<&self::kept_fresh_>, field<&self::kept_comm_>, field<&self::kept_steps_>,
-      field<&self::kept_ref_comm_>, field<&self::ct_dense_>, field<&self::rechecks_>, field<&self::switches_>>;
+      field<&self::kept_ref_comm_>, field<&self::ct_dense_>, field<&self::rechecks_>, field<&self::switches_>,
+      // the watch's anchor (version 4)
+      field<&self::anchor_>, field<&self::confirming_>, field<&self::close_probes_>>;
   using state_stage = detail::field_stage<gravac_policy, persistent_fields>;
 
   // Refuses a loaded state that these options and this layout cannot hold (corrupt bytes).
@@ -644,6 +725,8 @@ class gravac_policy {
         (phase == gravac_phase::dense_probe || s.get<&self::kept_dense_>() || s.get<&self::dominance_pending_>() ||
          s.get<&self::recheck_>() != recheck_kind::none || probe_left != 0 || kept_left != 0))
       r.fail("dense choice state without options::dense_candidate");
+    if (!opt_.dense_candidate && (s.get<&self::anchor_>().valid || s.get<&self::confirming_>()))
+      r.fail("a timing anchor or confirmation without options::dense_candidate");
     if (s.get<&self::candidate_>() >= candidates_.size()) r.fail("candidate index out of range");
   }
 };
