@@ -7,6 +7,10 @@
 //     not depend on the network);
 //   - the recommended configuration (method_configs.hpp) once per network and seed, on that
 //     network, which it is not told;
+//   - on networks that keep changing (--random-walks N: random-walk:1..N, bandwidth 0.1-100
+//     Gbit/s and latency 10 us-5 ms moving every 10-200 steps), the recommended configuration
+//     and GraVAC as the paper on each walk and seed, against the static choices charged on
+//     the same walks;
 //   - then, with compute-heavy steps as on GPUs, the same four methods with the modeled
 //     compute per step set so that dense's communication is 10%, 50% and 200% of it, with
 //     buckets per layer overlapped with backward (each its own run: overlap and shadow
@@ -55,6 +59,9 @@ struct cell {
     return latency_ms < 1 ? fmt("%g us", latency_ms * 1000) : fmt("%g ms", latency_ms);
   }
 };
+
+// The changing network number \p w (fmnist::network_config's random-walk).
+std::string walk_spec(int w) { return "random-walk:" + std::to_string(w); }
 
 struct method {
   std::string key, label;
@@ -166,7 +173,7 @@ int main(int argc, char** argv) {
   std::vector<double> heavy_ratios{0.1, 0.5, 2.0};      // dense's communication / compute
   std::string heavy_network = "10gbps:0.005ms", model = "both", out = "out/network_grid";
   std::string data_dir = fmnist::default_data_dir;
-  int seeds = 3, ranks = 4;
+  int seeds = 3, ranks = 4, walks = 3;
   bool quick = false, no_heavy = false;
   std::string heavy_model = "cnn";
   double target_below_dense = 1.0;
@@ -176,6 +183,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--heavy-network", heavy_network, "the network of the compute-heavy settings")->capture_default_str();
   app.add_flag("--no-heavy", no_heavy, "leave out the compute-heavy settings");
+  app.add_option("--random-walks", walks, "changing networks random-walk:1..N (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--heavy-model", heavy_model,
                  "the model(s) of the compute-heavy settings: cnn (its layers overlap with backward), mlp or both")
       ->check(CLI::IsMember({"mlp", "cnn", "both"}))
@@ -245,8 +255,8 @@ int main(int argc, char** argv) {
           "simulated network charges and backward does not hide), the mean over the seeds that reached it. Target: "
           "dense's final test accuracy (mean over the seeds) minus "
        << target_below_dense << " point.\n\n";
-    bool all_cells_ok = true, slow_ok = true, dense_ok = true, heavy_ok = true;
-    std::string slow_detail, worst_detail;
+    bool all_cells_ok = true, slow_ok = true, dense_ok = true, heavy_ok = true, walks_ok = true;
+    std::string slow_detail, worst_detail, walk_detail;
     double worst = 0;
     for (auto& p : passes) {
       const auto t_pass = elapsed();
@@ -260,6 +270,7 @@ int main(int argc, char** argv) {
           cfg.network = fmnist::network_config::parse(grid[0].spec());
           for (std::size_t k = 1; k < grid.size(); ++k)
             cfg.shadow_networks.push_back(fmnist::network_config::parse(grid[k].spec()));
+          for (int w = 1; w <= walks; ++w) cfg.shadow_networks.push_back(fmnist::network_config::parse(walk_spec(w)));
           announce(p.name + " seed " + std::to_string(s) + " " + methods[i].label + " (every network)");
           stat[i].push_back(train_once(cfg, train, test, ranks));
           if (p.base.compute_s < 0) p.base.compute_s = stat[i].back().compute_per_step_s;  // calibrated once
@@ -352,6 +363,60 @@ int main(int argc, char** argv) {
       else
         md << "\n(gnuplot is missing or failed: no heat map.)\n\n";
 
+      // --- networks that keep changing ------------------------------------------------------
+      if (walks > 0) {
+        md << "Networks that keep changing (`random-walk:W`: bandwidth 0.1-100 Gbit/s and latency 10 us-5 ms, each "
+              "moving by up to half a decade after holds of 10-200 steps, the same walk for every method). The "
+              "static choices are charged on each walk; the recommended configuration and GraVAC as the paper run "
+              "on it (their decisions follow the network). Time to target in s, mean over the seeds.\n\n"
+           << "| walk | best static | GraVAC as the paper | recommended | rec. / best static | rec. / paper |\n"
+              "|---|---:|---:|---:|---:|---:|\n";
+        const fmnist::method_config paper =
+            gravac_config(gravac::gravac_policy_options{}.epsilon, fmnist::collective_id::allgather, 0, false);
+        for (int w = 1; w <= walks; ++w) {
+          const int shadow = static_cast<int>(grid.size()) - 1 + (w - 1);
+          std::vector<times> t(5);  // dense, CF 10, CF 100, recommended, paper
+          for (std::size_t i = 0; i < 3; ++i)
+            for (int s = 0; s < seeds; ++s) {
+              const auto& r = stat[i][static_cast<std::size_t>(s)];
+              t[i].push_back(r.modeled_time_to(target, shadow));
+              csv << p.name << ",walk," << walk_spec(w) << ',' << methods[i].key << ',' << s + 1 << ','
+                  << r.epochs.back().test_acc << ',' << t[i].back() << ",\n";
+            }
+          for (std::size_t j = 3; j < 5; ++j)
+            for (int s = 1; s <= seeds; ++s) {
+              fmnist::run_config cfg = p.base;
+              cfg.seed = static_cast<std::uint64_t>(s);
+              cfg.method = j == 3 ? methods[3].m : paper;
+              cfg.network = fmnist::network_config::parse(walk_spec(w));
+              const std::string key = j == 3 ? "recommended" : "gravac_paper";
+              announce(p.name + " seed " + std::to_string(s) + " " + key + " on " + walk_spec(w));
+              const auto r = train_once(cfg, train, test, ranks);
+              done(r);
+              t[j].push_back(r.modeled_time_to(target));
+              csv << p.name << ",walk," << walk_spec(w) << ',' << key << ',' << s << ',' << r.epochs.back().test_acc
+                  << ',' << t[j].back() << ',' << r.total_wire_bytes_received_per_rank() << '\n';
+            }
+          const verdict v = judge(t, seeds);
+          const summary rec = reached(t[3]), pap = reached(t[4]);
+          const double vs_paper = rec.n == seeds && pap.n > 0 ? rec.mean / pap.mean : std::nan("");
+          const bool ok =
+              v.all_reached && std::isfinite(v.ratio) && v.ratio <= 1.1 && std::isfinite(vs_paper) && vs_paper <= 1.0;
+          walks_ok = walks_ok && ok;
+          walk_detail += (walk_detail.empty() ? "" : "; ") + label + " walk " + std::to_string(w) + " " +
+                         (std::isfinite(v.ratio) ? fmt("%.2fx", v.ratio) : std::string("n/a")) + " / " +
+                         (std::isfinite(vs_paper) ? fmt("%.2fx", vs_paper) : std::string("n/a"));
+          md << "| " << w << " | "
+             << (v.best >= 0 ? methods[static_cast<std::size_t>(v.best)].label + " " +
+                                   fmt("%.2f", reached(t[static_cast<std::size_t>(v.best)]).mean)
+                             : std::string("none reached"))
+             << " | " << time_cell(t[4]) << " | " << time_cell(t[3]) << " | "
+             << (std::isfinite(v.ratio) ? fmt("%.2fx", v.ratio) : std::string("-")) << " | "
+             << (std::isfinite(vs_paper) ? fmt("%.2fx", vs_paper) : std::string("-")) << " |\n";
+        }
+        md << '\n';
+      }
+
       // --- compute-heavy steps, overlap on -------------------------------------------------
       if (!no_heavy && (heavy_model == "both" || heavy_model == p.name || (quick && p.name == "mlp"))) {
         // Dense's synchronous communication per step on the heavy network, from a short run.
@@ -407,6 +472,10 @@ int main(int argc, char** argv) {
        << met(all_cells_ok) << " (worst: " << (worst >= 1e9 ? worst_detail : fmt("%.2fx", worst) + ", " + worst_detail)
        << ").\n- Where dense is the best static choice, at most 5% slower than dense: " << met(dense_ok) << ".\n"
        << "- At 100 Mbit/s, at most 0.5x dense's time: " << met(slow_ok) << " (" << slow_detail << ").\n";
+    if (walks > 0)
+      md << "- On the random walks, the recommended configuration within 1.1x the best static choice and no slower "
+            "than GraVAC as the paper (rec. / best static, rec. / paper): "
+         << met(walks_ok) << " (" << walk_detail << ").\n";
     if (!no_heavy)
       md << "- Compute-heavy settings, at most 1.1x the best static choice and at most 5% slower than dense where "
             "dense is best: "
