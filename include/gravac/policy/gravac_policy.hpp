@@ -47,7 +47,8 @@ struct gravac_policy_options {
   bool dense_candidate = false;
   std::uint32_t dense_probe_steps = 10;  //!< steps of a probe of the other choice, >= 2 (the first is not timed)
   //! Relative change in the kept choice's smoothed communication time that makes the policy
-  //! probe the other choice, > 0.
+  //! probe the other choice, > 0; used until a probe has timed both choices together (then
+  //! the other choice is predicted from that pair: docs/algorithms.md).
   double recheck_drift = 0.25;
 };
 
@@ -299,8 +300,8 @@ class gravac_policy {
   [[nodiscard]] std::uint64_t steps_observed() const noexcept { return observed_; }
   //! Steps of the evaluation period in progress.
   [[nodiscard]] std::uint64_t period_steps_done() const noexcept { return period_.steps; }
-  //! options::dense_candidate: dense is the kept choice (set when the search stops, changed by
-  //! a probe while monitoring).
+  //! options::dense_candidate: dense is the kept choice (set by the probe that confirms the
+  //! search's choice of dense, changed by later probes while monitoring).
   [[nodiscard]] bool dense_kept() const noexcept { return kept_dense_; }
   //! options::dense_candidate: dense's CT (samples per second, gain 1) at the last comparison
   //! that closed a period; NaN before one.
