@@ -116,27 +116,23 @@ TEST_CASE("random_walk_options are checked", "[network][random_walk]") {
   };
   random_walk_options o;
   CHECK_FALSE(refused(o));
-  auto bad = o;
-  bad.min_gbps = 0;
-  CHECK(refused(bad));
-  bad = o;
-  bad.max_gbps = o.min_gbps / 2;
-  CHECK(refused(bad));
-  bad = o;
-  bad.max_latency_s = INFINITY;
-  CHECK(refused(bad));
-  bad = o;
-  bad.min_hold_steps = 0;
-  CHECK(refused(bad));
-  bad = o;
-  bad.max_hold_steps = o.min_hold_steps - 1;
-  CHECK(refused(bad));
-  bad = o;
-  bad.max_log10_step = NAN;
-  CHECK(refused(bad));
-  bad = o;
-  bad.steps = 0;
-  CHECK(refused(bad));
+  using edit = void (*)(random_walk_options&);
+  const edit bad_edits[] = {
+      [](random_walk_options& b) { b.min_gbps = 0; },
+      [](random_walk_options& b) { b.max_gbps = b.min_gbps / 2; },
+      [](random_walk_options& b) { b.max_latency_s = INFINITY; },
+      [](random_walk_options& b) { b.min_hold_steps = 0; },
+      [](random_walk_options& b) { b.max_hold_steps = b.min_hold_steps - 1; },
+      [](random_walk_options& b) { b.max_log10_step = NAN; },
+      [](random_walk_options& b) { b.steps = 0; },
+  };
+  int k = 0;
+  for (const edit e : bad_edits) {
+    INFO("edit " << k++);
+    auto bad = o;
+    e(bad);
+    CHECK(refused(bad));
+  }
   // Equal bounds are a constant network, not an error.
   auto flat = o;
   flat.min_gbps = flat.max_gbps = 10;
