@@ -677,6 +677,9 @@ class nccl_op final : public cuda_double::stream_op {
         r = advance();
         if (r != 0) return r > 0 ? finish() : false;
         if (!(waiting_on_.load(std::memory_order_relaxed) >> p & 1)) continue;
+        // A peer that aborted and then exited between the abort check above and this one:
+        // its abort, marked before it exited, is the reason to report.
+        if (c.check_remote_abort()) return false;
         c.set_error(ncclRemoteError, gone + " while " + what() + " waits for it");
         return false;
       }
@@ -1226,7 +1229,8 @@ ncclResult_t join_wait(comm_state& c) {
         if (r == c.rank) continue;
         const std::string gone = c.peer_gone(r);
         if (!gone.empty()) {
-          c.set_error(ncclRemoteError, gone + " while this rank joins the communicator (ncclCommInitRank)");
+          if (!c.check_remote_abort())  // an abort marked before the peer left is the reason
+            c.set_error(ncclRemoteError, gone + " while this rank joins the communicator (ncclCommInitRank)");
           return ncclRemoteError;
         }
       }
