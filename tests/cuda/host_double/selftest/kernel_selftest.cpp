@@ -570,6 +570,33 @@ static __global__ void __launch_bounds__(256) tiny(unsigned* count) {
 
 static __global__ void per_block(unsigned* hits) { hits[blockIdx.x] += 1; }
 
+// Reads its shared memory before writing it (what CUDA leaves undefined), then writes it:
+// every block must see the poison, never the previous block's values or zeros. Both the
+// kernel's own __shared__ and a device function's.
+static __device__ unsigned long long* helper_shared() {
+  __shared__ unsigned long long wide[3];
+  return wide;
+}
+static __global__ void __launch_bounds__(64) read_before_write(unsigned* seen, unsigned* seen_one) {
+  __shared__ unsigned sh[64];
+  __shared__ float f, g;
+  unsigned long long* w = helper_shared();
+  const unsigned t = threadIdx.x;
+  const bool poisoned = sh[t] == 0xFFFFFFFFu && std::isnan(f) && std::isnan(g) && w[t % 3] == ~0ULL;
+  __syncthreads();
+  sh[t] = blockIdx.x + 1;
+  f = 1.0f;
+  g = 2.0f;
+  w[t % 3] = 0;
+  if (poisoned) atomicAdd(&seen[blockIdx.x], 1u);
+  if (t == 0) seen_one[blockIdx.x] = sh[0];
+}
+static __global__ void one_thread_reads_shared(unsigned* out) {
+  __shared__ unsigned x;
+  out[blockIdx.x] = x;
+  x = 5;
+}
+
 // Planted hazards (each run in a child).
 static __global__ void exit_early(int* out) {
   if (threadIdx.x == 7) return;
@@ -784,6 +811,17 @@ int main() {
     run_queue();
     for (int t = 0; t < 64; ++t) CHECK(out[t] == 100 + t + 3009);
     std::printf("  parameters copied at the launch ok\n");
+  }
+
+  // Shared memory is poisoned (0xFF bytes) at the start of every block.
+  {
+    std::vector<unsigned> seen(16, 0), seen_one(16, 0), one(4, 0);
+    cuda_double::launch(&read_before_write, dim3(16), dim3(64), 0, nullptr, seen.data(), seen_one.data());
+    cuda_double::launch(&one_thread_reads_shared, dim3(4), dim3(1), 0, nullptr, one.data());
+    run_queue();
+    for (int b = 0; b < 16; ++b) CHECK(seen[b] == 64 && seen_one[b] == static_cast<unsigned>(b) + 1);
+    for (unsigned v : one) CHECK(v == 0xFFFFFFFFu);
+    std::printf("  shared memory poisoned at every block ok\n");
   }
 
   // A block of one thread runs without a fiber.

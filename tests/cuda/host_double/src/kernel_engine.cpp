@@ -31,16 +31,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuda_double/core.hpp"
@@ -295,6 +299,160 @@ std::string symtab_name(const void* addr) {
   }
   ::close(fd);
   return name;
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared memory. Every __shared__ declaration declares a marker beside it (kernel.hpp):
+// `_ZZ<function>E<n>cuda_double_shared_mark_<k>` in the symbol table. Every thread-local
+// object whose name starts with `_ZZ<function>E` of a function that holds a marker is
+// shared memory; its st_value is its offset in its module's TLS block. They are found once
+// per process (every object loaded with a TLS segment) and poisoned at the start of every
+// block, at their addresses on the OS thread that runs the block.
+struct shared_var {
+  std::size_t module;  // the dl_phdr_info::dlpi_tls_modid of its object
+  std::size_t offset;  // in that object's TLS block
+  std::size_t bytes;
+};
+
+constexpr unsigned char shared_poison = 0xFF;
+
+// The marker symbol's function prefix `_ZZ<function>E`, or empty when \p name is no marker.
+std::string marker_prefix(const char* name) {
+  static constexpr const char mark[] = "cuda_double_shared_mark_";
+  if (std::strncmp(name, "_ZZ", 3) != 0) return {};
+  const char* at = std::strstr(name, mark);
+  if (at == nullptr) return {};
+  const char* digits = at;
+  while (digits > name && std::isdigit(static_cast<unsigned char>(digits[-1])) != 0) --digits;
+  if (digits == at || digits == name || digits[-1] != 'E') return {};
+  return std::string(name, digits);
+}
+
+// The shared variables of the object file \p file (TLS module \p module).
+void scan_shared(const std::string& file, std::size_t module, std::vector<shared_var>& out) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(Elf64_Ehdr)) {
+    ::close(fd);
+    return;
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return;
+  const auto* base = static_cast<const unsigned char*>(map);
+  const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
+  const bool ok = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
+                  eh->e_shoff != 0 && eh->e_shoff + std::size_t{eh->e_shnum} * sizeof(Elf64_Shdr) <= size;
+  if (ok) {
+    const auto* sh = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
+    for (unsigned i = 0; i < eh->e_shnum; ++i) {
+      if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+      const Elf64_Shdr& strs = sh[sh[i].sh_link];
+      if (sh[i].sh_offset + sh[i].sh_size > size || strs.sh_offset + strs.sh_size > size) continue;
+      const auto* syms = reinterpret_cast<const Elf64_Sym*>(base + sh[i].sh_offset);
+      const std::size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
+      const auto* names = reinterpret_cast<const char*>(base + strs.sh_offset);
+      // The thread-local function statics, and the functions that declare shared memory.
+      std::vector<const Elf64_Sym*> statics;
+      std::vector<std::string> prefixes;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (ELF64_ST_TYPE(syms[k].st_info) != STT_TLS || syms[k].st_name >= strs.sh_size) continue;
+        const char* name = names + syms[k].st_name;
+        if (std::strncmp(name, "_ZZ", 3) != 0) continue;
+        if (std::string p = marker_prefix(name); !p.empty())
+          prefixes.push_back(std::move(p));
+        else
+          statics.push_back(&syms[k]);
+      }
+      std::sort(prefixes.begin(), prefixes.end());
+      prefixes.erase(std::unique(prefixes.begin(), prefixes.end()), prefixes.end());
+      for (const Elf64_Sym* sym : statics) {
+        const std::string_view name(names + sym->st_name);
+        // The greatest prefix not above name is the only candidate (the prefixes, whole
+        // function names, are not prefixes of one another).
+        auto it = std::upper_bound(prefixes.begin(), prefixes.end(), name,
+                                   [](std::string_view a, const std::string& b) { return a < b; });
+        const bool shared = it != prefixes.begin() && name.starts_with(*std::prev(it));
+        if (shared && sym->st_size > 0) out.push_back({module, sym->st_value, sym->st_size});
+      }
+    }
+  }
+  ::munmap(map, size);
+}
+
+// Every shared variable of the process, merged into ranges per module (found once).
+const std::vector<shared_var>& shared_vars() {
+  static const std::vector<shared_var> vars = [] {
+    std::vector<std::pair<std::string, std::size_t>> objects;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+          auto* o = static_cast<std::vector<std::pair<std::string, std::size_t>>*>(data);
+          for (int i = 0; i < info->dlpi_phnum; ++i)
+            if (info->dlpi_phdr[i].p_type == PT_TLS && info->dlpi_phdr[i].p_memsz > 0) {
+              o->emplace_back(
+                  info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' ? info->dlpi_name : "/proc/self/exe",
+                  info->dlpi_tls_modid);
+              break;
+            }
+          return 0;
+        },
+        &objects);
+    std::vector<shared_var> v;
+    for (const auto& [file, module] : objects) scan_shared(file, module, v);
+    std::sort(v.begin(), v.end(), [](const shared_var& a, const shared_var& b) {
+      return a.module != b.module ? a.module < b.module : a.offset < b.offset;
+    });
+    std::vector<shared_var> merged;
+    for (const shared_var& x : v) {
+      if (!merged.empty() && merged.back().module == x.module &&
+          x.offset <= merged.back().offset + merged.back().bytes) {
+        merged.back().bytes = std::max(merged.back().bytes, x.offset + x.bytes - merged.back().offset);
+        continue;
+      }
+      merged.push_back(x);
+    }
+    return merged;
+  }();
+  return vars;
+}
+
+// The shared memory of this OS thread: the ranges at their addresses here (resolved once
+// per OS thread; a module whose TLS this thread has not allocated yet is resolved again).
+struct shared_ranges {
+  std::vector<std::pair<unsigned char*, std::size_t>> at;
+  bool resolved = false;
+};
+thread_local shared_ranges t_shared;
+
+void poison_shared() {
+  shared_ranges& r = t_shared;
+  if (!r.resolved) {
+    const std::vector<shared_var>& vars = shared_vars();
+    struct ctx {
+      const std::vector<shared_var>* vars;
+      shared_ranges* r;
+      bool complete = true;
+    } c{&vars, &r};
+    r.at.clear();
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+          auto* c = static_cast<ctx*>(data);
+          for (const shared_var& v : *c->vars) {
+            if (v.module != info->dlpi_tls_modid) continue;
+            if (info->dlpi_tls_data == nullptr) {
+              c->complete = false;
+              continue;
+            }
+            c->r->at.emplace_back(static_cast<unsigned char*>(info->dlpi_tls_data) + v.offset, v.bytes);
+          }
+          return 0;
+        },
+        &c);
+    r.resolved = c.complete;
+  }
+  for (const auto& [p, n] : r.at) std::memset(p, shared_poison, n);
 }
 
 std::string kernel_name(const launch_desc& d) {
@@ -792,6 +950,7 @@ void discard_lane(engine& e, lane& l) {
 }
 
 void run_block(engine& e) {
+  poison_shared();  // CUDA's shared memory is undefined when a block starts
   if (e.direct) {
     t_ctx.thread_idx = uint3{0, 0, 0};
     lane& l = e.lanes[0];

@@ -20,8 +20,16 @@
 //   another operation, different barrier kinds) is reported by cuda_double::fail(), never
 //   a hang.
 // - __shared__ is `static thread_local`: a block's fibers all run on one OS thread and
-//   one block at a time runs on an OS thread, so it is exactly per-block storage. Unlike
-//   CUDA's, it keeps the values of the previous block (CUDA leaves it undefined).
+//   one block at a time runs on an OS thread, so it is exactly per-block storage. CUDA
+//   leaves it undefined at the start of a block; here every byte of it is 0xFF at the
+//   start of every block (a NaN as a float or double, the largest value as an unsigned,
+//   -1 as a signed integer), so a kernel that reads shared memory it did not write reads
+//   garbage, never the previous block's values or zeros. How the engine finds it: each
+//   __shared__ declaration also declares a one-byte marker,
+//   cuda_double_shared_mark_<n>, a static local of the same function; the engine reads the
+//   symbol table once, and every thread-local static of a function that holds a marker is
+//   shared memory (a device function has no other static locals). A __shared__ variable at
+//   namespace scope is not found (gravac declares none).
 // - The seed of all of this is cuda_double::next_seed(), taken once per launch.
 
 #include <math.h>  // NOLINT: ::isfinite, ::fabsf, ... unqualified in device code, as CUDA has them
@@ -51,7 +59,13 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static thread_local
+#define CUDA_DOUBLE_CAT2(a, b) a##b
+#define CUDA_DOUBLE_CAT(a, b) CUDA_DOUBLE_CAT2(a, b)
+// The marker is `used` so that the compiler emits it, and its symbol, even unreferenced.
+#define __shared__                                                                       \
+  [[maybe_unused]] static thread_local                                                   \
+      __attribute__((used)) char CUDA_DOUBLE_CAT(cuda_double_shared_mark_, __COUNTER__); \
+  static thread_local
 #define __constant__
 // __noinline__ is deliberately not defined: libstdc++ (bits/shared_ptr_base.h, ...),
 // glibc (sys/cdefs.h: __attribute_noinline__) and Boost spell the GCC attribute
