@@ -22,6 +22,7 @@
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/randomk.hpp"
 #include "gravac/compress/sign.hpp"
+#include "gravac/compress/sparseloco.hpp"
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"

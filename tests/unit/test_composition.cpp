@@ -41,6 +41,7 @@ GRAVAC_TEST_NAME(mxfp8)
 GRAVAC_TEST_NAME(mxfp4)
 GRAVAC_TEST_NAME(nvfp4)
 GRAVAC_TEST_NAME(fp8_rowwise)
+GRAVAC_TEST_NAME(sparseloco)
 GRAVAC_TEST_NAME(dense_allreduce)
 GRAVAC_TEST_NAME(allgather)
 GRAVAC_TEST_NAME(allreduce_compatible)
@@ -55,7 +56,7 @@ GRAVAC_TEST_NAME(moo_policy)
 #undef GRAVAC_TEST_NAME
 
 using compressors = type_list<identity, topk, threshold, randomk, adacomp, qsgd, terngrad, sign, cast16, powersgd,
-                              mxfp8, mxfp4, nvfp4, fp8_rowwise>;
+                              mxfp8, mxfp4, nvfp4, fp8_rowwise, sparseloco>;
 using collectives =
     type_list<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce, compressed_allreduce>;
 using policies = type_list<fixed_policy, gravac_policy, accordion_policy, adacomp_policy, moo_policy>;

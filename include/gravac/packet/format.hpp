@@ -22,12 +22,13 @@ namespace gravac {
 
 //! What a packet carries.
 enum class packet_kind : std::uint8_t {
-  dense = 1,      //!< raw float values
-  sparse = 2,     //!< indices + float values (top-k, threshold)
-  seeded = 3,     //!< float values at indices drawn from a shared seed (random-k)
-  adacomp = 4,    //!< indices + packed signs + one scale per layer
-  quantized = 5,  //!< QSGD / TernGrad / sign / cast16 codes
-  low_rank = 6,   //!< PowerSGD factors
+  dense = 1,             //!< raw float values
+  sparse = 2,            //!< indices + float values (top-k, threshold)
+  seeded = 3,            //!< float values at indices drawn from a shared seed (random-k)
+  adacomp = 4,           //!< indices + packed signs + one scale per layer
+  quantized = 5,         //!< QSGD / TernGrad / sign / cast16 codes
+  low_rank = 6,          //!< PowerSGD factors
+  sparse_quantized = 7,  //!< per-chunk offsets + 2-bit codes + one scale per chunk (SparseLoCo)
 };
 
 //! Fixed header of every packet (32 bytes, little-endian).
