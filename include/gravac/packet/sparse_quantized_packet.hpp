@@ -78,7 +78,7 @@ inline std::uint8_t sparse_quantized_code(float u, float s) noexcept {
 }
 
 namespace detail {
-// True when every byte of \p b is zero (the padding a writer leaves).
+//! True when every byte of \p b is zero (the padding a writer leaves).
 inline bool all_zero_bytes(std::span<const std::byte> b) noexcept {
   for (const std::byte x : b)
     if (x != std::byte{0}) return false;
