@@ -134,9 +134,8 @@ void put(std::vector<std::byte>& p, std::size_t at, T v) {
   std::memcpy(p.data() + at, &v, sizeof v);
 }
 
-}  // namespace sparseloco_test
-
-using namespace sparseloco_test;
+// The test cases stay inside the namespace too: the unit tests compile in unity batches,
+// where a using-directive would make these helpers' names clash with other files'.
 
 TEST_CASE("sparseloco: options are validated at construction", "[sparseloco]") {
   const layout lay = chunked_layout();
@@ -518,3 +517,5 @@ TEST_CASE("sparseloco: which collectives take it", "[sparseloco][composition]") 
   STATIC_REQUIRE(detail::composition_verdict<sparseloco, compressed_allreduce, fixed_policy>() ==
                  rejection::not_accepted);
 }
+
+}  // namespace sparseloco_test
