@@ -56,6 +56,19 @@ __global__ void fill(int* out, int v, int n) {
   if (i < n) out[i] = v;
 }
 
+// Counts its 256 inputs into 16 bins in shared memory; \p zero_first: the bins are
+// cleared first, as they must be (CUDA's shared memory is undefined when a block starts).
+__global__ void shared_histogram(const int* in, unsigned* out, bool zero_first) {
+  __shared__ unsigned bins[16];
+  if (zero_first) {
+    if (threadIdx.x < 16) bins[threadIdx.x] = 0;
+    __syncthreads();
+  }
+  atomicAdd(&bins[in[threadIdx.x] % 16], 1u);
+  __syncthreads();
+  if (threadIdx.x < 16) out[threadIdx.x] = bins[threadIdx.x];
+}
+
 int* device_ints(int n) {
   void* p = nullptr;
   HZ_CHECK(cudaMalloc(&p, sizeof(int) * static_cast<std::size_t>(n)));
@@ -75,6 +88,70 @@ void launch(void (*k)(P...), dim3 g, dim3 b, cudaStream_t s, A... a) {
 }
 
 // ---- device hazards -------------------------------------------------------------------
+
+// One block in a fresh process: a double whose shared memory starts as the thread's
+// zero-initialized storage would give the right counts to the kernel that never clears.
+int uninitialised_shared(bool fixed) {
+  std::vector<int> in(256);
+  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = i * 7;
+  int* d_in = device_ints(256);
+  auto* d_out = reinterpret_cast<unsigned*>(device_ints(16));
+  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * 256, cudaMemcpyHostToDevice));
+  launch(shared_histogram, 1, 256, nullptr, d_in, d_out, fixed);
+  std::vector<unsigned> h(16);
+  HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
+  for (unsigned v : h)
+    if (v != 16) return wrong;
+  return ok;
+}
+
+// A "step" on a non-blocking stream that must never synchronize the device: planted, it
+// allocates its pinned staging in the middle (cudaMallocHost synchronizes implicitly);
+// done right, the staging is allocated before the step.
+int device_sync_in_step(bool fixed) {
+  cudaStream_t s = nullptr;
+  HZ_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int* d = device_ints(1024);
+  int* staging = fixed ? pinned_ints(1024) : nullptr;
+  const std::size_t syncs0 = cuda_double::implicit_device_syncs();
+  launch(fill, 4, 256, s, d, 7, 1024);
+  if (!fixed) staging = pinned_ints(1024);
+  HZ_CHECK(cudaMemcpyAsync(staging, d, sizeof(int) * 1024, cudaMemcpyDeviceToHost, s));
+  HZ_CHECK(cudaStreamSynchronize(s));
+  for (int i = 0; i < 1024; ++i)
+    if (staging[i] != 7) return wrong;
+  if (cuda_double::implicit_device_syncs() != syncs0) {
+    std::fprintf(stderr, "hazard: the step synchronized the device: %s\n", cuda_double::device_sync_calls().c_str());
+    return wrong;
+  }
+  return ok;
+}
+
+// Pinned staging reused while a copy from it is still queued on its non-blocking stream:
+// the copy reads the staging when it runs, so the second step's values overwrite the
+// first's. Done right, the host waits for the first copy (an event) before refilling.
+int staging_reused_while_queued(bool fixed) {
+  cudaStream_t s = nullptr;
+  HZ_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int* staging = pinned_ints(256);
+  int* first = device_ints(256);
+  int* second = device_ints(256);
+  cudaEvent_t copied = nullptr;
+  HZ_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  for (int i = 0; i < 256; ++i) staging[i] = 1;
+  HZ_CHECK(cudaMemcpyAsync(first, staging, sizeof(int) * 256, cudaMemcpyHostToDevice, s));
+  HZ_CHECK(cudaEventRecord(copied, s));
+  if (fixed) HZ_CHECK(cudaEventSynchronize(copied));
+  for (int i = 0; i < 256; ++i) staging[i] = 2;
+  HZ_CHECK(cudaMemcpyAsync(second, staging, sizeof(int) * 256, cudaMemcpyHostToDevice, s));
+  HZ_CHECK(cudaStreamSynchronize(s));
+  std::vector<int> h(512);
+  HZ_CHECK(cudaMemcpy(h.data(), first, sizeof(int) * 256, cudaMemcpyDeviceToHost));
+  HZ_CHECK(cudaMemcpy(h.data() + 256, second, sizeof(int) * 256, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 512; ++i)
+    if (h[static_cast<std::size_t>(i)] != (i < 256 ? 1 : 2)) return wrong;
+  return ok;
+}
 
 int missing_syncthreads(bool fixed) {
   int* d = device_ints(256);
@@ -286,6 +363,11 @@ struct hazard {
 const std::map<std::string, hazard>& hazards() {
   static const std::map<std::string, hazard> h = {
       {"missing_syncthreads", {missing_syncthreads, "a shared value read without __syncthreads"}},
+      {"uninitialised_shared", {uninitialised_shared, "a shared histogram counted into without clearing it first"}},
+      {"device_sync_in_step",
+       {device_sync_in_step, "pinned staging allocated in the middle of a step (cudaMallocHost synchronizes)"}},
+      {"staging_reused_while_queued",
+       {staging_reused_while_queued, "pinned staging refilled while a copy from it is still queued on its stream"}},
       {"block_order", {block_order, "a kernel whose blocks depend on running in order"}},
       {"missing_event_wait", {missing_event_wait, "a copy on stream B of what stream A writes, without an event"}},
       {"alloc_on_other_stream",

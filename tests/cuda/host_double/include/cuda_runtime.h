@@ -84,9 +84,26 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 namespace cuda_double {
 
-//! How often the device was synchronized implicitly (cudaFree, cudaFreeHost: CUDA waits
-//! for all queued work there), so a test can check that a step does none.
+//! How often a call that CUDA documents as synchronizing the device was made, so that a
+//! test can check that a step makes none: the implicit synchronizations of the CUDA
+//! programming guide (cudaMalloc, cudaMallocHost and cudaHostAlloc, cudaMemset, a
+//! synchronous cudaMemcpy; cudaFree and cudaFreeHost, which wait for all queued work) and
+//! the explicit device-wide one (cudaDeviceSynchronize). The double drains the device only
+//! at cudaFree, cudaFreeHost and cudaDeviceSynchronize; the others are counted, not
+//! modelled (draining there would hide a missing wait).
 std::size_t implicit_device_syncs();
+
+//! The calls implicit_device_syncs() counted, by name: "cudaFree x2, cudaMallocHost x1"
+//! ("none"), for a failing test's message.
+std::string device_sync_calls();
+
+//! How often \p call ("cudaMallocHost") was counted by implicit_device_syncs().
+std::size_t device_syncs_of(const std::string& call);
+
+//! How often a host thread blocked for one stream or event (cudaStreamSynchronize,
+//! cudaEventSynchronize, a synchronous copy or memset, a copy into pageable memory): not
+//! device-wide, so not in implicit_device_syncs().
+std::size_t host_waits();
 
 //! The memory space of \p p: cudaMemoryTypeDevice for live device memory the double
 //! allocated, cudaMemoryTypeHost for pinned memory, cudaMemoryTypeUnregistered otherwise.

@@ -62,6 +62,9 @@ struct state {
   cudaError_t sticky = cudaSuccess;
   std::string sticky_why;
   std::atomic<std::size_t> implicit_syncs{0};
+  std::atomic<std::size_t> host_waits{0};
+  std::mutex sync_log_lock;
+  std::map<std::string, std::size_t> sync_log;  // implicit_syncs by call
   state() {
     legacy.legacy = true;
     legacy.name = "the legacy default stream";
@@ -72,6 +75,14 @@ struct state {
 state& st() {
   static state* s = new state;  // never destroyed: threads may still wait at exit
   return *s;
+}
+
+// A call that CUDA documents as synchronizing the device (implicitly, or device-wide): a
+// step that must never stall the device checks that none happened (implicit_device_syncs).
+void count_device_sync(const char* call) {
+  ++st().implicit_syncs;
+  std::lock_guard lk(st().sync_log_lock);
+  ++st().sync_log[call];
 }
 
 thread_local cudaError_t last_error = cudaSuccess;
@@ -189,6 +200,7 @@ std::string front_of(const CUstream_st* s) {
 // Blocks until s has completed `until` operations, polling; reports a wait that does not
 // finish within the hang limit (no host wait can be interrupted by a timeout otherwise).
 cudaError_t wait_until(CUstream_st* s, std::uint64_t until, const char* why) {
+  ++st().host_waits;
   const auto t0 = std::chrono::steady_clock::now();
   for (int spins = 0;; ++spins) {
     {
@@ -581,6 +593,24 @@ std::uint64_t next_seed() {
 
 std::size_t implicit_device_syncs() { return st().implicit_syncs.load(); }
 
+std::string device_sync_calls() {
+  std::lock_guard lk(st().sync_log_lock);
+  std::string out;
+  for (const auto& [call, n] : st().sync_log) {
+    if (!out.empty()) out += ", ";
+    out += call + " x" + std::to_string(n);
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::size_t host_waits() { return st().host_waits.load(); }
+
+std::size_t device_syncs_of(const std::string& call) {
+  std::lock_guard lk(st().sync_log_lock);
+  const auto it = st().sync_log.find(call);
+  return it == st().sync_log.end() ? 0 : it->second;
+}
+
 cudaMemoryType memory_type(const void* p) {
   std::lock_guard lk(mem_lock());
   allocation* al = find_locked(reinterpret_cast<std::uintptr_t>(p));
@@ -711,13 +741,17 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
   }
   return checked(cudaErrorInvalidValue);
 }
-cudaError_t cudaDeviceSynchronize() { return checked(drain_all()); }
+cudaError_t cudaDeviceSynchronize() {
+  count_device_sync("cudaDeviceSynchronize");
+  return checked(drain_all());
+}
 
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (!p) return checked(cudaErrorInvalidValue);
   if (st().sticky != cudaSuccess) return st().sticky;
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
+  count_device_sync("cudaMalloc");  // CUDA: a device memory allocation synchronizes implicitly
   *p = map_device(bytes, true, "cudaMalloc");
   return *p ? cudaSuccess : checked(cudaErrorMemoryAllocation);
 }
@@ -725,7 +759,7 @@ cudaError_t cudaFree(void* p) {
   if (!p) return checked(cudaSuccess);
   if (st().sticky != cudaSuccess) return st().sticky;
   if (const cudaError_t e = check_free(p, mem_kind::device, "cudaFree"); e != cudaSuccess) return checked(e);
-  ++st().implicit_syncs;
+  count_device_sync("cudaFree");
   if (const cudaError_t e = drain_all(); e != cudaSuccess) return e;  // CUDA: cudaFree waits for the device
   retire(reinterpret_cast<std::uintptr_t>(p), "cudaFree");
   return cudaSuccess;
@@ -751,11 +785,13 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t h) {
   enqueue_locked(s, std::make_unique<free_op>(reinterpret_cast<std::uintptr_t>(p), "cudaFreeAsync on " + s->name));
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
+namespace {
+cudaError_t pinned_alloc(void** p, std::size_t bytes, const char* call) {
   if (!p) return checked(cudaErrorInvalidValue);
   if (st().sticky != cudaSuccess) return st().sticky;
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
+  count_device_sync(call);  // CUDA: a page-locked host allocation synchronizes implicitly
   void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (!m) return checked(cudaErrorMemoryAllocation);
   std::memset(m, poison, bytes);
@@ -765,18 +801,20 @@ cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   al.map = m;
   al.map_bytes = bytes;
   al.kind = mem_kind::pinned;
-  al.origin = "cudaMallocHost";
+  al.origin = call;
   std::lock_guard lk(mem_lock());
   allocations()[al.base] = std::move(al);
   *p = m;
   return cudaSuccess;
 }
-cudaError_t cudaHostAlloc(void** p, std::size_t bytes, unsigned) { return cudaMallocHost(p, bytes); }
+}  // namespace
+cudaError_t cudaMallocHost(void** p, std::size_t bytes) { return pinned_alloc(p, bytes, "cudaMallocHost"); }
+cudaError_t cudaHostAlloc(void** p, std::size_t bytes, unsigned) { return pinned_alloc(p, bytes, "cudaHostAlloc"); }
 cudaError_t cudaFreeHost(void* p) {
   if (!p) return checked(cudaSuccess);
   if (st().sticky != cudaSuccess) return st().sticky;
   if (const cudaError_t e = check_free(p, mem_kind::pinned, "cudaFreeHost"); e != cudaSuccess) return checked(e);
-  ++st().implicit_syncs;
+  count_device_sync("cudaFreeHost");
   if (const cudaError_t e = drain_all(); e != cudaSuccess) return e;  // CUDA: cudaFreeHost waits for the device
   std::lock_guard lk(mem_lock());
   allocations().erase(reinterpret_cast<std::uintptr_t>(p));
@@ -794,6 +832,9 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k) {
+  // CUDA: a synchronous copy is a command to the legacy default stream, which waits for
+  // every blocking stream, and the host waits for it.
+  if (bytes != 0 && st().sticky == cudaSuccess) count_device_sync("cudaMemcpy");
   return memcpy_async(dst, src, bytes, k, cudaStreamLegacy, true);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
@@ -806,6 +847,7 @@ cudaError_t cudaMemsetAsync(void* p, int v, std::size_t bytes, cudaStream_t h) {
   return enqueue(h, std::make_unique<memset_op>(p, v, bytes));
 }
 cudaError_t cudaMemset(void* p, int v, std::size_t bytes) {
+  if (bytes != 0 && st().sticky == cudaSuccess) count_device_sync("cudaMemset");  // CUDA: a device memory set
   if (const cudaError_t e = cudaMemsetAsync(p, v, bytes, cudaStreamLegacy); e != cudaSuccess) return e;
   return synchronize_stream(cudaStreamLegacy, "cudaMemset");
 }
