@@ -127,9 +127,10 @@ class local_steps {
     awaiting_after_ = false;
     ++inner_steps_;
     if (period_ == 1) {
-      // The ranks hold the same parameters after a per-step round: the next round starts there.
+      // The ranks hold the same parameters after a per-step round: they are the global point,
+      // and the next round starts there.
       period_ = next_period();
-      if (period_ > 1) begin_round(params);
+      begin_round(params);
       return nullptr;
     }
     if (++in_round_ < period_) return nullptr;
@@ -221,7 +222,8 @@ class local_steps {
   [[nodiscard]] std::uint64_t inner_steps() const noexcept { return inner_steps_; }
   //! Whether an exchange runs in the background (overlap).
   [[nodiscard]] bool exchange_in_flight() const noexcept { return in_flight_; }
-  //! The global parameters x0 (the same on every rank; the outer optimizer's).
+  //! The global parameters x0: the same on every rank, the model as of the last exchange
+  //! (after a per-step round, the parameters themselves).
   [[nodiscard]] std::span<const float> global_params() const noexcept { return global_; }
   //! The trainer of the exchanges.
   [[nodiscard]] trainer_type& exchange_trainer() noexcept { return trainer_; }

@@ -27,7 +27,7 @@ set(_layers
   "collective gravac/collective gravac/collective/control"
   "policy gravac/policy"
   "cuda gravac/cuda"
-  "composer gravac gravac/trainer"
+  "composer gravac gravac/trainer gravac/local"
   "runtime gravac/runtime"
   "adapters gravac/adapters")
 

@@ -8,7 +8,8 @@
 //! largest fraction, whose communication stays a small share of a step's time (hidden
 //! entirely, with overlap, when the exchange fits behind H steps of compute). H = 1 is
 //! ordinary per-step training, so a fast network keeps the per-step method. Where nothing
-//! meets the share, it takes the fastest pair within the staleness bound (max_period).
+//! meets the share, it takes the first pair in that order whose time per step is within the
+//! share of the fastest pair's, H bounded by max_period (the staleness bound).
 //! docs/algorithms.md, "Local steps", has the rule, the measure of progress it uses and why.
 
 #include <algorithm>
@@ -363,7 +364,7 @@ class local_steps_policy {
 
   // The rule: in the order of preference (smallest H, then largest fraction) the first pair
   // whose communication share fits; the current pair keeps a wider share and pairs that
-  // communicate more than it a narrower one (hysteresis). Else the fastest pair.
+  // communicate more than it a narrower one (hysteresis).
   void decide() {
     const network_params net = network_now();
     decision_net_ = net;
@@ -377,7 +378,6 @@ class local_steps_policy {
     period_choice next{}, fastest{};
     bool found = false;
     fastest.predicted_step_s = INFINITY;
-    period_choice current_priced = price(choice_.period, choice_.kept_fraction, net);
     for (std::size_t h : periods_)
       for (double f : fractions_) {
         const period_choice c = price(h, f, net);
@@ -389,9 +389,18 @@ class local_steps_policy {
         }
         if (c.predicted_step_s < fastest.predicted_step_s) fastest = c;
       }
-    if (!found)
-      next =
-          current_priced.predicted_step_s <= fastest.predicted_step_s * m && exchanges_ > 1 ? current_priced : fastest;
+    if (!found) {
+      // Nothing fits the share: the first pair in the order of preference whose time per
+      // step is within the share of the fastest pair's (no more compression or staleness
+      // than buys real time); the current pair keeps the wider limit.
+      next = fastest;
+      for (std::size_t h : periods_)
+        for (double f : fractions_) {
+          const period_choice c = price(h, f, net);
+          const double slack = 1 + (rank_of(c) == current ? s * m : s);
+          if (c.predicted_step_s <= fastest.predicted_step_s * slack && rank_of(c) < rank_of(next)) next = c;
+        }
+    }
     if (next.period != choice_.period || next.kept_fraction != choice_.kept_fraction) ++changes_;
     choice_ = next;
   }
