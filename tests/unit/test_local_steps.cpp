@@ -4,9 +4,8 @@
 
 #include "gravac_test_util.hpp"
 
+namespace local_steps_tests {
 using namespace gravac;
-
-namespace {
 
 // A rank's gradient at x: a quadratic pull towards the rank's own target, so that ranks
 // drift apart during local steps.
@@ -42,8 +41,6 @@ std::vector<std::vector<float>> run_local(const layout& lay, typename local_step
   });
   return out;
 }
-
-}  // namespace
 
 TEST_CASE("local_steps with H = 1 is the per-step trainer bit for bit", "[local_steps]") {
   const auto lay = test::mixed_layout();
@@ -266,3 +263,5 @@ TEST_CASE("local_steps rejects bad options and calls out of order, and a bad sta
     CHECK(ls.round_step() == 1);
   });
 }
+
+}  // namespace local_steps_tests

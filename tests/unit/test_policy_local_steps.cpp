@@ -1,13 +1,12 @@
 #include <catch2/catch.hpp>
 #include <gravac/comm/simulated_communicator.hpp>
-#include <gravac/policy/local_steps_policy.hpp>
 #include <gravac/local_steps.hpp>
+#include <gravac/policy/local_steps_policy.hpp>
 
 #include "gravac_test_util.hpp"
 
+namespace local_steps_policy_tests {
 using namespace gravac;
-
-namespace {
 
 constexpr int ranks4 = 4;
 
@@ -65,8 +64,6 @@ period_choice expected_first_choice(const layout& lay, const local_steps_policy_
   }
   return {};
 }
-
-}  // namespace
 
 TEST_CASE("local_steps_policy keeps per-step dense training on a fast network", "[policy][local_steps]") {
   const auto lay = test::mixed_layout();
@@ -249,3 +246,5 @@ TEST_CASE("local_steps_policy rejects options out of their domain", "[policy][lo
   refuses([](auto& o) { o.source = network_source::profile; });
   refuses([](auto& o) { o.time.compute_s = -1; });
 }
+
+}  // namespace local_steps_policy_tests
