@@ -31,6 +31,7 @@
 #include "gravac/core/layout.hpp"
 #include "gravac/core/memory.hpp"
 #include "gravac/core/step.hpp"
+#include "gravac/local_steps.hpp"
 #include "gravac/network/cost_model.hpp"
 #include "gravac/network/network_estimate.hpp"
 #include "gravac/network/network_profile.hpp"
@@ -48,5 +49,4 @@
 #include "gravac/policy/time_source.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
-#include "gravac/local_steps.hpp"
 #include "gravac/trainer.hpp"
