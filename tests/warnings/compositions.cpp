@@ -1,6 +1,6 @@
 // Part of warnings_library (CMakeLists.txt here; -O2): trainers over the compressors and
-// policies whose headers warned, each run for a few steps on one thread rank, and the state
-// a checkpoint saves between steps.
+// policies whose headers warned, each run for a few steps on one thread rank, the state a
+// checkpoint saves between steps, and local steps with their state.
 #include <cstddef>
 #include <vector>
 
@@ -33,5 +33,20 @@ GRAVAC_WARNINGS_TRAIN(gravac::qsgd, gravac::allgather, gravac::fixed_policy);
 #undef GRAVAC_WARNINGS_TRAIN
 template std::vector<std::byte> step_state(
     const gravac::trainer<gravac::topk, gravac::allgather, gravac::gravac_policy>&);
+
+// Local steps over the compressor and policy made for them, a few rounds, then their state.
+std::vector<std::byte> local_steps_state(gravac::thread_communicator& comm, const gravac::layout& lay) {
+  using L = gravac::local_steps<gravac::sparseloco, gravac::allgather, gravac::local_steps_policy>;
+  std::vector<float> params(lay.numel(), 0.25f), grad(lay.numel(), 0.5f);
+  L ls(comm, lay, params, L::options{});
+  for (int s = 0; s < 5; ++s) {
+    ls.before_inner_step(grad);
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.1f * grad[i];
+    ls.after_inner_step(params);
+  }
+  std::vector<std::byte> out;
+  ls.save(out);
+  return out;
+}
 
 }  // namespace gravac_warnings

@@ -19,11 +19,13 @@ GRAVAC_WARNINGS_MAKE(gravac::threshold);
 GRAVAC_WARNINGS_MAKE(gravac::sign);
 GRAVAC_WARNINGS_MAKE(gravac::cast16);
 GRAVAC_WARNINGS_MAKE(gravac::adacomp);
+GRAVAC_WARNINGS_MAKE(gravac::sparseloco);
 GRAVAC_WARNINGS_MAKE(gravac::gravac_policy);
 GRAVAC_WARNINGS_MAKE(gravac::accordion_policy);
 GRAVAC_WARNINGS_MAKE(gravac::adacomp_policy);
 GRAVAC_WARNINGS_MAKE(gravac::fixed_policy);
 GRAVAC_WARNINGS_MAKE(gravac::moo_policy);
+GRAVAC_WARNINGS_MAKE(gravac::local_steps_policy);
 #undef GRAVAC_WARNINGS_MAKE
 
 }  // namespace gravac_warnings
