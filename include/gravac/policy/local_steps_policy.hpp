@@ -70,6 +70,7 @@ struct period_choice {
   double kept_fraction = dense_fraction;  //!< what each exchange keeps
   double predicted_step_s = 0;            //!< predicted seconds per inner step (compute and exposed communication)
   double predicted_share = 0;             //!< predicted share of a step's time spent communicating
+  //! Equal choices.
   friend bool operator==(const period_choice&, const period_choice&) = default;
 };
 
