@@ -4,12 +4,11 @@
 //! each exchange sends, driven by the time of compute and of communication.
 //!
 //! It prices every (H, fraction) pair with the cost model under a current estimate of the
-//! network and the measured (or given) compute per step, and takes the smallest H, then the
-//! largest fraction, whose communication stays a small share of a step's time (hidden
-//! entirely, with overlap, when the exchange fits behind H steps of compute). H = 1 is
-//! ordinary per-step training, so a fast network keeps the per-step method. Where nothing
-//! meets the share, it takes the first pair in that order whose time per step is within the
-//! share of the fastest pair's, H bounded by max_period (the staleness bound).
+//! network and the measured (or given) compute per step (only what H steps of compute do
+//! not hide counts, with overlap), and takes the densest fraction, then the smallest H,
+//! whose time per step is within a slack of the fastest pair's: no compression and no
+//! staleness that does not buy real time. H = 1 is ordinary per-step training, so a fast
+//! network keeps the per-step method; max_period bounds H (the staleness bound).
 //! docs/algorithms.md, "Local steps", has the rule, the measure of progress it uses and why.
 
 #include <algorithm>
@@ -39,11 +38,12 @@ struct local_steps_policy_options {
   //! decreasing order (the densest first).
   std::vector<double> kept_fractions{dense_fraction, 0.1, 0.01};
   std::size_t max_period = 64;  //!< the staleness bound: the largest H, >= 1
-  //! The share of a step's time communication may take, in (0, 1): the smallest H (then the
-  //! largest fraction) that keeps it below this is chosen.
-  double max_comm_share = 0.1;
-  //! Hysteresis: a pair that communicates more than the current one must fit the share
-  //! divided by (1 + margin); the current one is kept while it fits the share times (1 + margin).
+  //! How much slower per step than the fastest pair a choice may be, in (0, 1): the first
+  //! pair in the order of preference (the largest fraction, then the smallest H) within
+  //! (1 + slack) of the fastest pair's time per step is chosen.
+  double slack = 0.25;
+  //! Hysteresis: a pair earlier in the order than the current one must fit slack / (1 +
+  //! margin); the current one is kept while it fits slack * (1 + margin).
   double margin = 0.25;
   //! The exchange runs behind the next round's compute (local_steps options::overlap): only
   //! what exceeds H steps of compute counts. local_steps sets it from its own option.
@@ -98,8 +98,7 @@ class local_steps_policy {
     for (double f : opt.kept_fractions)
       require(f > 0 && f <= 1, who + ": every kept fraction must be in (0, 1], got " + std::to_string(f));
     require(opt.max_period >= 1, who + ": max_period must be >= 1");
-    require(opt.max_comm_share > 0 && opt.max_comm_share < 1,
-            who + ": max_comm_share must be in (0, 1), got " + std::to_string(opt.max_comm_share));
+    require(opt.slack > 0 && opt.slack < 1, who + ": slack must be in (0, 1), got " + std::to_string(opt.slack));
     require(std::isfinite(opt.margin) && opt.margin >= 0, who + ": margin must be finite and >= 0");
     require(opt.estimate_window >= 2, who + ": estimate_window must be >= 2");
     require(std::isfinite(opt.initial_bytes_per_kept) && opt.initial_bytes_per_kept > 0,
@@ -113,7 +112,7 @@ class local_steps_policy {
     periods_.push_back(opt.max_period);
     choice_.kept_fraction = fractions_.front();
     fingerprint_ = detail::fingerprint(lay)
-                       .add(opt.max_comm_share)
+                       .add(opt.slack)
                        .add(opt.margin)
                        .add(std::uint64_t{opt.overlap})
                        .add(std::uint64_t{opt.max_period})
@@ -363,45 +362,34 @@ class local_steps_policy {
     return {h, f, step, step > 0 ? (exposed / hs) / step : 0.0};
   }
 
-  // The rule: in the order of preference (smallest H, then largest fraction) the first pair
-  // whose communication share fits; the current pair keeps a wider share and pairs that
-  // communicate more than it a narrower one (hysteresis).
+  // The rule: T* is the fastest pair's time per step; in the order of preference (the
+  // largest fraction, then the smallest H) the first pair within (1 + slack) T*. The current
+  // pair keeps a wider slack, pairs before it in the order a narrower one (hysteresis).
   void decide() {
     const network_params net = network_now();
     decision_net_ = net;
-    const double s = options_.max_comm_share, m = 1 + options_.margin;
+    const double s = options_.slack, m = 1 + options_.margin;
     const auto rank_of = [&](const period_choice& c) {
       const auto h = std::find(periods_.begin(), periods_.end(), c.period) - periods_.begin();
       const auto f = std::find(fractions_.begin(), fractions_.end(), c.kept_fraction) - fractions_.begin();
-      return h * static_cast<std::ptrdiff_t>(fractions_.size()) + f;
+      return f * static_cast<std::ptrdiff_t>(periods_.size()) + h;
     };
     const auto current = rank_of(choice_);
-    period_choice next{}, fastest{};
-    bool found = false;
+    period_choice fastest{};
     fastest.predicted_step_s = INFINITY;
-    for (std::size_t h : periods_)
-      for (double f : fractions_) {
+    for (double f : fractions_)
+      for (std::size_t h : periods_) {
+        const period_choice c = price(h, f, net);
+        if (c.predicted_step_s < fastest.predicted_step_s) fastest = c;
+      }
+    period_choice next = fastest;
+    for (double f : fractions_)
+      for (std::size_t h : periods_) {
         const period_choice c = price(h, f, net);
         const auto at = rank_of(c);
         const double limit = at == current ? s * m : (at < current ? s / m : s);
-        if (!found && c.predicted_share <= limit) {
-          next = c;
-          found = true;
-        }
-        if (c.predicted_step_s < fastest.predicted_step_s) fastest = c;
+        if (at < rank_of(next) && c.predicted_step_s <= fastest.predicted_step_s * (1 + limit)) next = c;
       }
-    if (!found) {
-      // Nothing fits the share: the first pair in the order of preference whose time per
-      // step is within the share of the fastest pair's (no more compression or staleness
-      // than buys real time); the current pair keeps the wider limit.
-      next = fastest;
-      for (std::size_t h : periods_)
-        for (double f : fractions_) {
-          const period_choice c = price(h, f, net);
-          const double slack = 1 + (rank_of(c) == current ? s * m : s);
-          if (c.predicted_step_s <= fastest.predicted_step_s * slack && rank_of(c) < rank_of(next)) next = c;
-        }
-    }
     if (next.period != choice_.period || next.kept_fraction != choice_.kept_fraction) ++changes_;
     choice_ = next;
   }
