@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gravac/collective/collective_for.hpp"
+#include "gravac/collective/control/detail/statistics_slots.hpp"
 #include "gravac/collective/control/detail/step_statistics.hpp"
 #include "gravac/collective/control/step_control.hpp"
 #include "gravac/collective/step_buffers.hpp"
@@ -112,6 +113,7 @@ class trainer {
         guard_(opt.on_non_finite),
         buckets_(plan_, opt) {
     if (opt.verify_layout) verify_layout_across_ranks();
+    reserve_host_staging();
     residual_ = typename storage_for<memory_space>::type(lay.numel());
     params_.kept_fraction.assign(lay.size(), dense_fraction);
     params_.ranks = comm_.size();
@@ -380,6 +382,38 @@ class trainer {
     if (!odd.empty())
       throw error(status::layout_mismatch, "the layout differs between ranks (ranks " + odd + " differ from rank 0)",
                   comm_.rank());
+  }
+
+  // Device memory: the host values of a step go through pinned staging, the
+  // communicator's (the flags, the statistics, the values to agree on: host doubles it
+  // reduces), each collective's (its control plane) and the non-finite screening's (its
+  // per-layer flags), and pinned memory cannot be allocated in a step without
+  // synchronizing the whole device (cudaMallocHost). All are sized here, before any step,
+  // by the engine's reserve_host_staging and the collective's reserve_control where they
+  // have one. The device trainer hands its collectives no control values (they carry only
+  // their own). Host memory stages nothing.
+  void reserve_host_staging() {
+    if constexpr (!memory_space::host_accessible) {
+      guard_.prepare(first_compressor(), layout_);
+      comm_.reserve_host_staging(device_host_values());
+      if constexpr (requires(K & k, const C& c) { k.reserve_control(c, std::size_t{}, int{}); })
+        for (std::size_t b = 0; b < buckets_.size(); ++b)
+          buckets_[b].collective.reserve_control(buckets_[b].compressor, 0, comm_.size());
+    }
+  }
+  // The most host doubles one reduction of a device step carries: the non-finite flag (2),
+  // the layout and consistency checks (8, then one per rank to name those that differ),
+  // the statistics a policy needs (statistics_slots, with a device compressor's most gain
+  // candidates and the previous step's times) and the values a policy asks to agree on
+  // (one per layer at most, or a few).
+  [[nodiscard]] std::size_t device_host_values() const {
+    const std::size_t layers = layout_.size();
+    std::size_t n = 8;
+    if (options_.check_consistency) n = std::max(n, static_cast<std::size_t>(comm_.size()));
+    if constexpr (P::needs_statistics)
+      n = std::max(n, detail::statistics_slots{layers, detail::device_gain_candidates, true}.size());
+    if constexpr (requires(const P& p) { p.agreement_request(); }) n = std::max(n, layers);
+    return n;
   }
 
   // The start of every step: the buffer is checked, the policy plans the step (its

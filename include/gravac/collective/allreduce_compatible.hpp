@@ -80,6 +80,19 @@ class allreduce_compatible {
     passes_.prepare<typename C::memory_space>().prepare(c, layout_);
   }
 
+  //! Stages, before any step, a control plane of \p values values handed down by the
+  //! caller (step_buffers::control) plus this collective's own for \p ranks ranks (VAR's
+  //! norms, one per rank), for compressor \p c's memory space. On a device the plane goes
+  //! through pinned staging, which a step cannot grow without synchronizing the device
+  //! (cudaMallocHost); host memory needs nothing. Call after prepare(c), between steps (the
+  //! trainer calls it at construction).
+  template <Compressor C>
+  void reserve_control(const C&, std::size_t values, int ranks) {
+    const std::size_t own = options_.rule == index_rank_rule::var ? static_cast<std::size_t>(ranks) : 0;
+    auto& w = passes_.get<typename C::memory_space>("allreduce_compatible");
+    if constexpr (requires(decltype(w) x, std::size_t n) { x.reserve_control(n); }) w.reserve_control(values + own);
+  }
+
   //! Runs one step: leaves the rank average of every rank's u at the shared indices in
   //! buf.grad (zero elsewhere) and sets each rank's residual to what it did not send.
   //! Indices received from the index rank are validated before use; a bad list throws

@@ -119,6 +119,16 @@ class flexible {
     dense_params_.kept_fraction.assign(layout_.size(), dense_fraction);
   }
 
+  //! Stages, before any step, a control plane of \p values values handed down by the
+  //! caller plus flexible's own (its codec time and a batch of up to 4 * sync_interval
+  //! timings) for \p ranks ranks, in the paths that stage one (AR-Topk on a device:
+  //! allreduce_compatible::reserve_control). Call after prepare(c), between steps (the
+  //! trainer calls it at construction).
+  template <Compressor C>
+  void reserve_control(const C& c, std::size_t values, int ranks) {
+    if constexpr (IndexSelector<C>) ar_.reserve_control(c, values + 1 + 4 * options_.sync_interval, ranks);
+  }
+
   //! Runs one step with the cheapest collective (or the one params.collective forces).
   //! The report's bytes, wire bytes included, are those of the path that ran: the choice
   //! and the network fit make no call of their own (their values ride in the step's).

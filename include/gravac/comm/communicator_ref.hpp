@@ -99,6 +99,10 @@ class communicator_ref {
   //! calls the trainer serializes); an MPI engine says so only when MPI was initialised
   //! with MPI_THREAD_SERIALIZED or more.
   [[nodiscard]] bool accepts_calls_from_other_threads() const { return vt_->other_threads(self_); }
+  //! Lets the engine stage reductions of up to \p doubles host doubles before any step
+  //! (a device engine's `reserve_host_staging(doubles)`: nccl_communicator,
+  //! callback_device_communicator); does nothing for engines without it. Call between steps.
+  void reserve_host_staging(std::size_t doubles) { vt_->reserve_host(self_, doubles); }
   //! This rank gives up a step whose collectives the other ranks may already be in: an
   //! engine with `abandon(why)` makes them fail instead of waiting forever (a thread team
   //! is aborted; an MPI job ends). Returns false for engines without it (nothing done).
@@ -122,6 +126,7 @@ class communicator_ref {
     allreduce_algorithm (*last_allreduce)(const void*);
     bool (*other_threads)(const void*);
     bool (*abandon)(void*, const std::string&) noexcept;
+    void (*reserve_host)(void*, std::size_t);
   };
   template <class M>
   static constexpr auto alltoall_entry() noexcept {
@@ -187,6 +192,10 @@ class communicator_ref {
         } else {
           return false;
         }
+      },
+      [](void* s, std::size_t doubles) {
+        if constexpr (requires(M & m) { m.reserve_host_staging(doubles); })
+          static_cast<M*>(s)->reserve_host_staging(doubles);
       },
   };
 

@@ -78,6 +78,14 @@ class simulated_communicator {
   void allreduce_max(std::span<double> d) {
     charged_allreduce(d, [&] { inner_->allreduce_max(d); });
   }
+  // clang-format off
+  //! The inner engine's reserve_host_staging (a device engine's pinned staging), uncharged.
+  void reserve_host_staging(std::size_t doubles)
+    requires requires(Inner& i, std::size_t n) { i.reserve_host_staging(n); }
+  {
+    inner_->reserve_host_staging(doubles);
+  }
+  // clang-format on
   //! Variable-length allgather (real), charged on the total bytes gathered.
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
     const network_params net = current();

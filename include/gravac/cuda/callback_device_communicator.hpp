@@ -102,6 +102,17 @@ class callback_device_communicator {
   //! Elementwise maximum of host doubles over the ranks, in place.
   void allreduce_max(std::span<double> d) { host_reduce(d, GRAVAC_MAX); }
 
+  //! Stages reductions of up to \p doubles host doubles so that none allocates: a larger
+  //! one would grow the pinned staging in the step, and cudaMallocHost synchronizes the
+  //! whole device. Call between steps (it may allocate and free pinned memory); the trainer
+  //! calls it at construction with the most values one reduction of its device step
+  //! carries. Never shrinks.
+  void reserve_host_staging(std::size_t doubles) {
+    if (host_values_.size() >= doubles) return;
+    host_values_.resize(doubles);
+    scratch_.resize(doubles);  // as large (stream-ordered, on the owned stream)
+  }
+
   //! Gathers every rank's bytes (device or host memory) back to back in rank order into
   //! \p out (device memory); \p sizes receives each rank's byte count.
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
@@ -201,7 +212,7 @@ class callback_device_communicator {
 
   void host_reduce(std::span<double> d, gravac_reduce_op op) {
     if (d.empty()) return;
-    if (host_values_.size() < d.size()) {  // never frees pinned memory during a step
+    if (host_values_.size() < d.size()) {  // not reserved: grows, never frees pinned memory during a step
       detail::grow_pinned_keeping(host_values_, d.size(), retired_host_values_);
       scratch_.resize(host_values_.size());
     }
@@ -214,6 +225,7 @@ class callback_device_communicator {
     std::copy(host_values_.data(), host_values_.data() + d.size(), d.begin());
   }
 
+  // Doubles host_reduce stages without growing until reserve_host_staging asks for more.
   static constexpr std::size_t initial_host_values = 256;
 
   gravac_device_comm_callbacks cb_;

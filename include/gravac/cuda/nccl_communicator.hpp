@@ -199,6 +199,18 @@ class nccl_communicator {
   //! Elementwise maximum of host doubles over all ranks, in place.
   void allreduce_max(std::span<double> data) { host_reduce(data, ncclMax, "ncclAllReduce(double, max)"); }
 
+  //! Stages reductions of up to \p doubles host doubles (allreduce_sum, allreduce_max) so
+  //! that none allocates: a larger one would grow the pinned staging in the step, and
+  //! cudaMallocHost synchronizes the whole device. Call between steps (it may allocate and
+  //! free pinned memory, which synchronizes the device); the trainer calls it at
+  //! construction with the most values one reduction of its device step carries. Never
+  //! shrinks.
+  void reserve_host_staging(std::size_t doubles) {
+    if (host_values_.size() >= doubles) return;
+    host_values_.resize(doubles);
+    scratch_.resize(doubles);  // as large (stream-ordered, on NCCL's stream)
+  }
+
   //! Gathers every rank's bytes back to back in rank order into device memory, without
   //! padding to the largest: the sizes are gathered first, then one group of broadcasts
   //! (one per non-empty rank) writes each rank's bytes at its exact offset.
@@ -460,7 +472,7 @@ class nccl_communicator {
   void host_reduce(std::span<double> data, ncclRedOp_t op, const char* what) {
     require_live(what);
     if (data.empty()) return;
-    if (host_values_.size() < data.size()) {  // beyond initial_host_values (see there)
+    if (host_values_.size() < data.size()) {  // beyond what was reserved (see initial_host_values)
       // The old pinned staging is kept, not freed: cudaFreeHost would synchronize the device.
       detail::grow_pinned_keeping(host_values_, data.size(), retired_host_values_);
       scratch_.resize(host_values_.size());  // as large (stream-ordered: cudaFreeAsync on NCCL's stream)
@@ -528,12 +540,13 @@ class nccl_communicator {
     }
   }
 
-  // Doubles host_reduce stages without growing: the device trainer's non-finite flags (2)
-  // and, for up to about 125 layers, its statistics (2 per layer, the gain, the gain curve,
-  // the previous times). A larger reduction (a larger layout's statistics, at the end of a
-  // step) grows the staging, at least doubling, and keeps the old pinned memory until the
-  // communicator is destroyed (retired_host_values_): host_reduce never frees pinned
-  // memory, as cudaFreeHost synchronizes the whole device.
+  // Doubles host_reduce stages without growing until reserve_host_staging asks for more
+  // (the trainer does at construction, for its layout's statistics): the non-finite flags
+  // (2), the layout check (8) and, for up to about 125 layers, the statistics (2 per layer,
+  // the gain, the gain curve, the previous times). A larger reduction nobody reserved grows
+  // the staging in the step (cudaMallocHost, which synchronizes the device: the tests count
+  // it), at least doubling, and keeps the old pinned memory until the communicator is
+  // destroyed (retired_host_values_): host_reduce never frees pinned memory.
   static constexpr std::size_t initial_host_values = 256;
 
   int rank_ = 0;

@@ -80,10 +80,19 @@ class ar_topk_device_passes<cuda_space> {
   //! trainer carries none yet), flexible's (its codec time and a batch of up to
   //! 4 * sync_interval timings: 33 with the default interval of 8) and VAR's norms, one per
   //! rank, for up to 1024 ranks. A larger control plane (more ranks, a longer interval, a
-  //! caller's own slots) grows the staging once, keeping the old memory until the passes
-  //! are destroyed (detail::grow_pinned_keeping): still no cudaFreeHost during a step.
+  //! caller's own slots) is staged by reserve_control() before the step (the trainer calls
+  //! allreduce_compatible::reserve_control at construction). One nobody reserved grows the
+  //! staging in the step, keeping the old memory until the passes are destroyed
+  //! (detail::grow_pinned_keeping): no cudaFreeHost, but a cudaMallocHost, which
+  //! synchronizes the device (the tests count it).
   static constexpr std::size_t control_slots(std::size_t layers) noexcept {
     return 2 + (1 + static_cast<std::size_t>(max_gain_candidates) + 2 * layers) + 4 + layers + (1 + 4 * 8) + 1024;
+  }
+  //! Stages a control plane of up to \p values values, so that reduce_buffer() and
+  //! read_control() allocate no pinned memory in a step. Call between steps: it may free
+  //! and allocate pinned memory, which synchronizes the device. Never shrinks.
+  void reserve_control(std::size_t values) {
+    if (host_control_.size() < values) host_control_ = pinned_buffer<float>(values);
   }
   //! Device indices are 32-bit (prepare() refused larger layers).
   void configure(bool wide) const { require(!wide, "allreduce_compatible: device indices are 32-bit"); }
@@ -209,7 +218,7 @@ class ar_topk_device_passes<cuda_space> {
       values_.resize(std::max<std::size_t>(m, 1));
     }
     if (ctl.size()) {
-      grow_pinned_keeping(host_control_, ctl.size(), retired_control_);  // beyond control_slots() only
+      grow_pinned_keeping(host_control_, ctl.size(), retired_control_);  // only beyond what was reserved
       ctl.write_local(std::span<float>(host_control_.data(), ctl.size()));
       GRAVAC_TRY_CUDA(cudaMemcpyAsync(values_.data() + total, host_control_.data(), ctl.size() * sizeof(float),
                                       cudaMemcpyHostToDevice, s));
@@ -289,7 +298,7 @@ class ar_topk_device_passes<cuda_space> {
   pinned_buffer<layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;
   pinned_buffer<std::uint32_t> host_bad_;
-  pinned_buffer<float> host_control_;                  // the control plane's staging (control_slots)
+  pinned_buffer<float> host_control_;                  // the control plane's staging (control_slots, reserve_control)
   std::vector<pinned_buffer<float>> retired_control_;  // outgrown staging, freed with the passes
 };
 

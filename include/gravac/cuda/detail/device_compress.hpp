@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "gravac/collective/control/detail/statistics_slots.hpp"
 #include "gravac/core/error.hpp"
 #include "gravac/core/layout.hpp"
 #include "gravac/core/memory.hpp"
@@ -37,6 +38,9 @@ struct device_step {
 [[noreturn]] inline void throw_device_failure(const char* who, const char* what) {
   throw error(status::backend_failure, std::string(who) + ": " + what, -1, backend::cuda);
 }
+
+static_assert(static_cast<std::size_t>(max_gain_candidates) == device_gain_candidates,
+              "the trainer stages a device step's statistics for device_gain_candidates candidates");
 
 //! Runs one device compress() step of the compressor \p step on g (gradient), e (residual)
 //! and \p out (the packet), all device memory:

@@ -99,6 +99,14 @@ struct non_finite_ops<cuda_space> {
                    residual_zero, n);
   }
 
+  //! Sizes the scan's buffers for \p lay on compressor \p c's stream before any step: the
+  //! first scan would otherwise allocate its pinned flags in a step (cudaMallocHost, which
+  //! synchronizes the device). The trainer calls it at construction.
+  template <class C>
+  void prepare(const C& c, const layout& lay) {
+    prepare(lay, stream_of(c));
+  }
+
   // Waits for the stream: g is zeroed when a skipped step returns, or before it throws.
   template <class C>
   void zero_all(const C& c, float* g, std::size_t n) {
@@ -117,7 +125,8 @@ struct non_finite_ops<cuda_space> {
       return {};
   }
 
-  // The offsets of every layer (and the end) on the device, and room for one flag a layer.
+  // The offsets of every layer (and the end) on the device, and room for one flag a layer
+  // (once: the layout never changes).
   void prepare(const layout& lay, stream_ref s) {
     if (offset_.size() == lay.size() + 1) return;
     std::vector<unsigned long long> off(lay.size() + 1);

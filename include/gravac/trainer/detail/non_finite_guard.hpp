@@ -42,6 +42,14 @@ class non_finite_guard {
 
   //! The action.
   [[nodiscard]] non_finite_action action() const noexcept { return action_; }
+  //! Sizes the screening's buffers for \p lay on compressor \p c's stream, before any step
+  //! (device memory: the first screening would otherwise allocate pinned memory in a step,
+  //! which synchronizes the device). Nothing to do on the host, or when nothing is screened.
+  template <class C>
+  void prepare(const C& c, const layout& lay) {
+    if constexpr (requires(non_finite_ops<Space> & o, const C& cc, const layout& l) { o.prepare(cc, l); })
+      if (action_ != non_finite_action::ignore) ops_.prepare(c, lay);
+  }
   //! Forgets the last step's bad layer.
   void begin_step() noexcept {
     bad_layer_ = -1;

@@ -9,9 +9,10 @@
 //   outlives the buffers the caller frees on the exception.
 // - the synchronous device step orders each bucket's compressor stream after the work the
 //   caller queued on its default stream (the gradient's producer).
-// - AR-Topk's pinned control staging and nccl_communicator's host staging never free or
-//   allocate pinned memory during a step (cudaFreeHost and cudaMallocHost synchronize the
-//   whole device).
+// - AR-Topk's pinned control staging and the device communicators' host staging
+//   (nccl_communicator, callback_device_communicator) never free or allocate pinned memory
+//   during a step (cudaFreeHost and cudaMallocHost synchronize the whole device): the
+//   trainer reserves them at construction, for its layout, policy and ranks.
 // - the double counts each of those calls (and not their asynchronous forms).
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -25,6 +26,7 @@
 
 #include "cuda_test_util.hpp"
 #include "gravac/collective/allreduce_compatible.hpp"
+#include "gravac/cuda/callback_device_communicator.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/layer_events_cuda.hpp"
@@ -85,25 +87,82 @@ ncclUniqueId one_rank_id() {
   return id;
 }
 
-// One process, one rank, device memory: AR-Topk with one rank calls no collective.
-struct one_rank_device_comm {
+// Rank 0 of `ranks` in one process, device memory, whose peers contribute nothing: a sum
+// or a maximum is this rank's values, a gather holds only this rank's bytes, a broadcast
+// from rank 0 leaves the buffer as it is. With one rank, AR-Topk calls no collective; with
+// more, VAR's norms (one control slot per rank) make its control plane as large as a big
+// job's, and its root stays rank 0 (the only non-zero norm).
+struct lone_rank_device_comm {
   using communicator_tag = void;
   using memory_space = gravac::cuda_space;
   using byte_buffer = gravac::device_byte_buffer;
+  int ranks = 1;
   int rank() const { return 0; }
-  int size() const { return 1; }
+  int size() const { return ranks; }
   void allreduce_sum(std::span<float>) {}
   void allreduce_sum(std::span<double>) {}
   void allreduce_max(std::span<double>) {}
   void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
     out.resize(in.size());
     if (!in.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(out.data(), in.data(), in.size(), cudaMemcpyDefault));
-    sizes.assign(1, in.size());
+    sizes.assign(static_cast<std::size_t>(ranks), 0);
+    sizes[0] = in.size();
   }
-  void broadcast(std::span<std::byte>, int) {}
+  void broadcast(std::span<std::byte>, int root) { REQUIRE(root == 0); }
   void barrier() {}
 };
-static_assert(gravac::Communicator<one_rank_device_comm>);
+static_assert(gravac::Communicator<lone_rank_device_comm>);
+
+// One rank's device callbacks (callback_device_communicator): a gather copies on the
+// stream it is given, the rest have nothing to exchange.
+gravac_device_comm_callbacks one_rank_callbacks() {
+  gravac_device_comm_callbacks cb{};
+  cb.struct_size = sizeof cb;
+  cb.rank = 0;
+  cb.size = 1;
+  cb.allreduce = [](void*, void*, std::size_t, gravac_dtype, gravac_reduce_op, void*) { return 0; };
+  cb.allgather = [](void*, const void* send, std::size_t bytes, void* recv, void* stream) {
+    const cudaError_t e =
+        cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? 0 : 1;
+  };
+  cb.broadcast = [](void*, void*, std::size_t, int, void*) { return 0; };
+  cb.barrier = [](void*, void*) { return 0; };
+  return cb;
+}
+
+// A layout whose device statistics (2 per layer, the gain and its curve, the previous
+// times) are more than a device communicator's initial host staging (256 doubles).
+gravac::layout many_layers() {
+  gravac::layout lay;
+  for (int i = 0; i < 160; ++i) lay.add("l" + std::to_string(i), {std::size_t(37 + i % 5)}, gravac::layer_kind::dense);
+  return lay;
+}
+
+gravac::moo_policy_options warming_moo() {
+  gravac::moo_policy_options pol;
+  pol.warmup_steps = 6;
+  pol.warmup_start = 0.3;
+  pol.warmup_end = 0.02;
+  return pol;
+}
+
+// Steps `t` `steps` times and requires that no step calls anything that synchronizes the
+// device (a pinned allocation among them).
+template <class T>
+void require_steps_never_synchronize(T& t, std::uint64_t steps, std::uint64_t seed) {
+  const auto& lay = t.get_layout();
+  for (std::uint64_t s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    auto g = to_device(gravac::test::make_data(lay.numel(), seed + s));
+    const std::size_t syncs0 = cuda_double::implicit_device_syncs();  // the step alone
+    const std::string before = cuda_double::device_sync_calls();
+    t.step(gravac::device_view(g));
+    INFO("device synchronizations before the step: " << before);
+    INFO("device synchronizations after it: " << cuda_double::device_sync_calls());
+    REQUIRE(cuda_double::implicit_device_syncs() == syncs0);
+  }
+}
 
 }  // namespace
 
@@ -196,16 +255,19 @@ TEST_CASE("the synchronous device step reads a gradient produced on the caller's
   }
 }
 
-TEST_CASE("AR-Topk's device passes never free pinned memory during a step, whatever control rides along") {
+TEST_CASE("AR-Topk's device passes never allocate or free pinned memory during a step, whatever control was reserved") {
   const auto lay = gravac::test::mixed_layout();
   gravac::allreduce_compatible k(lay);
   gravac::topk_cuda c(lay);
   k.prepare(c);
-  one_rank_device_comm comm;
+  lone_rank_device_comm comm;
+  // A control plane beyond what prepare() stages (control_slots()), reserved before any
+  // step as the trainer reserves its collectives'.
+  k.reserve_control(c, 5000, comm.size());
   gravac::device_buffer<float> e(lay.numel());
   gravac::step_control ctl;
   // flexible's pattern: nothing, then its codec time, then the time and a batch of
-  // measured timings; then a control plane beyond any bound (the grow path), then less.
+  // measured timings; then the whole reserved plane, then less.
   const std::size_t slots[] = {0, 1, 33, 1, 40, 5000, 2};
   for (std::size_t s = 0; s < std::size(slots); ++s) {
     INFO("step " << s << ", " << slots[s] << " control slots");
@@ -222,15 +284,9 @@ TEST_CASE("AR-Topk's device passes never free pinned memory during a step, whate
     auto p = gravac::test::params_for(lay, 0.1, s);
     // From here: the step alone (the test's own staging above uses synchronous copies).
     const std::size_t syncs0 = cuda_double::implicit_device_syncs();
-    const std::size_t grown0 = cuda_double::device_syncs_of("cudaMallocHost");
     k.aggregate(c, comm, b, p, st, r);
     INFO("device synchronizations so far: " << cuda_double::device_sync_calls());
-    // Known finding (issue 42): beyond control_slots() the staging grows in the step by
-    // cudaMallocHost (grow_pinned_keeping), an implicit device synchronization; it is to
-    // be reserved before the step. Until then only that call is tolerated, and only there.
-    const std::size_t grown = cuda_double::device_syncs_of("cudaMallocHost") - grown0;
-    CHECK(grown == (slots[s] == 5000 ? 1u : 0u));  // 5000: beyond control_slots()
-    REQUIRE(cuda_double::implicit_device_syncs() == syncs0 + grown);
+    REQUIRE(cuda_double::implicit_device_syncs() == syncs0);
     if (slots[s]) {  // one rank: the sums are this rank's values
       REQUIRE(ctl.has_sums());
       for (std::size_t i = 0; i < slots[s]; ++i) REQUIRE(ctl.sum(i) == static_cast<float>(i + s));
@@ -238,39 +294,49 @@ TEST_CASE("AR-Topk's device passes never free pinned memory during a step, whate
   }
 }
 
+TEST_CASE("a device AR-Topk (VAR) trainer on more ranks than its passes stage for reserves their control plane") {
+  // VAR's norms ride as one control slot per rank: 3000 are more than control_slots()
+  // stages for this layout, so only the trainer's reservation keeps the first step from
+  // growing the staging (cudaMallocHost).
+  const auto lay = gravac::test::mixed_layout();
+  lone_rank_device_comm comm{3000};
+  using T = gravac::trainer<gravac::topk_cuda, gravac::allreduce_compatible, gravac::fixed_policy>;
+  T::options opt;
+  opt.policy.kept_fraction = 0.1;
+  opt.collective.rule = gravac::index_rank_rule::var;
+  T t(comm, lay, opt);
+  require_steps_never_synchronize(t, 2, 70);
+  REQUIRE(t.collective().last_root() == 0);
+}
+
 TEST_CASE("a device AR-Topk trainer over NCCL with a statistics policy never synchronizes the device in a step") {
-  // 160 layers: the statistics the device trainer reduces over NCCL (2 per layer, the gain
-  // and its curve) are more than nccl_communicator's initial host staging.
-  gravac::layout lay;
-  for (int i = 0; i < 160; ++i) lay.add("l" + std::to_string(i), {std::size_t(37 + i % 5)}, gravac::layer_kind::dense);
+  // 160 layers: the statistics the device trainer reduces over NCCL are more than
+  // nccl_communicator's initial host staging; the trainer reserves them at construction.
+  const auto lay = many_layers();
   gravac::nccl_communicator comm(one_rank_id(), 0, 1);
-  gravac::moo_policy_options pol;
-  pol.warmup_steps = 6;
-  pol.warmup_start = 0.3;
-  pol.warmup_end = 0.02;
   for (const auto rule : {gravac::index_rank_rule::star, gravac::index_rank_rule::var}) {
     INFO("rule " << static_cast<int>(rule));
     using T = gravac::trainer<gravac::topk_cuda, gravac::allreduce_compatible, gravac::moo_policy>;
     T::options opt;
-    opt.policy = pol;
+    opt.policy = warming_moo();
     opt.collective.rule = rule;
     T t(comm, lay, opt);
-    for (std::uint64_t s = 0; s < 3; ++s) {
-      INFO("step " << s);
-      auto g = to_device(gravac::test::make_data(lay.numel(), 80 + s));
-      const std::size_t syncs0 = cuda_double::implicit_device_syncs();  // the step alone
-      const std::size_t grown0 = cuda_double::device_syncs_of("cudaMallocHost");
-      t.step(gravac::device_view(g));
-      INFO("device synchronizations so far: " << cuda_double::device_sync_calls());
-      // Known finding (issue 42): nccl_communicator::host_reduce grows its pinned staging
-      // in the first step (cudaMallocHost, an implicit device synchronization) when the
-      // statistics outgrow initial_host_values; to be reserved before the step. Until
-      // then only that call is tolerated, and only in the first step.
-      const std::size_t grown = cuda_double::device_syncs_of("cudaMallocHost") - grown0;
-      if (s > 0) CHECK(grown == 0);
-      REQUIRE(cuda_double::implicit_device_syncs() == syncs0 + grown);
-    }
+    require_steps_never_synchronize(t, 3, 80);
   }
+}
+
+TEST_CASE("a device trainer over C callbacks with a statistics policy never synchronizes the device in a step") {
+  // callback_device_communicator's host staging: as nccl_communicator's, reserved by the
+  // trainer for the statistics of 160 layers.
+  const auto lay = many_layers();
+  gravac::cuda_stream producer;
+  gravac::callback_device_communicator comm(one_rank_callbacks(), producer.ref());
+  using T = gravac::trainer<gravac::topk_cuda, gravac::allreduce_compatible, gravac::moo_policy>;
+  T::options opt;
+  opt.policy = warming_moo();
+  opt.compressor.stream = producer.ref();
+  T t(comm, lay, opt);
+  require_steps_never_synchronize(t, 2, 90);
 }
 
 TEST_CASE("the double counts every call CUDA documents as synchronizing the device, and not the asynchronous forms") {

@@ -14,6 +14,11 @@
 
 namespace gravac::detail {
 
+//! The most gain candidates a device compressor computes (the fused select pass's
+//! max_gain_candidates, which the CUDA backend checks equal): a device step's statistics
+//! have at most this many, which bounds what the trainer stages for them.
+inline constexpr std::size_t device_gain_candidates = 32;
+
 //! The order of the statistics slots: the gain, one gain per candidate, each layer's
 //! gradient norm, each layer's kept fraction, then (when pending) the previous step's four
 //! times.
