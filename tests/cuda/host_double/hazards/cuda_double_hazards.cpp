@@ -69,6 +69,22 @@ __global__ void shared_histogram(const int* in, unsigned* out, bool zero_first) 
   if (threadIdx.x < 16) out[threadIdx.x] = bins[threadIdx.x];
 }
 
+// Every thread of every block adds 1 to one global counter \p reps times: by atomicAdd, or
+// by a plain read-modify-write with a little work between the read and the write (a race
+// between blocks: updates are lost when blocks run at the same time).
+__global__ void count_into(unsigned* counter, int reps, bool atomic) {
+  for (int r = 0; r < reps; ++r) {
+    if (atomic) {
+      atomicAdd(counter, 1u);
+    } else {
+      volatile unsigned* c = counter;
+      const unsigned v = *c;
+      for (int k = 0; k < 16; ++k) __asm__ volatile("" ::: "memory");
+      *c = v + 1;
+    }
+  }
+}
+
 int* device_ints(int n) {
   void* p = nullptr;
   HZ_CHECK(cudaMalloc(&p, sizeof(int) * static_cast<std::size_t>(n)));
@@ -102,6 +118,26 @@ int uninitialised_shared(bool fixed) {
   HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
   for (unsigned v : h)
     if (v != 16) return wrong;
+  return ok;
+}
+
+// A counter every block adds to, under the strict mode of concurrent blocks (the blocks of a
+// grid on 4 OS threads at once): planted, a plain read-modify-write, which loses updates
+// (which blocks overlap is up to the OS: grids are run until one is wrong, for up to 3 s,
+// which on one CPU takes the scheduler's preemptions); done right, atomicAdd, exact in 20
+// grids. Run one block after another, as by default, the planted kernel would pass.
+int race_between_blocks(bool fixed) {
+  const cuda_double::concurrent_blocks strict(4);
+  auto* d = reinterpret_cast<unsigned*>(device_ints(1));
+  constexpr unsigned expected = 8u * 64u * 200u;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int grid = 0; fixed ? grid < 20 : std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3); ++grid) {
+    HZ_CHECK(cudaMemset(d, 0, sizeof(unsigned)));
+    launch(count_into, 8, 64, nullptr, d, 200, fixed);
+    unsigned h = 0;
+    HZ_CHECK(cudaMemcpy(&h, d, sizeof(unsigned), cudaMemcpyDeviceToHost));
+    if (h != expected) return wrong;
+  }
   return ok;
 }
 
@@ -369,6 +405,8 @@ const std::map<std::string, hazard>& hazards() {
       {"staging_reused_while_queued",
        {staging_reused_while_queued, "pinned staging refilled while a copy from it is still queued on its stream"}},
       {"block_order", {block_order, "a kernel whose blocks depend on running in order"}},
+      {"race_between_blocks",
+       {race_between_blocks, "a global counter every block adds to by a plain read-modify-write"}},
       {"missing_event_wait", {missing_event_wait, "a copy on stream B of what stream A writes, without an event"}},
       {"alloc_on_other_stream",
        {alloc_on_other_stream, "cudaMallocAsync on stream A, used on stream B without an event"}},

@@ -635,8 +635,79 @@ static __global__ void trapping(unsigned* finished, unsigned victim) {
   __syncthreads();
   atomicAdd(finished, 1u);
 }
+// Every thread of every block adds 1 to one global counter `reps` times: with atomicAdd,
+// or with a plain read-modify-write with a little work between the read and the write (as
+// a kernel that computes the new value has), which loses updates when blocks run at the
+// same time (the planted race between blocks).
+static __global__ void __launch_bounds__(64) count_all(unsigned* counter, int reps, bool atomic) {
+  for (int r = 0; r < reps; ++r) {
+    if (atomic) {
+      atomicAdd(counter, 1u);
+    } else {
+      volatile unsigned* c = counter;
+      const unsigned v = *c;
+      for (int k = 0; k < 16; ++k) __asm__ volatile("" ::: "memory");
+      *c = v + 1;
+    }
+  }
+}
 static __global__ void misaligned(unsigned* p) {
   atomicAdd(reinterpret_cast<unsigned*>(reinterpret_cast<char*>(p) + 2), 1u);
+}
+
+// count_all over 8 blocks of 64 threads, 200 times each: the counter at the end.
+unsigned count_all_once(bool atomic) {
+  unsigned counter = 0;
+  cuda_double::launch(&count_all, dim3(8), dim3(64), 0, nullptr, &counter, 200, atomic);
+  run_queue();
+  return counter;
+}
+constexpr unsigned count_all_expected = 8u * 64u * 200u;
+
+// Concurrent blocks (the strict mode): the race is exercised, everything race-free still
+// holds; the block reduction, the poison and the block order with it.
+void check_concurrent_blocks() {
+  // One block at a time (the default): the race never shows.
+  if (cuda_double::block_threads() < 2) CHECK(count_all_once(false) == count_all_expected);
+  const cuda_double::concurrent_blocks strict(4);
+  for (int rep = 0; rep < 3; ++rep) CHECK(count_all_once(true) == count_all_expected);
+  // The planted race: a lost update within a few grids (which blocks overlap is up to the
+  // OS: grids run until one loses an update, for up to 3 s, which on one CPU takes the
+  // scheduler's preemptions; none in that time would be a defect of the mode).
+  if (std::thread::hardware_concurrency() >= 2) {
+    int grids = 0;
+    unsigned got = count_all_expected;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (got == count_all_expected && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+      got = count_all_once(false);
+      CHECK(got <= count_all_expected);
+      ++grids;
+    }
+    CHECK(got < count_all_expected);
+    CHECK(cuda_double::most_blocks_at_once() >= 2);
+    std::printf("  concurrent blocks: the racy counter lost %u of %u updates (grid %d); atomicAdd exact\n",
+                count_all_expected - got, count_all_expected, grids);
+  } else {
+    std::printf("  concurrent blocks: atomicAdd exact; the race not checked (one CPU)\n");
+  }
+  // Race-free kernels give the same results as one block at a time.
+  {
+    constexpr int n = 8 * 256 * 3 + 17;
+    std::vector<int> in(n);
+    for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = (i * 37) % 101 - 50;
+    std::vector<long long> out(8, -1);
+    cuda_double::launch(&block_sum, dim3(8), dim3(256), 0, nullptr, in.data(), n, out.data());
+    run_queue();
+    CHECK(std::accumulate(out.begin(), out.end(), 0LL) == std::accumulate(in.begin(), in.end(), 0LL));
+  }
+  {
+    std::vector<unsigned> seen(16, 0), seen_one(16, 0);
+    cuda_double::launch(&read_before_write, dim3(16), dim3(64), 0, nullptr, seen.data(), seen_one.data());
+    run_queue();
+    for (unsigned b = 0; b < 16; ++b) CHECK(seen[b] == 64 && seen_one[b] == b + 1);
+  }
+  CHECK(block_order(64).size() == 64);  // every block once
+  check_atomics();
 }
 
 void check_intrinsics() {
@@ -1026,6 +1097,26 @@ int main() {
     }
     std::printf("  __trap ends the kernel with the sticky cudaErrorLaunchFailure ok\n");
   }
+  {
+    // The same with concurrent blocks: the trap is reported from the pool's thread, the
+    // blocks not started are not run.
+    const auto [status, err] = in_child([] {
+      const cuda_double::concurrent_blocks strict(4);
+      unsigned finished = 0;
+      cuda_double::launch(&trapping, dim3(64), dim3(64), 0, nullptr, &finished, 3u);
+      run_queue();
+      if (sticky != cudaErrorLaunchFailure || finished % 64 != 0 || finished >= 64 * 64) std::_Exit(3);
+      if (sticky_why.find("thread 5 called __trap()") == std::string::npos) std::_Exit(4);
+      std::_Exit(0);
+    });
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "__trap check with concurrent blocks failed: status %d\n%s\n", status, err.c_str());
+      return 1;
+    }
+    std::printf("  __trap with concurrent blocks ok\n");
+  }
+  check_concurrent_blocks();
+  std::printf("  concurrent blocks ok\n");
   std::printf("kernel engine selftest passed\n");
   return 0;
 }

@@ -2,6 +2,12 @@
 // after block on the calling OS thread, each thread of a block a fiber of Boost.Context,
 // and implements block barriers and warp operations as rendezvous of those fibers.
 //
+// In the strict mode of concurrent blocks (set_block_threads), a grid's blocks are taken, in
+// the same seeded shuffled order, by that many OS threads of a pool of the engine's own, each
+// with its own engine, fiber stacks and shared memory (all thread-local), while the polling
+// thread waits; each block's thread orders are then seeded by the block's index, not by the
+// blocks run before it on the same OS thread.
+//
 // A block runs in rounds. A round runs the runnable threads, in a fresh seeded random
 // order (one that does not start with the lowest thread of the round), each until it parks
 // (at a barrier or a warp operation) or returns. Then no thread
@@ -36,6 +42,7 @@
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cctype>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +52,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "cuda_double/core.hpp"
@@ -174,7 +182,10 @@ struct lane {
   void* tsan_fiber = nullptr;   // ThreadSanitizer's fiber
 };
 
+struct grid_share;
+
 struct engine {
+  grid_share* share = nullptr;  // concurrent blocks: the grid this pool thread takes blocks of
   // The launch.
   const launch_desc* desc = nullptr;
   void (*body)(void*) = nullptr;
@@ -197,7 +208,6 @@ struct engine {
   std::size_t sched_size = 0;
   void* sched_fake = nullptr;
   void* tsan_sched = nullptr;
-  std::vector<std::uint32_t> block_order;
 };
 
 thread_local stack_pool t_pool;
@@ -1006,6 +1016,189 @@ std::uint64_t scramble(std::uint64_t x, std::uint64_t n, unsigned bits, const st
   return x;
 }
 
+// The engine of this OS thread set up for the launch \p d (its random state is not touched).
+void begin_grid(engine& e, const launch_desc& d, void (*body)(void*), void* self) {
+  e.desc = &d;
+  e.body = body;
+  e.self = self;
+  e.trapped = false;
+  e.running = true;
+  e.nthreads = d.block.x * d.block.y * d.block.z;
+  e.nwarps = (e.nthreads + 31) / 32;
+  e.direct = e.nthreads == 1;
+#if defined(CUDA_DOUBLE_TSAN)
+  e.tsan_sched = __tsan_get_current_fiber();
+#endif
+  e.lanes.resize(e.nthreads);
+  for (unsigned i = 0; i < e.nthreads; ++i) {
+    lane& l = e.lanes[i];
+    l.index = static_cast<std::uint16_t>(i);
+    l.tid = uint3{i % d.block.x, (i / d.block.x) % d.block.y, i / (d.block.x * d.block.y)};
+  }
+  t_ctx.block_dim = d.block;
+  t_ctx.grid_dim = d.grid;
+}
+
+// The blocks of a grid in their seeded order: a uniform shuffle for the grids of practice,
+// a keyed bijection beyond. Seeds \p random with the launch's seed and draws the order.
+struct grid_blocks {
+  static constexpr std::uint64_t shuffled_limit = 1u << 20;
+  dim3 grid;
+  std::uint64_t count = 0;
+  std::vector<std::uint32_t> order;
+  std::array<std::uint64_t, 4> keys{};
+  unsigned bits = 1;
+
+  grid_blocks(const launch_desc& d, rng& random) : grid(d.grid) {
+    random.state = d.seed;
+    count = std::uint64_t{d.grid.x} * d.grid.y * d.grid.z;
+    if (count <= shuffled_limit) {
+      order.resize(count);
+      for (std::uint32_t b = 0; b < count; ++b) order[b] = b;
+      random.shuffle(order);
+    } else {
+      for (auto& k : keys) k = random.next();
+      bits = static_cast<unsigned>(std::bit_width(count - 1));
+    }
+  }
+  // The linear index of the n-th block to run.
+  [[nodiscard]] std::uint64_t at(std::uint64_t n) const {
+    return count <= shuffled_limit ? order[n] : scramble(n, count, bits, keys);
+  }
+  // blockIdx of linear block b.
+  [[nodiscard]] uint3 index(std::uint64_t b) const {
+    const std::uint64_t gxy = std::uint64_t{grid.x} * grid.y;
+    return uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
+                 static_cast<unsigned>(b / gxy)};
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Concurrent blocks (set_block_threads): one grid's blocks among the pool's OS threads.
+std::atomic<unsigned>& block_threads_setting() {
+  static std::atomic<unsigned> n = [] {
+    const char* v = std::getenv("GRAVAC_CUDA_DOUBLE_BLOCK_THREADS");
+    return v != nullptr ? static_cast<unsigned>(std::strtoul(v, nullptr, 10)) : 0u;
+  }();
+  return n;
+}
+std::atomic<unsigned>& peak_blocks() {
+  static std::atomic<unsigned> n{0};
+  return n;
+}
+
+struct grid_share {
+  grid_share(const launch_desc& d, void (*b)(void*), void* s, const grid_blocks& g)
+      : desc(d), body(b), self(s), blocks(g) {}
+  const launch_desc& desc;
+  void (*body)(void*);
+  void* self;
+  const grid_blocks& blocks;
+  std::atomic<std::uint64_t> next{0};  // the next block to take, in the seeded order
+  std::atomic<bool> trapped{false};    // a block called __trap(): no further block starts
+  std::atomic<unsigned> in_flight{0};  // blocks running now
+  std::mutex m;
+  std::string trap_why;  // the first __trap(), for the polling thread
+};
+
+void note_trap(grid_share& g, const std::string& why) {
+  const std::lock_guard<std::mutex> lk(g.m);
+  if (g.trap_why.empty()) g.trap_why = why;
+  g.trapped = true;
+}
+
+// A block's own seed for its thread orders: the launch's, mixed with its linear index.
+std::uint64_t block_seed(std::uint64_t seed, std::uint64_t b) {
+  std::uint64_t z = seed + (b + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A pool thread's share of grid g: blocks taken one at a time until none is left.
+void run_blocks_of(grid_share& g) {
+  engine& e = t_eng;
+  const kernel_context saved = t_ctx;
+  begin_grid(e, g.desc, g.body, g.self);
+  e.share = &g;
+  for (;;) {
+    if (g.trapped.load()) break;
+    const std::uint64_t n = g.next.fetch_add(1);
+    if (n >= g.blocks.count) break;
+    const std::uint64_t b = g.blocks.at(n);
+    e.random.state = block_seed(g.desc.seed, b);
+    t_ctx.block_idx = g.blocks.index(b);
+    const unsigned now = g.in_flight.fetch_add(1) + 1;
+    for (unsigned p = peak_blocks().load(); now > p && !peak_blocks().compare_exchange_weak(p, now);) {
+    }
+    run_block(e);
+    g.in_flight.fetch_sub(1);
+    if (e.trapped) g.trapped = true;
+  }
+  e.share = nullptr;
+  t_ctx = saved;
+  e.cur = nullptr;
+  e.running = false;
+}
+
+// The OS threads that run concurrent blocks: started on first use and kept (idle ones wait
+// on a condition variable), one grid at a time. A forked child starts a pool of its own
+// (the parent's threads do not exist there).
+class block_pool {
+ public:
+  static block_pool& get() {
+    static std::mutex m;
+    static block_pool* pool = nullptr;
+    const std::lock_guard<std::mutex> lk(m);
+    if (pool == nullptr || pool->pid_ != ::getpid()) pool = new block_pool;  // never freed: threads wait in it
+    return *pool;
+  }
+  // Runs grid g on n of the pool's threads; returns when they are done.
+  void run(grid_share& g, unsigned n) {
+    const std::lock_guard<std::mutex> one_grid(grid_lock_);
+    std::unique_lock<std::mutex> lk(m_);
+    while (threads_.size() < n) {
+      const std::size_t i = threads_.size();
+      threads_.emplace_back([this, i] { work(i); });
+      threads_.back().detach();
+    }
+    job_ = &g;
+    wanted_ = n;
+    arrived_ = finished_ = 0;
+    ++generation_;
+    start_.notify_all();
+    done_.wait(lk, [&] { return finished_ == wanted_; });
+    job_ = nullptr;
+  }
+
+ private:
+  block_pool() : pid_(::getpid()) {}
+  void work(std::size_t i) {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> lk(m_);
+    for (;;) {
+      start_.wait(lk, [&] { return generation_ != seen && i < wanted_; });
+      seen = generation_;
+      // The grid's threads start together, so that its first blocks overlap.
+      if (++arrived_ == wanted_) start_.notify_all();
+      start_.wait(lk, [&] { return arrived_ == wanted_; });
+      grid_share* g = job_;
+      lk.unlock();
+      run_blocks_of(*g);
+      lk.lock();
+      if (++finished_ == wanted_) done_.notify_all();
+    }
+  }
+  pid_t pid_;
+  std::mutex grid_lock_;
+  std::mutex m_;
+  std::condition_variable start_, done_;
+  std::vector<std::thread> threads_;
+  grid_share* job_ = nullptr;
+  unsigned wanted_ = 0, arrived_ = 0, finished_ = 0;
+  std::uint64_t generation_ = 0;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -1039,45 +1232,24 @@ void run_grid(const launch_desc& d, void (*body)(void*), void* self) {
   if (e.running)
     fail(describe(d) + " started while " + describe(*e.desc) +
          " runs on the same OS thread (a device thread called into the runtime)");
-  e.desc = &d;
-  e.body = body;
-  e.self = self;
-  e.random.state = d.seed;
-  e.trapped = false;
-  e.running = true;
-  e.nthreads = d.block.x * d.block.y * d.block.z;
-  e.nwarps = (e.nthreads + 31) / 32;
-  e.direct = e.nthreads == 1;
-#if defined(CUDA_DOUBLE_TSAN)
-  e.tsan_sched = __tsan_get_current_fiber();
-#endif
-  e.lanes.resize(e.nthreads);
-  for (unsigned i = 0; i < e.nthreads; ++i) {
-    lane& l = e.lanes[i];
-    l.index = static_cast<std::uint16_t>(i);
-    l.tid = uint3{i % d.block.x, (i / d.block.x) % d.block.y, i / (d.block.x * d.block.y)};
-  }
   const kernel_context saved = t_ctx;
-  t_ctx.block_dim = d.block;
-  t_ctx.grid_dim = d.grid;
-  const std::uint64_t blocks = std::uint64_t{d.grid.x} * d.grid.y * d.grid.z;
-  const std::uint64_t gxy = std::uint64_t{d.grid.x} * d.grid.y;
-  // The block order: a uniform shuffle for the grids of practice, a keyed bijection beyond.
-  constexpr std::uint64_t shuffled_limit = 1u << 20;
-  std::array<std::uint64_t, 4> keys{};
-  unsigned bits = 1;
-  if (blocks <= shuffled_limit) {
-    e.block_order.resize(blocks);
-    for (std::uint32_t b = 0; b < blocks; ++b) e.block_order[b] = b;
-    e.random.shuffle(e.block_order);
-  } else {
-    for (auto& k : keys) k = e.random.next();
-    bits = static_cast<unsigned>(std::bit_width(blocks - 1));
+  const grid_blocks blocks(d, e.random);  // e.random is seeded with d.seed here
+  const unsigned threads = block_threads();
+  if (threads >= 2 && blocks.count >= 2) {
+    // Concurrent blocks: the pool's threads run them; this thread waits (and stays marked
+    // running, so that a kernel launched from device code is still reported).
+    e.desc = &d;
+    e.running = true;
+    grid_share g{d, body, self, blocks};
+    const unsigned n = static_cast<unsigned>(std::min<std::uint64_t>(threads, blocks.count));
+    block_pool::get().run(g, n);
+    e.running = false;
+    if (!g.trap_why.empty()) set_sticky(cudaErrorLaunchFailure, g.trap_why);
+    return;
   }
-  for (std::uint64_t n = 0; n < blocks && !e.trapped; ++n) {
-    const std::uint64_t b = blocks <= shuffled_limit ? e.block_order[n] : scramble(n, blocks, bits, keys);
-    t_ctx.block_idx = uint3{static_cast<unsigned>(b % d.grid.x), static_cast<unsigned>((b / d.grid.x) % d.grid.y),
-                            static_cast<unsigned>(b / gxy)};
+  begin_grid(e, d, body, self);
+  for (std::uint64_t n = 0; n < blocks.count && !e.trapped; ++n) {
+    t_ctx.block_idx = blocks.index(blocks.at(n));
     run_block(e);
   }
   t_ctx = saved;
@@ -1133,7 +1305,11 @@ std::uint64_t warp_sync(sync_kind k, unsigned mask, std::uint64_t value, std::in
 void trap() {
   engine& e = t_eng;
   if (!e.running) fail("__trap() called outside a kernel");
-  set_sticky(cudaErrorLaunchFailure, block_prefix(e) + thread_name(e, *e.cur) + " called __trap()");
+  const std::string why = block_prefix(e) + thread_name(e, *e.cur) + " called __trap()";
+  if (e.share != nullptr)
+    note_trap(*e.share, why);  // the polling thread sets it: it holds the runtime's lock
+  else
+    set_sticky(cudaErrorLaunchFailure, why);
   throw trap_unwind{};
 }
 
@@ -1147,3 +1323,7 @@ void misaligned_atomic(const void* p, std::size_t align, const char* what) {
 }  // namespace cuda_double::detail
 
 void __syncthreads() { (void)::cuda_double::detail::block_sync(::cuda_double::detail::sync_kind::syncthreads, 0); }
+
+unsigned cuda_double::set_block_threads(unsigned n) { return detail::block_threads_setting().exchange(n); }
+unsigned cuda_double::block_threads() { return detail::block_threads_setting().load(); }
+unsigned cuda_double::most_blocks_at_once() { return detail::peak_blocks().load(); }

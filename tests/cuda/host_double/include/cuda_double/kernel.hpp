@@ -7,7 +7,8 @@
 // How a kernel runs (strict where CUDA is lenient):
 // - A launch queues a stream_op; when the runtime polls it, the whole grid runs on the
 //   polling OS thread, block after block, in a seeded shuffled order (a kernel that relies
-//   on the order of its blocks gets a wrong result).
+//   on the order of its blocks gets a wrong result). In the strict mode of concurrent
+//   blocks (set_block_threads) the blocks run on several OS threads at the same time.
 // - Every thread of a block is a fiber (Boost.Context) on pooled stacks. A thread runs
 //   without switching until it reaches a barrier or a warp operation, or returns. The
 //   threads that can run are run in a seeded random order, a new permutation at every
@@ -20,7 +21,8 @@
 //   another operation, different barrier kinds) is reported by cuda_double::fail(), never
 //   a hang.
 // - __shared__ is `static thread_local`: a block's fibers all run on one OS thread and
-//   one block at a time runs on an OS thread, so it is exactly per-block storage. CUDA
+//   one block at a time runs on an OS thread (concurrent blocks too), so it is exactly
+//   per-block storage. CUDA
 //   leaves it undefined at the start of a block; here every byte of it is 0xFF at the
 //   start of every block (a NaN as a float or double, the largest value as an unsigned,
 //   -1 as a signed integer), so a kernel that reads shared memory it did not write reads
@@ -94,6 +96,33 @@ inline thread_local kernel_context t_ctx{};
 //! The built-in variables of the device thread running on this OS thread (zero outside a
 //! kernel).
 inline const detail::kernel_context& this_thread() noexcept { return detail::t_ctx; }
+
+//! Concurrent blocks, a strict mode: with \p n of 2 or more, the blocks of every later
+//! grid run on \p n OS threads at the same time (the engine's own, which take the blocks in
+//! the seeded shuffled order, each block with thread orders seeded by its index), so a race
+//! between blocks on global memory (a non-atomic read-modify-write, a flag one block polls
+//! and another sets) can lose an update or read a stale value, as on a GPU. 0 or 1: one
+//! block after another on the polling OS thread (the default; GRAVAC_CUDA_DOUBLE_BLOCK_THREADS
+//! sets it for a process). Which blocks overlap is up to the OS scheduler, so a race shows
+//! often, not always; results of race-free kernels stay those of the seed. Returns the
+//! previous value.
+unsigned set_block_threads(unsigned n);
+//! The current number of OS threads a grid's blocks run on (see set_block_threads).
+unsigned block_threads();
+//! The most blocks that have run at the same time in one grid since the process started.
+unsigned most_blocks_at_once();
+
+//! Concurrent blocks for a scope (set_block_threads, then the previous value back).
+class concurrent_blocks {
+ public:
+  explicit concurrent_blocks(unsigned n) : previous_(set_block_threads(n)) {}
+  concurrent_blocks(const concurrent_blocks&) = delete;
+  concurrent_blocks& operator=(const concurrent_blocks&) = delete;
+  ~concurrent_blocks() { set_block_threads(previous_); }
+
+ private:
+  unsigned previous_;
+};
 
 }  // namespace cuda_double
 
