@@ -29,6 +29,11 @@
 // steps.csv and epochs.csv), results.md (the setting, the tables and the targets, met or
 // missed), results.csv (one row per run) and comparison plots of seed 1 at 1 Gbit/s.
 //
+// A run whose gradient goes non-finite (gravac::error, status::non_finite, thrown on every
+// rank) is recorded as diverged (train_run.hpp) and the experiment goes on: the tables say
+// "diverged" / "k/N diverged", it counts as not reaching the target, and a target that
+// needs it is missed. Any other error ends the experiment.
+//
 //   reproduce                 # MLP (3 seeds) + CNN (3 seeds): see README.md for the time it takes
 //   reproduce --quick         # MLP, one seed: for development
 //   reproduce --only gravac   # one method
@@ -49,6 +54,7 @@
 #include <filesystem>
 #include <fstream>
 #include <gravac/comm/thread_communicator.hpp>
+#include <gravac/core/error.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -58,6 +64,7 @@
 #include "fmnist/train.hpp"
 #include "method_configs.hpp"
 #include "summary_stats.hpp"
+#include "train_run.hpp"
 
 namespace {
 
@@ -176,9 +183,19 @@ struct run_entry {
   const method_spec* spec;
   int network;  // index into network_specs of the primary network
   int seed;
-  fmnist::run_result r;
+  run_outcome o;  // the run, or where it diverged (train_run.hpp)
   std::string dir;
+  [[nodiscard]] const fmnist::run_result& r() const { return o.r; }
+  [[nodiscard]] bool diverged() const { return o.diverged; }
 };
+
+// The first run of pass p with an evaluated epoch (a diverged one may have none): what the
+// setting paragraph and the plots' title read.
+const fmnist::run_result& first_with_epochs(const std::vector<run_entry>& runs) {
+  for (const auto& e : runs)
+    if (!e.r().epochs.empty()) return e.r();
+  return runs.front().r();
+}
 
 // One model's runs: every chosen method, once per seed (and per network where it matters).
 struct pass {
@@ -218,21 +235,44 @@ class view {
       if (e.spec == s && e.seed == seed && (!s->network_dependent || e.network == n)) return &e;
     return nullptr;
   }
-  // f(run) for each seed of method s's run charged on network n (NaN where it is missing).
+  // f(run) for each seed of method s's run charged on network n (NaN where it is missing
+  // or diverged: a diverged run has no final figures, and summarize leaves NaN out; the
+  // cells say how many seeds diverged, diverged()).
   template <class F>
   [[nodiscard]] std::vector<double> per_seed(const method_spec* s, int n, F&& f) const {
     std::vector<double> v;
     for (int seed = 1; seed <= p_.seeds; ++seed) {
       const run_entry* e = run(s, n, seed);
-      v.push_back(e ? f(e->r) : std::nan(""));
+      v.push_back(e && !e->diverged() ? f(e->r()) : std::nan(""));
     }
     return v;
   }
-  // The time to target of run e on network n (its own clock or a shadow clock).
+  // The seeds in which method s's run charged on network n diverged.
+  [[nodiscard]] int diverged(const method_spec* s, int n) const {
+    int k = 0;
+    for (int seed = 1; seed <= p_.seeds; ++seed)
+      if (const run_entry* e = run(s, n, seed); e && e->diverged()) ++k;
+    return k;
+  }
+  // The seeds in which method a's run or method b's run (on network n) diverged: a paired
+  // difference is missing there.
+  [[nodiscard]] int diverged_pairs(const method_spec* a, const method_spec* b, int n) const {
+    int k = 0;
+    for (int seed = 1; seed <= p_.seeds; ++seed) {
+      const run_entry* x = run(a, n, seed);
+      const run_entry* y = run(b, n, seed);
+      if ((x && x->diverged()) || (y && y->diverged())) ++k;
+    }
+    return k;
+  }
+  // The time to target of run e on network n (its own clock or a shadow clock). A diverged
+  // run did not reach it (-1), whatever it reached before it failed.
   [[nodiscard]] double time_to(const run_entry& e, int n) const {
     if (!std::isfinite(target_)) return -1;
-    if (e.spec->network_dependent) return e.network == n ? e.r.modeled_time_to(target_) : std::nan("");
-    return n == 0 ? e.r.modeled_time_to(target_) : e.r.modeled_time_to(target_, n - 1);
+    if (e.spec->network_dependent && e.network != n) return std::nan("");
+    if (e.diverged()) return -1;
+    if (e.spec->network_dependent) return e.r().modeled_time_to(target_);
+    return n == 0 ? e.r().modeled_time_to(target_) : e.r().modeled_time_to(target_, n - 1);
   }
   [[nodiscard]] std::vector<double> times(const method_spec* s, int n) const {
     std::vector<double> v;
@@ -273,7 +313,7 @@ class view {
 // The paragraph that describes pass p's setting (model, data, schedule, seeds, compute).
 std::string setting(const pass& p, int ranks) {
   const auto& b = p.base;
-  const auto& first = p.runs.front().r;
+  const auto& first = first_with_epochs(p.runs);
   std::ostringstream md;
   md << "Fashion-MNIST, " << first.model << " (" << first.params << " parameters), " << ranks
      << " thread ranks, global batch " << b.batch << ", " << b.epochs << " epochs of "
@@ -285,29 +325,53 @@ std::string setting(const pass& p, int ranks) {
                            " (every method once per seed; each cell is the mean ± sample standard deviation over the "
                            "seeds)"
                      : std::string(", seed 1 (one run per method, so no deviations)"))
-     << "; test accuracy on " << (b.test_subset ? b.test_subset : 10000) << " test images. Modeled compute "
-     << fmt("%.2f", 1e3 * first.compute_per_step_s)
-     << " ms per step (calibrated once, the same for every run of this model). Wall time of this pass: "
-     << fmt("%.0f", p.wall_s) << " s.";
+     << "; test accuracy on " << (b.test_subset ? b.test_subset : 10000) << " test images. Modeled compute ";
+  const double compute = first.compute_per_step_s > 0 ? first.compute_per_step_s : b.compute_s;
+  if (compute > 0)
+    md << fmt("%.2f", 1e3 * compute) << " ms per step (calibrated once, the same for every run of this model).";
+  else
+    md << "not calibrated (every run diverged before its first epoch ended).";
+  md << " Wall time of this pass: " << fmt("%.0f", p.wall_s) << " s.";
   if (!p.note.empty()) md << " " << p.note;
   return md.str();
 }
 
-// Pass p's rows of results.csv (one per run).
+// Pass p's rows of results.csv (one per run). A diverged run's final figures are nan, its
+// times to target -1 (not reached), and its status columns say where it failed and why.
 void csv_rows(const pass& p, const view& v, std::ostream& csv) {
   for (const auto& e : p.runs) {
+    const auto& r = e.r();
     double compute = 0, codec = 0;
-    for (const auto& ep : e.r.epochs) {
+    for (const auto& ep : r.epochs) {
       compute += ep.compute_s;
       codec += ep.codec_s;
     }
+    const double nan = std::nan("");
+    const bool d = e.diverged();
     csv << p.name << ',' << e.seed << ',' << e.spec->key << ',' << network_specs[static_cast<std::size_t>(e.network)]
-        << ',' << e.r.epochs.back().test_acc << ',' << e.r.total_bytes_per_rank() << ','
-        << e.r.total_wire_bytes_sent_per_rank() << ',' << e.r.total_wire_bytes_received_per_rank() << ',' << v.target()
-        << ',' << v.time_to(e, 0) << ',' << v.time_to(e, 1) << ',' << v.time_to(e, 2) << ',' << compute << ',' << codec
-        << ',' << e.r.epochs.back().modeled_time_s << ',' << fmnist::exposure_of(e.r).total_s << ','
-        << fmnist::exposure_of(e.r).exposed_s << ",off\n";
+        << ',' << (d ? nan : r.epochs.back().test_acc) << ',' << (d ? nan : r.total_bytes_per_rank()) << ','
+        << (d ? nan : r.total_wire_bytes_sent_per_rank()) << ',' << (d ? nan : r.total_wire_bytes_received_per_rank())
+        << ',' << v.target() << ',' << v.time_to(e, 0) << ',' << v.time_to(e, 1) << ',' << v.time_to(e, 2) << ','
+        << (d ? nan : compute) << ',' << (d ? nan : codec) << ',' << (d ? nan : r.epochs.back().modeled_time_s) << ','
+        << (d ? nan : fmnist::exposure_of(r).total_s) << ',' << (d ? nan : fmnist::exposure_of(r).exposed_s) << ",off,"
+        << status_columns(e.o) << "\n";
   }
+}
+
+// The runs of pass p that diverged, one line each (where, and the message), or nothing.
+std::string diverged_runs(const pass& p) {
+  std::string list;
+  for (const auto& e : p.runs)
+    if (e.diverged())
+      list += "- " + e.spec->label +
+              (e.spec->network_dependent ? ", " + network_labels[static_cast<std::size_t>(e.network)] + " run"
+                                         : std::string()) +
+              ", seed " + std::to_string(e.seed) + ": " + e.o.where() + "\n";
+  if (list.empty()) return list;
+  return "Runs that **diverged** (a non-finite gradient stopped them: they count as not reaching the target, their "
+         "figures are left out of the means, the cells say \"k/N diverged\", and a target that needs them is "
+         "missed):\n\n" +
+         list + "\n";
 }
 
 // The tables and the targets of one pass, in Markdown; its rows of results.csv into csv.
@@ -315,12 +379,20 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
   const view v(p, target_below_dense);
   std::ostringstream md;
   md << "## " << (p.name == "cnn" ? "CNN" : "MLP") << "\n\n" << setting(p, ranks) << "\n\n";
+  const int dense_diverged = v.dense() ? v.diverged(v.dense(), 0) : 0;
   if (!v.dense()) {
     md << "Dense SGD was not run, so there is no target accuracy and no comparison with dense.\n\n";
+  } else if (v.dense_acc().n == 0) {
+    md << "Dense SGD diverged in every seed, so there is no target accuracy: no method reaches it, and every "
+          "target below is missed.\n\n";
   } else {
     md << "Target accuracy: dense's final test accuracy (mean over the seeds, " << pm(v.dense_acc(), "%.2f", 100)
-       << "%) minus " << target_below_dense << " point = " << fmt("%.2f", 100 * v.target()) << "%.\n\n";
+       << "%";
+    if (dense_diverged > 0)
+      md << "; dense diverged in " << dense_diverged << " of " << p.seeds << " seeds, whose runs are left out";
+    md << ") minus " << target_below_dense << " point = " << fmt("%.2f", 100 * v.target()) << "%.\n\n";
   }
+  md << diverged_runs(p);
 
   // --- the main table: network-dependent methods by their 1 Gbit/s run ---------------------
   md << "Bytes per rank over the whole run: **packet** = what a rank's collective hands over; **wire** = what "
@@ -348,12 +420,14 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       for (std::size_t i = 0; i < acc.size(); ++i) diff.push_back(acc[i] - d[i]);
     }
     const summary rx = summarize(v.per_seed(s, 0, view::wire_received));
+    const auto seeds = static_cast<std::size_t>(p.seeds);
     md << "| " << s->label << (s->network_dependent ? " (1 Gbit/s run)" : "") << " | "
-       << pm(summarize(acc), "%.2f", 100) << " | " << (v.dense() ? pm(summarize(diff), "%+.2f", 100) : "-") << " | "
-       << pm(summarize(v.per_seed(s, 0, view::packet)), "%.2f", 1e-6) << " | " << pm(rx, "%.2f", 1e-6) << " | "
+       << pm_finished(summarize(acc), v.diverged(s, 0), seeds, "%.2f", 100) << " | "
+       << (v.dense() ? pm_finished(summarize(diff), v.diverged_pairs(s, v.dense(), 0), seeds, "%+.2f", 100) : "-")
+       << " | " << pm(summarize(v.per_seed(s, 0, view::packet)), "%.2f", 1e-6) << " | " << pm(rx, "%.2f", 1e-6) << " | "
        << pm(summarize(v.per_seed(s, 0, view::wire_sent)), "%.2f", 1e-6) << " | "
        << (v.dense() && rx.mean > 0 ? fmt("%.1fx", v.dense_wire().mean / rx.mean) : std::string("-")) << " | "
-       << time_cell(v.times(s, 0)) << " | "
+       << time_cell(v.times(s, 0), v.diverged(s, 0)) << " | "
        << pm(summarize(v.per_seed(s, 0, sum_epochs(&fmnist::epoch_record::modeled_comm_s))), "%.2f") << " / "
        << pm(summarize(v.per_seed(s, 0, sum_epochs(&fmnist::epoch_record::modeled_exposed_s))), "%.2f") << " | "
        << pm(summarize(v.per_seed(s, 0, sum_epochs(&fmnist::epoch_record::compute_s))), "%.2f") << " | "
@@ -379,7 +453,8 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
     for (int n = 0; n < n_networks; ++n) {
       const auto t = v.times(s, n);
       const bool is_best = best[static_cast<std::size_t>(n)] == s;
-      md << " | " << (is_best ? "**" + time_cell(t) + "**" : time_cell(t)) << " | ";
+      const std::string cell = time_cell(t, v.diverged(s, n));
+      md << " | " << (is_best ? "**" + cell + "**" : cell) << " | ";
       const summary st = reached(t), bt = best_t[static_cast<std::size_t>(n)];
       if (s->k == kind::adaptive && st.n > 0 && bt.n > 0)
         md << fmt("%.2fx", st.mean / bt.mean);
@@ -397,7 +472,10 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
     for (const auto* s : p.chosen) {
       if (!s->network_dependent) continue;
       md << "| " << s->label;
-      for (int n = 0; n < n_networks; ++n) md << " | " << pm(summarize(v.per_seed(s, n, view::final_acc)), "%.2f", 100);
+      for (int n = 0; n < n_networks; ++n)
+        md << " | "
+           << pm_finished(summarize(v.per_seed(s, n, view::final_acc)), v.diverged(s, n),
+                          static_cast<std::size_t>(p.seeds), "%.2f", 100);
       for (int n = 0; n < n_networks; ++n)
         md << " | " << pm(summarize(v.per_seed(s, n, view::wire_received)), "%.2f", 1e-6);
       md << " |\n";
@@ -413,6 +491,12 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
     return s.n > 0 && s.n < p.seeds ? " (" + std::to_string(s.n) + "/" + std::to_string(p.seeds) + " seeds reached it)"
                                     : std::string();
   };
+  // ", k/N seeds diverged" for method s's runs on network n (none: empty). A diverged seed
+  // counts as not reaching the target, so a target that needs every seed is missed.
+  const auto diverged_note = [&](const method_spec* s, int n) {
+    const int k = v.diverged(s, n);
+    return k > 0 ? ", " + std::to_string(k) + "/" + std::to_string(p.seeds) + " seeds diverged" : std::string();
+  };
   const method_spec* rec = v.find(recommended_key);
   if (rec && v.dense()) {
     for (int n = 0; n < n_networks; ++n) {
@@ -423,14 +507,15 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       const bool ok = all && (!bs || tr.mean <= 1.1 * bt.mean);
       md << "- (a) " << rec->label << " reaches the target in every seed, in at most 1.1x the modeled time of "
          << "the best static choice, " << network_labels[static_cast<std::size_t>(n)] << ": " << met(ok) << " ("
-         << secs(tr) << seeds_of(tr) << "; best static "
+         << secs(tr) << seeds_of(tr) << diverged_note(rec, n) << "; best static "
          << (bs ? bs->label + " " + secs(bt) + seeds_of(bt) : std::string("none reaches it"));
       if (bs && tr.n > 0) md << "; ratio " << fmt("%.2fx", tr.mean / bt.mean);
       md << ")";
       if (n == 0) {
         const summary td = reached(v.times(v.dense(), 0));
         const bool before = all && (td.n == 0 || tr.mean < td.mean);
-        md << "; and strictly before dense: " << met(before) << " (dense " << secs(td) << seeds_of(td) << ")";
+        md << "; and strictly before dense: " << met(before) << " (dense " << secs(td) << seeds_of(td)
+           << diverged_note(v.dense(), 0) << ")";
       }
       md << ".\n";
     }
@@ -447,11 +532,14 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       // Not reaching the target in a seed where dense did counts as slower.
       const bool ok = td.n == 0 || (t.n >= td.n && t.mean <= td.mean);
       std::string& list = ok ? fine : slower;
-      list += (list.empty() ? "" : ", ") + s->label + " " + secs(t) + seeds_of(t);
+      list += (list.empty() ? "" : ", ") + s->label + " " + secs(t) + seeds_of(t) + diverged_note(s, 2);
     }
+    // Without a target (dense diverged in every seed) nothing can be checked: missed.
+    const bool no_target = !std::isfinite(v.target());
     md << "- (b) on the schedule network no adaptive method reaches the target later than dense (" << secs(td)
-       << seeds_of(td)
-       << "; missing the target in a seed where dense reaches it counts as later): " << met(slower.empty())
+       << seeds_of(td) << diverged_note(v.dense(), 2)
+       << "; missing the target in a seed where dense reaches it counts as later): "
+       << met(slower.empty() && !no_target) << (no_target ? " (no target: dense diverged in every seed)" : "")
        << " (slower: " << (slower.empty() ? "-" : slower) << "; not slower: " << (fine.empty() ? "-" : fine) << ").\n";
   }
   if (const auto* g = v.find("gravac_paper"); g && v.dense()) {
@@ -461,10 +549,18 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
       const summary acc = summarize(v.per_seed(g, n, view::final_acc));
       const summary rx = summarize(v.per_seed(g, n, view::wire_received));
       const double d = acc.mean - v.dense_acc().mean, less = v.dense_wire().mean / rx.mean;
-      const bool ok = d >= -0.005 && less >= 5;
+      // A diverged seed (of GraVAC's run or of dense's) leaves no figure to compare: missed.
+      const int k = v.diverged(g, n), kd = dense_diverged;
+      const bool ok = k == 0 && kd == 0 && d >= -0.005 && less >= 5;
       all_ok = all_ok && ok;
-      per += std::string(n ? "; " : "") + network_labels[static_cast<std::size_t>(n)] + " run " +
-             fmt("%+.2f", 100 * d) + " points, " + fmt("%.1fx", less) + " fewer (" + (ok ? "met" : "missed") + ")";
+      per += std::string(n ? "; " : "") + network_labels[static_cast<std::size_t>(n)] + " run ";
+      if (k > 0 || kd > 0)  // the means would be over different seeds
+        per += "no figure over every seed";
+      else
+        per += fmt("%+.2f", 100 * d) + " points, " + fmt("%.1fx", less) + " fewer";
+      if (k > 0) per += ", " + std::to_string(k) + "/" + std::to_string(p.seeds) + " seeds diverged";
+      if (kd > 0) per += ", dense diverged in " + std::to_string(kd) + "/" + std::to_string(p.seeds) + " seeds";
+      per += std::string(" (") + (ok ? "met" : "missed") + ")";
     }
     md << "- (c) GraVAC as the paper ends within 0.5 points of dense with at least 5x fewer wire bytes received, on "
           "every "
@@ -477,10 +573,18 @@ std::string report(const pass& p, double target_below_dense, int ranks, std::ost
     };
     const double d = mean(a, view::final_acc) - mean(low, view::final_acc);
     const double less = mean(low, view::wire_received) / mean(a, view::wire_received);
+    // A diverged seed of either run leaves no figure to compare: missed.
+    const int ka = v.diverged(a, 0), kl = v.diverged(low, 0);
     md << "- (d) Accordion ends within 0.5 points of its low-compression run (top-k CF 10) with at least 2x fewer "
           "wire bytes received: "
-       << met(d >= -0.005 && less >= 2) << " (" << fmt("%+.2f", 100 * d) << " points, " << fmt("%.1fx", less)
-       << " fewer).\n";
+       << met(ka == 0 && kl == 0 && d >= -0.005 && less >= 2) << " (";
+    if (ka == 0 && kl == 0)
+      md << fmt("%+.2f", 100 * d) << " points, " << fmt("%.1fx", less) << " fewer";
+    else  // the means would be over different seeds
+      md << "no figure over every seed";
+    if (ka > 0) md << "; Accordion diverged in " << ka << "/" << p.seeds << " seeds";
+    if (kl > 0) md << "; top-k CF 10 diverged in " << kl << "/" << p.seeds << " seeds";
+    md << ").\n";
   }
   return md.str();
 }
@@ -500,6 +604,7 @@ std::string quantizer_report(const pass& p, int ranks, std::ostream& csv) {
         "before its Allgather. Wire bytes received per rank as the simulated network counts them (alltoallv: the "
         "blocks from the other ranks; Allgather: the N-1 other packets). Differences are paired by seed (the same "
         "data order and initialisation).\n\n"
+     << diverged_runs(p)
      << "| method | final test acc. (%) | compressed − Allgather (points) | packet MB | wire MB received | "
         "Allgather / compressed wire bytes | modeled comm., 1 Gbit/s (s) |\n"
      << "|---|---:|---:|---:|---:|---:|---:|\n";
@@ -518,10 +623,13 @@ std::string quantizer_report(const pass& p, int ranks, std::ostream& csv) {
     const summary d = summarize(diff);
     const summary rx_ag = summarize(v.per_seed(ag, 0, view::wire_received));
     const summary rx_car = summarize(v.per_seed(car, 0, view::wire_received));
+    const auto seeds = static_cast<std::size_t>(p.seeds);
+    const int k_ag = v.diverged(ag, 0), k_car = v.diverged(car, 0), k_pair = v.diverged_pairs(ag, car, 0);
     for (const method_spec* s : {ag, car}) {
       const bool is_car = s == car;
-      md << "| " << s->label << " | " << pm(summarize(is_car ? acc_car : acc_ag), "%.2f", 100) << " | "
-         << (is_car ? pm(d, "%+.2f", 100) : std::string("-")) << " | "
+      md << "| " << s->label << " | "
+         << pm_finished(summarize(is_car ? acc_car : acc_ag), is_car ? k_car : k_ag, seeds, "%.2f", 100) << " | "
+         << (is_car ? pm_finished(d, k_pair, seeds, "%+.2f", 100) : std::string("-")) << " | "
          << pm(summarize(v.per_seed(s, 0, view::packet)), "%.2f", 1e-6) << " | "
          << pm(is_car ? rx_car : rx_ag, "%.2f", 1e-6) << " | "
          << (is_car && rx_car.mean > 0 ? fmt("%.2fx", rx_ag.mean / rx_car.mean) : std::string("-")) << " | "
@@ -529,13 +637,19 @@ std::string quantizer_report(const pass& p, int ranks, std::ostream& csv) {
     }
     // On the means, as targets (c) and (d): the difference of the means is the mean of
     // the paired differences.
-    const bool ok = d.n > 0 && d.mean >= -0.005;
+    // A seed where either run diverged leaves no difference to compare: missed.
+    const bool ok = k_pair == 0 && d.n > 0 && d.mean >= -0.005;
     const std::string name = ag->label.substr(0, ag->label.find(','));
     targets += "- (" + std::string(1, static_cast<char>('f' + i / 2)) + ") " + name +
                " through the compressed allreduce ends within 0.5 points of the same compressor through the "
                "Allgather (no more than 0.5 points below): " +
-               met(ok) + " (" + pm(d, "%+.2f", 100) + " points; " + fmt("%.2fx", rx_ag.mean / rx_car.mean) +
-               " fewer wire bytes received)";
+               met(ok) + " (" + pm_finished(d, k_pair, seeds, "%+.2f", 100) + " points; " +
+               (rx_ag.n > 0 && rx_car.n > 0 ? fmt("%.2fx", rx_ag.mean / rx_car.mean) + " fewer wire bytes received"
+                                            : std::string("no wire bytes to compare"));
+    const auto of_seeds = [&](int k) { return std::to_string(k) + "/" + std::to_string(p.seeds) + " seeds"; };
+    if (k_ag > 0) targets += "; through the Allgather it diverged in " + of_seeds(k_ag);
+    if (k_car > 0) targets += "; through the compressed allreduce it diverged in " + of_seeds(k_car);
+    targets += ")";
     // A baseline that never learned makes the difference meaningless: say so next to the
     // verdict rather than let a near-chance pair read as a cost (or a win) of the collective.
     const summary base = summarize(acc_ag);
@@ -575,16 +689,20 @@ void run_pass(pass& p, const fmnist::dataset& train, const fmnist::dataset& test
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(), p.name.c_str(),
                     seed, spec->label.c_str(), net.c_str());
         std::fflush(stdout);
-        gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
-          auto r = fmnist::train(comm, train, test, cfg);
-          if (comm.rank() == 0) e.r = std::move(r);
-        });
-        // Every later run of this model is charged the compute per step the first one calibrated.
-        if (p.base.compute_s < 0) p.base.compute_s = e.r.compute_per_step_s;
-        fmnist::write_csv(e.r, e.dir);
-        std::printf(" test acc %.2f%%, per rank: packet %.2f MB, wire %.2f MB received; modeled %.1f s\n",
-                    100 * e.r.epochs.back().test_acc, e.r.total_bytes_per_rank() / 1e6,
-                    e.r.total_wire_bytes_received_per_rank() / 1e6, e.r.epochs.back().modeled_time_s);
+        // A non-finite gradient ends this run as diverged (every rank throws it); the pass
+        // goes on with the next run. Any other failure ends the experiment.
+        e.o = train_run(ranks, train, test, cfg);
+        // Every later run of this model is charged the compute per step the first one
+        // calibrated (a run that diverged before its first epoch ended has not said: the
+        // next one calibrates).
+        if (p.base.compute_s < 0 && e.r().compute_per_step_s > 0) p.base.compute_s = e.r().compute_per_step_s;
+        write_run(e.o, e.dir);
+        if (e.diverged())
+          std::printf(" %s\n", e.o.where().c_str());
+        else
+          std::printf(" test acc %.2f%%, per rank: packet %.2f MB, wire %.2f MB received; modeled %.1f s\n",
+                      100 * e.r().epochs.back().test_acc, e.r().total_bytes_per_rank() / 1e6,
+                      e.r().total_wire_bytes_received_per_rank() / 1e6, e.r().epochs.back().modeled_time_s);
         std::fflush(stdout);
         p.runs.push_back(std::move(e));
       }
@@ -604,6 +722,7 @@ std::string run_overlap(fmnist::run_config base, const std::vector<const method_
   struct row {
     const method_spec* spec;
     fmnist::run_result on, off, one;
+    std::string diverged;  // "<tag> run diverged at ..." when one of the three did
   };
   std::vector<row> rows;
   const bool calibrated = base.compute_s < 0;
@@ -617,11 +736,16 @@ std::string run_overlap(fmnist::run_config base, const std::vector<const method_
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(), spec->label.c_str(),
                 tag.c_str());
     std::fflush(stdout);
-    fmnist::run_result r;
-    gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
-      auto x = fmnist::train(comm, train, test, cfg);
-      if (comm.rank() == 0) r = std::move(x);
-    });
+    run_outcome o = train_run(ranks, train, test, cfg);
+    write_run(o, out + "/overlap/" + spec->key + "-" + tag);
+    if (o.diverged) {
+      std::printf(" %s\n", o.where().c_str());
+      std::fflush(stdout);
+      csv << "overlap," << base.seed << ',' << spec->key << ',' << base.network.describe() << ",nan,nan,nan,nan,,,,,"
+          << 0 << ',' << 0 << ",nan,nan,nan," << tag << ',' << status_columns(o) << '\n';
+      return o;
+    }
+    const fmnist::run_result& r = o.r;
     if (base.compute_s < 0) {
       base.compute_s = r.compute_per_step_s;
       base.ready_share = r.ready_share;
@@ -631,24 +755,45 @@ std::string run_overlap(fmnist::run_config base, const std::vector<const method_
                 r.buckets, x.total_s, x.exposed_s, 100 * x.ratio(), r.epochs.back().modeled_time_s,
                 100 * r.epochs.back().test_acc);
     std::fflush(stdout);
-    fmnist::write_csv(r, out + "/overlap/" + spec->key + "-" + tag);
     csv << "overlap," << base.seed << ',' << spec->key << ',' << base.network.describe() << ','
         << r.epochs.back().test_acc << ',' << r.total_bytes_per_rank() << ',' << r.total_wire_bytes_sent_per_rank()
         << ',' << r.total_wire_bytes_received_per_rank() << ",,,,," << 0 << ',' << 0 << ','
-        << r.epochs.back().modeled_time_s << ',' << x.total_s << ',' << x.exposed_s << ',' << tag << '\n';
-    return r;
+        << r.epochs.back().modeled_time_s << ',' << x.total_s << ',' << x.exposed_s << ',' << tag << ','
+        << status_columns(o) << '\n';
+    return o;
   };
   for (const auto* spec : chosen) {
-    row w{spec, {}, {}, {}};
-    w.on = train_one(spec, true, false, "on");
-    w.off = train_one(spec, false, false, "off");
-    w.one = train_one(spec, false, true, "off-one-bucket");
+    row w{spec, {}, {}, {}, {}};
+    // A diverged run ends the method's row: its three runs compare the same training.
+    for (const auto& [slot, overlap, one_bucket, tag] :
+         {std::tuple{&row::on, true, false, "on"}, std::tuple{&row::off, false, false, "off"},
+          std::tuple{&row::one, false, true, "off-one-bucket"}}) {
+      run_outcome o = train_one(spec, overlap, one_bucket, tag);
+      if (o.diverged) {
+        w.diverged = std::string(tag) + " run " + o.where();
+        break;
+      }
+      w.*slot = std::move(o.r);
+    }
     rows.push_back(std::move(w));
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  const auto& first = rows.front().on;
+  const row* finished = nullptr;  // the first method whose three runs finished
+  for (const auto& w : rows)
+    if (w.diverged.empty()) {
+      finished = &w;
+      break;
+    }
   std::ostringstream md;
+  if (!finished) {
+    md << "## Overlap with backward\n\nEvery method diverged (a non-finite gradient stopped it):\n\n";
+    for (const auto& w : rows) md << "- " << w.spec->label << ": " << w.diverged << "\n";
+    md << "\n- (e) exposed communication with overlap at most 30% of the synchronous step's communication: "
+       << met(false) << " (no run finished).\n";
+    return md.str();
+  }
+  const auto& first = finished->on;
   md << "## Overlap with backward\n\n"
      << "Fashion-MNIST, " << first.model << " (" << first.params << " parameters), " << ranks
      << " thread ranks, network " << first.network << ", global batch " << base.batch << ", " << base.epochs
@@ -678,6 +823,12 @@ std::string run_overlap(fmnist::run_config base, const std::vector<const method_
   bool all_met = true;
   std::string ratios;
   for (const auto& w : rows) {
+    if (!w.diverged.empty()) {  // no figure, and the target is missed
+      all_met = false;
+      ratios += (ratios.empty() ? "" : "; ") + w.spec->label + " diverged";
+      md << "| " << w.spec->label << " | " << w.diverged << " | | | | | | | |\n";
+      continue;
+    }
     const auto xon = fmnist::exposure_of(w.on), xoff = fmnist::exposure_of(w.off), xone = fmnist::exposure_of(w.one);
     const bool same = w.on.final_params == w.off.final_params;
     all_met = all_met && xon.ratio() <= 0.30;
@@ -904,7 +1055,8 @@ int main(int argc, char** argv) {
     csv.precision(9);
     csv << "model,seed,method,network,final_test_acc,bytes_per_rank,wire_bytes_sent_per_rank,"
            "wire_bytes_received_per_rank,target_acc,time_to_target_1gbps,time_to_target_10gbps,"
-           "time_to_target_schedule,compute_s,codec_s,modeled_time_s,modeled_comm_s,modeled_exposed_s,overlap\n";
+           "time_to_target_schedule,compute_s,codec_s,modeled_time_s,modeled_comm_s,modeled_exposed_s,overlap,status,"
+           "diverged_epoch,diverged_step,error\n";
     for (const auto& p : passes)
       md << (p.name == quantizer_pass ? quantizer_report(p, ranks, csv) : report(p, target_below_dense, ranks, csv))
          << "\n";
@@ -919,12 +1071,15 @@ int main(int argc, char** argv) {
     // --- plots: every method of each pass, seed 1, at 1 Gbit/s ---------------------------------
     for (const auto& p : passes) {
       std::vector<fmnist::plot_series> series;
+      // A diverged run is drawn up to where it stopped, if it evaluated an epoch.
       for (const auto& e : p.runs)
-        if (e.seed == 1 && e.network == 0) series.push_back({e.spec->label, e.dir});
+        if (e.seed == 1 && e.network == 0 && !e.r().epochs.empty())
+          series.push_back({e.spec->label + (e.diverged() ? " (diverged)" : ""), e.dir});
+      if (series.empty()) continue;
       const std::string dir = out + "/" + p.name + "/plots";
-      const bool plotted = fmnist::make_plots(
-          series, dir,
-          "Fashion-MNIST, " + p.runs.front().r.model + ", " + std::to_string(ranks) + " ranks, 1 Gbit/s, seed 1");
+      const bool plotted = fmnist::make_plots(series, dir,
+                                              "Fashion-MNIST, " + first_with_epochs(p.runs).model + ", " +
+                                                  std::to_string(ranks) + " ranks, 1 Gbit/s, seed 1");
       if (plotted) std::printf("plots: %s\n", dir.c_str());
     }
     std::printf("results: %s/results.md, %s/results.csv\n", out.c_str(), out.c_str());

@@ -53,20 +53,42 @@ inline std::string pm(const summary& s, const char* f, double scale = 1.0) {
   return r;
 }
 
-// Times to target over the seeds (negative: not reached): the mean ± sd over the seeds that
-// reached it, and "k/N reached" when not all did.
+// Runs that diverged (a non-finite gradient ended them, train_run.hpp) have no final
+// figures: their values are NaN, which summarize leaves out, and a cell says how many of
+// the runs diverged: "k/N diverged", or "diverged" for a single run.
+inline std::string diverged_of(int k, std::size_t runs) {
+  if (k <= 0) return {};
+  if (runs == 1) return "diverged";
+  return std::to_string(k) + "/" + std::to_string(runs) + " diverged";
+}
+// pm over the runs that finished, with "(k/N diverged)" after it; the count alone when none
+// finished.
+inline std::string pm_finished(const summary& s, int diverged, std::size_t runs, const char* f, double scale = 1.0) {
+  if (diverged <= 0) return pm(s, f, scale);
+  if (s.n == 0) return diverged_of(diverged, runs);
+  return pm(s, f, scale) + " (" + diverged_of(diverged, runs) + ")";
+}
+
+// Times to target over the seeds (negative: not reached; a diverged run counts as not
+// reached): the mean ± sd over the seeds that reached it, and "k/N reached" when not all
+// did, "k/N diverged" when some diverged.
 inline summary reached(const std::vector<double>& t) {
   std::vector<double> ok;
   for (double x : t)
     if (x >= 0) ok.push_back(x);
   return summarize(ok);
 }
-inline std::string time_cell(const std::vector<double>& t) {
+inline std::string time_cell(const std::vector<double>& t, int diverged = 0) {
   if (t.empty()) return "-";
   const summary s = reached(t);
-  const std::string of = " (" + std::to_string(s.n) + "/" + std::to_string(t.size()) + " reached)";
-  if (s.n == 0) return "not reached" + (t.size() > 1 ? of : std::string());
-  return pm(s, "%.2f") + (s.n < static_cast<int>(t.size()) ? of : std::string());
+  const auto runs = static_cast<int>(t.size());
+  if (diverged > 0 && diverged == runs) return diverged_of(diverged, t.size());
+  std::string of;
+  if (s.n < runs && runs > 1) of = std::to_string(s.n) + "/" + std::to_string(runs) + " reached";
+  if (diverged > 0) of += (of.empty() ? "" : ", ") + diverged_of(diverged, t.size());
+  if (!of.empty()) of = " (" + of + ")";
+  if (s.n == 0) return "not reached" + of;
+  return pm(s, "%.2f") + of;
 }
 
 inline std::string machine_line() {
