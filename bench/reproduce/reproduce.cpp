@@ -643,7 +643,9 @@ std::string quantizer_report(const pass& p, int ranks, std::ostream& csv) {
     targets += "- (" + std::string(1, static_cast<char>('f' + i / 2)) + ") " + name +
                " through the compressed allreduce ends within 0.5 points of the same compressor through the "
                "Allgather (no more than 0.5 points below): " +
-               met(ok) + " (" + pm_finished(d, k_pair, seeds, "%+.2f", 100) + " points; " +
+               met(ok) + " (" +
+               (d.n > 0 ? pm_finished(d, k_pair, seeds, "%+.2f", 100) + " points" : std::string("no difference")) +
+               "; " +
                (rx_ag.n > 0 && rx_car.n > 0 ? fmt("%.2fx", rx_ag.mean / rx_car.mean) + " fewer wire bytes received"
                                             : std::string("no wire bytes to compare"));
     const auto of_seeds = [&](int k) { return std::to_string(k) + "/" + std::to_string(p.seeds) + " seeds"; };
