@@ -81,11 +81,11 @@ class local_steps {
   template <class M>
   local_steps(M& comm, const layout& lay, std::span<const float> params, const options& opt = {})
       : options_(checked(opt, lay, params)),
-        trainer_(comm, lay, exchange_options(opt)),
         outer_(lay.numel(), opt.outer),
         global_(params.begin(), params.end()),
         idle_residual_(lay.numel(), 0.0f),
-        delta_(lay.numel(), 0.0f) {
+        delta_(lay.numel(), 0.0f),
+        trainer_(comm, lay, exchange_options(opt)) {
     if (opt.overlap) {
       require(trainer_.communicator().accepts_calls_from_other_threads(),
               "local_steps: overlap needs a communicator that may be called from the trainer's communication thread "
@@ -139,7 +139,9 @@ class local_steps {
   }
 
   //! Completes an exchange in flight (overlap) and keeps its average until the round's
-  //! end applies it. Collective: every rank calls it at the same inner step. save() calls it.
+  //! end applies it. Collective: every rank calls it at the same inner step. save() calls it;
+  //! call it after the last inner step too: destroying local_steps with an exchange in
+  //! flight abandons the exchange (as destroying a trainer mid-step does).
   void complete_exchange() {
     if (!in_flight_) return;
     in_flight_ = false;
@@ -346,7 +348,6 @@ class local_steps {
   }
 
   options options_;
-  trainer_type trainer_;
   outer_optimizer outer_;
   std::vector<float> global_;         // x0, the same on every rank
   std::vector<float> start_;          // overlap: where this rank's round started
@@ -361,6 +362,10 @@ class local_steps {
   bool in_flight_ = false;
   bool pending_ready_ = false;
   std::chrono::steady_clock::time_point round_began_{};
+  // Last, so destroyed first: destroying local_steps with an exchange in flight abandons it
+  // (the trainer's destructor tells the communicator and joins its thread) before the
+  // buffers that exchange reads are freed. complete_exchange() first keeps it.
+  trainer_type trainer_;
 };
 
 }  // namespace gravac
