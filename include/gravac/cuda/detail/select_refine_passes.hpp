@@ -26,7 +26,9 @@ static __global__ void __launch_bounds__(select_threads)
     const std::uint32_t key = in ? device_magnitude_key(e[i]) : 0u;
     warp_append(in && (key >> 20) == bin, key, cand, cap, &st->cand_count);
   }
-  if (last_block(&st->blocks_done)) st->cand_valid = 1;
+  // One thread writes the flag: every thread of the last block writing it is a race (of
+  // equal values, but a race all the same under CUDA's memory model).
+  if (last_block(&st->blocks_done) && threadIdx.x == 0) st->cand_valid = 1;
 }
 
 //! Passes 3 and 4: histogram of the digit at \p shift (10 bits) of the keys whose bits

@@ -85,6 +85,39 @@ __global__ void count_into(unsigned* counter, int reps, bool atomic) {
   }
 }
 
+// Counts 256 inputs into 16 shared bins, each thread adding 1 to its input's bin: by
+// atomicAdd, or by a plain += (a lost update when two threads of the block add to one bin
+// at once; here the fibers run to the barrier without interruption, so the counts come out
+// right and only the race detector sees it).
+__global__ void shared_bins_add(const int* in, unsigned* out, bool atomic) {
+  __shared__ unsigned bins[16];
+  if (threadIdx.x < 16) bins[threadIdx.x] = 0;
+  __syncthreads();
+  unsigned& bin = bins[in[blockIdx.x * blockDim.x + threadIdx.x] % 16];
+  if (atomic)
+    atomicAdd(&bin, 1u);
+  else
+    bin += 1u;
+  __syncthreads();
+  if (threadIdx.x < 16) out[blockIdx.x * 16 + threadIdx.x] = bins[threadIdx.x];
+}
+
+// Every block counts its 64 inputs into shared bins, then merges them into the grid's 16
+// global bins: by atomicAdd, or by a plain += (a lost update between blocks).
+__global__ void merge_block_bins(const int* in, unsigned* out, bool atomic) {
+  __shared__ unsigned bins[16];
+  if (threadIdx.x < 16) bins[threadIdx.x] = 0;
+  __syncthreads();
+  atomicAdd(&bins[in[blockIdx.x * blockDim.x + threadIdx.x] % 16], 1u);
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    if (atomic)
+      atomicAdd(&out[threadIdx.x], bins[threadIdx.x]);
+    else
+      out[threadIdx.x] += bins[threadIdx.x];
+  }
+}
+
 int* device_ints(int n) {
   void* p = nullptr;
   HZ_CHECK(cudaMalloc(&p, sizeof(int) * static_cast<std::size_t>(n)));
@@ -196,6 +229,38 @@ int missing_syncthreads(bool fixed) {
   HZ_CHECK(cudaMemcpy(h.data(), d, sizeof(int) * 256, cudaMemcpyDeviceToHost));
   for (int v : h)
     if (v != 42) return wrong;
+  return ok;
+}
+
+// One block of 256 threads, 16 to a bin: planted, the bins are counted into by +=.
+int lost_update_shared(bool fixed) {
+  std::vector<int> in(256);
+  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = i;
+  int* d_in = device_ints(256);
+  auto* d_out = reinterpret_cast<unsigned*>(device_ints(16));
+  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * 256, cudaMemcpyHostToDevice));
+  launch(shared_bins_add, 1, 256, nullptr, d_in, d_out, fixed);
+  std::vector<unsigned> h(16);
+  HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
+  for (unsigned v : h)
+    if (v != 16) return wrong;
+  return ok;
+}
+
+// 8 blocks of 64 merge their bins into global ones, under concurrent blocks: planted, by +=.
+int lost_update_global(bool fixed) {
+  const cuda_double::concurrent_blocks strict(4);
+  std::vector<int> in(512);
+  for (int i = 0; i < 512; ++i) in[static_cast<std::size_t>(i)] = i;
+  int* d_in = device_ints(512);
+  auto* d_out = reinterpret_cast<unsigned*>(device_ints(16));
+  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * 512, cudaMemcpyHostToDevice));
+  HZ_CHECK(cudaMemset(d_out, 0, sizeof(unsigned) * 16));
+  launch(merge_block_bins, 8, 64, nullptr, d_in, d_out, fixed);
+  std::vector<unsigned> h(16);
+  HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
+  for (unsigned v : h)
+    if (v != 32) return wrong;
   return ok;
 }
 
@@ -412,6 +477,9 @@ const std::map<std::string, hazard>& hazards() {
        {alloc_on_other_stream, "cudaMallocAsync on stream A, used on stream B without an event"}},
       {"free_then_use", {free_then_use, "cudaFreeAsync on stream A while stream B still uses the memory"}},
       {"missing_group_end", {missing_group_end, "ncclGroupStart without ncclGroupEnd"}},
+      {"lost_update_shared", {lost_update_shared, "a shared histogram's bins added to by += (no atomicAdd)"}},
+      {"lost_update_global",
+       {lost_update_global, "per-block histograms merged into global bins by += (no atomicAdd)"}},
       {"per_thread_stream_to_nonblocking_comm",
        {per_thread_stream_to_nonblocking_comm, "cudaStreamPerThread named to a non-blocking NCCL communicator"}},
       {"pageable_copy_blocks_timeout",
@@ -448,25 +516,42 @@ outcome run_child(const hazard& h, bool fixed) {
 
 }  // namespace
 
+// A report of the race detector (ThreadSanitizer; the tsan build of scripts/sanitize).
+bool race_reported(const std::string& err) { return err.find("ThreadSanitizer: data race") != std::string::npos; }
+
 int main(int argc, char** argv) {
-  if (argc != 2 || !hazards().count(argv[1])) {
-    std::printf("usage: cuda_double_hazards <hazard>; hazards:\n");
+  // --race-detector: the planted defect must be reported by the race detector itself (not
+  // only seen as a wrong result), and the right sequence must give it nothing to report.
+  const bool detector = argc == 3 && std::strcmp(argv[2], "--race-detector") == 0;
+  if ((argc != 2 && !detector) || !hazards().count(argv[1])) {
+    std::printf("usage: cuda_double_hazards <hazard> [--race-detector]; hazards:\n");
     for (const auto& [name, h] : hazards()) std::printf("  %-40s %s\n", name.c_str(), h.what);
     return argc == 1 ? 0 : 2;
   }
   const hazard& h = hazards().at(argv[1]);
   const outcome right = run_child(h, true);
   std::printf("done right: exit %d%s%s\n", right.code, right.err.empty() ? "" : ", stderr:\n", right.err.c_str());
-  if (right.code != ok || right.err.find("gravac CUDA double") != std::string::npos) {
+  if (right.code != ok || right.err.find("gravac CUDA double") != std::string::npos ||
+      right.err.find("ThreadSanitizer") != std::string::npos) {
     std::printf("FAILED: the correct sequence did not pass cleanly\n");
     return 1;
   }
   const outcome planted = run_child(h, false);
   const bool reported = planted.err.find("gravac CUDA double") != std::string::npos;
+  const bool race = race_reported(planted.err);
   std::printf("planted defect: exit %d%s%s\n", planted.code, planted.err.empty() ? "" : ", stderr:\n",
               planted.err.c_str());
-  if (planted.code == wrong || reported) {
-    std::printf("caught: %s (%s)\n", h.what, reported ? "reported by the double" : "wrong result");
+  if (detector) {
+    if (race) {
+      std::printf("caught: %s (reported by the race detector)\n", h.what);
+      return 0;
+    }
+    std::printf("NOT CAUGHT by the race detector: %s\n", h.what);
+    return 1;
+  }
+  if (planted.code == wrong || reported || race) {
+    std::printf("caught: %s (%s)\n", h.what,
+                race ? "reported by the race detector" : reported ? "reported by the double" : "wrong result");
     return 0;
   }
   std::printf("NOT CAUGHT: %s\n", h.what);

@@ -342,7 +342,9 @@ static __global__ void __launch_bounds__(256) atomics(atomic_cells* c) {
   atomicAnd(&c->i_and, ~(1 << (gid % 7)));
   atomicXor(&c->i_xor, 1 << (gid % 3));
   atomicExch(&c->i_exch, 1);
-  for (int old = c->i_cas;;) {  // a CAS loop: +1
+  // CAS loops start from a guess: a plain read of a word other threads update atomically
+  // would be a race (the race detector reports it).
+  for (int old = 0;;) {  // a CAS loop: +1
     const int seen = atomicCAS(&c->i_cas, old, old + 1);
     if (seen == old) break;
     old = seen;
@@ -355,7 +357,7 @@ static __global__ void __launch_bounds__(256) atomics(atomic_cells* c) {
   atomicAnd(&c->u_and, ~(1u << (gid % 5)));
   atomicXor(&c->u_xor, gid);
   atomicExch(&c->u_exch, 42u);
-  for (unsigned old = c->u_cas;;) {
+  for (unsigned old = 0;;) {
     const unsigned seen = atomicCAS(&c->u_cas, old, old + 3);
     if (seen == old) break;
     old = seen;

@@ -27,6 +27,22 @@
 // system call once the pool has grown); a switch is a Boost.Context jump (no system call);
 // per round one Fisher-Yates shuffle of the runnable threads. Under AddressSanitizer or
 // ThreadSanitizer the switches are announced to the sanitizer.
+//
+// The race detector (a ThreadSanitizer build; CMakeLists.txt compiles this file without
+// instrumentation and defines CUDA_DOUBLE_TSAN). Each device thread is a ThreadSanitizer
+// fiber, and switching between fibers does not synchronize them: the only happens-before
+// edges between the threads of a block are the ones CUDA gives. A thread starts after the
+// launch (its fiber is created by the OS thread that runs the block); a block barrier and
+// a warp operation order what their threads did before them before what they do after
+// (a release and an acquire on the barrier's or the warp's token); atomics are
+// std::atomic_ref's; the block's end orders its threads before what runs after it on that
+// OS thread. Two accesses to one address by threads of a block in the same barrier epoch,
+// one a plain write, are then a data race ThreadSanitizer reports, whatever order the
+// fibers ran in: a lost update in shared memory, a missing barrier. Blocks run one after
+// another on one OS thread are ordered; under concurrent blocks the pool's threads take
+// fixed shares of the grid (thread i the blocks i, i+n, ... of the seeded order, not the
+// next free one, whose atomic counter would be invisible to the detector anyway), so a
+// race between two blocks of different shares is reported in every run.
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -180,6 +196,7 @@ struct lane {
   bool started = false;         // the fiber has run
   void* asan_fake = nullptr;    // AddressSanitizer's fake stack of the parked fiber
   void* tsan_fiber = nullptr;   // ThreadSanitizer's fiber
+  char* tsan_token = nullptr;   // the race detector's object of the operation it waits at
 };
 
 struct grid_share;
@@ -208,6 +225,16 @@ struct engine {
   std::size_t sched_size = 0;
   void* sched_fake = nullptr;
   void* tsan_sched = nullptr;
+  // The race detector's synchronization objects (their addresses only): the block barrier
+  // and each warp's operations, two each, taken by the parity of their completions so far
+  // (the threads released by one completion acquire before any can arrive at the one after
+  // next; one object would hand them what the first to resume did after the barrier), and
+  // the end of the block's threads.
+  std::array<char, 2> tsan_block_tokens{};
+  std::array<std::array<char, 2>, 32> tsan_warp_tokens{};
+  std::uint64_t block_epoch = 0;                 // block barriers completed
+  std::array<std::uint64_t, 32> warp_epochs{};  // warp operations completed, per warp
+  char tsan_end_token = 0;
 };
 
 thread_local stack_pool t_pool;
@@ -711,6 +738,7 @@ void complete_warp_op(engine& e, unsigned w, unsigned m) {
         l.state = lane_state::runnable;
         e.runnable.push_back(l.index);
       }
+      ++e.warp_epochs[w];
       return;
     }
   }
@@ -720,6 +748,7 @@ void complete_warp_op(engine& e, unsigned w, unsigned m) {
     l.state = lane_state::runnable;
     e.runnable.push_back(l.index);
   }
+  if (k != sync_kind::activemask) ++e.warp_epochs[w];
 }
 
 // Step 1: completes every warp operation whose lanes have all arrived; fails at once on a
@@ -806,6 +835,7 @@ bool resolve_block(engine& e) {
     e.runnable.push_back(l.index);
   }
   e.at_block = 0;
+  ++e.block_epoch;
   return true;
 }
 
@@ -841,6 +871,18 @@ void run_body(engine& e) {
   }
 }
 
+// The race detector's happens-before edges (nothing without it).
+inline void tsan_release([[maybe_unused]] void* token) {
+#if defined(CUDA_DOUBLE_TSAN)
+  __tsan_release(token);
+#endif
+}
+inline void tsan_acquire([[maybe_unused]] void* token) {
+#if defined(CUDA_DOUBLE_TSAN)
+  __tsan_acquire(token);
+#endif
+}
+
 // The sanitizers' view of the switches (nothing without a sanitizer).
 // The scheduler is about to switch to lane l.
 inline void leaving_scheduler([[maybe_unused]] engine& e, [[maybe_unused]] lane& l) {
@@ -848,7 +890,7 @@ inline void leaving_scheduler([[maybe_unused]] engine& e, [[maybe_unused]] lane&
   __sanitizer_start_switch_fiber(&e.sched_fake, static_cast<char*>(l.stack.sp) - l.stack.size, l.stack.size);
 #endif
 #if defined(CUDA_DOUBLE_TSAN)
-  __tsan_switch_to_fiber(l.tsan_fiber, 0);
+  __tsan_switch_to_fiber(l.tsan_fiber, __tsan_switch_to_fiber_no_sync);
 #endif
 }
 // The scheduler runs again.
@@ -863,7 +905,7 @@ inline void leaving_lane([[maybe_unused]] engine& e, [[maybe_unused]] lane& l, [
   __sanitizer_start_switch_fiber(ending ? nullptr : &l.asan_fake, e.sched_bottom, e.sched_size);
 #endif
 #if defined(CUDA_DOUBLE_TSAN)
-  __tsan_switch_to_fiber(e.tsan_sched, 0);
+  __tsan_switch_to_fiber(e.tsan_sched, __tsan_switch_to_fiber_no_sync);
 #endif
 }
 // Lane l runs again (for the first time when \p first: it learns the scheduler's stack).
@@ -888,6 +930,7 @@ bctx::fiber make_fiber(engine& e, lane& l) {
     l.started = true;
     e.sched = std::move(sched);
     run_body(e);
+    tsan_release(&e.tsan_end_token);
     l.state = lane_state::done;
     ++e.done;
     leaving_lane(e, l, true);
@@ -912,6 +955,7 @@ void park(engine& e) {
     // frames still to unwind). ThreadSanitizer stays on this lane's fiber until the
     // scheduler is back (discard_lane).
     back_in_lane(e, l, false);
+    tsan_release(&e.tsan_end_token);
 #if defined(CUDA_DOUBLE_ASAN)
     __sanitizer_start_switch_fiber(&l.asan_fake, e.sched_bottom, e.sched_size);
 #endif
@@ -1000,6 +1044,7 @@ void run_block(engine& e) {
     report_deadlock(e);
   }
   for (lane& l : e.lanes) discard_lane(e, l);
+  tsan_acquire(&e.tsan_end_token);  // what runs after the block sees what its threads did
 }
 
 // A bijection of [0, 2^bits) keyed by k (odd multipliers and xorshifts), for the order of
@@ -1095,6 +1140,10 @@ struct grid_share {
   void* self;
   const grid_blocks& blocks;
   std::atomic<std::uint64_t> next{0};  // the next block to take, in the seeded order
+  std::vector<std::uint64_t> taken;    // race detector: blocks each share has taken
+  std::uint64_t next_of_share(unsigned share, unsigned shares) {
+    return share + std::uint64_t{shares} * taken[share]++;
+  }
   std::atomic<bool> trapped{false};    // a block called __trap(): no further block starts
   std::atomic<unsigned> in_flight{0};  // blocks running now
   std::mutex m;
@@ -1115,15 +1164,20 @@ std::uint64_t block_seed(std::uint64_t seed, std::uint64_t b) {
   return z ^ (z >> 31);
 }
 
-// A pool thread's share of grid g: blocks taken one at a time until none is left.
-void run_blocks_of(grid_share& g) {
+// A pool thread's share of grid g: blocks taken one at a time until none is left; under
+// the race detector, the blocks share, share + shares, ... of the seeded order.
+void run_blocks_of(grid_share& g, [[maybe_unused]] unsigned share, [[maybe_unused]] unsigned shares) {
   engine& e = t_eng;
   const kernel_context saved = t_ctx;
   begin_grid(e, g.desc, g.body, g.self);
   e.share = &g;
   for (;;) {
     if (g.trapped.load()) break;
+#if defined(CUDA_DOUBLE_TSAN)
+    const std::uint64_t n = g.next_of_share(share, shares);
+#else
     const std::uint64_t n = g.next.fetch_add(1);
+#endif
     if (n >= g.blocks.count) break;
     const std::uint64_t b = g.blocks.at(n);
     e.random.state = block_seed(g.desc.seed, b);
@@ -1162,6 +1216,7 @@ class block_pool {
       threads_.emplace_back([this, i] { work(i); });
       threads_.back().detach();
     }
+    g.taken.assign(n, 0);
     job_ = &g;
     wanted_ = n;
     arrived_ = finished_ = 0;
@@ -1184,7 +1239,7 @@ class block_pool {
       start_.wait(lk, [&] { return arrived_ == wanted_; });
       grid_share* g = job_;
       lk.unlock();
-      run_blocks_of(*g);
+      run_blocks_of(*g, static_cast<unsigned>(i), wanted_);
       lk.lock();
       if (++finished_ == wanted_) done_.notify_all();
     }
@@ -1268,7 +1323,10 @@ int block_sync(sync_kind k, int pred) {
   }
   l.state = lane_state::at_block;
   ++e.at_block;
+  l.tsan_token = &e.tsan_block_tokens[e.block_epoch % 2];
+  tsan_release(l.tsan_token);
   park(e);
+  tsan_acquire(l.tsan_token);
   return static_cast<int>(l.result);
 }
 
@@ -1294,11 +1352,19 @@ std::uint64_t warp_sync(sync_kind k, unsigned mask, std::uint64_t value, std::in
     return l.result;
   }
   l.state = lane_state::at_warp;
-  if (k == sync_kind::activemask)
+  if (k == sync_kind::activemask) {
     ++e.active_waiting[w];
-  else
-    ++e.warp_waiting[w];
+    park(e);
+    return l.result;
+  }
+  ++e.warp_waiting[w];
+  // The lanes of one warp operation are ordered. The warp's objects serve all its operations:
+  // divergent groups of a warp share them, an edge too many, which can hide a race, never
+  // invent one.
+  l.tsan_token = &e.tsan_warp_tokens[w][e.warp_epochs[w] % 2];
+  tsan_release(l.tsan_token);
   park(e);
+  tsan_acquire(l.tsan_token);
   return l.result;
 }
 

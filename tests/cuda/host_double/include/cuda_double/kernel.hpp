@@ -63,11 +63,13 @@
 #define __launch_bounds__(...)
 #define CUDA_DOUBLE_CAT2(a, b) a##b
 #define CUDA_DOUBLE_CAT(a, b) CUDA_DOUBLE_CAT2(a, b)
-// The marker is `used` so that the compiler emits it, and its symbol, even unreferenced.
+// The marker is `used` so that the compiler emits it, and its symbol, even unreferenced;
+// the variable too, so that the optimizer keeps its declared size (clang's shrinks a
+// static written with one constant to a flag, which the poison would turn into the constant).
 #define __shared__                                                                       \
   [[maybe_unused]] static thread_local                                                   \
       __attribute__((used)) char CUDA_DOUBLE_CAT(cuda_double_shared_mark_, __COUNTER__); \
-  static thread_local
+  static thread_local __attribute__((used))
 #define __constant__
 // __noinline__ is deliberately not defined: libstdc++ (bits/shared_ptr_base.h, ...),
 // glibc (sys/cdefs.h: __attribute_noinline__) and Boost spell the GCC attribute
