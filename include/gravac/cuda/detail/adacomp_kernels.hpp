@@ -292,7 +292,7 @@ static __global__ void walk_adacomp_packet(const std::byte* __restrict__ packet,
 //! sign region's padding bits and bytes; slot y of the grid takes segments y, y + gridDim.y, ...
 static __global__ void check_adacomp_segments(const std::byte* __restrict__ packet, layout_desc lay,
                                               const segment_entry* __restrict__ table, walk_result* __restrict__ out) {
-  if (out->verdict != v_ok) return;
+  if (!block_sees_verdict_ok(&out->verdict)) return;
   const std::uint32_t segs = out->segments;
   const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   const std::uint64_t first = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;

@@ -136,6 +136,16 @@ struct walk_result {
   std::uint32_t segments;  //!< segments found (valid when verdict is 0)
 };
 
+//! True in every thread of the block when the verdict is still v_ok. A payload check reads
+//! the walk's verdict while its other threads may already be failing it by atomicCAS: thread
+//! 0 reads it atomically and shares it (a plain read by every thread would race with them).
+__device__ __forceinline__ bool block_sees_verdict_ok(std::uint32_t* verdict) {
+  __shared__ std::uint32_t seen;
+  if (threadIdx.x == 0) seen = atomicOr(verdict, 0u);
+  __syncthreads();
+  return seen == v_ok;
+}
+
 //! What the walk needs to know about the layout (device memory arrays).
 struct layout_desc {
   const std::uint64_t* numel = nullptr;   //!< numel per layer
@@ -251,7 +261,7 @@ __device__ __forceinline__ std::uint64_t load_index(const std::byte* payload, st
 //! the grid takes segments y, y + gridDim.y, ...
 static __global__ void check_sparse_indices(const std::byte* __restrict__ packet, layout_desc lay,
                                             const segment_entry* __restrict__ table, walk_result* __restrict__ out) {
-  if (out->verdict != v_ok) return;
+  if (!block_sees_verdict_ok(&out->verdict)) return;
   const std::uint32_t segs = out->segments;
   for (std::uint32_t s = blockIdx.y; s < segs; s += gridDim.y) {
     const segment_entry en = table[s];

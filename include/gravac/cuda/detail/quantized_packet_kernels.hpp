@@ -227,7 +227,7 @@ __device__ __forceinline__ std::uint64_t code_offset(const quant_segment& en) {
 static __global__ void check_quantized_payloads(const std::byte* __restrict__ packet,
                                                 const quant_segment* __restrict__ table,
                                                 walk_result* __restrict__ out) {
-  if (out->verdict != v_ok) return;
+  if (!block_sees_verdict_ok(&out->verdict)) return;
   const std::uint32_t segs = out->segments;
   const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   const std::uint64_t first = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
