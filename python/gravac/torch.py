@@ -24,9 +24,11 @@ Names and options are the library's (``gravac.compressors()``, ``gravac.collecti
 each option). A bad name or option raises ValueError before anything is sent.
 """
 
+import atexit
 import ctypes
 import warnings
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -368,6 +370,23 @@ def _report_dict(r, kept):
     }
 
 
+# Every engine alive, closed at exit before the interpreter finalizes: a communication thread
+# still in a collective (a callback into Python) when finalization begins would be ended by
+# Python mid-call, through C++ frames that cannot unwind (the process aborted with "terminate
+# called without an active exception"). atexit runs while such threads can still take the
+# GIL; closing an engine waits for its thread inside the C call, which releases the GIL.
+_live_engines = weakref.WeakSet()
+
+
+@atexit.register
+def _close_engines_at_exit():
+    for engine in list(_live_engines):
+        try:
+            engine.close()
+        except Exception:  # a peer gone at exit: nothing left to report to
+            pass
+
+
 class _Engine:
     """One gravac_trainer over a _TorchComm, for the parameters of a model."""
 
@@ -426,6 +445,7 @@ class _Engine:
         self.views = [self.flat[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
         self._kept = (ctypes.c_double * len(tensors))()
         self.report = _report_dict(_capi.StepReport(ctypes.sizeof(_capi.StepReport)), [0.0] * len(tensors))
+        _live_engines.add(self)
 
     def _create(self, method, layers, count, comm):
         """gravac_trainer_create over \p comm (collective); _NoDevicePath where the library
@@ -451,16 +471,21 @@ class _Engine:
     def _where(self):
         return _capi.DEVICE_CUDA if self.on_device else _capi.DEVICE_HOST
 
+    def close(self):
+        """Destroys the trainer, then its communicator (gravac_trainer_destroy ends a step in
+        progress and joins the communication thread). Idempotent."""
+        handle = getattr(self, "handle", None)
+        if handle:
+            self.handle = None
+            _capi.lib().gravac_trainer_destroy(handle)
+        comm = getattr(self, "comm", None)
+        if comm is not None:
+            self.comm = None
+            comm.close()
+
     def __del__(self):
-        # The trainer before its communicator (gravac_trainer_destroy ends a step in progress).
         try:
-            handle = getattr(self, "handle", None)
-            if handle:
-                self.handle = None
-                _capi.lib().gravac_trainer_destroy(handle)
-            comm = getattr(self, "comm", None)
-            if comm is not None:
-                comm.close()
+            self.close()
         except Exception:  # interpreter shutdown: nothing to report to
             pass
 

@@ -228,12 +228,32 @@ def check_metadata(rank):
         raise AssertionError("name lists")
 
 
+def check_close_at_exit(rank):
+    """The engines alive at exit are closed by gravac.torch's atexit handler while the
+    interpreter is whole (their communication threads joined before finalization): the
+    handler closes a live hook's trainer and communicator, and closing twice is harmless."""
+    torch.manual_seed(0)
+    ddp = ddp_of(make_model(0))
+    state, hook = gt.ddp_hook(ddp, overlap=True)
+    ddp.register_comm_hook(state, hook)
+    run_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), 0, 2, rank)
+    engine = state._engine
+    if engine not in gt._live_engines or engine.handle is None or engine.comm is None:
+        raise AssertionError("a live hook's engine is not registered for closing at exit")
+    gt._close_engines_at_exit()
+    if engine.handle is not None or engine.comm is not None:
+        raise AssertionError("the exit handler left the trainer or its communicator open")
+    gt._close_engines_at_exit()
+    engine.close()
+
+
 CHECKS = {
     "hook_equals_trainer": check_hook_equals_trainer,
     "sync_hook_equals_trainer": check_sync_hook_equals_trainer,
     "resume": check_resume,
     "bad_input": check_bad_input,
     "metadata": check_metadata,
+    "close_at_exit": check_close_at_exit,
 }
 
 
