@@ -92,7 +92,9 @@ __device__ __forceinline__ bool last_block(std::uint32_t* blocks_done) {
     __threadfence();
     const std::uint32_t ticket = atomicAdd(blocks_done, 1u);
     is_last = ticket == gridDim.x - 1;
-    if (is_last) *blocks_done = 0;
+    // Reset atomically: the other blocks' tickets are atomics that nothing orders before a
+    // plain store here (a race under CUDA's memory model, reported by the race detector).
+    if (is_last) atomicExch(blocks_done, 0u);
   }
   __syncthreads();
   if (is_last) __threadfence();

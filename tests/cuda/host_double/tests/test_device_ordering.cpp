@@ -191,6 +191,27 @@ TEST_CASE("layer_events::record_default does not wait for another thread's per-t
   }
 }
 
+TEST_CASE("a device_buffer grown while work on its non-blocking stream still uses it frees the old memory after that work") {
+  // The staging of a compressed allreduce with overlap grows this way: a kernel queued on the
+  // buffer's own stream still reads the old memory when the buffer reallocates. The free
+  // must be ordered on that stream; on another one (the legacy stream, say) it runs as soon
+  // as that stream is waited for, and the queued kernel then reads freed memory, which the
+  // double reports.
+  gravac::cuda_stream own;  // non-blocking
+  gravac::device_buffer<float> buf(1024, own.ref());
+  gravac::device_buffer<float> out(1024, own.ref());
+  const std::vector<float> values(1024, 2.5f);
+  GRAVAC_TRY_CUDA(cudaMemcpy(buf.data(), values.data(), sizeof(float) * 1024, cudaMemcpyHostToDevice));
+  gravac::detail::launch(&copy_kernel, 4, 256, own.ref().get(), static_cast<const float*>(buf.data()), out.data(),
+                         1024ull);  // queued on the buffer's stream, not yet run
+  buf.resize(1u << 16);  // reallocates: the old memory is freed behind the queued copy
+  // Other streams are waited for before the buffer's own: a free queued elsewhere runs here.
+  GRAVAC_TRY_CUDA(cudaStreamSynchronize(nullptr));
+  GRAVAC_TRY_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  GRAVAC_TRY_CUDA(cudaStreamSynchronize(own.ref().get()));
+  REQUIRE(to_host(out.data(), out.size()) == values);
+}
+
 TEST_CASE("compress_on_device waits for its stream when queuing throws") {
   gravac::layout lay;
   lay.add("w", {16}, gravac::layer_kind::dense);

@@ -36,6 +36,17 @@
 
 #include <math.h>  // NOLINT: ::isfinite, ::fabsf, ... unqualified in device code, as CUDA has them
 
+#if defined(__SANITIZE_THREAD__)
+#define CUDA_DOUBLE_RACE_DETECTOR 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUDA_DOUBLE_RACE_DETECTOR 1
+#endif
+#endif
+#if defined(CUDA_DOUBLE_RACE_DETECTOR)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -266,6 +277,25 @@ inline T from_bits(std::uint64_t b) noexcept {
 __extension__ typedef unsigned __int128 u128;  // (__extension__: quiet under -Wpedantic)
 __extension__ typedef __int128 i128;
 
+// The race detector (a ThreadSanitizer build; README.md, "The race detector"). CUDA's
+// atomics are relaxed: they order nothing but themselves, so there they are relaxed too
+// (sequentially consistent ones would order unrelated memory between blocks, hiding a race,
+// as a plain ticket counter's behind the histogram atomics before it). A __threadfence
+// orders what its thread wrote before it before what any thread reads after a later fence
+// (a release and an acquire on one object: more edges than CUDA's fence gives, never fewer;
+// ThreadSanitizer does not model std::atomic_thread_fence).
+#if defined(CUDA_DOUBLE_RACE_DETECTOR)
+inline constexpr std::memory_order atomic_order = std::memory_order_relaxed;
+inline char fence_token = 0;
+inline void fence_edge() noexcept {
+  __tsan_release(&fence_token);
+  __tsan_acquire(&fence_token);
+}
+#else
+inline constexpr std::memory_order atomic_order = std::memory_order_seq_cst;
+inline void fence_edge() noexcept {}
+#endif
+
 template <class T>
 inline std::atomic_ref<T> atomic_at(T* p, const char* what) {
   if (reinterpret_cast<std::uintptr_t>(p) % std::atomic_ref<T>::required_alignment != 0)
@@ -390,9 +420,15 @@ inline int __reduce_max_sync(unsigned mask, int v) {
 
 // ---------------------------------------------------------------------------------------
 // Memory fences (sequentially consistent) and __trap.
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ::cuda_double::detail::fence_edge();
+}
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ::cuda_double::detail::fence_edge();
+}
 [[noreturn]] inline void __trap() { ::cuda_double::detail::trap(); }
 
 // ---------------------------------------------------------------------------------------
@@ -404,41 +440,41 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
     auto r = ::cuda_double::detail::atomic_at(address, #name); \
     return expr;                                               \
   }
-CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, int, r.fetch_add(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, unsigned, r.fetch_add(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, unsigned long long, r.fetch_add(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, float, r.fetch_add(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, double, r.fetch_add(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicSub, int, r.fetch_sub(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicSub, unsigned, r.fetch_sub(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicExch, int, r.exchange(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicExch, unsigned, r.exchange(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicExch, unsigned long long, r.exchange(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicExch, float, r.exchange(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAnd, int, r.fetch_and(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAnd, unsigned, r.fetch_and(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicAnd, unsigned long long, r.fetch_and(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicOr, int, r.fetch_or(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicOr, unsigned, r.fetch_or(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicOr, unsigned long long, r.fetch_or(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicXor, int, r.fetch_xor(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicXor, unsigned, r.fetch_xor(val))
-CUDA_DOUBLE_ATOMIC_RMW(atomicXor, unsigned long long, r.fetch_xor(val))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, int, r.fetch_add(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, unsigned, r.fetch_add(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, unsigned long long, r.fetch_add(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, float, r.fetch_add(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, double, r.fetch_add(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicSub, int, r.fetch_sub(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicSub, unsigned, r.fetch_sub(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicExch, int, r.exchange(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicExch, unsigned, r.exchange(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicExch, unsigned long long, r.exchange(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicExch, float, r.exchange(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAnd, int, r.fetch_and(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAnd, unsigned, r.fetch_and(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicAnd, unsigned long long, r.fetch_and(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicOr, int, r.fetch_or(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicOr, unsigned, r.fetch_or(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicOr, unsigned long long, r.fetch_or(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicXor, int, r.fetch_xor(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicXor, unsigned, r.fetch_xor(val, ::cuda_double::detail::atomic_order))
+CUDA_DOUBLE_ATOMIC_RMW(atomicXor, unsigned long long, r.fetch_xor(val, ::cuda_double::detail::atomic_order))
 #undef CUDA_DOUBLE_ATOMIC_RMW
 
 namespace cuda_double::detail {
 template <class T, bool Max>
 inline T atomic_extremum(T* p, T v, const char* what) {
   auto r = atomic_at(p, what);
-  T old = r.load();
-  while ((Max ? old < v : v < old) && !r.compare_exchange_weak(old, v)) {
+  T old = r.load(atomic_order);
+  while ((Max ? old < v : v < old) && !r.compare_exchange_weak(old, v, atomic_order)) {
   }
   return old;
 }
 template <class T>
 inline T atomic_cas(T* p, T compare, T val) {
   auto r = atomic_at(p, "atomicCAS");
-  r.compare_exchange_strong(compare, val);
+  r.compare_exchange_strong(compare, val, atomic_order);
   return compare;  // the old value: compare itself on success, the current one otherwise
 }
 }  // namespace cuda_double::detail
@@ -476,16 +512,16 @@ inline unsigned short atomicCAS(unsigned short* p, unsigned short compare, unsig
 //! ((old >= val) ? 0 : old + 1), as CUDA's.
 inline unsigned atomicInc(unsigned* p, unsigned val) {
   auto r = ::cuda_double::detail::atomic_at(p, "atomicInc");
-  unsigned old = r.load();
-  while (!r.compare_exchange_weak(old, old >= val ? 0u : old + 1u)) {
+  unsigned old = r.load(::cuda_double::detail::atomic_order);
+  while (!r.compare_exchange_weak(old, old >= val ? 0u : old + 1u, ::cuda_double::detail::atomic_order)) {
   }
   return old;
 }
 //! (((old == 0) || (old > val)) ? val : old - 1), as CUDA's.
 inline unsigned atomicDec(unsigned* p, unsigned val) {
   auto r = ::cuda_double::detail::atomic_at(p, "atomicDec");
-  unsigned old = r.load();
-  while (!r.compare_exchange_weak(old, (old == 0u || old > val) ? val : old - 1u)) {
+  unsigned old = r.load(::cuda_double::detail::atomic_order);
+  while (!r.compare_exchange_weak(old, (old == 0u || old > val) ? val : old - 1u, ::cuda_double::detail::atomic_order)) {
   }
   return old;
 }
