@@ -281,6 +281,8 @@ static __global__ void check_sparse_indices(const std::byte* __restrict__ packet
 
 //! out[layer offset + index] += scale * value for every segment of a validated packet
 //! (raw segments add densely). Slot y of the grid takes segments y, y + gridDim.y, ...
+//! The product and the sum are rounded apart (__fmul_rn, __fadd_rn), as the host decoder
+//! rounds them: nvcc would otherwise fuse them into one multiply-add, 1 ulp apart.
 static __global__ void scatter_add_sparse(const std::byte* __restrict__ packet, layout_desc lay,
                                           const segment_entry* __restrict__ table, const walk_result* __restrict__ walk,
                                           float* __restrict__ out, float scale) {
@@ -294,10 +296,13 @@ static __global__ void scatter_add_sparse(const std::byte* __restrict__ packet, 
     const std::uint64_t first = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
     if (en.raw) {
       const float* v = reinterpret_cast<const float*>(p);
-      for (std::uint64_t i = first; i < en.count; i += step) o[i] += scale * v[i];
+      for (std::uint64_t i = first; i < en.count; i += step) o[i] = __fadd_rn(o[i], __fmul_rn(scale, v[i]));
     } else {
       const float* v = reinterpret_cast<const float*>(p + pad8(en.count * en.width));
-      for (std::uint64_t i = first; i < en.count; i += step) o[load_index(p, en.width, i)] += scale * v[i];
+      for (std::uint64_t i = first; i < en.count; i += step) {
+        float& d = o[load_index(p, en.width, i)];
+        d = __fadd_rn(d, __fmul_rn(scale, v[i]));
+      }
     }
   }
 }

@@ -67,8 +67,8 @@ static __global__ void __launch_bounds__(select_threads)
       if (in) {
         if (g) e[i] = u;
         if (copy) copy[i] = u;
-        gsq += static_cast<double>(gv[j]) * gv[j];
-        usq += static_cast<double>(u) * u;
+        gsq = __dadd_rn(gsq, __dmul_rn(gv[j], gv[j]));  // rounded apart, as on the host
+        usq = __dadd_rn(usq, __dmul_rn(u, u));
         key = device_magnitude_key(u);
         finite = key < non_finite_key;
         bad |= !finite;
@@ -126,7 +126,7 @@ static __global__ void __launch_bounds__(select_threads)
     const double above = reduce_t(red).Sum(part);
     if (threadIdx.x == 0 && kc > 0) {
       double s = above;
-      if (bc.count) s += hist_sq[bc.bin] * (static_cast<double>(kc - bc.above) / bc.count);
+      if (bc.count) s = __dadd_rn(s, __dmul_rn(hist_sq[bc.bin], static_cast<double>(kc - bc.above) / bc.count));
       gain_out[c] += s;
     }
     __syncthreads();
