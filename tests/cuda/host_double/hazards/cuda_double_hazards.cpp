@@ -478,8 +478,7 @@ const std::map<std::string, hazard>& hazards() {
       {"free_then_use", {free_then_use, "cudaFreeAsync on stream A while stream B still uses the memory"}},
       {"missing_group_end", {missing_group_end, "ncclGroupStart without ncclGroupEnd"}},
       {"lost_update_shared", {lost_update_shared, "a shared histogram's bins added to by += (no atomicAdd)"}},
-      {"lost_update_global",
-       {lost_update_global, "per-block histograms merged into global bins by += (no atomicAdd)"}},
+      {"lost_update_global", {lost_update_global, "per-block histograms merged into global bins by += (no atomicAdd)"}},
       {"per_thread_stream_to_nonblocking_comm",
        {per_thread_stream_to_nonblocking_comm, "cudaStreamPerThread named to a non-blocking NCCL communicator"}},
       {"pageable_copy_blocks_timeout",
@@ -551,7 +550,9 @@ int main(int argc, char** argv) {
   }
   if (planted.code == wrong || reported || race) {
     std::printf("caught: %s (%s)\n", h.what,
-                race ? "reported by the race detector" : reported ? "reported by the double" : "wrong result");
+                race       ? "reported by the race detector"
+                : reported ? "reported by the double"
+                           : "wrong result");
     return 0;
   }
   std::printf("NOT CAUGHT: %s\n", h.what);

@@ -232,7 +232,7 @@ struct engine {
   // the end of the block's threads.
   std::array<char, 2> tsan_block_tokens{};
   std::array<std::array<char, 2>, 32> tsan_warp_tokens{};
-  std::uint64_t block_epoch = 0;                 // block barriers completed
+  std::uint64_t block_epoch = 0;                // block barriers completed
   std::array<std::uint64_t, 32> warp_epochs{};  // warp operations completed, per warp
   char tsan_end_token = 0;
 };

@@ -191,7 +191,8 @@ TEST_CASE("layer_events::record_default does not wait for another thread's per-t
   }
 }
 
-TEST_CASE("a device_buffer grown while work on its non-blocking stream still uses it frees the old memory after that work") {
+TEST_CASE(
+    "a device_buffer grown while work on its non-blocking stream still uses it frees the old memory after that work") {
   // The staging of a compressed allreduce with overlap grows this way: a kernel queued on the
   // buffer's own stream still reads the old memory when the buffer reallocates. The free
   // must be ordered on that stream; on another one (the legacy stream, say) it runs as soon
@@ -204,7 +205,7 @@ TEST_CASE("a device_buffer grown while work on its non-blocking stream still use
   GRAVAC_TRY_CUDA(cudaMemcpy(buf.data(), values.data(), sizeof(float) * 1024, cudaMemcpyHostToDevice));
   gravac::detail::launch(&copy_kernel, 4, 256, own.ref().get(), static_cast<const float*>(buf.data()), out.data(),
                          1024ull);  // queued on the buffer's stream, not yet run
-  buf.resize(1u << 16);  // reallocates: the old memory is freed behind the queued copy
+  buf.resize(1u << 16);             // reallocates: the old memory is freed behind the queued copy
   // Other streams are waited for before the buffer's own: a free queued elsewhere runs here.
   GRAVAC_TRY_CUDA(cudaStreamSynchronize(nullptr));
   GRAVAC_TRY_CUDA(cudaStreamSynchronize(cudaStreamPerThread));

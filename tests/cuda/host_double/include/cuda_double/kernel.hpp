@@ -521,7 +521,8 @@ inline unsigned atomicInc(unsigned* p, unsigned val) {
 inline unsigned atomicDec(unsigned* p, unsigned val) {
   auto r = ::cuda_double::detail::atomic_at(p, "atomicDec");
   unsigned old = r.load(::cuda_double::detail::atomic_order);
-  while (!r.compare_exchange_weak(old, (old == 0u || old > val) ? val : old - 1u, ::cuda_double::detail::atomic_order)) {
+  while (
+      !r.compare_exchange_weak(old, (old == 0u || old > val) ? val : old - 1u, ::cuda_double::detail::atomic_order)) {
   }
   return old;
 }
