@@ -370,11 +370,11 @@ def _report_dict(r, kept):
     }
 
 
-# Every engine alive, closed at exit before the interpreter finalizes: a communication thread
-# still in a collective (a callback into Python) when finalization begins would be ended by
-# Python mid-call, through C++ frames that cannot unwind (the process aborted with "terminate
-# called without an active exception"). atexit runs while such threads can still take the
-# GIL; closing an engine waits for its thread inside the C call, which releases the GIL.
+# Every engine alive, closed at exit before the interpreter finalizes, so that no gravac
+# communication thread is left to call into Python once finalization has begun (Python would
+# end it mid-call, through C++ frames that cannot unwind). atexit runs while such threads
+# can still take the GIL; closing an engine waits for its thread inside the C call, which
+# releases the GIL.
 _live_engines = weakref.WeakSet()
 
 
