@@ -140,19 +140,26 @@ void launch(void (*k)(P...), dim3 g, dim3 b, cudaStream_t s, A... a) {
 
 // One block in a fresh process: a double whose shared memory starts as the thread's
 // zero-initialized storage would give the right counts to the kernel that never clears.
-int uninitialised_shared(bool fixed) {
-  std::vector<int> in(256);
-  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = i * 7;
-  int* d_in = device_ints(256);
+// Runs histogram kernel k (inputs i * stride for i < blocks * threads, 16 bins, output
+// cleared first) and checks that every bin counts \p expected.
+int histogram_case(void (*k)(const int*, unsigned*, bool), int stride, unsigned blocks, unsigned threads, bool flag,
+                   unsigned expected) {
+  const int n = static_cast<int>(blocks * threads);
+  std::vector<int> in(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = i * stride;
+  int* d_in = device_ints(n);
   auto* d_out = reinterpret_cast<unsigned*>(device_ints(16));
-  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * 256, cudaMemcpyHostToDevice));
-  launch(shared_histogram, 1, 256, nullptr, d_in, d_out, fixed);
+  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * static_cast<std::size_t>(n), cudaMemcpyHostToDevice));
+  HZ_CHECK(cudaMemset(d_out, 0, sizeof(unsigned) * 16));
+  launch(k, blocks, threads, nullptr, d_in, d_out, flag);
   std::vector<unsigned> h(16);
   HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
   for (unsigned v : h)
-    if (v != 16) return wrong;
+    if (v != expected) return wrong;
   return ok;
 }
+
+int uninitialised_shared(bool fixed) { return histogram_case(shared_histogram, 7, 1, 256, fixed, 16); }
 
 // A counter every block adds to, under the strict mode of concurrent blocks (the blocks of a
 // grid on 4 OS threads at once): planted, a plain read-modify-write, which loses updates
@@ -233,35 +240,12 @@ int missing_syncthreads(bool fixed) {
 }
 
 // One block of 256 threads, 16 to a bin: planted, the bins are counted into by +=.
-int lost_update_shared(bool fixed) {
-  std::vector<int> in(256);
-  for (int i = 0; i < 256; ++i) in[static_cast<std::size_t>(i)] = i;
-  int* d_in = device_ints(256);
-  auto* d_out = reinterpret_cast<unsigned*>(device_ints(16));
-  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * 256, cudaMemcpyHostToDevice));
-  launch(shared_bins_add, 1, 256, nullptr, d_in, d_out, fixed);
-  std::vector<unsigned> h(16);
-  HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
-  for (unsigned v : h)
-    if (v != 16) return wrong;
-  return ok;
-}
+int lost_update_shared(bool fixed) { return histogram_case(shared_bins_add, 1, 1, 256, fixed, 16); }
 
 // 8 blocks of 64 merge their bins into global ones, under concurrent blocks: planted, by +=.
 int lost_update_global(bool fixed) {
   const cuda_double::concurrent_blocks strict(4);
-  std::vector<int> in(512);
-  for (int i = 0; i < 512; ++i) in[static_cast<std::size_t>(i)] = i;
-  int* d_in = device_ints(512);
-  auto* d_out = reinterpret_cast<unsigned*>(device_ints(16));
-  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * 512, cudaMemcpyHostToDevice));
-  HZ_CHECK(cudaMemset(d_out, 0, sizeof(unsigned) * 16));
-  launch(merge_block_bins, 8, 64, nullptr, d_in, d_out, fixed);
-  std::vector<unsigned> h(16);
-  HZ_CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * 16, cudaMemcpyDeviceToHost));
-  for (unsigned v : h)
-    if (v != 32) return wrong;
-  return ok;
+  return histogram_case(merge_block_bins, 1, 8, 64, fixed, 32);
 }
 
 int block_order(bool fixed) {
