@@ -163,4 +163,71 @@ struct pair_run : compressor_pair<Host, Dev> {
   }
 };
 
+//! Equal bits (NaN payloads included): statistics must repeat exactly, not closely.
+inline bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+//! The statistics of two runs of one step equal bit for bit: counts, norms, kept energies,
+//! the gain curve and the non-finite flag.
+inline void require_same_statistics(const gravac::compress_stats& sa, const gravac::compress_stats& sb) {
+  REQUIRE(sa.non_finite == sb.non_finite);
+  REQUIRE(sa.layers.size() == sb.layers.size());
+  for (std::size_t i = 0; i < sa.layers.size(); ++i) {
+    INFO("layer " << i << std::setprecision(17) << ": grad_sq " << sa.layers[i].grad_sq << " / " << sb.layers[i].grad_sq
+                  << ", input_sq " << sa.layers[i].input_sq << " / " << sb.layers[i].input_sq << ", kept_sq "
+                  << sa.layers[i].kept_sq << " / " << sb.layers[i].kept_sq);
+    CHECK(sa.layers[i].kept == sb.layers[i].kept);
+    CHECK(same_bits(sa.layers[i].grad_sq, sb.layers[i].grad_sq));
+    CHECK(same_bits(sa.layers[i].input_sq, sb.layers[i].input_sq));
+    CHECK(same_bits(sa.layers[i].kept_sq, sb.layers[i].kept_sq));
+  }
+  REQUIRE(sa.candidate_kept_sq.size() == sb.candidate_kept_sq.size());
+  for (std::size_t c = 0; c < sa.candidate_kept_sq.size(); ++c) {
+    INFO("gain candidate " << c << std::setprecision(17) << ": " << sa.candidate_kept_sq[c] << " / "
+                           << sb.candidate_kept_sq[c]);
+    CHECK(same_bits(sa.candidate_kept_sq[c], sb.candidate_kept_sq[c]));
+  }
+}
+
+//! Two device compressors of one layout, stepped on the same data: same seed, same bits.
+//! On the host double every launch takes a fresh seed, so the twins see the blocks of
+//! each grid in different orders (at once, under concurrent blocks): a statistic summed
+//! in the order the blocks happen to finish differs in its last bits between them, as it
+//! would between two runs on a GPU. Each step requires identical packets, residuals and
+//! statistics, bit for bit.
+template <class Dev>
+struct device_twins {
+  gravac::layout lay;                       //!< the layout both compress
+  Dev a;                                    //!< the first run
+  Dev b;                                    //!< the second run
+  gravac::device_buffer<float> ea, eb;      //!< their residuals
+  gravac::device_buffer<std::byte> pa, pb;  //!< their packet buffers
+  gravac::compress_stats last;              //!< the last step's statistics (a's)
+
+  //! Both constructed from \p l and the same \p options (none: the defaults).
+  template <class... Options>
+  explicit device_twins(gravac::layout l, const Options&... options)
+      : lay(std::move(l)),
+        a(lay, options...),
+        b(lay, options...),
+        ea(lay.numel()),
+        eb(lay.numel()),
+        pa(a.max_packet_bytes()),
+        pb(b.max_packet_bytes()) {}
+
+  //! One step of each on \p g with \p p.
+  void step(const std::vector<float>& g, const gravac::step_params& p) {
+    gravac::compress_stats sa, sb;
+    auto ga = to_device(g), gb = to_device(g);
+    const auto na = a.compress(gravac::device_view(ga), gravac::device_view(ea), p, pa.span(), sa);
+    const auto nb = b.compress(gravac::device_view(gb), gravac::device_view(eb), p, pb.span(), sb);
+    REQUIRE(na == nb);
+    const auto ha = to_host(pa.data(), na), hb = to_host(pb.data(), nb);
+    REQUIRE(same_words(ha.data(), hb.data(), na, false));
+    const auto ra = to_host(ea.data(), ea.size()), rb = to_host(eb.data(), eb.size());
+    REQUIRE(same_words(ra.data(), rb.data(), ra.size() * sizeof(float), false));
+    require_same_statistics(sa, sb);
+    last = sa;
+  }
+};
+
 }  // namespace gravac::test

@@ -202,6 +202,27 @@ TEST_CASE("adacomp_cuda: dense layers go raw, gain curve") {
   r.step(gravac::test::make_data(r.lay.numel(), 44), p);
 }
 
+TEST_CASE("adacomp_cuda and whole-buffer topk_cuda: same data, same statistics bit for bit, whatever the block order",
+          "[same_bits]") {
+  auto lay = ada_layout();
+  lay.add("big", {300000}, gravac::layer_kind::dense);
+  auto p = gravac::test::params_for(lay, 0.05);
+  p.kept_fraction[1] = 1.0;  // a layer sent raw
+  const double candidates[] = {0.5, 0.1, 0.01, 0.001};
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
+  SECTION("adacomp_cuda") {
+    gravac::adacomp_cuda_options o;
+    gravac::test::device_twins<gravac::adacomp_cuda> t(lay, o);
+    for (std::uint64_t s = 0; s < 3; ++s) t.step(gravac::test::make_data(lay.numel(), 61 + s), p);
+  }
+  SECTION("topk_cuda whole_buffer") {
+    gravac::topk_cuda_options o;
+    o.whole_buffer = true;
+    gravac::test::device_twins<gravac::topk_cuda> t(lay, o);
+    for (std::uint64_t s = 0; s < 3; ++s) t.step(gravac::test::make_data(lay.numel(), 71 + s), p);
+  }
+}
+
 TEST_CASE("adacomp_cuda: device validation agrees with the host's, decoding equals decompress_add bit for bit") {
   auto lay = ada_layout();
   auto r = make_ada(lay);
@@ -528,6 +549,45 @@ void ar_topk_pair(gravac::index_rank_rule rule, bool gain) {
 }
 
 }  // namespace
+
+TEST_CASE("allreduce_compatible on the device: same data, same statistics bit for bit, whatever the block order",
+          "[same_bits]") {
+  // Two device runs of AR-Topk on one rank: the averaged gradient, the residual and the
+  // statistics (the kept energy is a sum over the gather's blocks) repeat bit for bit.
+  const auto lay = ar_layout();
+  struct run {
+    gravac::allreduce_compatible k;
+    gravac::topk_cuda c;
+    gravac::device_buffer<float> e;
+  };
+  run a{gravac::allreduce_compatible(lay, {gravac::index_rank_rule::var}), gravac::topk_cuda(lay),
+        gravac::device_buffer<float>(lay.numel())};
+  run b{gravac::allreduce_compatible(lay, {gravac::index_rank_rule::var}), gravac::topk_cuda(lay),
+        gravac::device_buffer<float>(lay.numel())};
+  a.k.prepare(a.c);
+  b.k.prepare(b.c);
+  fake_device_comm comm;
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    auto p = gravac::test::params_for(lay, 0.02, s);
+    p.kept_fraction[1] = 1.0;  // one layer sent dense
+    p.gain_candidates = {0.1, 0.01, 0.001};
+    const auto g0 = gravac::test::make_data(lay.numel(), 950 + s);
+    auto step = [&](run& r, gravac::compress_stats& st) {
+      auto gd = to_device(g0);
+      gravac::step_buffers<gravac::cuda_space> buf{gravac::device_view(gd), gravac::device_view(r.e), s == 0};
+      gravac::step_report rep;
+      r.k.aggregate(r.c, comm, buf, p, st, rep);
+      return to_host(gd.data(), lay.numel());
+    };
+    gravac::compress_stats sa, sb;
+    const auto ga = step(a, sa), gb = step(b, sb);
+    REQUIRE(same_words(ga.data(), gb.data(), ga.size() * sizeof(float), false));
+    const auto ea = to_host(a.e.data(), lay.numel()), eb = to_host(b.e.data(), lay.numel());
+    REQUIRE(same_words(ea.data(), eb.data(), ea.size() * sizeof(float), false));
+    gravac::test::require_same_statistics(sa, sb);
+  }
+}
 
 TEST_CASE("allreduce_compatible on the device equals the host's: topk_cuda, STAR and VAR, ties included") {
   ar_topk_pair<gravac::topk, gravac::topk_cuda>(gravac::index_rank_rule::star, false);

@@ -120,6 +120,27 @@ TEST_CASE("topk_cuda: mixed layout, dense layers, gain curve") {
   for (std::uint64_t s = 0; s < 3; ++s) r.step(gravac::test::make_data(r.lay.numel(), 31 + s), p);
 }
 
+TEST_CASE("topk_cuda and threshold_cuda: same data, same statistics bit for bit, whatever the block order",
+          "[same_bits]") {
+  // Several blocks per layer (the big dense layer goes raw): the norms, the kept energy and
+  // the gain curve are sums over blocks, which the twins see finish in different orders.
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {300000}, gravac::layer_kind::dense);
+  lay.add("wide", {200003}, gravac::layer_kind::dense);
+  auto p = gravac::test::params_for(lay, 0.05);
+  p.kept_fraction[1] = 1.0;  // a layer sent dense
+  const double candidates[] = {0.5, 0.1, 0.01, 0.001};
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
+  SECTION("topk_cuda") {
+    gravac::test::device_twins<gravac::topk_cuda> t(lay);
+    for (std::uint64_t s = 0; s < 3; ++s) t.step(gravac::test::make_data(lay.numel(), 41 + s), p);
+  }
+  SECTION("threshold_cuda") {
+    gravac::test::device_twins<gravac::threshold_cuda> t(lay);
+    for (std::uint64_t s = 0; s < 3; ++s) t.step(gravac::test::make_data(lay.numel(), 51 + s), p);
+  }
+}
+
 TEST_CASE("topk_cuda: infinities and NaNs are never selected and are reported") {
   const std::size_t n = 5000;
   auto g = gravac::test::make_data(n, 41);

@@ -150,6 +150,7 @@ template <class Host, class Dev>
 struct typed_pair : pair_run<Host, Dev> {
   using host_opt_t = typename Host::options;
   using dev_opt_t = typename Dev::options;
+  using dev_type = Dev;
   using pair_run<Host, Dev>::pair_run;
 };
 
@@ -372,6 +373,37 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
       typename decltype(pair)::type r(lay, ho, dopt);
       run(r);
     });
+  }
+}
+
+TEST_CASE("device quantizers: same data, same statistics bit for bit, whatever the block order", "[same_bits]") {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {300001}, gravac::layer_kind::dense);
+  auto p = gravac::test::params_for(lay, 0.1, 0, 17);
+  p.kept_fraction[1] = 1.0;  // a layer sent dense
+  const double candidates[] = {0.5, 0.1, 0.01};
+  p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
+  auto run = [&](auto& t) {
+    for (std::uint64_t s = 0; s < 3; ++s) t.step(gravac::test::make_data(lay.numel(), 81 + s), p);
+  };
+  SECTION("qsgd_cuda") {
+    gravac::test::device_twins<gravac::qsgd_cuda> t(lay, gravac::qsgd_cuda_options{.levels = 15, .bucket = 128});
+    run(t);
+  }
+  SECTION("terngrad_cuda") {
+    gravac::test::device_twins<gravac::terngrad_cuda> t(lay, gravac::terngrad_cuda_options{});
+    run(t);
+  }
+  SECTION("block-scaled formats") {
+    for (int f = 0; f < block_formats; ++f) {
+      INFO(block_format_names[f]);
+      const auto rounding = f % 2 ? gravac::block_rounding::stochastic : gravac::block_rounding::nearest_even;
+      with_block_format(f, rounding, f != 2, [&](auto pair, const auto&, const auto& dopt) {
+        using dev_t = typename decltype(pair)::type::dev_type;
+        gravac::test::device_twins<dev_t> t(lay, dopt);
+        run(t);
+      });
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/space_hooks.hpp"  // the trainer's hooks on this space
@@ -83,6 +84,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     }
     const stream_ref s = opt.stream;
     launch_ = detail::launch_config::current_device();
+    sum_slots_ = detail::block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
     sums_ = device_buffer<detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
@@ -93,7 +95,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     gmax_ = device_buffer<std::uint32_t>(most_bins, s);
     no_threshold_ = device_buffer<std::uint32_t>(1, s);  // the gain pass collects no candidates
     hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
-    hist_sq_ = device_buffer<double>(detail::max_bins, s);
+    hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
@@ -237,20 +239,21 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
         detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
                        cd::select_threads, s, gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(),
                        hist_sq_.data(), nullptr, 0, sums_.data() + (dense ? L : i), gains, gain_out_.data(), false,
-                       nullptr);
+                       nullptr, sum_slots_.view());
       }
       if (dense) {
         detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                        &sti->count, layer, l.numel, true);
         detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
-                       packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
+                       packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
         continue;
       }
       const std::uint32_t bin = bin_length(i);
       const std::size_t bins = bins_of(l.numel, bin);
       GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
       detail::launch(&cd::adacomp_bins, launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)),
-                     cd::adacomp_threads, s, gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti);
+                     cd::adacomp_threads, s, gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti,
+                     sum_slots_.view());
       detail::launch(&cd::adacomp_scale, launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, s,
                      gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
       detail::launch(&cd::begin_adacomp_segment, cd::one_block, cd::one_thread, s, cursor_.data(), slot);
@@ -332,7 +335,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   device_buffer<std::uint32_t> gmax_;
   device_buffer<std::uint32_t> no_threshold_;
   device_buffer<std::uint32_t> hist_;
-  device_buffer<double> hist_sq_;
+  device_buffer<unsigned long long> hist_sq_;  // fixed point (bin_energy.hpp)
+  detail::block_slots_buffer sum_slots_;       // per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
   device_buffer<std::byte> select_temp_;
   device_buffer<std::uint64_t> layer_info_;

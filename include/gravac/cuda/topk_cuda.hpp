@@ -30,6 +30,7 @@
 #include "gravac/cuda/detail/device_packets.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/space_hooks.hpp"  // the trainer's hooks on this space
@@ -120,13 +121,14 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     }
     const stream_ref s = opt.stream;
     launch_ = detail::launch_config::current_device();
+    sum_slots_ = detail::block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(L, s);
     // + 2: scratch for raw layers' gain pass and for the whole-buffer selection's pass
     sums_ = device_buffer<detail::layer_sums>(L + 2, s);
     hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
-    hist_sq_ = device_buffer<double>(detail::max_bins, s);
+    hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     failure_ = device_buffer<std::uint32_t>(1, s);
     no_prev_threshold_ = device_buffer<std::uint32_t>(1, s);
@@ -228,7 +230,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     detail::launch(&cd::select_fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items),
                    cd::select_threads, s, nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(),
                    hist_sq_.data(), cand_.data(), cap, sums_.data() + layout_.size() + 1, cd::gain_request{},
-                   gain_out_.data(), false, nullptr);
+                   gain_out_.data(), false, nullptr, sum_slots_.view());
     const int grid1 = launch_.grid_stride(n, cd::select_threads);
     detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap);
     for (int shift : {cd::refine_digit_bits, 0}) {
@@ -328,7 +330,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       }
       detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti,
                      prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i,
-                     gains, gain_out_.data(), Threshold, nullptr);
+                     gains, gain_out_.data(), Threshold, nullptr, sum_slots_.view());
       // Top-k: the count (k, or the finite count when smaller) is known on the device now.
       if (!Threshold || k == 0) {
         detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
@@ -354,7 +356,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                                                 cd::selected_by_threshold{el, sti},
                                                 cd::bounded_index_writer{packet, slot}, &sti->selected, s));
       detail::launch(&cd::gather_pass, launch_.grid_stride(k, cd::select_threads), cd::select_threads, s, packet, slot,
-                     el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data());
+                     el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data(), sum_slots_.view());
     }
     detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
                    static_cast<std::uint8_t>(kind), layout_.hash());
@@ -401,12 +403,12 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
                      cd::select_threads, s, gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(),
                      hist_sq_.data(), cand_.data(), 0, sums_.data() + layout_.size(), gains, gain_out_.data(), false,
-                     nullptr);
+                     nullptr, sum_slots_.view());
     }
     detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                    &sti->count, static_cast<std::uint32_t>(i), l.numel, true);
     detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
-                   packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0);
+                   packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
   }
 
   // The whole-buffer selection (see detail/whole_select_kernels.hpp): each compressed
@@ -429,7 +431,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
                      cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
                      no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
-                     gain_out_.data(), false, concat_.data() + total);
+                     gain_out_.data(), false, concat_.data() + total, sum_slots_.view());
       total += l.numel;
     }
     auto* whole = whole_state_.data();
@@ -441,7 +443,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       detail::launch(&cd::select_fused_pass, launch_.grid_stride(total, cd::select_threads * cd::fused_items),
                      cd::select_threads, s, nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(),
                      hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + layers + 1, none,
-                     gain_out_.data(), false, nullptr);
+                     gain_out_.data(), false, nullptr, sum_slots_.view());
       if (k > 0) {
         const int grid1 = launch_.grid_stride(total, cd::select_threads);
         detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, concat_.data(), total, whole, cand_.data(),
@@ -477,7 +479,8 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                      &sti->count, static_cast<std::uint32_t>(i), l.numel, false);
       detail::launch(&cd::gather_whole_pass, launch_.grid_stride(std::min(l.numel, k), cd::select_threads),
                      cd::select_threads, s, packet, slot, e.data() + l.offset, list_.data(), first_.data() + i,
-                     static_cast<std::uint32_t>(start), sti, whole, sums_.data() + i, failure_.data());
+                     static_cast<std::uint32_t>(start), sti, whole, sums_.data() + i, failure_.data(),
+                     sum_slots_.view());
       start += l.numel;
     }
   }
@@ -533,7 +536,8 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> prev_threshold_;
   device_buffer<detail::layer_sums> sums_;
   device_buffer<std::uint32_t> hist_;
-  device_buffer<double> hist_sq_;
+  device_buffer<unsigned long long> hist_sq_;  // fixed point (bin_energy.hpp)
+  detail::block_slots_buffer sum_slots_;       // per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
   device_buffer<std::uint32_t> failure_;
   device_buffer<detail::segment_slot> slots_;

@@ -32,7 +32,8 @@ inline constexpr int exponent_slots = 256;
 //! A non-finite R_i sets st->non_finite. n < 2^32 (checked at construction).
 static __global__ void __launch_bounds__(adacomp_threads)
     adacomp_bins(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n, std::uint32_t bin, bool u_in_r,
-                 std::uint32_t* __restrict__ gmax, layer_sums* __restrict__ sums, select_state* __restrict__ st) {
+                 std::uint32_t* __restrict__ gmax, layer_sums* __restrict__ sums, select_state* __restrict__ st,
+                 block_slots slots) {
   // A tile of adacomp_tile consecutive elements touches at most adacomp_tile + 1 bins.
   __shared__ std::uint32_t sh[adacomp_tile + 1];
   for (std::uint32_t b = threadIdx.x; b <= adacomp_tile; b += adacomp_threads) sh[b] = 0;
@@ -94,17 +95,11 @@ static __global__ void __launch_bounds__(adacomp_threads)
     const double bg = reduce_t(red).Sum(gsq);
     __syncthreads();
     const double br = reduce_t(red).Sum(rsq);
-    if (threadIdx.x == 0) {
-      atomicAdd(&sums->grad_sq, bg);
-      atomicAdd(&sums->input_sq, br);
-    }
+    const double mine[2] = {bg, br};
+    double* const out[2] = {&sums->grad_sq, &sums->input_sq};
+    add_in_block_order<adacomp_threads, 2>(mine, slots, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
-}
-
-//! 2^k as a double, for -149 <= k <= 104 (a normal double: built from its bits).
-__device__ __forceinline__ double exact_pow2(int k) {
-  return __longlong_as_double(static_cast<long long>(k + 1023) << 52);
 }
 
 //! Step 2: scale = float(exponent_sum(gmax[0 .. bins)) / bins), the host's

@@ -32,6 +32,7 @@
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/device_buffer.hpp"
@@ -53,11 +54,12 @@ class ar_topk_device_passes<cuda_space> {
               "allreduce_compatible: layer '" + l.name + "' has 2^32 or more elements (device indices are 32-bit)");
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     const stream_ref s = stream_;
+    sum_slots_ = block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     states_ = device_buffer<select_state>(L, s);
     sums_ = device_buffer<layer_sums>(L, s);
     no_threshold_ = device_buffer<std::uint32_t>(1, s);
     hist_ = device_buffer<std::uint32_t>(max_bins, s);
-    hist_sq_ = device_buffer<double>(max_bins, s);
+    hist_sq_ = device_buffer<unsigned long long>(max_bins, s);
     gain_out_ = device_buffer<double>(max_gain_candidates, s);
     cand_ = device_buffer<std::uint32_t>(1, s);
     first_bad_ = device_buffer<std::uint32_t>(1, s);
@@ -119,7 +121,7 @@ class ar_topk_device_passes<cuda_space> {
       detail::launch(&select_fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, s,
                      g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
                      hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
-                     nullptr);
+                     nullptr, sum_slots_.view());
     }
     copy_to_host_async(s, host_states_, states_);
     copy_to_host_async(s, host_sums_, sums_);
@@ -189,7 +191,7 @@ class ar_topk_device_passes<cuda_space> {
     std::size_t v = 0;
     for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
       detail::launch(&ar_gather, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                     e.data() + lay[i].offset, values_.data() + v, sums_.data() + i);
+                     e.data() + lay[i].offset, values_.data() + v, sums_.data() + i, sum_slots_.view());
       v += count;
     });
     copy_to_host_async(s, host_sums_, sums_);
@@ -286,7 +288,8 @@ class ar_topk_device_passes<cuda_space> {
   device_buffer<layer_sums> sums_;
   device_buffer<std::uint32_t> no_threshold_;  // 0: the fused pass reads no previous threshold
   device_buffer<std::uint32_t> hist_;
-  device_buffer<double> hist_sq_;
+  device_buffer<unsigned long long> hist_sq_;  // fixed point (bin_energy.hpp)
+  block_slots_buffer sum_slots_;               // per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
   device_buffer<std::uint32_t> cand_;  // unused by a fused pass without a threshold
   device_buffer<std::uint32_t> first_bad_;

@@ -14,6 +14,7 @@
 
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
 namespace gravac::detail {
@@ -35,7 +36,7 @@ static __global__ void __launch_bounds__(packet_threads)
 //! the sent energy into sums->kept_sq. The caller validated the indices.
 static __global__ void __launch_bounds__(select_threads)
     ar_gather(const std::uint32_t* __restrict__ idx, std::size_t count, float* __restrict__ e,
-              float* __restrict__ values, layer_sums* __restrict__ sums) {
+              float* __restrict__ values, layer_sums* __restrict__ sums, block_slots slots) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   double ksq = 0;
   for (std::size_t j = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; j < count; j += stride) {
@@ -48,7 +49,9 @@ static __global__ void __launch_bounds__(select_threads)
   using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double s = reduce_t(red).Sum(ksq);
-  if (threadIdx.x == 0 && s != 0.0) atomicAdd(&sums->kept_sq, s);
+  const double mine[1] = {s};
+  double* const out[1] = {&sums->kept_sq};
+  add_in_block_order<select_threads, 1>(mine, slots, out);
 }
 
 //! g[idx[j]] = sum[j] * inv (g[j] when \p idx is null), the host's float product; the rest

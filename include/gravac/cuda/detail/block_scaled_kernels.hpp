@@ -161,7 +161,7 @@ template <block_format F, bool Stochastic>
 __global__ void __launch_bounds__(quant_threads)
     block_scaled_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
                        const std::uint32_t* __restrict__ layer_amax, std::byte* __restrict__ packet, bool feedback,
-                       quant_sums* __restrict__ sums) {
+                       quant_sums* __restrict__ sums, block_slots slots) {
   constexpr block_shape shape = shape_of(F);
   constexpr minifloat E = shape.element;
   constexpr unsigned W = shape.code_bits;
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(quant_threads)
   const unsigned long long word = i / per;
   if (slot == 0 && word < pad8(detail::code_bytes(n, W)) / 4)
     reinterpret_cast<std::uint32_t*>(pl + quant_prefix_bytes + pad8(nb))[word] = code;
-  add_block_sums(sums + jb.index, 0.0, 0.0, d2, false, false, false, true);
+  add_block_sums(jobs, job_count, pass_codes, jb, slots, sums, 0.0, 0.0, d2, false, false, false, true);
 }
 
 //! True when code \p c of a validated segment's encoding \p enc is one the writer never

@@ -79,8 +79,10 @@ class launch_config {
   //! queue; the kernel strides over the rest).
   [[nodiscard]] constexpr int grid_stride(std::size_t n, int per_block) const noexcept {
     const std::size_t need = (n + static_cast<std::size_t>(per_block) - 1) / static_cast<std::size_t>(per_block);
-    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(sms_) * 8));
+    return static_cast<int>(std::clamp<std::size_t>(need, 1, static_cast<std::size_t>(max_stride_grid())));
   }
+  //! The largest grid grid_stride gives (what per-block statistics slots must hold).
+  [[nodiscard]] constexpr int max_stride_grid() const noexcept { return sms_ * 8; }
   //! Blocks of the ordered tie search, whose one-block-per-item grid is \p grid: at most 4
   //! per multiprocessor (the blocks stride over the chunks; the last one to finish scans
   //! every chunk's count in order).

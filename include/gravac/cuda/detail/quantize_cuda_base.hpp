@@ -30,6 +30,7 @@
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
@@ -158,14 +159,25 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     // Worst case of the per-chunk and per-bucket records: every layer quantized.
     std::size_t chunks = 0, buckets = 0;
+    // And the most blocks a pass's grid can have (each layer at its largest, raw or not):
+    // what the per-block statistics slots hold (ordered_sums.hpp).
+    unsigned long long pass_blocks = static_cast<unsigned long long>(launch_.max_stride_grid());
+    unsigned long long job_blocks = 0;
     pinned_buffer<std::uint64_t> info(2 * L);
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const auto sh = shape_of(lay[i].numel);
       chunks += sh.chunks;
       buckets += sh.buckets;
+      const auto T = static_cast<unsigned long long>(detail::quant_threads);
+      const unsigned long long n = lay[i].numel;
+      job_blocks += std::max({detail::blocks_covering(pad8(n * sizeof(float)) / sizeof(float), T),
+                              detail::blocks_covering(code_slots(n), T),
+                              detail::blocks_covering(sh.chunks, detail::chunks_per_block),
+                              detail::blocks_covering(n, T), detail::blocks_covering(sh.buckets, T), 1ull});
       info[i] = lay[i].numel;
       info[L + i] = lay[i].offset;
     }
+    slots_ = detail::block_slots_buffer(std::max(pass_blocks, job_blocks), s);
     layer_info_ = device_buffer<std::uint64_t>(2 * L, s);
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(layer_info_.data(), info.data(), 2 * L * sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, s.get()));
@@ -180,7 +192,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(1, s);
     hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
-    hist_sq_ = device_buffer<double>(detail::max_bins, s);
+    hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     gain_sums_ = device_buffer<detail::layer_sums>(1, s);
     cand_ = device_buffer<std::uint32_t>(1, s);
@@ -311,7 +323,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
         detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, g.data() + l.offset, e.data() + l.offset,
                        l.numel, 0, states_.data() + j, prev_threshold_.data(), hist_.data(), hist_sq_.data(),
-                       cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data(), false, nullptr);
+                       cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data(), false, nullptr, slots_.view());
       }
     }
     float* gd = g.data();
@@ -322,10 +334,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     if (blocks[cd::pass_raw]) {
       if (gains)
         detail::launch(&cd::raw_jobs<true>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
-                       packet, sd);
+                       packet, sd, slots_.view());
       else
         detail::launch(&cd::raw_jobs<false>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
-                       packet, sd);
+                       packet, sd, slots_.view());
     }
     if (blocks[cd::pass_codes]) {
       if constexpr (Q == quant_family::cast16) {
@@ -336,24 +348,26 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         if (options_.format == cast16_format::bf16) {
           if (gains)
             detail::launch(&cd::cast16_codes<true, true>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd);
+                           inv, lim, sd, slots_.view());
           else
             detail::launch(&cd::cast16_codes<true, false>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd);
+                           inv, lim, sd, slots_.view());
         } else {
           if (gains)
             detail::launch(&cd::cast16_codes<false, true>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd);
+                           inv, lim, sd, slots_.view());
           else
             detail::launch(&cd::cast16_codes<false, false>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd);
+                           inv, lim, sd, slots_.view());
         }
       } else {
         const unsigned ga = grid_of(blocks[cd::pass_accumulate]);
         if (gains)
-          detail::launch(&cd::accumulate_chunks<true>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd);
+          detail::launch(&cd::accumulate_chunks<true>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd,
+                         slots_.view());
         else
-          detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd);
+          detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd,
+                         slots_.view());
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
         if constexpr (block_scaled) {
@@ -486,19 +500,19 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     switch (code_width(levels_)) {
       case 2:
         detail::launch(&cd::quantize_codes<2>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data());
+                       sums_.data(), slots_.view());
         break;
       case 4:
         detail::launch(&cd::quantize_codes<4>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data());
+                       sums_.data(), slots_.view());
         break;
       case 8:
         detail::launch(&cd::quantize_codes<8>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data());
+                       sums_.data(), slots_.view());
         break;
       default:
         detail::launch(&cd::quantize_codes<16>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data());
+                       sums_.data(), slots_.view());
         break;
     }
   }
@@ -525,10 +539,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     const cudaStream_t s = options_.stream.get();
     if (stochastic_)
       detail::launch(&cd::block_scaled_codes<F, true>, grid, cd::quant_threads, s, e, jobs_.data(), count, amax_.data(),
-                     packet, feedback_, sums_.data());
+                     packet, feedback_, sums_.data(), slots_.view());
     else
       detail::launch(&cd::block_scaled_codes<F, false>, grid, cd::quant_threads, s, e, jobs_.data(), count,
-                     amax_.data(), packet, feedback_, sums_.data());
+                     amax_.data(), packet, feedback_, sums_.data(), slots_.view());
   }
 
   void launch_walk(std::span<const std::byte> packet) const {
@@ -550,6 +564,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   bool feedback_ = true;          // block-scaled: keep the residual
   detail::launch_config launch_;  // the grids of this device
   device_buffer<std::uint64_t> layer_info_;
+  detail::block_slots_buffer slots_;  // per-block partial statistics (ordered_sums.hpp)
   device_buffer<detail::quant_job> jobs_;
   device_buffer<detail::quant_sums> sums_;
   device_buffer<std::uint32_t> amax_;  // NVFP4: each job's largest finite |u| (bits)
@@ -560,7 +575,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   device_buffer<detail::select_state> states_;
   device_buffer<std::uint32_t> prev_threshold_;
   device_buffer<std::uint32_t> hist_;
-  device_buffer<double> hist_sq_;
+  device_buffer<unsigned long long> hist_sq_;
   device_buffer<double> gain_out_;
   device_buffer<detail::layer_sums> gain_sums_;
   device_buffer<std::uint32_t> cand_;

@@ -16,6 +16,7 @@
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/quantized_packet.hpp"
 
@@ -67,11 +68,11 @@ struct bucket_scale {
 
 //! Statistics of one job (device memory, zeroed every step).
 struct quant_sums {
-  double grad_sq;            //!< ||g||^2
-  double input_sq;           //!< ||u||^2
-  double kept_sq;            //!< ||decompress(segment)||^2
-  std::uint32_t non_finite;  //!< a NaN or infinity was seen in u
-  std::uint32_t pad_;
+  double grad_sq;             //!< ||g||^2
+  double input_sq;            //!< ||u||^2
+  double kept_sq;             //!< ||decompress(segment)||^2
+  std::uint32_t non_finite;   //!< a NaN or infinity was seen in u
+  std::uint32_t blocks_done;  //!< counts the job's blocks of the running pass (ordered_sums.hpp)
 };
 
 //! The job that owns block \p block of pass \p pass: the last job whose first block is at
@@ -106,9 +107,20 @@ __device__ __forceinline__ float uniform24_dev(std::uint32_t bits) {
 //! A finite float (neither infinity nor NaN).
 __device__ __forceinline__ bool finite_bits(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 
-//! Adds a block's statistics to its job's (thread 0). Every thread of the block calls it.
-__device__ inline void add_block_sums(quant_sums* __restrict__ sums, double g, double u, double k, bool bad,
-                                      bool with_g, bool with_u, bool with_k) {
+//! The blocks job \p jb has in pass \p pass (up to the next job's first block).
+__device__ __forceinline__ unsigned long long job_blocks(const quant_job* __restrict__ jobs, std::uint32_t count,
+                                                         int pass, const quant_job& jb) {
+  const unsigned long long end = jb.index + 1 < count ? jobs[jb.index + 1].block_first[pass] : gridDim.x;
+  return end - jb.block_first[pass];
+}
+
+//! Adds a block's statistics to its job's, in block order whatever order the blocks run in
+//! (ordered_sums.hpp): the same step gives the same bits. Every thread of every block of
+//! the pass calls it.
+__device__ inline void add_block_sums(const quant_job* __restrict__ jobs, std::uint32_t job_count, int pass,
+                                      const quant_job& jb, block_slots slots, quant_sums* __restrict__ all_sums,
+                                      double g, double u, double k, bool bad, bool with_g, bool with_u, bool with_k) {
+  quant_sums* __restrict__ sums = all_sums + jb.index;
   using reduce_t = block_reduce<double, quant_threads>;
   __shared__ typename reduce_t::TempStorage red;
   double bg = 0, bu = 0, bk = 0;
@@ -118,11 +130,11 @@ __device__ inline void add_block_sums(quant_sums* __restrict__ sums, double g, d
   __syncthreads();
   if (with_k) bk = reduce_t(red).Sum(k);
   if (__syncthreads_or(bad) && threadIdx.x == 0) sums->non_finite = 1;
-  if (threadIdx.x == 0) {
-    if (with_g && bg != 0.0) atomicAdd(&sums->grad_sq, bg);
-    if (with_u && bu != 0.0) atomicAdd(&sums->input_sq, bu);
-    if (with_k && bk != 0.0) atomicAdd(&sums->kept_sq, bk);
-  }
+  const double mine[3] = {bg, bu, bk};
+  double* const out[3] = {with_g ? &sums->grad_sq : nullptr, with_u ? &sums->input_sq : nullptr,
+                          with_k ? &sums->kept_sq : nullptr};
+  add_in_block_order<quant_threads, 3>(mine, slots, &sums->blocks_done, jb.block_first[pass],
+                                       job_blocks(jobs, job_count, pass, jb), out);
 }
 
 //! Pass 1 of QSGD, TernGrad and EF-sign: u = g + e into e (unless \p UInE: the gain pass
@@ -132,7 +144,8 @@ __device__ inline void add_block_sums(quant_sums* __restrict__ sums, double g, d
 template <bool UInE>
 __global__ void __launch_bounds__(quant_threads)
     accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-                      std::uint32_t job_count, chunk_sums* __restrict__ chunks, quant_sums* __restrict__ sums) {
+                      std::uint32_t job_count, chunk_sums* __restrict__ chunks, quant_sums* __restrict__ sums,
+                      block_slots slots) {
   const quant_job jb = find_job(jobs, job_count, pass_accumulate, blockIdx.x);
   const unsigned lane = threadIdx.x % quant_lanes;
   const unsigned group_base = (threadIdx.x % 32u) - lane;  // the group's first lane in its warp
@@ -223,7 +236,8 @@ __global__ void __launch_bounds__(quant_threads)
   }
   const bool owner = lane == 0 && j < jb.chunks;
   if (owner) chunks[jb.chunk_first + j] = {tu, ta, tm, 0u};
-  add_block_sums(sums + jb.index, owner ? tg : 0.0, owner ? tu : 0.0, 0.0, bad, true, true, false);
+  add_block_sums(jobs, job_count, pass_accumulate, jb, slots, sums, owner ? tg : 0.0, owner ? tu : 0.0, 0.0, bad, true,
+                 true, false);
 }
 
 //! Pass 2 of QSGD (\p L2: the norm) and TernGrad (max |u|): one thread per bucket adds its
@@ -275,7 +289,7 @@ template <unsigned W>
 __global__ void __launch_bounds__(quant_threads)
     quantize_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
                    const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet, std::int32_t lv,
-                   quant_sums* __restrict__ sums) {
+                   quant_sums* __restrict__ sums, block_slots slots) {
   constexpr unsigned per = 32 / W;  // codes per 32-bit word
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
@@ -308,7 +322,7 @@ __global__ void __launch_bounds__(quant_threads)
     const std::size_t at = jb.payload + quant_prefix_bytes + pad8(jb.buckets * sizeof(float));
     reinterpret_cast<std::uint32_t*>(packet + at)[word] = code;
   }
-  add_block_sums(sums + jb.index, 0.0, 0.0, v2, false, false, false, true);
+  add_block_sums(jobs, job_count, pass_codes, jb, slots, sums, 0.0, 0.0, v2, false, false, false, true);
 }
 
 //! Pass 2 of EF-sign: one block per layer, whose first thread adds the chunks' sums of |u|
@@ -378,7 +392,7 @@ template <bool BF16, bool UInE>
 __global__ void __launch_bounds__(quant_threads)
     cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
                  std::uint32_t job_count, std::byte* __restrict__ packet, float ranks, float inv,
-                 std::uint32_t limit_bits, quant_sums* __restrict__ sums) {
+                 std::uint32_t limit_bits, quant_sums* __restrict__ sums, block_slots slots) {
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long words = pad8(jb.numel * 2) / 4;
@@ -418,7 +432,7 @@ __global__ void __launch_bounds__(quant_threads)
     prefix[0] = ranks;
     reinterpret_cast<std::uint32_t*>(packet + jb.payload)[1] = 0u;
   }
-  add_block_sums(sums + jb.index, gsq, usq, ksq, bad, true, true, true);
+  add_block_sums(jobs, job_count, pass_codes, jb, slots, sums, gsq, usq, ksq, bad, true, true, true);
 }
 
 //! Layers sent dense: u = g + e (unless \p UInE) written raw, e = 0, statistics; the
@@ -426,7 +440,8 @@ __global__ void __launch_bounds__(quant_threads)
 template <bool UInE>
 __global__ void __launch_bounds__(quant_threads)
     raw_jobs(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-             std::uint32_t job_count, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
+             std::uint32_t job_count, std::byte* __restrict__ packet, quant_sums* __restrict__ sums,
+             block_slots slots) {
   const quant_job jb = find_job(jobs, job_count, pass_raw, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_raw]) * quant_threads + threadIdx.x;
   auto* out = reinterpret_cast<float*>(packet + jb.payload);
@@ -444,7 +459,7 @@ __global__ void __launch_bounds__(quant_threads)
   } else if (i < pad8(jb.numel * sizeof(float)) / sizeof(float)) {
     out[i] = 0.0f;
   }
-  add_block_sums(sums + jb.index, gsq, usq, usq, bad, true, true, true);
+  add_block_sums(jobs, job_count, pass_raw, jb, slots, sums, gsq, usq, usq, bad, true, true, true);
 }
 
 }  // namespace gravac::detail

@@ -83,15 +83,16 @@ __device__ __forceinline__ void warp_append(bool pred, std::uint32_t key, std::u
   }
 }
 
-//! True in exactly one thread of the grid: the thread 0 of the block that finishes last
-//! (after all blocks' global writes are visible). Resets the counter for the next kernel.
-__device__ __forceinline__ bool last_block(std::uint32_t* blocks_done) {
+//! True in every thread of the block that finishes last among the \p blocks blocks that
+//! count on \p blocks_done (after all their global writes are visible), false in the
+//! others. Resets the counter for the next kernel.
+__device__ __forceinline__ bool last_block_of(std::uint32_t* blocks_done, unsigned long long blocks) {
   __shared__ bool is_last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     const std::uint32_t ticket = atomicAdd(blocks_done, 1u);
-    is_last = ticket == gridDim.x - 1;
+    is_last = ticket == blocks - 1;
     // Reset atomically: the other blocks' tickets are atomics that nothing orders before a
     // plain store here (a race under CUDA's memory model, reported by the race detector).
     if (is_last) atomicExch(blocks_done, 0u);
@@ -100,6 +101,9 @@ __device__ __forceinline__ bool last_block(std::uint32_t* blocks_done) {
   if (is_last) __threadfence();
   return is_last;
 }
+
+//! last_block_of over the whole grid: true in the block of the grid that finishes last.
+__device__ __forceinline__ bool last_block(std::uint32_t* blocks_done) { return last_block_of(blocks_done, gridDim.x); }
 
 //! Finds, in a histogram of \p bins counts (shared memory), the bin that holds the
 //! \p want-th largest key: `bin`, the count strictly above it and its own count.

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 
+#include "gravac/cuda/detail/bin_energy.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
 namespace gravac::detail {
@@ -25,20 +27,25 @@ namespace gravac::detail {
 //! concatenation of the compressed layers); with \p g null, u is e as it stands (read only:
 //! the selection over that concatenation).
 //!
+//! The statistics repeat bit for bit whatever order the blocks run in: the norms are added
+//! in block order (\p slots, ordered_sums.hpp), the bins' energies in fixed point
+//! (bin_energy.hpp), whose integer sums no order can change.
+//!
 //! No default arguments: it is launched through detail::launch (a function pointer), so
 //! every launch passes threshold_mode (false for top-k) and copy (null: none).
 static __global__ void __launch_bounds__(select_threads)
     select_fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
                       select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
-                      std::uint32_t* __restrict__ hist, double* __restrict__ hist_sq, std::uint32_t* __restrict__ cand,
-                      std::uint32_t cap, layer_sums* __restrict__ sums, gain_request gains,
-                      double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy) {
+                      std::uint32_t* __restrict__ hist, unsigned long long* __restrict__ hist_sq,
+                      std::uint32_t* __restrict__ cand, std::uint32_t cap, layer_sums* __restrict__ sums,
+                      gain_request gains, double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
+                      block_slots slots) {
   __shared__ std::uint32_t sh_hist[max_bins];
-  __shared__ float sh_sq[max_bins];
+  __shared__ unsigned long long sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     sh_hist[i] = 0;
-    if (want_sq) sh_sq[i] = 0.0f;
+    if (want_sq) sh_sq[i] = 0;
   }
   __syncthreads();
   const std::uint32_t prev = *prev_threshold;  // top-k: 0 is no previous threshold
@@ -74,7 +81,7 @@ static __global__ void __launch_bounds__(select_threads)
         bad |= !finite;
         if (finite) {  // NaN and infinity are never selected: they stay in the residual
           atomicAdd(&sh_hist[key >> 20], 1u);
-          if (want_sq) atomicAdd(&sh_sq[key >> 20], u * u);
+          if (want_sq) atomicAdd(&sh_sq[key >> 20], energy_units(key));
         }
       }
       if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
@@ -85,15 +92,16 @@ static __global__ void __launch_bounds__(select_threads)
   const double bg = reduce_t(red).Sum(gsq);
   __syncthreads();
   const double bu = reduce_t(red).Sum(usq);
-  if (threadIdx.x == 0) {
-    atomicAdd(&sums->grad_sq, bg);
-    atomicAdd(&sums->input_sq, bu);
+  {
+    const double mine[2] = {bg, bu};
+    double* const out[2] = {&sums->grad_sq, &sums->input_sq};
+    add_in_block_order<select_threads, 2>(mine, slots, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     if (sh_hist[i]) {
       atomicAdd(&hist[i], sh_hist[i]);
-      if (want_sq) atomicAdd(&hist_sq[i], static_cast<double>(sh_sq[i]));
+      if (want_sq) atomicAdd(&hist_sq[i], sh_sq[i]);
     }
   }
   if (!last_block(&st->blocks_done)) return;
@@ -121,12 +129,14 @@ static __global__ void __launch_bounds__(select_threads)
     double part = 0;
     if (kc > 0)
       for (int b = static_cast<int>(bc.bin) + 1 + static_cast<int>(threadIdx.x); b < max_bins; b += select_threads)
-        part += hist_sq[b];
+        part = __dadd_rn(part, bin_energy(hist_sq[b], static_cast<std::uint32_t>(b)));
     __syncthreads();
     const double above = reduce_t(red).Sum(part);
     if (threadIdx.x == 0 && kc > 0) {
       double s = above;
-      if (bc.count) s = __dadd_rn(s, __dmul_rn(hist_sq[bc.bin], static_cast<double>(kc - bc.above) / bc.count));
+      if (bc.count)
+        s = __dadd_rn(s, __dmul_rn(bin_energy(hist_sq[bc.bin], bc.bin),
+                                   __ddiv_rn(static_cast<double>(kc - bc.above), static_cast<double>(bc.count))));
       gain_out[c] += s;
     }
     __syncthreads();

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gravac/cuda/detail/cub_primitives.hpp"
+#include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 
 namespace gravac::detail {
@@ -44,7 +45,7 @@ struct bounded_index_writer {
 static __global__ void __launch_bounds__(select_threads)
     gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
                 select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold,
-                layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure) {
+                layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure, block_slots slots) {
   double ksq = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   const std::size_t k = st->count;
@@ -63,8 +64,12 @@ static __global__ void __launch_bounds__(select_threads)
   using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double s = reduce_t(red).Sum(ksq);
+  {
+    const double mine[1] = {s};
+    double* const out[1] = {&sums->kept_sq};
+    add_in_block_order<select_threads, 1>(mine, slots, out);
+  }
   if (threadIdx.x == 0) {
-    if (s != 0.0) atomicAdd(&sums->kept_sq, s);
     if (blockIdx.x == 0) {
       if (!ok)
         atomicExch(failure, 1u);
@@ -81,7 +86,7 @@ static __global__ void __launch_bounds__(select_threads)
 static __global__ void __launch_bounds__(select_threads)
     raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
              const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
-             select_state* __restrict__ st, bool u_in_e) {
+             select_state* __restrict__ st, bool u_in_e, block_slots slots) {
   float* out = reinterpret_cast<float*>(packet + slot->payload_at);
   double gsq = 0, usq = 0;
   bool bad = false;
@@ -100,10 +105,10 @@ static __global__ void __launch_bounds__(select_threads)
   const double bg = reduce_t(red).Sum(gsq);
   __syncthreads();
   const double bu = reduce_t(red).Sum(usq);
-  if (threadIdx.x == 0) {
-    atomicAdd(&sums->grad_sq, bg);
-    atomicAdd(&sums->input_sq, bu);
-    atomicAdd(&sums->kept_sq, bu);
+  {
+    const double mine[3] = {bg, bu, bu};
+    double* const out[3] = {&sums->grad_sq, &sums->input_sq, &sums->kept_sq};
+    add_in_block_order<select_threads, 3>(mine, slots, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   if (blockIdx.x == 0 && threadIdx.x == 0) {

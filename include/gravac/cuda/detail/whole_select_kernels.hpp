@@ -76,7 +76,7 @@ static __global__ void __launch_bounds__(select_threads)
     gather_whole_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
                       const std::uint32_t* __restrict__ list, const std::uint32_t* __restrict__ first,
                       std::uint32_t start, select_state* __restrict__ st, const select_state* __restrict__ whole,
-                      layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure) {
+                      layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure, block_slots slots) {
   double ksq = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   const std::size_t k = st->count;
@@ -97,8 +97,12 @@ static __global__ void __launch_bounds__(select_threads)
   using reduce_t = block_reduce<double, select_threads>;
   __shared__ typename reduce_t::TempStorage red;
   const double s = reduce_t(red).Sum(ksq);
+  {
+    const double mine[1] = {s};
+    double* const out[1] = {&sums->kept_sq};
+    add_in_block_order<select_threads, 1>(mine, slots, out);
+  }
   if (threadIdx.x == 0) {
-    if (s != 0.0) atomicAdd(&sums->kept_sq, s);
     if (blockIdx.x == 0) {
       if (!ok)
         atomicExch(failure, 1u);
