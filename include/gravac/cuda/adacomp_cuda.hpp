@@ -115,6 +115,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     table_ = device_buffer<detail::segment_entry>(L, s);
     walk_ = device_buffer<detail::walk_result>(1, s);
     host_states_.resize(L);
+    u_in_r_.assign(L, 0);
     host_sums_.resize(L + 1);
     host_scales_.resize(L);
     host_gain_.resize(detail::max_gain_candidates);
@@ -152,7 +153,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     std::size_t most_bins = 0;  // bins of the longest compressed layer at this step's bin lengths
     return detail::compress_on_device(
         {"adacomp_cuda", layout_, options_.stream}, g, e, p, out, st, [&] { return step_bound(p, most_bins); },
-        [&](std::byte* packet) { queue_step(g, e, p, packet, most_bins); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, most_bins); }, [&] { repair_step(g, e, out.data()); },
         [&](std::size_t bound) { return finish_step(p, st, bound); });
   }
 
@@ -215,7 +216,10 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     const cudaStream_t s = options_.stream.get();
     gmax_.reserve(most_bins);  // grows only for a bin length shorter than any before
     const std::size_t L = layout_.size();
+    std::fill(u_in_r_.begin(), u_in_r_.end(), 0);
+    states_cleared_ = false;
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_);
+    states_cleared_ = true;
     // Kernels leave these zero; a step interrupted by an error might not have.
     cd::clear_async(s, exponent_acc_, hist_, hist_sq_);
 
@@ -240,12 +244,14 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
                        cd::select_threads, s, gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(),
                        hist_sq_.data(), nullptr, 0, sums_.data() + (dense ? L : i), gains, gain_out_.data(), false,
                        nullptr, sum_slots_.view());
+        u_in_r_[i] = 1;
       }
       if (dense) {
         detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                        &sti->count, layer, l.numel, true);
         detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
                        packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
+        u_in_r_[i] = 1;  // sent raw, R = 0: the repair gives u back from the packet
         continue;
       }
       const std::uint32_t bin = bin_length(i);
@@ -254,6 +260,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       detail::launch(&cd::adacomp_bins, launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)),
                      cd::adacomp_threads, s, gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti,
                      sum_slots_.view());
+      u_in_r_[i] = 1;
       detail::launch(&cd::adacomp_scale, launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, s,
                      gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
       detail::launch(&cd::begin_adacomp_segment, cd::one_block, cd::one_thread, s, cursor_.data(), slot);
@@ -263,17 +270,39 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
                                                 cd::adacomp_index_writer{packet, slot}, &sti->selected, s));
       detail::launch(&cd::place_adacomp_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot, sti,
                      scales_.data() + i, layer, l.numel, bin);
-      detail::launch(&cd::adacomp_signs, launch_.grid_stride((l.numel + 31) / 32, cd::adacomp_threads),
-                     cd::adacomp_threads, s, packet, slot, el, scales_.data() + i);
     }
     detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
                    static_cast<std::uint8_t>(kind), layout_.hash());
+    // The last launch: the only pass that changes a compressed layer's residue after R = u.
+    if (L > 0)
+      detail::launch(&cd::adacomp_signs, cd::launch_config::per_layer(L), cd::adacomp_threads, s, packet, slots_.data(),
+                     e.data(), desc().offset, scales_.data(), static_cast<std::uint32_t>(L));
     // One copy of the statistics back, then the packet and the residue are final.
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
     cd::copy_to_host_async(s, host_scales_, scales_);
     cd::copy_to_host_async(s, host_gain_, gain_out_);
     cd::copy_to_host_async(s, host_cursor_, cursor_);
+  }
+
+  // After a queuing failure (the stream idle): every layer's residue back to u = g + e_old.
+  // The sign pass, which alone changes a compressed layer's residue after its first pass,
+  // is the step's last launch, so it never ran: the layers sent raw get u back from their
+  // segments (restore_pass), those no pass had written u into get g added.
+  void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    const auto layers = static_cast<std::uint32_t>(layout_.size());
+    if (states_cleared_ && layers > 0)
+      detail::launch(&cd::restore_pass, launch_.repair(layers), cd::select_threads, s, packet, slots_.data(),
+                     states_.data(), desc().offset, layers, e.data());
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0 || u_in_r_[i]) continue;
+      detail::launch(&cd::fold_gradient, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s,
+                     g.data() + l.offset, e.data() + l.offset, l.numel);
+    }
+    options_.stream.synchronize();
   }
 
   // After the stream finished: the packet size, and the statistics into st.
@@ -343,6 +372,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   mutable device_buffer<detail::segment_entry> table_;
   mutable device_buffer<detail::walk_result> walk_;
   pinned_buffer<detail::select_state> host_states_;
+  std::vector<char> u_in_r_;     // per layer: this step's queued kernels leave u in the residue (or in the packet)
+  bool states_cleared_ = false;  // this step's per-layer state was cleared (restore_pass may read it)
   pinned_buffer<detail::layer_sums> host_sums_;
   pinned_buffer<float> host_scales_;
   pinned_buffer<double> host_gain_;

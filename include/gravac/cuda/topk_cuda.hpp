@@ -160,6 +160,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       first_ = device_buffer<std::uint32_t>(L, s);
     }
     host_states_.resize(L);
+    u_in_e_.assign(L, 0);
     host_sums_.resize(L + 2);
     host_gain_.resize(detail::max_gain_candidates);
     host_failure_.resize(1);
@@ -182,7 +183,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     std::size_t whole_k = 0;  // whole buffer: k over the compressed layers together
     return detail::compress_on_device(
         {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return step_bound(p, whole_k); },
-        [&](std::byte* packet) { queue_step(g, e, p, packet, whole_k); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, whole_k); }, [&] { repair_step(g, e, out.data()); },
         [&](std::size_t bound) { return finish_step(p, st, bound, out.data(), e); });
   }
 
@@ -293,7 +294,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                   std::size_t whole_k) {
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
+    std::fill(u_in_e_.begin(), u_in_e_.end(), 0);
+    states_cleared_ = false;
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_, failure_);
+    states_cleared_ = true;
     cd::gain_request gains;
     gains.count = static_cast<int>(p.gain_candidates.size());
     if (whole_) queue_whole(g, e, p, packet, gains, whole_k);
@@ -331,6 +335,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti,
                      prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i,
                      gains, gain_out_.data(), Threshold, nullptr, sum_slots_.view());
+      u_in_e_[i] = 1;
       // Top-k: the count (k, or the finite count when smaller) is known on the device now.
       if (!Threshold || k == 0) {
         detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
@@ -404,11 +409,13 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                      cd::select_threads, s, gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(),
                      hist_sq_.data(), cand_.data(), 0, sums_.data() + layout_.size(), gains, gain_out_.data(), false,
                      nullptr, sum_slots_.view());
+      u_in_e_[i] = 1;
     }
     detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                    &sti->count, static_cast<std::uint32_t>(i), l.numel, true);
     detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
                    packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
+    u_in_e_[i] = 1;  // sent raw, e = 0: restore() gives u back from the packet
   }
 
   // The whole-buffer selection (see detail/whole_select_kernels.hpp): each compressed
@@ -432,6 +439,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                      cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
                      no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
                      gain_out_.data(), false, concat_.data() + total, sum_slots_.view());
+      u_in_e_[i] = 1;
       total += l.numel;
     }
     auto* whole = whole_state_.data();
@@ -515,6 +523,22 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     return rq;
   }
 
+  // After a queuing failure (the stream idle): every layer's residual back to u = g + e_old.
+  // The layers that sent values get them back from the packet (restore); those whose first
+  // pass never ran get g added. A failure before the step's state was cleared leaves every
+  // layer untouched (restore would read the last step's flags).
+  void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet) {
+    if (states_cleared_) restore(packet, e);
+    const cudaStream_t s = options_.stream.get();
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto& l = layout_[i];
+      if (l.numel == 0 || u_in_e_[i]) continue;
+      detail::launch(&detail::fold_gradient, launch_.grid_stride(l.numel, detail::select_threads),
+                     detail::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel);
+    }
+    options_.stream.synchronize();
+  }
+
   // e = u again at every index a layer sent (the packet still holds the values), then
   // waits: after a failure the residual holds g + e_old, as if nothing had been sent.
   void restore(const std::byte* packet, grad_view<cuda_space> e) {
@@ -549,8 +573,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<detail::estimate_state> est_state_;  // threshold: a sampled estimate's radix select
   device_buffer<std::uint32_t> no_prev_threshold_;   // AR-Topk's selection: 0, no previous threshold
   std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) queued
-  bool whole_ = false;                                                   // topk: one selection over the whole buffer
-  device_buffer<float> concat_;                      // whole: u of the compressed layers, concatenated
+  std::vector<char> u_in_e_;     // per layer: this step's queued kernels leave u in e (or restorable from the packet)
+  bool states_cleared_ = false;  // this step's per-layer state was cleared (restore may read it)
+  bool whole_ = false;           // topk: one selection over the whole buffer
+  device_buffer<float> concat_;  // whole: u of the compressed layers, concatenated
   device_buffer<std::uint32_t> list_;                // whole: the selected positions in concat_, ascending
   device_buffer<detail::select_state> whole_state_;  // whole: the selection's state
   device_buffer<std::uint32_t> whole_threshold_;     // whole: the previous step's threshold (0: none)

@@ -194,33 +194,42 @@ static __global__ void place_adacomp_segment(std::byte* __restrict__ packet, pac
   cur->segments += 1;
 }
 
-//! Step 4 (and 5): word w of the sign region holds the signs of sent elements 32w ..
-//! 32w + 31 (bit j % 32: 1 = negative; zero past the count, so the padding is zero), and
-//! R_i -= sign(R_i) * scale at each of them (R_i - (-scale) is R_i + scale exactly, as on
-//! the host). The kept energy count * scale^2 is computed by the host.
+//! Step 4 (and 5), every compressed layer in one launch (slot y of the grid takes layers y,
+//! y + gridDim.y, ...; the raw and empty ones are skipped): word w of a segment's sign
+//! region holds the signs of its sent elements 32w .. 32w + 31 (bit j % 32: 1 = negative;
+//! zero past the count, so the padding is zero), and R_i -= sign(R_i) * scale at each of
+//! them (R_i - (-scale) is R_i + scale exactly, as on the host). The kept energy count *
+//! scale^2 is computed by the host. It is the step's last pass over the residue: a step
+//! that fails before it leaves R = u in every layer, which a failure after a layer's sign
+//! pass could not give back bit for bit.
 static __global__ void __launch_bounds__(adacomp_threads)
-    adacomp_signs(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ r,
-                  const float* __restrict__ scale) {
-  const unsigned long long count = slot->count;
-  const unsigned long long words = pad8((count + 7) / 8) / 4;
-  const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot->payload_at + 8);
-  auto* out = reinterpret_cast<std::uint32_t*>(packet + slot->payload_at + 8 + pad8(count * 4));
-  const std::uint32_t sbits = __float_as_uint(*scale);
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * adacomp_threads;
-  for (unsigned long long w = blockIdx.x * static_cast<unsigned long long>(adacomp_threads) + threadIdx.x; w < words;
-       w += stride) {
-    std::uint32_t word = 0;
+    adacomp_signs(std::byte* __restrict__ packet, const segment_slot* __restrict__ slots, float* __restrict__ r,
+                  const std::uint64_t* __restrict__ offsets, const float* __restrict__ scales, std::uint32_t layers) {
+  for (std::uint32_t l = blockIdx.y; l < layers; l += gridDim.y) {
+    const segment_slot& slot = slots[l];
+    if (!slot.placed || slot.raw) continue;
+    const unsigned long long count = slot.count;
+    const unsigned long long words = pad8((count + 7) / 8) / 4;
+    const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot.payload_at + 8);
+    auto* out = reinterpret_cast<std::uint32_t*>(packet + slot.payload_at + 8 + pad8(count * 4));
+    float* rl = r + offsets[l];
+    const std::uint32_t sbits = __float_as_uint(scales[l]);
+    const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * adacomp_threads;
+    for (unsigned long long w = blockIdx.x * static_cast<unsigned long long>(adacomp_threads) + threadIdx.x; w < words;
+         w += stride) {
+      std::uint32_t word = 0;
 #pragma unroll 8
-    for (std::uint32_t b = 0; b < 32; ++b) {
-      const unsigned long long j = w * 32 + b;
-      if (j >= count) break;
-      const std::uint32_t i = idx[j];
-      const float x = r[i];
-      const std::uint32_t neg = __float_as_uint(x) >> 31;
-      word |= neg << b;
-      r[i] = __fsub_rn(x, __uint_as_float(sbits ^ (neg << 31)));
+      for (std::uint32_t b = 0; b < 32; ++b) {
+        const unsigned long long j = w * 32 + b;
+        if (j >= count) break;
+        const std::uint32_t i = idx[j];
+        const float x = rl[i];
+        const std::uint32_t neg = __float_as_uint(x) >> 31;
+        word |= neg << b;
+        rl[i] = __fsub_rn(x, __uint_as_float(sbits ^ (neg << 31)));
+      }
+      out[w] = word;
     }
-    out[w] = word;
   }
 }
 

@@ -12,6 +12,7 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <string>
 
@@ -42,6 +43,27 @@ struct device_step {
 static_assert(static_cast<std::size_t>(max_gain_candidates) == device_gain_candidates,
               "the trainer stages a device step's statistics for device_gain_candidates candidates");
 
+//! Called while a queuing failure is handled, with the stream idle: runs \p repair (which
+//! must leave every layer's residual at u = g + e_old and the stream idle) and rethrows the
+//! failure, a gravac::error with the compressor's name and what the residual holds.
+template <class Repair>
+[[noreturn]] void rethrow_after_repair(const device_step& step, Repair& repair) {
+  std::string residual = "the step was abandoned and the residual holds u = g + e: nothing was sent or lost";
+  try {
+    repair();
+  } catch (const std::exception& r) {
+    GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(step.stream.get()));
+    residual = std::string("the step was abandoned and its residual could not be restored (") + r.what() +
+               "): a layer may hold e without g, or e less what was being sent";
+  }
+  try {
+    throw;
+  } catch (const error& err) {
+    throw error(err.code(), std::string(step.who) + "::compress: " + residual + "; the failure: " + err.what(),
+                err.rank(), err.engine(), err.engine_code());
+  }
+}
+
 //! Runs one device compress() step of the compressor \p step on g (gradient), e (residual)
 //! and \p out (the packet), all device memory:
 //! 1. checks the buffers against the layout, one kept fraction per layer and at most
@@ -50,17 +72,21 @@ static_assert(static_cast<std::size_t>(max_gain_candidates) == device_gain_candi
 //!    may stage the step's plan in pinned memory); it must fit in \p out;
 //! 3. resets \p st for the layout and the step's gain candidates;
 //! 4. `queue(packet)` queues every kernel of the step and the copies of its statistics
-//!    into pinned memory on the stream; when it throws, the stream is waited for (what it
-//!    queued has finished with the buffers) and the exception is rethrown;
+//!    into pinned memory on the stream; when it throws (a launch that failed, a host
+//!    allocation), the stream is waited for (what it queued has finished with the
+//!    buffers), `repair()` puts every layer's residual back to u = g + e_old (what the
+//!    queued kernels had not yet written into e, or had taken out of it to send) and waits,
+//!    and the error is rethrown: a gravac::error as one that names the compressor and says
+//!    what the residual holds, anything else as it was;
 //! 5. waits for the stream once;
 //! 6. `finish(bound)` reads the copied statistics into \p st, checks what the device
 //!    reported (throwing, after any repair of the residual, on a failure) and returns the
 //!    packet size.
 //! The messages are built only on failure: a step allocates nothing on the host.
-template <class Plan, class Queue, class Finish>
+template <class Plan, class Queue, class Repair, class Finish>
 std::size_t compress_on_device(const device_step& step, grad_view<cuda_space> g, grad_view<cuda_space> e,
                                const step_params& p, std::span<std::byte> out, compress_stats& st, Plan&& plan,
-                               Queue&& queue, Finish&& finish) {
+                               Queue&& queue, Repair&& repair, Finish&& finish) {
   const auto fail = [&](const std::string& what) {
     throw error(status::invalid_argument, std::string(step.who) + "::compress: " + what);
   };
@@ -80,7 +106,7 @@ std::size_t compress_on_device(const device_step& step, grad_view<cuda_space> g,
     // queued still read g and e and write e and the packet, which the caller may free as
     // the exception unwinds. Wait for them first; the queuing error is the one reported.
     GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(step.stream.get()));
-    throw;
+    rethrow_after_repair(step, repair);
   }
   step.stream.synchronize();
   return finish(bound);

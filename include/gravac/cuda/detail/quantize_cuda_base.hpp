@@ -102,7 +102,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     last_jobs_ = 0;  // until this step's packet is complete, there are no pieces to sum
     const std::size_t bytes = detail::compress_on_device(
         {name(), layout_, options_.stream}, g, e, p, out, st, [&] { return plan_step(p, plan); },
-        [&](std::byte* packet) { queue_step(g, e, p, packet, plan); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet, plan); }, [&] { repair_step(g, e, out.data(), plan); },
         [&](std::size_t b) { return finish_step(p, st, plan, b); });
     last_jobs_ = plan.jobs;
     return bytes;
@@ -296,6 +296,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     const cudaStream_t s = options_.stream.get();
     const auto& blocks = plan.blocks;
     const std::uint32_t jobs = plan.jobs;
+    progress_ = {};
     // The staging is rewritten next step; this call synchronizes before it returns.
     GRAVAC_TRY_CUDA(cudaMemcpyAsync(head_.data(), head_host_.data(), sizeof(packet_header), cudaMemcpyHostToDevice, s));
     if (jobs) {
@@ -324,6 +325,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, g.data() + l.offset, e.data() + l.offset,
                        l.numel, 0, states_.data() + j, prev_threshold_.data(), hist_.data(), hist_sq_.data(),
                        cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data(), false, nullptr, slots_.view());
+        progress_.u_jobs = j + 1;
       }
     }
     float* gd = g.data();
@@ -338,6 +340,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
       else
         detail::launch(&cd::raw_jobs<false>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
                        packet, sd, slots_.view());
+      progress_.raw = true;
     }
     if (blocks[cd::pass_codes]) {
       if constexpr (Q == quant_family::cast16) {
@@ -368,6 +371,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         else
           detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd,
                          slots_.view());
+        progress_.u_jobs = jobs;  // u in e for every job (the raw ones hold theirs in the packet)
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
         if constexpr (block_scaled) {
@@ -384,8 +388,32 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         }
       }
     }
+    progress_.codes = true;  // the last pass: e = u - decompress(packet) from here
     cd::copy_to_host_async(s, sums_host_, sums_, std::max<std::uint32_t>(jobs, 1));
     if (gains) cd::copy_to_host_async(s, gain_host_, gain_out_);
+  }
+
+  // After a queuing failure (the stream idle): every layer's residual back to u = g + e_old.
+  // The layers sent raw get u back from their segments; those no pass had written u into
+  // get g added. Once the code pass ran, the packet is whole and e = u - decompress(packet):
+  // that is not undone (it would not give u back bit for bit); the error says so.
+  void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet, const step_plan& plan) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    if (progress_.codes)
+      throw error(status::backend_failure, std::string(name()) +
+                                               ": the step failed after its code pass: the packet is complete and the "
+                                               "residual holds u - decompress(packet)");
+    if (progress_.raw)
+      detail::launch(&cd::restore_raw_jobs, static_cast<unsigned>(plan.blocks[cd::pass_raw]), cd::quant_threads, s,
+                     e.data(), jobs_.data(), plan.jobs, packet);
+    for (std::uint32_t j = progress_.u_jobs; j < plan.jobs; ++j) {
+      if (progress_.raw && jobs_host_[j].raw) continue;
+      const auto& l = layout_[job_layer_[j]];
+      detail::launch(&cd::fold_gradient, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s,
+                     g.data() + l.offset, e.data() + l.offset, l.numel);
+    }
+    options_.stream.synchronize();
   }
 
   // After the stream finished: the statistics into st; the packet is \p bytes long, as planned.
@@ -588,6 +616,13 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   pinned_buffer<double> gain_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
+  // How far the step's queue got (repair_step): jobs [0, u_jobs) hold u in e (or, sent
+  // raw after raw_jobs ran, in their segment), raw_jobs ran, the code pass ran.
+  struct {
+    std::uint32_t u_jobs = 0;
+    bool raw = false;
+    bool codes = false;
+  } progress_;
   std::uint32_t last_jobs_ = 0;  // segments of the last complete packet (last_segments)
 };
 

@@ -462,4 +462,14 @@ __global__ void __launch_bounds__(quant_threads)
   add_block_sums(jobs, job_count, pass_raw, jb, slots, sums, gsq, usq, usq, bad, true, true, true);
 }
 
+//! The repair of a step that failed after raw_jobs ran: e = u again for every job sent raw,
+//! from its segment (raw_jobs wrote u there and zeroed e). The grid of raw_jobs.
+__global__ void __launch_bounds__(quant_threads)
+    restore_raw_jobs(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+                     const std::byte* __restrict__ packet) {
+  const quant_job jb = find_job(jobs, job_count, pass_raw, blockIdx.x);
+  const unsigned long long i = (blockIdx.x - jb.block_first[pass_raw]) * quant_threads + threadIdx.x;
+  if (i < jb.numel) e[jb.offset + i] = reinterpret_cast<const float*>(packet + jb.payload)[i];
+}
+
 }  // namespace gravac::detail

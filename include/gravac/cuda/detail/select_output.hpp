@@ -143,4 +143,13 @@ static __global__ void __launch_bounds__(select_threads)
   }
 }
 
+//! e = g + e (u, as the fused pass computes it) over \p n elements: the repair of a layer
+//! whose step failed before its first pass wrote u into e.
+static __global__ void __launch_bounds__(select_threads)
+    fold_gradient(const float* __restrict__ g, float* __restrict__ e, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; i < n; i += stride)
+    e[i] = __fadd_rn(g[i], e[i]);
+}
+
 }  // namespace gravac::detail

@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cctype>
@@ -1262,6 +1263,11 @@ std::string describe(const launch_desc& d) {
   return "kernel " + kernel_name(d) + "<<<" + dims(d.grid) + ", " + dims(d.block) + ">>>";
 }
 
+namespace {
+std::atomic<std::uint64_t> g_launches{0};     // launches accepted (launches())
+std::atomic<long long> g_fail_launch_in{-1};  // launches until the injected failure (-1: none)
+}  // namespace
+
 bool check_launch(dim3 grid, dim3 block, std::size_t shared_bytes, const void* kernel, const std::type_info& type,
                   const char* name) {
   if (shared_bytes != 0) {
@@ -1278,8 +1284,20 @@ bool check_launch(dim3 grid, dim3 block, std::size_t shared_bytes, const void* k
   const bool ok = block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 && block.y <= 1024 && block.z <= 64 &&
                   threads <= 1024 && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x <= 0x7fffffffu &&
                   grid.y <= 65535 && grid.z <= 65535;
-  if (!ok) set_last_error(cudaErrorInvalidConfiguration);
-  return ok;
+  if (!ok) {
+    set_last_error(cudaErrorInvalidConfiguration);
+    return false;
+  }
+  // An injected failure: the countdown reaches zero at this launch.
+  long long left = g_fail_launch_in.load();
+  while (left >= 0 && !g_fail_launch_in.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left == 0) {
+    set_last_error(cudaErrorLaunchOutOfResources);
+    return false;
+  }
+  g_launches.fetch_add(1);
+  return true;
 }
 
 void run_grid(const launch_desc& d, void (*body)(void*), void* self) {
@@ -1393,3 +1411,5 @@ void __syncthreads() { (void)::cuda_double::detail::block_sync(::cuda_double::de
 unsigned cuda_double::set_block_threads(unsigned n) { return detail::block_threads_setting().exchange(n); }
 unsigned cuda_double::block_threads() { return detail::block_threads_setting().load(); }
 unsigned cuda_double::most_blocks_at_once() { return detail::peak_blocks().load(); }
+std::uint64_t cuda_double::launches() { return detail::g_launches.load(); }
+void cuda_double::fail_launch_in(long long n) { detail::g_fail_launch_in.store(n < 0 ? -1 : n); }

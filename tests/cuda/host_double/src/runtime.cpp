@@ -671,6 +671,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
+    case cudaErrorLaunchOutOfResources:
+      return "cudaErrorLaunchOutOfResources";
     default:
       return "cudaErrorUnknown";
   }
@@ -691,6 +693,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "an illegal memory access was encountered";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
     case cudaErrorInvalidResourceHandle:
       return "invalid resource handle";
     case cudaErrorInvalidMemcpyDirection:

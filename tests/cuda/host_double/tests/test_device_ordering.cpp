@@ -233,7 +233,7 @@ TEST_CASE("compress_on_device waits for its stream when queuing throws") {
           REQUIRE(cuda_double::enqueue(s.ref().get(), std::make_unique<flag_op>(&ran)) == cudaSuccess);
           throw std::runtime_error("queue failed");
         },
-        [](std::size_t bound) { return bound; });
+        [] {}, [](std::size_t bound) { return bound; });
   } catch (const std::runtime_error& err) {
     threw = std::string(err.what()) == "queue failed";
     // The caller frees g, e and the packet here: nothing queued may still run on them.

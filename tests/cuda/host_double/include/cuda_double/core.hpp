@@ -26,6 +26,7 @@ enum cudaError {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
   cudaErrorUnknown = 999
 };
@@ -98,6 +99,17 @@ namespace cuda_double {
 //! Sets the error cudaGetLastError() returns next (a launch's configuration error: not
 //! sticky), unless a sticky error is already set.
 void set_last_error(cudaError_t e);
+
+//! Kernel launches accepted in this process so far (what a launch-count test reads: the
+//! difference over a step). A launch refused for its configuration or by fail_launch_in,
+//! or dropped under a sticky error, does not count.
+std::uint64_t launches();
+
+//! Makes the launch \p n launches from now (0: the next one) fail as CUDA fails a launch
+//! it cannot start (cudaErrorLaunchOutOfResources from cudaGetLastError, not sticky): the
+//! kernel is not queued and later launches run. Once; fail_launch_in(-1) cancels it. For
+//! the tests of a failure at every point of a queued step.
+void fail_launch_in(long long n);
 
 //! The sticky error, or cudaSuccess.
 cudaError_t sticky_error();
