@@ -215,35 +215,21 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   //! anyway); with fewer, the list is completed with the lowest non-finite indices, so that
   //! it always has k entries. finish_selection() waits and checks the counts.
   void select_indices(grad_view<cuda_space> u, std::size_t i, const step_params& p, std::uint32_t* out) {
-    namespace cd = detail;
     require(i < layout_.size() && u.size() == layout_[i].numel && p.kept_fraction.size() == layout_.size(),
             std::string(name()) + "::select_indices: the slice does not match the layer");
     const std::size_t n = u.size();
     const std::size_t k = kept_count(n, p.kept_fraction[i]);
     if (k == 0) return;
     const cudaStream_t s = options_.stream.get();
-    float* el = u.data();
-    auto* sti = states_.data() + i;
-    const auto kk = static_cast<std::uint32_t>(k);
-    const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, n));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(sti, 0, sizeof(cd::select_state), s));
-    // g null: u is e as it stands, read only; the sums go to a scratch slot.
-    detail::launch(&cd::select_fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items),
-                   cd::select_threads, s, nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(),
-                   hist_sq_.data(), cand_.data(), cap, sums_.data() + layout_.size() + 1, cd::gain_request{},
-                   gain_out_.data(), false, nullptr, sum_slots_.view());
-    const int grid1 = launch_.grid_stride(n, cd::select_threads);
-    detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap);
-    for (int shift : {cd::refine_digit_bits, 0}) {
-      detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap, hist_.data(),
-                     shift);
+    try {
+      queue_index_selection(u.data(), n, static_cast<std::uint32_t>(k), states_.data() + i, out);
+    } catch (...) {
+      // Nothing queued may outlive the caller's buffers, nor be checked by the next
+      // finish_selection(); u is only read, so the caller's residual is as it was.
+      GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(s));
+      pending_selections_.clear();
+      throw;
     }
-    detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, el, n, sti, chunk_counts_.data());
-    std::size_t temp = select_temp_.size();
-    GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(n),
-                                              cd::selected_by_threshold{el, sti}, cd::whole_index_writer{out, sti},
-                                              &sti->selected, s));
-    detail::launch(&cd::ar_complete_non_finite, cd::one_block, cd::select_threads, s, el, n, sti, kk, out);
     pending_selections_.push_back({i, k});
   }
   //! Waits for the selections queued by select_indices(); throws gravac::error
@@ -265,6 +251,33 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   }
 
  private:
+  // The kernels of select_indices() for the layer slice \p el of \p n values: kk indices
+  // into \p out, the select state in \p sti.
+  void queue_index_selection(float* el, std::size_t n, std::uint32_t kk, detail::select_state* sti,
+                             std::uint32_t* out) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, n));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(sti, 0, sizeof(cd::select_state), s));
+    // g null: u is e as it stands, read only; the sums go to a scratch slot.
+    detail::launch(&cd::select_fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items),
+                   cd::select_threads, s, nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(),
+                   hist_sq_.data(), cand_.data(), cap, sums_.data() + layout_.size() + 1, cd::gain_request{},
+                   gain_out_.data(), false, nullptr, sum_slots_.view());
+    const int grid1 = launch_.grid_stride(n, cd::select_threads);
+    detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap);
+    for (int shift : {cd::refine_digit_bits, 0}) {
+      detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap, hist_.data(),
+                     shift);
+    }
+    detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, el, n, sti, chunk_counts_.data());
+    std::size_t temp = select_temp_.size();
+    GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(n),
+                                              cd::selected_by_threshold{el, sti}, cd::whole_index_writer{out, sti},
+                                              &sti->selected, s));
+    detail::launch(&cd::ar_complete_non_finite, cd::one_block, cd::select_threads, s, el, n, sti, kk, out);
+  }
+
   // The largest packet this step can produce: k values per layer (a top-k layer sends at
   // most k), every value for threshold (ties may exceed k). Whole buffer: k over the
   // compressed layers together (into \p whole_k), at most min(numel, k) in each.

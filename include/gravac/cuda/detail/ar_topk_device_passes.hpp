@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,19 +110,32 @@ class ar_topk_device_passes<cuda_space> {
     require(p.gain_candidates.size() <= static_cast<std::size_t>(max_gain_candidates),
             "allreduce_compatible: at most " + std::to_string(max_gain_candidates) + " gain candidates on the device");
     const cudaStream_t s = stream_.get();
-    clear_async(s, states_, sums_, gain_out_);
-    gain_request gains;
-    gains.count = static_cast<int>(p.gain_candidates.size());
-    for (std::size_t i = 0; i < lay.size(); ++i) {
-      const auto& l = lay[i];
-      if (l.numel == 0) continue;
-      for (int c = 0; c < gains.count; ++c)
-        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      // k = 0: no selection, only u into e, the sums and the gain curve (no threshold read).
-      detail::launch(&select_fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads, s,
-                     g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
-                     hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
-                     nullptr, sum_slots_.view());
+    std::size_t in_u = 0;  // layers [0, in_u) have u in e (their pass was queued)
+    try {
+      clear_async(s, states_, sums_, gain_out_);
+      gain_request gains;
+      gains.count = static_cast<int>(p.gain_candidates.size());
+      for (std::size_t i = 0; i < lay.size(); ++i, in_u = i) {
+        const auto& l = lay[i];
+        if (l.numel == 0) continue;
+        for (int c = 0; c < gains.count; ++c)
+          gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+        // k = 0: no selection, only u into e, the sums and the gain curve (no threshold read).
+        detail::launch(&select_fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads,
+                       s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
+                       no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
+                       gain_out_.data(), false, nullptr, sum_slots_.view());
+      }
+    } catch (...) {
+      // The layers whose pass never ran get g added: e = u everywhere, as the step's contract says.
+      repair_and_rethrow([&] {
+        for (std::size_t i = in_u; i < lay.size(); ++i) {
+          const auto& l = lay[i];
+          if (l.numel == 0) continue;
+          detail::launch(&fold_gradient, launch_.grid_stride(l.numel, select_threads), select_threads, s,
+                         g.data() + l.offset, e.data() + l.offset, l.numel);
+        }
+      });
     }
     copy_to_host_async(s, host_states_, states_);
     copy_to_host_async(s, host_sums_, sums_);
@@ -147,7 +161,11 @@ class ar_topk_device_passes<cuda_space> {
   std::size_t select_layer(C& c, grad_view<cuda_space> e, const layer& l, std::size_t i, const step_params& p,
                            std::size_t at) {
     static_assert(!Hook::shared_indices, "allreduce_compatible: a device hook must broadcast its indices");
-    Hook::select(c, grad_view<cuda_space>(e.data() + l.offset, l.numel), i, p, idx_.data() + at);
+    try {
+      Hook::select(c, grad_view<cuda_space>(e.data() + l.offset, l.numel), i, p, idx_.data() + at);
+    } catch (...) {
+      repair_and_rethrow([] {});  // the selection only reads u: e holds it already
+    }
     return kept_count(l.numel, p.kept_fraction[i]);
   }
   //! Waits for the queued selections; the hook throws when one did not yield its count.
@@ -171,11 +189,15 @@ class ar_topk_device_passes<cuda_space> {
     host_bad_[0] = none;
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(first_bad_.data(), host_bad_.data(), sizeof(std::uint32_t), cudaMemcpyHostToDevice, s));
-    for (std::size_t i = 0; i < lay.size(); ++i) {
-      const std::size_t count = offsets[i + 1] - offsets[i];
-      if (count == 0) continue;
-      detail::launch(&ar_validate_indices, launch_.grid_stride(count, packet_threads), packet_threads, s,
-                     idx_.data() + offsets[i], count, lay[i].numel, static_cast<std::uint32_t>(i), first_bad_.data());
+    try {
+      for (std::size_t i = 0; i < lay.size(); ++i) {
+        const std::size_t count = offsets[i + 1] - offsets[i];
+        if (count == 0) continue;
+        detail::launch(&ar_validate_indices, launch_.grid_stride(count, packet_threads), packet_threads, s,
+                       idx_.data() + offsets[i], count, lay[i].numel, static_cast<std::uint32_t>(i), first_bad_.data());
+      }
+    } catch (...) {
+      repair_and_rethrow([] {});  // read only: e holds u already
     }
     copy_to_host_async(s, host_bad_, first_bad_);
     stream_.synchronize();
@@ -189,11 +211,24 @@ class ar_topk_device_passes<cuda_space> {
     const cudaStream_t s = stream_.get();
     values_.resize(std::max<std::size_t>(total, 1));
     std::size_t v = 0;
-    for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-      detail::launch(&ar_gather, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                     e.data() + lay[i].offset, values_.data() + v, sums_.data() + i, sum_slots_.view());
-      v += count;
-    });
+    try {
+      for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+        detail::launch(&ar_gather, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
+                       e.data() + lay[i].offset, values_.data() + v, sums_.data() + i, sum_slots_.view());
+        v += count;
+      });
+    } catch (...) {
+      // The parts gathered so far give their values back: e = u everywhere.
+      repair_and_rethrow([&] {
+        std::size_t w = 0;
+        for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+          if (w + count > v) return;
+          detail::launch(&ar_undo, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
+                         static_cast<const float*>(values_.data() + w), e.data() + lay[i].offset);
+          w += count;
+        });
+      });
+    }
     copy_to_host_async(s, host_sums_, sums_);
     stream_.synchronize();
     for (std::size_t i = 0; i < lay.size(); ++i) {
@@ -243,13 +278,23 @@ class ar_topk_device_passes<cuda_space> {
   void scatter_average(const layout& lay, const std::vector<std::size_t>& offsets, const std::vector<bool>& dense,
                        grad_view<cuda_space> g, float inv) {
     const cudaStream_t s = stream_.get();
-    if (g.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(g.data(), 0, g.size() * sizeof(float), s));
-    std::size_t v = 0;
-    for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-      detail::launch(&ar_scatter_average, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                     values_.data() + v, inv, g.data() + lay[i].offset);
-      v += count;
-    });
+    try {
+      if (g.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(g.data(), 0, g.size() * sizeof(float), s));
+      std::size_t v = 0;
+      for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+        detail::launch(&ar_scatter_average, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
+                       values_.data() + v, inv, g.data() + lay[i].offset);
+        v += count;
+      });
+    } catch (const error& err) {
+      GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(s));
+      throw error(err.code(),
+                  std::string("allreduce_compatible: the values were summed but the averaged gradient was not written; "
+                              "the residual holds e less the values sent, which return_sent() gives back; the "
+                              "failure: ") +
+                      err.what(),
+                  err.rank(), err.engine(), err.engine_code());
+    }
     stream_.synchronize();
   }
 
@@ -270,6 +315,29 @@ class ar_topk_device_passes<cuda_space> {
   }
 
  private:
+  // Called while a failure of a pass's queuing is handled: waits for the stream (no queued
+  // kernel outlives the buffers the caller frees), runs \p repair (which puts every layer's
+  // residual back to u = g + e_old) and waits again, then rethrows: a gravac::error as one
+  // that says what the residual holds.
+  template <class Repair>
+  [[noreturn]] void repair_and_rethrow(Repair&& repair) {
+    GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(stream_.get()));
+    std::string residual = "the step was abandoned and the residual holds u = g + e: nothing was sent or lost";
+    try {
+      repair();
+      stream_.synchronize();
+    } catch (const std::exception& r) {
+      GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(stream_.get()));
+      residual = std::string("the step was abandoned and its residual could not be restored (") + r.what() + ")";
+    }
+    try {
+      throw;
+    } catch (const error& err) {
+      throw error(err.code(), "allreduce_compatible: " + residual + "; the failure: " + err.what(), err.rank(),
+                  err.engine(), err.engine_code());
+    }
+  }
+
   // \p fn(layer, its indices (null: dense, every element), count) for every layer that
   // sends something, in layer order: the order of the values in the Allreduce buffer.
   template <class Fn>

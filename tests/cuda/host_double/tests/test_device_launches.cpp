@@ -24,6 +24,7 @@
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
+#include "lone_rank_device_comm.hpp"
 
 namespace {
 
@@ -136,6 +137,83 @@ void fail_every_launch(const char* name, bool gains, const Options&... options) 
   REQUIRE(same_words(r1.data(), r2.data(), numel * sizeof(float), false));
 }
 
+// AR-Topk's device passes (allreduce_compatible with topk_cuda on one rank) with the
+// launch n of a step made to fail, for n = 0, 1, ... until a step runs through. A failure
+// before anything was summed must leave e = u; one after (the averaged gradient not yet
+// written) says so, and return_sent() then gives e = u. The clean step after them must
+// equal a fresh collective's.
+void ar_topk_fail_every_launch(bool gains) {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {3000}, gravac::layer_kind::dense);
+  auto p = gravac::test::params_for(lay, 0.05);
+  p.kept_fraction[1] = 1.0;  // a layer sent dense
+  if (gains) p.gain_candidates = {0.1, 0.01};
+  const std::size_t numel = lay.numel();
+  gravac::allreduce_compatible k(lay);
+  gravac::topk_cuda c(lay);
+  k.prepare(c);
+  gravac::test::lone_rank_device_comm comm;
+  gravac::device_buffer<float> e(numel);
+  gravac::compress_stats st;
+  gravac::step_report rep;
+  auto step = [&](gravac::allreduce_compatible& kk, gravac::topk_cuda& cc, gravac::device_buffer<float>& g,
+                  gravac::device_buffer<float>& r, bool first) {
+    gravac::step_buffers<gravac::cuda_space> b{gravac::device_view(g), gravac::device_view(r), first};
+    kk.aggregate(cc, comm, b, p, st, rep);
+  };
+  {
+    auto g = to_device(gravac::test::make_data(numel, 3));
+    step(k, c, g, e, true);
+  }
+  long long failed = 0;
+  for (long long n = 0;; ++n) {
+    INFO("allreduce_compatible" << (gains ? " with a gain curve" : "") << ": launch " << n << " of the step fails");
+    const auto g_host = gravac::test::make_data(numel, 200 + static_cast<std::uint64_t>(n));
+    auto g = to_device(g_host);
+    const auto e_before = to_host(e.data(), numel);
+    bool threw = false;
+    cuda_double::fail_launch_in(n);
+    try {
+      step(k, c, g, e, false);
+    } catch (const gravac::error& err) {
+      threw = true;
+      const std::string what = err.what();
+      INFO(what);
+      CHECK(err.code() == gravac::status::backend_failure);
+      CHECK(what.find("allreduce_compatible") != std::string::npos);
+      CHECK(what.find("cudaErrorLaunchOutOfResources") != std::string::npos);
+      if (what.find("return_sent()") != std::string::npos) {
+        gravac::step_buffers<gravac::cuda_space> b{gravac::device_view(g), gravac::device_view(e), false};
+        k.return_sent(c, b);
+      } else {
+        CHECK(what.find("the residual holds u = g + e") != std::string::npos);
+      }
+    }
+    cuda_double::fail_launch_in(-1);
+    if (!threw) break;
+    ++failed;
+    std::vector<float> u(numel);
+    for (std::size_t j = 0; j < numel; ++j) u[j] = g_host[j] + e_before[j];
+    const auto e_after = to_host(e.data(), numel);
+    REQUIRE(same_words(e_after.data(), u.data(), numel * sizeof(float), false));
+  }
+  WARN("allreduce_compatible" << (gains ? " with a gain curve" : "") << ": failed at each of its " << failed
+                              << " launches");
+  CHECK(failed > 2);
+  gravac::allreduce_compatible k2(lay);
+  gravac::topk_cuda c2(lay);
+  k2.prepare(c2);
+  auto e2 = to_device(to_host(e.data(), numel));
+  const auto g_host = gravac::test::make_data(numel, 999);
+  auto g1 = to_device(g_host), g2 = to_device(g_host);
+  step(k, c, g1, e, false);
+  step(k2, c2, g2, e2, false);
+  const auto a1 = to_host(g1.data(), numel), a2 = to_host(g2.data(), numel);
+  REQUIRE(same_words(a1.data(), a2.data(), numel * sizeof(float), false));
+  const auto r1 = to_host(e.data(), numel), r2 = to_host(e2.data(), numel);
+  REQUIRE(same_words(r1.data(), r2.data(), numel * sizeof(float), false));
+}
+
 }  // namespace
 
 TEST_CASE("launches per step: flat in the number of layers for the quantizers' job table") {
@@ -180,4 +258,9 @@ TEST_CASE("a device step that fails at any launch leaves every residual at u = g
     fail_every_launch<gravac::cast16_cuda>("cast16_cuda", gains, gravac::cast16_cuda_options{});
     fail_every_launch<gravac::mxfp8_cuda>("mxfp8_cuda", gains, gravac::mxfp8_cuda_options{});
   }
+}
+
+TEST_CASE("AR-Topk's device passes: a step that fails at any launch loses nothing and leaves them usable") {
+  ar_topk_fail_every_launch(false);
+  ar_topk_fail_every_launch(true);
 }

@@ -34,9 +34,11 @@
 #include "gravac/cuda/topk_cuda.hpp"
 #include "gravac/gravac.hpp"
 #include "gravac_test_util.hpp"
+#include "lone_rank_device_comm.hpp"
 
 namespace {
 
+using gravac::test::lone_rank_device_comm;
 using gravac::test::to_device;
 using gravac::test::to_host;
 
@@ -86,32 +88,6 @@ ncclUniqueId one_rank_id() {
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   return id;
 }
-
-// Rank 0 of `ranks` in one process, device memory, whose peers contribute nothing: a sum
-// or a maximum is this rank's values, a gather holds only this rank's bytes, a broadcast
-// from rank 0 leaves the buffer as it is. With one rank, AR-Topk calls no collective; with
-// more, VAR's norms (one control slot per rank) make its control plane as large as a big
-// job's, and its root stays rank 0 (the only non-zero norm).
-struct lone_rank_device_comm {
-  using communicator_tag = void;
-  using memory_space = gravac::cuda_space;
-  using byte_buffer = gravac::device_byte_buffer;
-  int ranks = 1;
-  int rank() const { return 0; }
-  int size() const { return ranks; }
-  void allreduce_sum(std::span<float>) {}
-  void allreduce_sum(std::span<double>) {}
-  void allreduce_max(std::span<double>) {}
-  void allgatherv(std::span<const std::byte> in, byte_buffer& out, std::vector<std::size_t>& sizes) {
-    out.resize(in.size());
-    if (!in.empty()) GRAVAC_TRY_CUDA(cudaMemcpy(out.data(), in.data(), in.size(), cudaMemcpyDefault));
-    sizes.assign(static_cast<std::size_t>(ranks), 0);
-    sizes[0] = in.size();
-  }
-  void broadcast(std::span<std::byte>, int root) { REQUIRE(root == 0); }
-  void barrier() {}
-};
-static_assert(gravac::Communicator<lone_rank_device_comm>);
 
 // One rank's device callbacks (callback_device_communicator): a gather copies on the
 // stream it is given, the rest have nothing to exchange.
