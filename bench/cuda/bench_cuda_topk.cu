@@ -20,12 +20,18 @@
 // reports the same counters plus k_error = |k_hat - k| / k.
 // BM_adacomp_cuda (AdaComp, bin length L_T = second argument) reports copy_fraction of the
 // same bytes and the count sent.
+// BM_model_topk_cuda/M/F/E and BM_model_threshold_cuda/M/F/E: a real model's tensors (M: 0
+// ResNet-50, 161 tensors of 25.6M parameters; 1 GPT-2 small, 148 tensors of 124M;
+// model_layouts.hpp), one selection per tensor, or (E = 1, run first) the same total as 16
+// equal layers. The model rows report model_over_equal, their time over the equal layers'
+// of the same run: what the per-tensor work (launches above all) costs on a real layer mix.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cub/device/device_radix_sort.cuh>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #ifdef GRAVAC_BENCH_CUB_TOPK
 #include <cub/device/device_topk.cuh>
@@ -37,6 +43,7 @@
 #include "gravac/cuda/adacomp_cuda.hpp"
 #include "gravac/cuda/threshold_cuda.hpp"
 #include "gravac/cuda/topk_cuda.hpp"
+#include "model_layouts.hpp"
 
 namespace {
 
@@ -206,6 +213,34 @@ void BM_adacomp_cuda(benchmark::State& state) {
   state.counters["sent"] = static_cast<double>(st.layers[0].kept);
 }
 
+// Times of the equal-layer runs of this run, by (model, fraction in 1/10000, compressor).
+std::map<std::tuple<long, long, int>, double> equal_layer_seconds;
+
+// top-k (K = 0) or threshold (K = 1) on model M's tensors, or on 16 equal layers of the
+// same total when the third argument is 1 (see the file comment).
+template <class C>
+void BM_model(benchmark::State& state, int kind) {
+  const long m = static_cast<long>(state.range(0)), f10k = static_cast<long>(state.range(1));
+  const bool equal = state.range(2) != 0;
+  const auto model = m == 0 ? gravac_bench::resnet50_layout() : gravac_bench::gpt2_small_layout();
+  const auto lay = equal ? layers_of(model.numel()) : model;
+  typename C::options opt;
+  opt.stream = cudaStreamPerThread;
+  C c(lay, opt);
+  gravac::step_params p;
+  p.kept_fraction.assign(lay.size(), static_cast<double>(f10k) / 10000.0);
+  gravac::compress_stats st;
+  const auto t = gravac::bench::time_compress(state, c, lay.numel(), p, st);
+  state.counters["tensors"] = static_cast<double>(lay.size());
+  if (equal) {
+    equal_layer_seconds[{m, f10k, kind}] = t.seconds;
+  } else if (auto it = equal_layer_seconds.find({m, f10k, kind}); it != equal_layer_seconds.end()) {
+    state.counters["model_over_equal"] = t.seconds / it->second;
+  }
+}
+void BM_model_topk_cuda(benchmark::State& state) { BM_model<gravac::topk_cuda>(state, 0); }
+void BM_model_threshold_cuda(benchmark::State& state) { BM_model<gravac::threshold_cuda>(state, 1); }
+
 }  // namespace
 
 // Baselines first, so the top-k runs can report ratios to them.
@@ -233,5 +268,12 @@ BENCHMARK(BM_adacomp_cuda)
     ->Args({1 << 24, 50})
     ->Args({1 << 26, 50})
     ->Args({1 << 26, 500});
+
+// The equal layers (third argument 1) before each model row, whose ratio needs them.
+BENCHMARK(BM_model_topk_cuda)->UseManualTime()->Unit(benchmark::kMicrosecond)->ArgsProduct({{0, 1}, {100}, {1, 0}});
+BENCHMARK(BM_model_threshold_cuda)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->ArgsProduct({{0, 1}, {100}, {1, 0}});
 
 int main(int argc, char** argv) { return gravac::bench::run_benchmarks(argc, argv); }

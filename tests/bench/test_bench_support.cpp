@@ -15,6 +15,7 @@
 #include "gradient_data.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
+#include "model_layouts.hpp"
 #include "topk_reference.hpp"
 
 using namespace gravac_bench;
@@ -289,4 +290,19 @@ TEST_CASE("threshold over sequences of steps: every value sent is at least every
       CHECK(most_kept < least_sent);
     }
   }
+}
+
+TEST_CASE("the model layouts have their models' tensors and parameter counts", "[bench]") {
+  // torchvision's resnet50() and Hugging Face's gpt2 (tied output projection), as their
+  // parameter lists give them.
+  const auto r = gravac_bench::resnet50_layout();
+  CHECK(r.size() == 161);
+  CHECK(r.numel() == 25557032);
+  CHECK(r[0].name == "conv1.weight");
+  CHECK(r[0].numel == 64 * 3 * 7 * 7);
+  CHECK(r[r.size() - 2].numel == 1000 * 2048);
+  const auto g = gravac_bench::gpt2_small_layout();
+  CHECK(g.size() == 148);
+  CHECK(g.numel() == 124439808);
+  CHECK(g[0].numel == 50257 * 768);
 }
