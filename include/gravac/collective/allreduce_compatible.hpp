@@ -116,7 +116,9 @@ class allreduce_compatible {
     // 1. u = g + e in place of e (if anything fails later, e holds all of u: the error
     //    feedback invariant holds with nothing sent), with the statistics.
     st.reset(layout_.size(), p.gain_candidates.size());
-    const double local_sq = w.accumulate(layout_, buf.grad, buf.residual, p, st);
+    // Only VAR reads this rank's norm before the gather (the device passes then wait for it).
+    const bool norm_needed = !hook::shared_indices && options_.rule == index_rank_rule::var;
+    const double local_sq = w.accumulate(layout_, buf.grad, buf.residual, p, st, norm_needed);
     r.compress_s = detail::seconds_since(t0);
 
     // 2. The index rank. VAR's norms ride in the step's value Allreduce, so the rank chosen

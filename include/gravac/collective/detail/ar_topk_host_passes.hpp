@@ -34,9 +34,11 @@ class ar_topk_host_passes {
 
   //! u = g + e in place of e, the per-layer grad_sq and input_sq (and the gain curve from
   //! a magnitude histogram when p.gain_candidates is non-empty) into \p st, which the caller
-  //! reset. Returns this rank's ||g||^2.
+  //! reset. Returns this rank's ||g||^2 (\p norm_needed is the device passes' hint: the
+  //! host computes it either way).
   double accumulate(const layout& lay, grad_view<host_space> gv, grad_view<host_space> ev, const step_params& p,
-                    compress_stats& st) {
+                    compress_stats& st, bool norm_needed = true) {
+    (void)norm_needed;
     auto g = gv.span();
     auto e = ev.span();
     double local_sq = 0;

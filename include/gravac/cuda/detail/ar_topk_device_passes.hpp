@@ -102,9 +102,11 @@ class ar_topk_device_passes<cuda_space> {
 
   //! u = g + e in place of e, per layer: grad_sq, input_sq, the gain curve, non_finite into
   //! \p st (reset by the caller). Returns this rank's ||g||^2 (the layers' sums, in layer
-  //! order, as the host adds them).
+  //! order, as the host adds them). Without \p norm_needed (no rule reads this rank's norm
+  //! now) it does not wait: the statistics reach \p st with gather()'s wait, so the host
+  //! queues the selection while the passes run, and it returns 0.
   double accumulate(const layout& lay, grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p,
-                    compress_stats& st) {
+                    compress_stats& st, bool norm_needed = true) {
     require(g.size() == lay.numel() && e.size() == lay.numel(),
             "allreduce_compatible: buffer size does not match the layout");
     require(p.gain_candidates.size() <= static_cast<std::size_t>(max_gain_candidates),
@@ -140,16 +142,11 @@ class ar_topk_device_passes<cuda_space> {
     copy_to_host_async(s, host_states_, states_);
     copy_to_host_async(s, host_sums_, sums_);
     copy_to_host_async(s, host_gain_, gain_out_);
+    pending_gains_ = p.gain_candidates.size();
+    statistics_pending_ = true;
+    if (!norm_needed) return 0.0;
     stream_.synchronize();
-    double local_sq = 0;
-    for (std::size_t i = 0; i < lay.size(); ++i) {
-      st.layers[i].grad_sq = host_sums_[i].grad_sq;
-      st.layers[i].input_sq = host_sums_[i].input_sq;
-      st.non_finite |= host_states_[i].non_finite != 0;
-      local_sq += host_sums_[i].grad_sq;
-    }
-    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
-    return local_sq;
+    return read_accumulated(lay, st);
   }
 
   //! Room for \p n indices (the contents are rewritten every step).
@@ -231,6 +228,7 @@ class ar_topk_device_passes<cuda_space> {
     }
     copy_to_host_async(s, host_sums_, sums_);
     stream_.synchronize();
+    if (statistics_pending_) (void)read_accumulated(lay, st);
     for (std::size_t i = 0; i < lay.size(); ++i) {
       st.layers[i].kept = dense[i] ? lay[i].numel : offsets[i + 1] - offsets[i];
       st.layers[i].kept_sq = host_sums_[i].kept_sq;
@@ -315,6 +313,21 @@ class ar_topk_device_passes<cuda_space> {
   }
 
  private:
+  // accumulate()'s statistics into \p st from the pinned copies (the stream has been waited
+  // for since they were queued); returns this rank's ||g||^2.
+  double read_accumulated(const layout& lay, compress_stats& st) {
+    statistics_pending_ = false;
+    double local_sq = 0;
+    for (std::size_t i = 0; i < lay.size(); ++i) {
+      st.layers[i].grad_sq = host_sums_[i].grad_sq;
+      st.layers[i].input_sq = host_sums_[i].input_sq;
+      st.non_finite |= host_states_[i].non_finite != 0;
+      local_sq += host_sums_[i].grad_sq;
+    }
+    for (std::size_t c = 0; c < pending_gains_; ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    return local_sq;
+  }
+
   // Called while a failure of a pass's queuing is handled: waits for the stream (no queued
   // kernel outlives the buffers the caller frees), runs \p repair (which puts every layer's
   // residual back to u = g + e_old) and waits again, then rethrows: a gravac::error as one
@@ -365,6 +378,8 @@ class ar_topk_device_passes<cuda_space> {
   device_buffer<float> values_;
   device_buffer<float> own_;
   std::size_t own_count_ = 0;
+  bool statistics_pending_ = false;  // accumulate() queued copies that gather() reads
+  std::size_t pending_gains_ = 0;    // their gain candidates
   pinned_buffer<select_state> host_states_;
   pinned_buffer<layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;
