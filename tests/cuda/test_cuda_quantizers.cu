@@ -377,28 +377,25 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
 }
 
 TEST_CASE("device quantizers: same data, same statistics bit for bit, whatever the block order", "[same_bits]") {
+  // One family of each statistics path: QSGD's buckets (chunk sums, code pass), NVFP4's
+  // layer amax and block codes, MXFP8's; the other families share their passes' sums.
   auto lay = gravac::test::mixed_layout();
-  lay.add("big", {300001}, gravac::layer_kind::dense);
+  lay.add("big", {100001}, gravac::layer_kind::dense);
   auto p = gravac::test::params_for(lay, 0.1, 0, 17);
   p.kept_fraction[1] = 1.0;  // a layer sent dense
   const double candidates[] = {0.5, 0.1, 0.01};
   p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
   auto run = [&](auto& t) {
-    for (std::uint64_t s = 0; s < 3; ++s) t.step(gravac::test::make_data(lay.numel(), 81 + s), p);
+    for (std::uint64_t s = 0; s < 2; ++s) t.step(gravac::test::make_data(lay.numel(), 81 + s), p);
   };
   SECTION("qsgd_cuda") {
     gravac::test::device_twins<gravac::qsgd_cuda> t(lay, gravac::qsgd_cuda_options{.levels = 15, .bucket = 128});
     run(t);
   }
-  SECTION("terngrad_cuda") {
-    gravac::test::device_twins<gravac::terngrad_cuda> t(lay, gravac::terngrad_cuda_options{});
-    run(t);
-  }
   SECTION("block-scaled formats") {
-    for (int f = 0; f < block_formats; ++f) {
+    for (int f : {0, 3}) {
       INFO(block_format_names[f]);
-      const auto rounding = f % 2 ? gravac::block_rounding::stochastic : gravac::block_rounding::nearest_even;
-      with_block_format(f, rounding, f != 2, [&](auto pair, const auto&, const auto& dopt) {
+      with_block_format(f, gravac::block_rounding::stochastic, true, [&](auto pair, const auto&, const auto& dopt) {
         using dev_t = typename decltype(pair)::type::dev_type;
         gravac::test::device_twins<dev_t> t(lay, dopt);
         run(t);
