@@ -38,8 +38,6 @@ class block_slots_buffer {
       : blocks_(blocks), buf_(static_cast<std::size_t>(max_ordered_sums * blocks), s), done_(1, s) {}
   //! What the kernels take.
   [[nodiscard]] block_slots view() noexcept { return {buf_.data(), blocks_, done_.data()}; }
-  //! Blocks a grid may have.
-  [[nodiscard]] unsigned long long capacity() const noexcept { return blocks_; }
 
  private:
   unsigned long long blocks_ = 0;

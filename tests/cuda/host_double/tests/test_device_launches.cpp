@@ -69,6 +69,29 @@ std::vector<std::uint64_t> launch_counts(const char* name, bool gains, const Opt
   return n;
 }
 
+// The layout and step of the failure sweeps: small layers, a large one, one sent raw,
+// with or without a gain curve.
+gravac::layout sweep_layout() {
+  auto lay = gravac::test::mixed_layout();
+  lay.add("big", {3000}, gravac::layer_kind::dense);
+  return lay;
+}
+gravac::step_params sweep_params(const gravac::layout& lay, bool gains) {
+  auto p = gravac::test::params_for(lay, 0.05);
+  p.kept_fraction[1] = 1.0;  // a layer sent raw
+  if (gains) p.gain_candidates = {0.1, 0.01};
+  return p;
+}
+
+// After a failed step: e = g + e_before bit for bit (nothing sent, nothing lost).
+void require_residual_is_u(const gravac::device_buffer<float>& e, const std::vector<float>& g,
+                           const std::vector<float>& e_before) {
+  std::vector<float> u(g.size());
+  for (std::size_t j = 0; j < u.size(); ++j) u[j] = g[j] + e_before[j];
+  const auto e_after = to_host(e.data(), u.size());
+  REQUIRE(same_words(e_after.data(), u.data(), u.size() * sizeof(float), false));
+}
+
 // Steps one Dev on \p lay with the launch n of the step made to fail, for n = 0, 1, ...
 // until a step runs through. Each failed step must throw a gravac::error that names the
 // compressor and says the residual holds u, and must leave e = g + e_before bit for bit
@@ -76,11 +99,8 @@ std::vector<std::uint64_t> launch_counts(const char* name, bool gains, const Opt
 // residual a fresh compressor gives on the same g and e (no state left behind).
 template <class Dev, class... Options>
 void fail_every_launch(const char* name, bool gains, const Options&... options) {
-  auto lay = gravac::test::mixed_layout();
-  lay.add("big", {3000}, gravac::layer_kind::dense);
-  auto p = gravac::test::params_for(lay, 0.05);
-  p.kept_fraction[1] = 1.0;  // a layer sent raw
-  if (gains) p.gain_candidates = {0.1, 0.01};
+  const auto lay = sweep_layout();
+  const auto p = sweep_params(lay, gains);
   const std::size_t numel = lay.numel();
   Dev dev(lay, options...);
   gravac::device_buffer<float> e(numel);
@@ -113,10 +133,7 @@ void fail_every_launch(const char* name, bool gains, const Options&... options) 
     cuda_double::fail_launch_in(-1);
     if (!threw) break;  // the step has n launches: this one ran through
     ++failed;
-    std::vector<float> u(numel);
-    for (std::size_t j = 0; j < numel; ++j) u[j] = g_host[j] + e_before[j];
-    const auto e_after = to_host(e.data(), numel);
-    REQUIRE(same_words(e_after.data(), u.data(), numel * sizeof(float), false));
+    require_residual_is_u(e, g_host, e_before);
   }
   WARN(name << (gains ? " with a gain curve" : "") << ": failed at each of its " << failed << " launches");
   CHECK(failed > 2);
@@ -143,11 +160,8 @@ void fail_every_launch(const char* name, bool gains, const Options&... options) 
 // written) says so, and return_sent() then gives e = u. The clean step after them must
 // equal a fresh collective's.
 void ar_topk_fail_every_launch(bool gains) {
-  auto lay = gravac::test::mixed_layout();
-  lay.add("big", {3000}, gravac::layer_kind::dense);
-  auto p = gravac::test::params_for(lay, 0.05);
-  p.kept_fraction[1] = 1.0;  // a layer sent dense
-  if (gains) p.gain_candidates = {0.1, 0.01};
+  const auto lay = sweep_layout();
+  const auto p = sweep_params(lay, gains);
   const std::size_t numel = lay.numel();
   gravac::allreduce_compatible k(lay);
   gravac::topk_cuda c(lay);
@@ -192,10 +206,7 @@ void ar_topk_fail_every_launch(bool gains) {
     cuda_double::fail_launch_in(-1);
     if (!threw) break;
     ++failed;
-    std::vector<float> u(numel);
-    for (std::size_t j = 0; j < numel; ++j) u[j] = g_host[j] + e_before[j];
-    const auto e_after = to_host(e.data(), numel);
-    REQUIRE(same_words(e_after.data(), u.data(), numel * sizeof(float), false));
+    require_residual_is_u(e, g_host, e_before);
   }
   WARN("allreduce_compatible" << (gains ? " with a gain curve" : "") << ": failed at each of its " << failed
                               << " launches");
