@@ -26,6 +26,8 @@ each option). A bad name or option raises ValueError before anything is sent.
 
 import atexit
 import ctypes
+import time
+import traceback
 import warnings
 import threading
 import weakref
@@ -175,10 +177,63 @@ def _global_rank(group, rank):
     return dist.distributed_c10d._get_global_rank(group, rank)
 
 
+class _HeldByTorch:
+    """The Python objects gravac's callbacks handed to torch.distributed that torch may still
+    hold. torch lets go of a collective's tensors on its own threads (Gloo's workers, NCCL's
+    watchdog), a little after the collective has returned; releasing a tensor made in Python
+    (its Python object, or the buffer under a frombuffer tensor) takes the GIL there. A thread
+    that takes the GIL once the interpreter has begun to finalize is ended inside that C++
+    destructor, and the process aborts ("terminate called without an active exception").
+    So each such object is watched through a weak reference, and exit waits until torch has
+    let go of all of them (wait_released)."""
+
+    def __init__(self):
+        self._refs = {}  # id(weak reference) -> weak reference; dict operations hold the GIL
+
+    def track(self, *objects):
+        for o in objects:
+            r = weakref.ref(o, self._released)
+            self._refs[id(r)] = r
+
+    def _released(self, r):
+        self._refs.pop(id(r), None)
+
+    def count(self):
+        """How many handed objects are still alive."""
+        return len(self._refs)
+
+    def wait_released(self, timeout_s):
+        """Sleeps (the GIL released, so torch's threads can take it) until torch holds none of
+        the objects, for at most timeout_s seconds; True when it holds none."""
+        deadline = time.monotonic() + timeout_s
+        while self._refs and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return not self._refs
+
+
+_held_by_torch = _HeldByTorch()
+
+
+def _handed(tensor):
+    """A tensor about to be handed to torch.distributed: watched until torch lets go."""
+    _held_by_torch.track(tensor)
+    return tensor
+
+
+def _handed_chunks(tensor, parts):
+    """The views all_gather fills (Gloo and MPI gather into a list), each watched."""
+    chunks = list(tensor.chunk(parts))
+    _held_by_torch.track(*chunks)
+    return chunks
+
+
 def _host_tensor(address, nbytes, dtype):
-    """A CPU tensor over C memory (no copy); nbytes > 0."""
+    """A CPU tensor over C memory (no copy); nbytes > 0. The tensor and the buffer object its
+    storage holds are both watched (_HeldByTorch)."""
     array = (ctypes.c_ubyte * nbytes).from_address(address)
-    return torch.frombuffer(array, dtype=dtype)
+    t = torch.frombuffer(array, dtype=dtype)
+    _held_by_torch.track(array, t)
+    return t
 
 
 class _TorchComm:
@@ -217,12 +272,14 @@ class _TorchComm:
                 fn(*args)
                 return 0
             except BaseException as e:  # nothing may unwind into C
+                # Kept for its text only: its frames would keep the collective's tensors alive.
+                traceback.clear_frames(e.__traceback__)
                 self.error = e
                 return 1
         return call
 
     def _stage(self, t):
-        return t.to(self.device) if self.device is not None else t
+        return _handed(t.to(self.device)) if self.device is not None else t
 
     def _back(self, host, staged):
         if staged is not host:
@@ -242,12 +299,13 @@ class _TorchComm:
             return
         src = self._stage(_host_tensor(send, nbytes, torch.uint8))
         host_out = _host_tensor(recv, nbytes * self.size, torch.uint8)
-        out = torch.empty(nbytes * self.size, dtype=torch.uint8, device=self.device) if self.device else host_out
+        out = (_handed(torch.empty(nbytes * self.size, dtype=torch.uint8, device=self.device)) if self.device
+               else host_out)
         if self.device is not None and self._gather_into_tensor:
             dist.all_gather_into_tensor(out, src, group=self.group)
         else:
             # Gloo (and MPI) gather into a list: views of the output, so nothing is copied.
-            dist.all_gather(list(out.chunk(self.size)), src, group=self.group)
+            dist.all_gather(_handed_chunks(out, self.size), src, group=self.group)
         self._back(host_out, out)
 
     def _broadcast(self, user, data, nbytes, root):
@@ -265,8 +323,8 @@ class _TorchComm:
         sends = [int(send_bytes[j]) for j in range(self.size)]
         recvs = [int(recv_bytes[i]) for i in range(self.size)]
         total_send, total_recv = sum(sends), sum(recvs)
-        host_in = _host_tensor(send, total_send, torch.uint8) if total_send else torch.empty(0, dtype=torch.uint8)
-        host_out = _host_tensor(recv, total_recv, torch.uint8) if total_recv else torch.empty(0, dtype=torch.uint8)
+        host_in = _host_tensor(send, total_send, torch.uint8) if total_send else _handed(torch.empty(0, dtype=torch.uint8))
+        host_out = _host_tensor(recv, total_recv, torch.uint8) if total_recv else _handed(torch.empty(0, dtype=torch.uint8))
         t_in, t_out = self._stage(host_in), self._stage(host_out)
         dist.all_to_all_single(t_out, t_in, output_split_sizes=recvs, input_split_sizes=sends, group=self.group)
         self._back(host_out, t_out)
@@ -287,7 +345,10 @@ _DEVICE_TYPES = {torch.float32: ("<f4", 4), torch.float64: ("<f8", 8), torch.uin
 def _device_tensor(address, nbytes, dtype, device):
     """A CUDA tensor over C device memory (no copy); nbytes > 0."""
     typestr, itemsize = _DEVICE_TYPES[dtype]
-    return torch.as_tensor(_DeviceArray(address, nbytes, typestr, itemsize), device=device)
+    array = _DeviceArray(address, nbytes, typestr, itemsize)
+    t = torch.as_tensor(array, device=device)
+    _held_by_torch.track(array, t)
+    return t
 
 
 class _TorchDeviceComm(_TorchComm):
@@ -338,7 +399,7 @@ class _TorchDeviceComm(_TorchComm):
             if self._gather_into_tensor:
                 dist.all_gather_into_tensor(out, src, group=self.group)
             else:
-                dist.all_gather(list(out.chunk(self.size)), src, group=self.group)
+                dist.all_gather(_handed_chunks(out, self.size), src, group=self.group)
 
     def _device_broadcast(self, user, data, nbytes, root, stream):
         if nbytes == 0:
@@ -385,6 +446,15 @@ def _close_engines_at_exit():
             engine.close()
         except Exception:  # a peer gone at exit: nothing left to report to
             pass
+    # torch's threads may still hold the last collectives' tensors (_HeldByTorch): wait for
+    # them while they can still take the GIL. Bounded: a peer stuck in a collective must not
+    # keep this process from exiting.
+    if not _held_by_torch.wait_released(_EXIT_RELEASE_TIMEOUT_S):
+        warnings.warn(f"gravac.torch: torch still holds {_held_by_torch.count()} of gravac's collective "
+                      f"buffers {_EXIT_RELEASE_TIMEOUT_S:.0f} s after exit began; its threads may abort the process")
+
+
+_EXIT_RELEASE_TIMEOUT_S = 30.0
 
 
 class _Engine:
