@@ -28,6 +28,7 @@
 #include "gravac/core/detail/random.hpp"
 #include "gravac/cuda/detail/block_scaled_kernels.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/gain_jobs_pass.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
@@ -188,14 +189,16 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     scales_ = device_buffer<detail::bucket_scale>(std::max<std::size_t>(buckets, 1), s);
     plan_ = device_buffer<detail::segment_desc>(L, s);
     head_ = device_buffer<packet_header>(1, s);
-    // The gain pass (topk_cuda's fused pass with k = 0) and its workspace.
+    // The gain pass (gain_jobs_pass: topk_cuda's fused pass with k = 0, every layer in one
+    // launch) and its workspace: a histogram per layer (48 KiB), zero between steps.
     states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(1, s);
-    hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
-    hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
+    hist_ = device_buffer<std::uint32_t>(L * detail::max_bins, s);
+    hist_sq_ = device_buffer<unsigned long long>(L * detail::max_bins, s);
+    gain_k_ = device_buffer<unsigned long long>(L * detail::max_gain_candidates, s);
+    gain_part_ = device_buffer<double>(L * detail::max_gain_candidates, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
-    gain_sums_ = device_buffer<detail::layer_sums>(1, s);
-    cand_ = device_buffer<std::uint32_t>(1, s);
+    gain_jobs_done_ = device_buffer<std::uint32_t>(1, s);
     // Validation and decoding.
     table_ = device_buffer<detail::quant_segment>(L, s);
     walk_ = device_buffer<detail::walk_result>(1, s);
@@ -204,6 +207,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     head_host_.resize(1);
     sums_host_.resize(L);
     gain_host_.resize(detail::max_gain_candidates);
+    gain_k_host_.resize(L * detail::max_gain_candidates);
     walk_host_.resize(1);
     job_layer_.resize(L);
     s.synchronize();  // the pinned staging above is freed when this returns
@@ -215,8 +219,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
  private:
   // What plan_step works out on the host for the step's launches.
   struct step_plan {
-    std::uint32_t jobs = 0;                       // layers with a segment
-    unsigned long long blocks[4] = {0, 0, 0, 0};  // blocks of each pass (pass_raw, ...)
+    std::uint32_t jobs = 0;                                // layers with a segment
+    unsigned long long blocks[detail::quant_passes] = {};  // blocks of each pass (pass_raw, ...)
   };
 
   // The plan of the step on the host, into the pinned staging and \p plan: every segment's
@@ -248,8 +252,14 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
       jb.payload = at + sizeof(segment_header);
       jb.index = jobs;
       jb.raw = raw ? 1u : 0u;
-      for (int k = 0; k < 4; ++k) jb.block_first[k] = blocks[k];
+      for (int k = 0; k < cd::quant_passes; ++k) jb.block_first[k] = blocks[k];
       const auto T = static_cast<unsigned long long>(cd::quant_threads);
+      // The gain pass: the grid select_fused_pass would have on this layer alone, and the
+      // candidates' k on this layer.
+      blocks[cd::pass_gain] +=
+          static_cast<unsigned long long>(launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items));
+      for (std::size_t c = 0; c < p.gain_candidates.size(); ++c)
+        gain_k_host_[jobs * cd::max_gain_candidates + c] = kept_count(l.numel, p.gain_candidates[c]);
       if (raw) {
         blocks[cd::pass_raw] += cd::blocks_covering(pad8(l.numel * sizeof(float)) / sizeof(float), T);
       } else {
@@ -313,20 +323,18 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     // The gain curve of u (every non-empty layer, as the host skeleton): topk_cuda's fused
     // pass with k = 0 writes e = u, so the passes below read u from e.
     const bool gains = !p.gain_candidates.empty();
-    if (gains) {
-      cd::clear_async(s, gain_out_, states_);
-      cd::gain_request rq;
-      rq.count = static_cast<int>(p.gain_candidates.size());
-      for (std::uint32_t j = 0; j < jobs; ++j) {
-        const auto& l = layout_[job_layer_[j]];
-        for (int c = 0; c < rq.count; ++c)
-          rq.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-        const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
-        detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, g.data() + l.offset, e.data() + l.offset,
-                       l.numel, 0, states_.data() + j, prev_threshold_.data(), hist_.data(), hist_sq_.data(),
-                       cand_.data(), 0, gain_sums_.data(), rq, gain_out_.data(), false, nullptr, slots_.view());
-        progress_.u_jobs = j + 1;
-      }
+    if (gains && jobs) {
+      cd::clear_async(s, gain_part_, states_);
+      GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_k_.data(), gain_k_host_.data(),
+                                      jobs * cd::max_gain_candidates * sizeof(unsigned long long),
+                                      cudaMemcpyHostToDevice, s));
+      detail::launch(&cd::gain_jobs_pass, static_cast<unsigned>(blocks[cd::pass_gain]), cd::select_threads, s, g.data(),
+                     e.data(), jobs_.data(), jobs, states_.data(), prev_threshold_.data(), hist_.data(),
+                     hist_sq_.data(), gain_k_.data(), static_cast<int>(p.gain_candidates.size()), gain_part_.data(),
+                     gain_out_.data(), gain_jobs_done_.data());
+      progress_.u_jobs = jobs;
+    } else if (gains) {
+      cd::clear_async(s, gain_out_);
     }
     float* gd = g.data();
     float* ed = e.data();
@@ -604,9 +612,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   device_buffer<std::uint32_t> prev_threshold_;
   device_buffer<std::uint32_t> hist_;
   device_buffer<unsigned long long> hist_sq_;
+  device_buffer<unsigned long long> gain_k_;
+  device_buffer<double> gain_part_;
   device_buffer<double> gain_out_;
-  device_buffer<detail::layer_sums> gain_sums_;
-  device_buffer<std::uint32_t> cand_;
+  device_buffer<std::uint32_t> gain_jobs_done_;
   mutable device_buffer<detail::quant_segment> table_;
   mutable device_buffer<detail::walk_result> walk_;
   pinned_buffer<detail::quant_job> jobs_host_;
@@ -614,6 +623,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   pinned_buffer<packet_header> head_host_;
   pinned_buffer<detail::quant_sums> sums_host_;
   pinned_buffer<double> gain_host_;
+  pinned_buffer<unsigned long long> gain_k_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
   // How far the step's queue got (repair_step): jobs [0, u_jobs) hold u in e (or, sent

@@ -15,6 +15,13 @@
 
 namespace gravac::detail {
 
+//! The blocks a fused pass strides over: the whole grid (select_fused_pass), or one job's
+//! share of a grid that covers many layers (gain_jobs_pass).
+struct fused_grid {
+  unsigned long long block;   //!< this block's index among them
+  unsigned long long blocks;  //!< how many there are
+};
+
 //! Pass 1 (fused): u = g + e, e = u, statistics, first-digit histogram, candidates at or
 //! above the previous threshold, and (last block) the first boundary and the gain curve.
 //!
@@ -28,18 +35,19 @@ namespace gravac::detail {
 //! the selection over that concatenation).
 //!
 //! The statistics repeat bit for bit whatever order the blocks run in: the norms are added
-//! in block order (\p slots, ordered_sums.hpp), the bins' energies in fixed point
-//! (bin_energy.hpp), whose integer sums no order can change.
+//! in block order (\p slots, ordered_sums.hpp; none with \p sums null), the bins' energies in
+//! fixed point (bin_energy.hpp), whose integer sums no order can change. Each candidate's
+//! kept energy is added to gain_out[c] by the last block.
 //!
-//! No default arguments: it is launched through detail::launch (a function pointer), so
-//! every launch passes threshold_mode (false for top-k) and copy (null: none).
-static __global__ void __launch_bounds__(select_threads)
-    select_fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
-                      select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
-                      std::uint32_t* __restrict__ hist, unsigned long long* __restrict__ hist_sq,
-                      std::uint32_t* __restrict__ cand, std::uint32_t cap, layer_sums* __restrict__ sums,
-                      gain_request gains, double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
-                      block_slots slots) {
+//! Returns true in the block that finished last among \p grid's (the others return early).
+__device__ inline bool fused_pass_body(const float* __restrict__ g, float* __restrict__ e, std::size_t n,
+                                       std::uint32_t k, select_state* __restrict__ st,
+                                       const std::uint32_t* __restrict__ prev_threshold,
+                                       std::uint32_t* __restrict__ hist, unsigned long long* __restrict__ hist_sq,
+                                       std::uint32_t* __restrict__ cand, std::uint32_t cap,
+                                       layer_sums* __restrict__ sums, const gain_request& gains,
+                                       double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
+                                       block_slots slots, fused_grid grid) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ unsigned long long sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
@@ -56,7 +64,7 @@ static __global__ void __launch_bounds__(select_threads)
   // Each thread handles fused_items values per round (loads first, for memory-level
   // parallelism); a warp's lanes stay converged for the warp-aggregated append.
   const std::size_t tile = static_cast<std::size_t>(select_threads) * fused_items;
-  for (std::size_t base = blockIdx.x * tile + threadIdx.x; base - threadIdx.x < n; base += gridDim.x * tile) {
+  for (std::size_t base = grid.block * tile + threadIdx.x; base - threadIdx.x < n; base += grid.blocks * tile) {
     float gv[fused_items], ev[fused_items];
 #pragma unroll
     for (int j = 0; j < fused_items; ++j) {
@@ -92,7 +100,7 @@ static __global__ void __launch_bounds__(select_threads)
   const double bg = reduce_t(red).Sum(gsq);
   __syncthreads();
   const double bu = reduce_t(red).Sum(usq);
-  {
+  if (sums) {
     const double mine[2] = {bg, bu};
     double* const out[2] = {&sums->grad_sq, &sums->input_sq};
     add_in_block_order<select_threads, 2>(mine, slots, out);
@@ -104,7 +112,7 @@ static __global__ void __launch_bounds__(select_threads)
       if (want_sq) atomicAdd(&hist_sq[i], sh_sq[i]);
     }
   }
-  if (!last_block(&st->blocks_done)) return;
+  if (!last_block_of(&st->blocks_done, grid.blocks)) return false;
 
   // The last block: the histogram is complete.
   std::uint32_t mine = 0;
@@ -152,7 +160,7 @@ static __global__ void __launch_bounds__(select_threads)
         st->done = 2;  // nothing at or above the estimate
         st->count = 0;
       }
-      return;
+      return true;
     }
     if (hits <= k) {  // the estimate erred high or was right: send every key >= t
       if (threadIdx.x == 0) {
@@ -161,7 +169,7 @@ static __global__ void __launch_bounds__(select_threads)
         st->take_all_ties = 1;
         st->count = hits;
       }
-      return;
+      return true;
     }
     if (threadIdx.x == 0) st->all_ties = 1;  // more than k: raise t to the k-th largest
   }
@@ -171,7 +179,7 @@ static __global__ void __launch_bounds__(select_threads)
       st->count = 0;
       st->too_few_finite = k > 0;
     }
-    return;
+    return true;
   }
   if (finite_total <= k) {
     // Every finite value is sent (k is the finite count, as gravac::topk): keys >= 0 that
@@ -183,14 +191,14 @@ static __global__ void __launch_bounds__(select_threads)
       st->count = finite_total;
       st->too_few_finite = finite_total < k;
     }
-    return;
+    return true;
   }
   const boundary b = find_device_boundary(sh_hist, max_bins, k);
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0) return true;
   st->count = k;
   if (b.count == 0) {  // cannot happen (k < finite_total); nothing is selected, compress() fails
     st->done = 2;
-    return;
+    return true;
   }
   st->prefix = b.bin;
   st->remaining = k - b.above;
@@ -199,7 +207,7 @@ static __global__ void __launch_bounds__(select_threads)
     st->done = 1;
     st->threshold = b.bin << 20;
     st->take_all_ties = 1;
-    return;
+    return true;
   }
   const bool hit = use_prev && low <= (b.bin << 20) && st->cand_count <= cap;
   if (hit) {
@@ -210,6 +218,21 @@ static __global__ void __launch_bounds__(select_threads)
   } else {
     st->cand_count = 0;  // refine over the whole input
   }
+  return true;
+}
+
+//! Pass 1 over one layer (the whole grid): fused_pass_body. No default arguments: it is
+//! launched through detail::launch (a function pointer), so every launch passes
+//! threshold_mode (false for top-k) and copy (null: none).
+static __global__ void __launch_bounds__(select_threads)
+    select_fused_pass(const float* __restrict__ g, float* __restrict__ e, std::size_t n, std::uint32_t k,
+                      select_state* __restrict__ st, const std::uint32_t* __restrict__ prev_threshold,
+                      std::uint32_t* __restrict__ hist, unsigned long long* __restrict__ hist_sq,
+                      std::uint32_t* __restrict__ cand, std::uint32_t cap, layer_sums* __restrict__ sums,
+                      gain_request gains, double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
+                      block_slots slots) {
+  (void)fused_pass_body(g, e, n, k, st, prev_threshold, hist, hist_sq, cand, cap, sums, gains, gain_out, threshold_mode,
+                        copy, slots, fused_grid{blockIdx.x, gridDim.x});
 }
 
 }  // namespace gravac::detail
