@@ -404,17 +404,17 @@ TEST_CASE("device quantizers: same data, same statistics bit for bit, whatever t
   }
 }
 
-TEST_CASE("the quantizers' gain pass in one launch equals select_fused_pass launched per layer, bit for bit",
-          "[same_bits]") {
-  // gain_jobs_pass is the per-layer loop it replaced, folded into one grid: the same u in e,
-  // and the same gain curve bits (each job's kept energies added in layer order).
+TEST_CASE("fused_jobs_pass over every layer equals select_fused_pass launched per layer, bit for bit", "[same_bits]") {
+  // One launch over every layer (the quantizers' gain pass, AR-Topk's accumulate) against
+  // the per-layer launches it replaced: the same u in e, the same norms per layer, the same
+  // gain curve (each layer's kept energies added in layer order).
   namespace cd = gravac::detail;
-  const std::vector<std::size_t> sizes = {5000, 100, 1, 3, 300001, 4096, 77};
+  const std::vector<std::size_t> sizes = {5000, 100, 0, 1, 3, 300001, 4096, 77};
   const std::vector<double> fractions = {0.5, 0.1, 0.01};
-  const auto lc = cd::launch_config::current_device();
-  const int per_block = cd::select_threads * cd::fused_items;
-  std::size_t numel = 0;
-  for (auto n : sizes) numel += n;
+  gravac::layout lay;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    lay.add("l" + std::to_string(i), {sizes[i]}, gravac::layer_kind::dense);
+  const std::size_t L = lay.size(), numel = lay.numel();
   // The first layer's energy dwarfs the others' (values 1e7 times larger): added first, it
   // absorbs their low bits, so any other order of the layers gives other bits.
   auto g_host = gravac::test::make_data(numel, 91);
@@ -424,68 +424,54 @@ TEST_CASE("the quantizers' gain pass in one launch equals select_fused_pass laun
     e_host[i] *= 1e7f;
   }
   const auto g = to_device(g_host);
-  const std::uint32_t jobs = static_cast<std::uint32_t>(sizes.size());
-  std::vector<unsigned long long> k(jobs * cd::max_gain_candidates, 0);
-  std::vector<cd::quant_job> table(jobs);
-  unsigned long long blocks = 0;
-  std::size_t offset = 0;
-  for (std::uint32_t j = 0; j < jobs; ++j) {
-    table[j].offset = offset;
-    table[j].numel = sizes[j];
-    table[j].index = j;
-    table[j].block_first[cd::pass_gain] = blocks;
-    blocks += static_cast<unsigned long long>(lc.grid_stride(sizes[j], per_block));
-    for (std::size_t c = 0; c < fractions.size(); ++c)
-      k[j * cd::max_gain_candidates + c] = gravac::kept_count(sizes[j], fractions[c]);
-    offset += sizes[j];
-  }
-  const auto zero = to_device(std::vector<std::uint32_t>(1, 0));
+  const auto lc = cd::launch_config::current_device();
   const cudaStream_t s = nullptr;
 
-  // The reference: one select_fused_pass per layer, in layer order, adding into gain_out.
+  // The reference: one select_fused_pass per non-empty layer, in layer order.
   auto e_ref = to_device(e_host);
-  gravac::device_buffer<cd::select_state> st_ref(jobs);
+  const auto zero = to_device(std::vector<std::uint32_t>(1, 0));
+  gravac::device_buffer<cd::select_state> st_ref(L);
+  gravac::device_buffer<cd::layer_sums> sums_ref(L);
   gravac::device_buffer<std::uint32_t> hist_ref(cd::max_bins);
   gravac::device_buffer<unsigned long long> sq_ref(cd::max_bins);
-  gravac::device_buffer<std::uint32_t> cand(1);
   gravac::device_buffer<double> out_ref(cd::max_gain_candidates);
-  for (std::uint32_t j = 0; j < jobs; ++j) {
+  cd::block_slots_buffer slots(static_cast<unsigned long long>(lc.max_stride_grid()), {});
+  for (std::size_t i = 0; i < L; ++i) {
+    const auto& l = lay[i];
+    if (l.numel == 0) continue;
     cd::gain_request rq;
     rq.count = static_cast<int>(fractions.size());
-    for (int c = 0; c < rq.count; ++c) rq.k[c] = k[j * cd::max_gain_candidates + static_cast<std::size_t>(c)];
-    cd::launch(&cd::select_fused_pass, lc.grid_stride(sizes[j], per_block), cd::select_threads, s,
-               g.data() + table[j].offset, e_ref.data() + table[j].offset, sizes[j], 0, st_ref.data() + j, zero.data(),
-               hist_ref.data(), sq_ref.data(), cand.data(), 0, nullptr, rq, out_ref.data(), false, nullptr,
-               cd::block_slots{});
+    for (int c = 0; c < rq.count; ++c) rq.k[c] = gravac::kept_count(l.numel, fractions[static_cast<std::size_t>(c)]);
+    cd::launch(&cd::select_fused_pass, lc.grid_stride(l.numel, cd::select_threads * cd::fused_items),
+               cd::select_threads, s, g.data() + l.offset, e_ref.data() + l.offset, l.numel, 0, st_ref.data() + i,
+               zero.data(), hist_ref.data(), sq_ref.data(), nullptr, 0, sums_ref.data() + i, rq, out_ref.data(), false,
+               nullptr, slots.view());
   }
+  const auto ur = to_host(e_ref.data(), numel);
+  const auto gr = to_host(out_ref.data(), fractions.size());
+  const auto sr = to_host(sums_ref.data(), L);
+  CHECK(gr[0] > gr[1]);  // a real curve: more kept, more energy
+  CHECK(gr[2] > 0);
 
-  // One launch over every job, twice (the second on the first's leftovers: histograms and
-  // counters must be back at zero).
-  const auto jobs_dev = to_device(table);
-  const auto k_dev = to_device(k);
-  gravac::device_buffer<cd::select_state> st(jobs);
-  gravac::device_buffer<std::uint32_t> hist(jobs * cd::max_bins);
-  gravac::device_buffer<unsigned long long> sq(jobs * cd::max_bins);
-  gravac::device_buffer<double> part(jobs * cd::max_gain_candidates);
+  // One launch over every layer, twice on the same workspace (its histograms and counters
+  // must be back at zero after the first).
+  cd::fused_jobs jobs(lay, lc, true, {});
+  REQUIRE(jobs.count() == L - 1);
+  gravac::device_buffer<cd::select_state> st(L);
+  gravac::device_buffer<cd::layer_sums> sums(L);
   gravac::device_buffer<double> out(cd::max_gain_candidates);
-  gravac::device_buffer<std::uint32_t> done(1);
   for (int run = 0; run < 2; ++run) {
     INFO("run " << run);
     auto e = to_device(e_host);
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(st.data(), 0, jobs * sizeof(cd::select_state), s));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(part.data(), 0, part.size() * sizeof(double), s));
-    cd::launch(&cd::gain_jobs_pass, static_cast<unsigned>(blocks), cd::select_threads, s, g.data(), e.data(),
-               jobs_dev.data(), jobs, st.data(), zero.data(), hist.data(), sq.data(), k_dev.data(),
-               static_cast<int>(fractions.size()), part.data(), out.data(), done.data());
-    const auto ue = to_host(e.data(), numel), ur = to_host(e_ref.data(), numel);
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(st.data(), 0, L * sizeof(cd::select_state), s));
+    GRAVAC_TRY_CUDA(cudaMemsetAsync(sums.data(), 0, L * sizeof(cd::layer_sums), s));
+    jobs.queue(s, g.data(), e.data(), st.data(), sums.data(), fractions, out.data());
+    const auto ue = to_host(e.data(), numel);
     REQUIRE(same_words(ue.data(), ur.data(), numel * sizeof(float), false));
-    const auto go = to_host(out.data(), fractions.size()), gr = to_host(out_ref.data(), fractions.size());
+    const auto go = to_host(out.data(), fractions.size());
     REQUIRE(same_words(go.data(), gr.data(), fractions.size() * sizeof(double), false));
-    CHECK(gr[0] > gr[1]);  // a real curve: more kept, more energy
-    CHECK(gr[2] > 0);
-    const auto h = to_host(hist.data(), hist.size());
-    CHECK(std::all_of(h.begin(), h.end(), [](std::uint32_t v) { return v == 0; }));
-    CHECK(to_host(done.data(), 1)[0] == 0);
+    const auto so = to_host(sums.data(), L);
+    REQUIRE(same_words(so.data(), sr.data(), L * sizeof(cd::layer_sums), false));
   }
 }
 

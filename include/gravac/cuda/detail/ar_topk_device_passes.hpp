@@ -31,6 +31,7 @@
 #include "gravac/core/layout.hpp"
 #include "gravac/core/memory.hpp"
 #include "gravac/cuda/detail/ar_topk_kernels.hpp"
+#include "gravac/cuda/detail/fused_jobs_pass.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
@@ -58,11 +59,8 @@ class ar_topk_device_passes<cuda_space> {
     sum_slots_ = block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     states_ = device_buffer<select_state>(L, s);
     sums_ = device_buffer<layer_sums>(L, s);
-    no_threshold_ = device_buffer<std::uint32_t>(1, s);
-    hist_ = device_buffer<std::uint32_t>(max_bins, s);
-    hist_sq_ = device_buffer<unsigned long long>(max_bins, s);
+    accumulate_jobs_ = fused_jobs(lay, launch_, true, s);
     gain_out_ = device_buffer<double>(max_gain_candidates, s);
-    cand_ = device_buffer<std::uint32_t>(1, s);
     first_bad_ = device_buffer<std::uint32_t>(1, s);
     idx_ = device_buffer<std::uint32_t>(1, s);
     values_ = device_buffer<float>(1, s);
@@ -115,19 +113,10 @@ class ar_topk_device_passes<cuda_space> {
     std::size_t in_u = 0;  // layers [0, in_u) have u in e (their pass was queued)
     try {
       clear_async(s, states_, sums_, gain_out_);
-      gain_request gains;
-      gains.count = static_cast<int>(p.gain_candidates.size());
-      for (std::size_t i = 0; i < lay.size(); ++i, in_u = i) {
-        const auto& l = lay[i];
-        if (l.numel == 0) continue;
-        for (int c = 0; c < gains.count; ++c)
-          gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-        // k = 0: no selection, only u into e, the sums and the gain curve (no threshold read).
-        detail::launch(&select_fused_pass, launch_.grid_stride(l.numel, select_threads * fused_items), select_threads,
-                       s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
-                       no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
-                       gain_out_.data(), false, nullptr, sum_slots_.view());
-      }
+      // One launch over every layer (fused_jobs_pass, k = 0): u into e, the sums and the gain
+      // curve, with the bits of one fused pass per layer.
+      accumulate_jobs_.queue(s, g.data(), e.data(), states_.data(), sums_.data(), p.gain_candidates, gain_out_.data());
+      in_u = lay.size();
     } catch (...) {
       // The layers whose pass never ran get g added: e = u everywhere, as the step's contract says.
       repair_and_rethrow([&] {
@@ -367,12 +356,9 @@ class ar_topk_device_passes<cuda_space> {
   launch_config launch_;
   device_buffer<select_state> states_;
   device_buffer<layer_sums> sums_;
-  device_buffer<std::uint32_t> no_threshold_;  // 0: the fused pass reads no previous threshold
-  device_buffer<std::uint32_t> hist_;
-  device_buffer<unsigned long long> hist_sq_;  // fixed point (bin_energy.hpp)
-  block_slots_buffer sum_slots_;               // per-block partial statistics (ordered_sums.hpp)
+  fused_jobs accumulate_jobs_;    // accumulate's one launch over every layer, and its workspace
+  block_slots_buffer sum_slots_;  // per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
-  device_buffer<std::uint32_t> cand_;  // unused by a fused pass without a threshold
   device_buffer<std::uint32_t> first_bad_;
   device_buffer<std::uint32_t> idx_;
   device_buffer<float> values_;

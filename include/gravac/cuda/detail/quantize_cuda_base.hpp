@@ -28,7 +28,7 @@
 #include "gravac/core/detail/random.hpp"
 #include "gravac/cuda/detail/block_scaled_kernels.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
-#include "gravac/cuda/detail/gain_jobs_pass.hpp"
+#include "gravac/cuda/detail/fused_jobs_pass.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
@@ -189,16 +189,12 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     scales_ = device_buffer<detail::bucket_scale>(std::max<std::size_t>(buckets, 1), s);
     plan_ = device_buffer<detail::segment_desc>(L, s);
     head_ = device_buffer<packet_header>(1, s);
-    // The gain pass (gain_jobs_pass: topk_cuda's fused pass with k = 0, every layer in one
-    // launch) and its workspace: a histogram per layer (48 KiB), zero between steps.
+    // The gain pass (fused_jobs_pass: topk_cuda's fused pass with k = 0 over every
+    // non-empty layer in one launch, a job each, as the quantizers' own jobs) and its
+    // workspace.
+    gain_jobs_ = detail::fused_jobs(lay, launch_, false, s);
     states_ = device_buffer<detail::select_state>(L, s);
-    prev_threshold_ = device_buffer<std::uint32_t>(1, s);
-    hist_ = device_buffer<std::uint32_t>(L * detail::max_bins, s);
-    hist_sq_ = device_buffer<unsigned long long>(L * detail::max_bins, s);
-    gain_k_ = device_buffer<unsigned long long>(L * detail::max_gain_candidates, s);
-    gain_part_ = device_buffer<double>(L * detail::max_gain_candidates, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
-    gain_jobs_done_ = device_buffer<std::uint32_t>(1, s);
     // Validation and decoding.
     table_ = device_buffer<detail::quant_segment>(L, s);
     walk_ = device_buffer<detail::walk_result>(1, s);
@@ -207,7 +203,6 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     head_host_.resize(1);
     sums_host_.resize(L);
     gain_host_.resize(detail::max_gain_candidates);
-    gain_k_host_.resize(L * detail::max_gain_candidates);
     walk_host_.resize(1);
     job_layer_.resize(L);
     s.synchronize();  // the pinned staging above is freed when this returns
@@ -219,8 +214,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
  private:
   // What plan_step works out on the host for the step's launches.
   struct step_plan {
-    std::uint32_t jobs = 0;                                // layers with a segment
-    unsigned long long blocks[detail::quant_passes] = {};  // blocks of each pass (pass_raw, ...)
+    std::uint32_t jobs = 0;                       // layers with a segment
+    unsigned long long blocks[4] = {0, 0, 0, 0};  // blocks of each pass (pass_raw, ...)
   };
 
   // The plan of the step on the host, into the pinned staging and \p plan: every segment's
@@ -252,14 +247,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
       jb.payload = at + sizeof(segment_header);
       jb.index = jobs;
       jb.raw = raw ? 1u : 0u;
-      for (int k = 0; k < cd::quant_passes; ++k) jb.block_first[k] = blocks[k];
+      for (int k = 0; k < 4; ++k) jb.block_first[k] = blocks[k];
       const auto T = static_cast<unsigned long long>(cd::quant_threads);
-      // The gain pass: the grid select_fused_pass would have on this layer alone, and the
-      // candidates' k on this layer.
-      blocks[cd::pass_gain] +=
-          static_cast<unsigned long long>(launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items));
-      for (std::size_t c = 0; c < p.gain_candidates.size(); ++c)
-        gain_k_host_[jobs * cd::max_gain_candidates + c] = kept_count(l.numel, p.gain_candidates[c]);
       if (raw) {
         blocks[cd::pass_raw] += cd::blocks_covering(pad8(l.numel * sizeof(float)) / sizeof(float), T);
       } else {
@@ -323,18 +312,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     // The gain curve of u (every non-empty layer, as the host skeleton): topk_cuda's fused
     // pass with k = 0 writes e = u, so the passes below read u from e.
     const bool gains = !p.gain_candidates.empty();
-    if (gains && jobs) {
-      cd::clear_async(s, gain_part_, states_);
-      GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_k_.data(), gain_k_host_.data(),
-                                      jobs * cd::max_gain_candidates * sizeof(unsigned long long),
-                                      cudaMemcpyHostToDevice, s));
-      detail::launch(&cd::gain_jobs_pass, static_cast<unsigned>(blocks[cd::pass_gain]), cd::select_threads, s, g.data(),
-                     e.data(), jobs_.data(), jobs, states_.data(), prev_threshold_.data(), hist_.data(),
-                     hist_sq_.data(), gain_k_.data(), static_cast<int>(p.gain_candidates.size()), gain_part_.data(),
-                     gain_out_.data(), gain_jobs_done_.data());
+    if (gains) {
+      cd::clear_async(s, gain_out_, states_);
+      gain_jobs_.queue(s, g.data(), e.data(), states_.data(), nullptr, p.gain_candidates, gain_out_.data());
       progress_.u_jobs = jobs;
-    } else if (gains) {
-      cd::clear_async(s, gain_out_);
     }
     float* gd = g.data();
     float* ed = e.data();
@@ -608,14 +589,9 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   device_buffer<detail::bucket_scale> scales_;
   device_buffer<detail::segment_desc> plan_;
   device_buffer<packet_header> head_;
+  detail::fused_jobs gain_jobs_;  // the gain pass's jobs and workspace
   device_buffer<detail::select_state> states_;
-  device_buffer<std::uint32_t> prev_threshold_;
-  device_buffer<std::uint32_t> hist_;
-  device_buffer<unsigned long long> hist_sq_;
-  device_buffer<unsigned long long> gain_k_;
-  device_buffer<double> gain_part_;
   device_buffer<double> gain_out_;
-  device_buffer<std::uint32_t> gain_jobs_done_;
   mutable device_buffer<detail::quant_segment> table_;
   mutable device_buffer<detail::walk_result> walk_;
   pinned_buffer<detail::quant_job> jobs_host_;
@@ -623,7 +599,6 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   pinned_buffer<packet_header> head_host_;
   pinned_buffer<detail::quant_sums> sums_host_;
   pinned_buffer<double> gain_host_;
-  pinned_buffer<unsigned long long> gain_k_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;
   // How far the step's queue got (repair_step): jobs [0, u_jobs) hold u in e (or, sent

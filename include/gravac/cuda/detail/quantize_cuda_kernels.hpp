@@ -31,25 +31,23 @@ static_assert(quant_lanes == 16 && quant_chunk_elems == 1024, "the device mirror
 inline constexpr int chunks_per_block = quant_threads / quant_lanes;
 
 //! The passes of a step; a job's first block in each pass grid is quant_job::block_first[pass].
-enum quant_pass : int { pass_accumulate = 0, pass_scales = 1, pass_codes = 2, pass_raw = 3, pass_gain = 4 };
-//! How many passes a job has a first block in.
-inline constexpr int quant_passes = 5;
+enum quant_pass : int { pass_accumulate = 0, pass_scales = 1, pass_codes = 2, pass_raw = 3 };
 
 //! One layer of a packet being written (device memory, planned on the host every step).
 struct quant_job {
-  unsigned long long offset = 0;                      //!< first element of the layer in g and e
-  unsigned long long numel = 0;                       //!< elements
-  unsigned long long payload = 0;                     //!< offset of the segment payload in the packet
-  unsigned long long stream = 0;                      //!< random stream (mix_seed of seed, step, layer id)
-  unsigned long long bucket = 0;                      //!< elements per bucket (numel for one bucket)
-  unsigned long long buckets = 0;                     //!< buckets of the layer
-  unsigned long long chunks_per_bucket = 0;           //!< chunks of a full bucket
-  unsigned long long chunks = 0;                      //!< chunks of the layer
-  unsigned long long chunk_first = 0;                 //!< first chunk record of the layer
-  unsigned long long bucket_first = 0;                //!< first bucket record of the layer
-  unsigned long long block_first[quant_passes] = {};  //!< first block of the job in each pass grid
-  std::uint32_t index = 0;                            //!< job index (its quant_sums slot)
-  std::uint32_t raw = 0;                              //!< sent dense (raw segment)
+  unsigned long long offset = 0;             //!< first element of the layer in g and e
+  unsigned long long numel = 0;              //!< elements
+  unsigned long long payload = 0;            //!< offset of the segment payload in the packet
+  unsigned long long stream = 0;             //!< random stream (mix_seed of seed, step, layer id)
+  unsigned long long bucket = 0;             //!< elements per bucket (numel for one bucket)
+  unsigned long long buckets = 0;            //!< buckets of the layer
+  unsigned long long chunks_per_bucket = 0;  //!< chunks of a full bucket
+  unsigned long long chunks = 0;             //!< chunks of the layer
+  unsigned long long chunk_first = 0;        //!< first chunk record of the layer
+  unsigned long long bucket_first = 0;       //!< first bucket record of the layer
+  unsigned long long block_first[4] = {};    //!< first block of the job in each pass grid
+  std::uint32_t index = 0;                   //!< job index (its quant_sums slot)
+  std::uint32_t raw = 0;                     //!< sent dense (raw segment)
 };
 
 //! Sums of one chunk, in the host's order.

@@ -16,10 +16,12 @@
 namespace gravac::detail {
 
 //! The blocks a fused pass strides over: the whole grid (select_fused_pass), or one job's
-//! share of a grid that covers many layers (gain_jobs_pass).
+//! share of a grid that covers many layers (fused_jobs_pass).
 struct fused_grid {
   unsigned long long block;   //!< this block's index among them
   unsigned long long blocks;  //!< how many there are
+  unsigned long long first;   //!< the first of them in the grid (their statistics slots start there)
+  std::uint32_t* sums_done;   //!< counts them for the norms (add_in_block_order)
 };
 
 //! Pass 1 (fused): u = g + e, e = u, statistics, first-digit histogram, candidates at or
@@ -103,7 +105,7 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   if (sums) {
     const double mine[2] = {bg, bu};
     double* const out[2] = {&sums->grad_sq, &sums->input_sq};
-    add_in_block_order<select_threads, 2>(mine, slots, out);
+    add_in_block_order<select_threads, 2>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
@@ -232,7 +234,7 @@ static __global__ void __launch_bounds__(select_threads)
                       gain_request gains, double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
                       block_slots slots) {
   (void)fused_pass_body(g, e, n, k, st, prev_threshold, hist, hist_sq, cand, cap, sums, gains, gain_out, threshold_mode,
-                        copy, slots, fused_grid{blockIdx.x, gridDim.x});
+                        copy, slots, fused_grid{blockIdx.x, gridDim.x, 0, slots.blocks_done});
 }
 
 }  // namespace gravac::detail

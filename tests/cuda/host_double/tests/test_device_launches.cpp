@@ -3,7 +3,8 @@
 // cuda_double::fail_launch_in). Double-only: label cuda_double.
 //
 // - Launches per step against the number of layers (4, 64, 300): flat where the passes go
-//   through a segment table (the quantizers' job table), and bounded per layer where a
+//   through a segment table (the quantizers' job table, the fused pass over every layer of
+//   their gain curve and of AR-Topk's accumulate), and bounded per layer where a
 //   compressor still launches per layer (the test fails if that grows).
 // - A launch that fails at any point of a queued step: the step throws a gravac::error that
 //   names the compressor, nothing is left running on its stream, and the residual holds all
@@ -234,6 +235,27 @@ TEST_CASE("launches per step: flat in the number of layers for the quantizers' j
                         launch_counts<gravac::qsgd_cuda>("qsgd_cuda", true, gravac::qsgd_cuda_options{})}) {
     CHECK(n[1] == n[0]);
     CHECK(n[2] == n[0]);
+  }
+}
+
+TEST_CASE("launches per step: AR-Topk's accumulate is one launch at any number of layers") {
+  for (std::size_t L : {4, 64, 300}) {
+    INFO(L << " layers");
+    const auto lay = layers_of(L);
+    gravac::topk_cuda c(lay);
+    gravac::detail::ar_topk_device_passes<gravac::cuda_space> passes;
+    passes.prepare(c, lay);
+    auto g = to_device(gravac::test::make_data(lay.numel(), 5));
+    gravac::device_buffer<float> e(lay.numel());
+    auto p = gravac::test::params_for(lay, 0.05);
+    p.gain_candidates = {0.1, 0.01};
+    gravac::compress_stats st;
+    st.layers.resize(L);
+    st.candidate_kept_sq.resize(p.gain_candidates.size());
+    const std::uint64_t before = cuda_double::launches();
+    (void)passes.accumulate(lay, gravac::device_view(g), gravac::device_view(e), p, st);
+    CHECK(cuda_double::launches() - before == 1);
+    CHECK(st.input_sq() > 0);
   }
 }
 
