@@ -21,6 +21,7 @@
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
+#include "gravac/cuda/detail/fused_jobs_pass.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
@@ -87,15 +88,16 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     sum_slots_ = detail::block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
-    sums_ = device_buffer<detail::layer_sums>(L + 1, s);  // + 1: scratch for raw layers' gain pass
+    sums_ = device_buffer<detail::layer_sums>(L, s);
     slots_ = device_buffer<detail::segment_slot>(L, s);
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
     scales_ = device_buffer<float>(L, s);
     exponent_acc_ = device_buffer<unsigned long long>(detail::exponent_slots, s);
     gmax_ = device_buffer<std::uint32_t>(most_bins, s);
-    no_threshold_ = device_buffer<std::uint32_t>(1, s);  // the gain pass collects no candidates
-    hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
-    hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
+    // The gain pass: the fused pass over every layer in one launch (rows by layer); its
+    // norms go apart, since the layers sent raw take theirs from the raw pass.
+    gain_jobs_ = detail::fused_jobs(lay, launch_, true, s);
+    gain_sums_ = device_buffer<detail::layer_sums>(L, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     // Two-phase: the compaction's temporary storage for the largest layer, sized once.
     std::size_t temp = 0;
@@ -116,7 +118,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     walk_ = device_buffer<detail::walk_result>(1, s);
     host_states_.resize(L);
     u_in_r_.assign(L, 0);
-    host_sums_.resize(L + 1);
+    host_sums_.resize(L);
+    host_gain_sums_.resize(L);
     host_scales_.resize(L);
     host_gain_.resize(detail::max_gain_candidates);
     host_cursor_.resize(1);
@@ -218,13 +221,20 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     const std::size_t L = layout_.size();
     std::fill(u_in_r_.begin(), u_in_r_.end(), 0);
     states_cleared_ = false;
-    cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_);
+    cd::clear_async(s, states_, slots_, cursor_, sums_, gain_sums_, gain_out_);
     states_cleared_ = true;
     // Kernels leave these zero; a step interrupted by an error might not have.
-    cd::clear_async(s, exponent_acc_, hist_, hist_sq_);
+    cd::clear_async(s, exponent_acc_);
+    gain_jobs_.reset(s);
 
-    cd::gain_request gains;
-    gains.count = static_cast<int>(p.gain_candidates.size());
+    // The gain curve of u = g + e, as the host skeleton computes it before the layers' own
+    // work, in one launch over every layer; it writes u into e, which is AdaComp's step 1
+    // (R += g) too.
+    const bool gains = !p.gain_candidates.empty();
+    if (gains) {
+      gain_jobs_.queue(s, g.data(), e.data(), states_.data(), gain_sums_.data(), p.gain_candidates, gain_out_.data());
+      for (std::size_t i = 0; i < L; ++i) u_in_r_[i] = layout_[i].numel != 0;
+    }
     for (std::size_t i = 0; i < L; ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
@@ -234,23 +244,12 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       auto* slot = slots_.data() + i;
       const auto layer = static_cast<std::uint32_t>(i);
       const auto n = static_cast<std::uint32_t>(l.numel);
-      for (int c = 0; c < gains.count; ++c)
-        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
       const bool dense = p.kept_fraction[i] >= dense_fraction;
-      // The gain curve of u = g + e, as the host skeleton computes it before the layer's
-      // own work; the pass writes u into e, which is AdaComp's step 1 (R += g) too.
-      if (gains.count > 0) {
-        detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
-                       cd::select_threads, s, gl, el, l.numel, 0, sti, no_threshold_.data(), hist_.data(),
-                       hist_sq_.data(), nullptr, 0, sums_.data() + (dense ? L : i), gains, gain_out_.data(), false,
-                       nullptr, sum_slots_.view());
-        u_in_r_[i] = 1;
-      }
       if (dense) {
         detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                        &sti->count, layer, l.numel, true);
         detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
-                       packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
+                       packet, slot, l.numel, sums_.data() + i, sti, gains, sum_slots_.view());
         u_in_r_[i] = 1;  // sent raw, R = 0: the repair gives u back from the packet
         continue;
       }
@@ -258,7 +257,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       const std::size_t bins = bins_of(l.numel, bin);
       GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
       detail::launch(&cd::adacomp_bins, launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)),
-                     cd::adacomp_threads, s, gl, el, n, bin, gains.count > 0, gmax_.data(), sums_.data() + i, sti,
+                     cd::adacomp_threads, s, gl, el, n, bin, gains, gmax_.data(), sums_.data() + i, sti,
                      sum_slots_.view());
       u_in_r_[i] = 1;
       detail::launch(&cd::adacomp_scale, launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, s,
@@ -280,6 +279,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     // One copy of the statistics back, then the packet and the residue are final.
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
+    if (gains) cd::copy_to_host_async(s, host_gain_sums_, gain_sums_);
     cd::copy_to_host_async(s, host_scales_, scales_);
     cd::copy_to_host_async(s, host_gain_, gain_out_);
     cd::copy_to_host_async(s, host_cursor_, cursor_);
@@ -322,7 +322,9 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       }
       const auto count = static_cast<std::size_t>(host_states_[i].selected);
       const float scale = host_scales_[i];
-      st.layers[i] = {count, sm.grad_sq, sm.input_sq, static_cast<double>(count) * scale * scale};
+      // With a gain curve, the gain pass summed the norms (adacomp_bins then reads u from R).
+      const auto& norms = p.gain_candidates.empty() ? sm : host_gain_sums_[i];
+      st.layers[i] = {count, norms.grad_sq, norms.input_sq, static_cast<double>(count) * scale * scale};
       st.non_finite |= host_states_[i].non_finite != 0;
     }
     for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
@@ -362,10 +364,9 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   device_buffer<float> scales_;
   device_buffer<unsigned long long> exponent_acc_;
   device_buffer<std::uint32_t> gmax_;
-  device_buffer<std::uint32_t> no_threshold_;
-  device_buffer<std::uint32_t> hist_;
-  device_buffer<unsigned long long> hist_sq_;  // fixed point (bin_energy.hpp)
-  detail::block_slots_buffer sum_slots_;       // per-block partial statistics (ordered_sums.hpp)
+  detail::fused_jobs gain_jobs_;                 // the gain pass over every layer, and its workspace
+  device_buffer<detail::layer_sums> gain_sums_;  // its norms (the compressed layers' own)
+  detail::block_slots_buffer sum_slots_;         // per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
   device_buffer<std::byte> select_temp_;
   device_buffer<std::uint64_t> layer_info_;
@@ -375,6 +376,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   std::vector<char> u_in_r_;     // per layer: this step's queued kernels leave u in the residue (or in the packet)
   bool states_cleared_ = false;  // this step's per-layer state was cleared (restore_pass may read it)
   pinned_buffer<detail::layer_sums> host_sums_;
+  pinned_buffer<detail::layer_sums> host_gain_sums_;
   pinned_buffer<float> host_scales_;
   pinned_buffer<double> host_gain_;
   pinned_buffer<detail::packet_cursor> host_cursor_;

@@ -146,6 +146,10 @@ class fused_jobs {
   //! Jobs (non-empty layers).
   [[nodiscard]] std::uint32_t count() const noexcept { return count_; }
 
+  //! Queues the zeroing of the histograms and counters on \p s. A pass leaves them zero; a
+  //! caller that cannot rule out an earlier step cut short inside the kernel calls this.
+  void reset(cudaStream_t s) { clear_async(s, hist_, hist_sq_, sums_done_, counters_); }
+
   //! Queues fused_jobs_pass on \p s: u = g + e into e; each row's ||g||^2 and ||u||^2 added
   //! into \p sums (null: none); the gain curve of \p candidates into \p gain_out (assigned;
   //! none when empty). \p states (a row each) must be zero. Nothing is queued without jobs.

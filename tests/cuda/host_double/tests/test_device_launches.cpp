@@ -271,6 +271,8 @@ TEST_CASE("launches per step: the per-layer passes, bounded per layer") {
       {"topk_cuda", launch_counts<gravac::topk_cuda>("topk_cuda", false), 7},
       {"threshold_cuda", launch_counts<gravac::threshold_cuda>("threshold_cuda", false), 8},
       {"adacomp_cuda", launch_counts<gravac::adacomp_cuda>("adacomp_cuda", false), 4},
+      // Its gain curve is one launch over every layer: no more per layer than without.
+      {"adacomp_cuda + gain curve", launch_counts<gravac::adacomp_cuda>("adacomp_cuda", true), 4},
   };
   for (const auto& r : rows) {
     INFO(r.name);
