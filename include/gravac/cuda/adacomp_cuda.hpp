@@ -223,9 +223,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     states_cleared_ = false;
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_sums_, gain_out_);
     states_cleared_ = true;
-    // Kernels leave these zero; a step interrupted by an error might not have.
+    // Kernels leave this zero; a step interrupted by an error might not have.
     cd::clear_async(s, exponent_acc_);
-    gain_jobs_.reset(s);
 
     // The gain curve of u = g + e, as the host skeleton computes it before the layers' own
     // work, in one launch over every layer; it writes u into e, which is AdaComp's step 1
@@ -292,6 +291,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet) {
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
+    gain_jobs_.reset(s);  // in case the step was cut short inside the gain pass
     const auto layers = static_cast<std::uint32_t>(layout_.size());
     if (states_cleared_ && layers > 0)
       detail::launch(&cd::restore_pass, launch_.repair(layers), cd::select_threads, s, packet, slots_.data(),

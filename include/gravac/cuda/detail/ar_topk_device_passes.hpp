@@ -120,6 +120,7 @@ class ar_topk_device_passes<cuda_space> {
     } catch (...) {
       // The layers whose pass never ran get g added: e = u everywhere, as the step's contract says.
       repair_and_rethrow([&] {
+        accumulate_jobs_.reset(s);  // in case the step was cut short inside the pass
         for (std::size_t i = in_u; i < lay.size(); ++i) {
           const auto& l = lay[i];
           if (l.numel == 0) continue;

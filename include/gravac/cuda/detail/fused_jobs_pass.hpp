@@ -16,6 +16,7 @@
 
 #include "gravac/core/layout.hpp"
 #include "gravac/core/step.hpp"
+#include "gravac/cuda/detail/job_search.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
@@ -53,20 +54,6 @@ struct fused_jobs_args {
   std::uint32_t* jobs_done;             //!< zero before and after
 };
 
-//! The job that owns block \p block: the last whose first block is at most \p block.
-__device__ __forceinline__ const fused_job& find_fused_job(const fused_job* __restrict__ jobs, std::uint32_t count,
-                                                           unsigned long long block) {
-  std::uint32_t lo = 0, hi = count;
-  while (hi - lo > 1) {
-    const std::uint32_t mid = (lo + hi) / 2;
-    if (jobs[mid].block_first <= block)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return jobs[lo];
-}
-
 //! u = g + e into e, each layer's ||g||^2 and ||u||^2 (added to sums[row] in block order)
 //! and the gain curve, for every job at once. Job q owns as many blocks as select_fused_pass
 //! would be launched with on its layer alone (fused_jobs::build) and strides over its layer
@@ -76,9 +63,9 @@ __device__ __forceinline__ const fused_job& find_fused_job(const fused_job* __re
 //! blocks run in.
 static __global__ void __launch_bounds__(select_threads)
     fused_jobs_pass(const float* __restrict__ g, float* __restrict__ e, fused_jobs_args a) {
-  const fused_job& jb = find_fused_job(a.jobs, a.job_count, blockIdx.x);
+  const std::uint32_t q = owning_job(a.jobs, a.job_count, blockIdx.x, [](const fused_job& j) { return j.block_first; });
+  const fused_job& jb = a.jobs[q];
   const std::size_t r = jb.row;
-  const std::uint32_t q = static_cast<std::uint32_t>(&jb - a.jobs);
   gain_request rq;
   rq.count = a.gain_count;
   for (int c = 0; c < a.gain_count; ++c) rq.k[c] = a.gain_k[r * max_gain_candidates + static_cast<std::size_t>(c)];
@@ -107,7 +94,7 @@ class fused_jobs {
   //! The jobs of \p lay's non-empty layers on a device of \p lc; a job's row is its layer's
   //! index (\p rows_by_layer) or its place among the jobs. Allocates on \p s.
   fused_jobs(const layout& lay, launch_config lc, bool rows_by_layer, stream_ref s) {
-    std::vector<fused_job> host;
+    std::vector<fused_job>& host = host_jobs_;
     unsigned long long blocks = 0;
     for (std::size_t i = 0; i < lay.size(); ++i) {
       if (lay[i].numel == 0) continue;
@@ -117,10 +104,8 @@ class fused_jobs {
       j.block_first = blocks;
       j.row = static_cast<std::uint32_t>(rows_by_layer ? i : host.size());
       host.push_back(j);
-      numel_.push_back(lay[i].numel);
       blocks += static_cast<unsigned long long>(lc.grid_stride(lay[i].numel, select_threads * fused_items));
     }
-    count_ = static_cast<std::uint32_t>(host.size());
     blocks_ = blocks;
     const std::size_t rows = std::max<std::size_t>(rows_by_layer ? lay.size() : host.size(), 1);
     table_ = device_buffer<fused_job>(std::max<std::size_t>(host.size(), 1), s);
@@ -132,8 +117,6 @@ class fused_jobs {
     counters_ = device_buffer<std::uint32_t>(2, s);  // jobs_done, and 0 as the no-threshold
     slots_ = block_slots_buffer(std::max<unsigned long long>(blocks, 1), s);
     k_host_.resize(rows * max_gain_candidates);
-    rows_.resize(host.size());
-    for (std::size_t q = 0; q < host.size(); ++q) rows_[q] = host[q].row;
     if (!host.empty()) {
       pinned_buffer<fused_job> staging(host.size());
       std::copy(host.begin(), host.end(), staging.data());
@@ -144,30 +127,33 @@ class fused_jobs {
   }
 
   //! Jobs (non-empty layers).
-  [[nodiscard]] std::uint32_t count() const noexcept { return count_; }
+  [[nodiscard]] std::uint32_t count() const noexcept { return static_cast<std::uint32_t>(host_jobs_.size()); }
 
   //! Queues the zeroing of the histograms and counters on \p s. A pass leaves them zero; a
-  //! caller that cannot rule out an earlier step cut short inside the kernel calls this.
+  //! step that failed calls this in its repair, in case it was cut short inside the kernel.
   void reset(cudaStream_t s) { clear_async(s, hist_, hist_sq_, sums_done_, counters_); }
 
   //! Queues fused_jobs_pass on \p s: u = g + e into e; each row's ||g||^2 and ||u||^2 added
   //! into \p sums (null: none); the gain curve of \p candidates into \p gain_out (assigned;
   //! none when empty). \p states (a row each) must be zero. Nothing is queued without jobs.
-  //! The candidates' k go through pinned staging that the next call rewrites: the caller
-  //! waits for the stream between two calls (each step does).
+  //! The candidates' k are uploaded when they change (through pinned staging that such a
+  //! call rewrites: the caller waits for the stream between two calls, as each step does).
   void queue(cudaStream_t s, const float* g, float* e, select_state* states, layer_sums* sums,
              std::span<const double> candidates, double* gain_out) {
-    if (count_ == 0) return;
+    if (host_jobs_.empty()) return;
     const int c_count = static_cast<int>(candidates.size());
     if (c_count > 0) {
-      for (std::size_t q = 0; q < rows_.size(); ++q)
-        for (std::size_t c = 0; c < candidates.size(); ++c)
-          k_host_[std::size_t{rows_[q]} * max_gain_candidates + c] = kept_count(numel_[q], candidates[c]);
-      GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_k_.data(), k_host_.data(), k_host_.size() * sizeof(unsigned long long),
-                                      cudaMemcpyHostToDevice, s));
+      if (!std::equal(candidates.begin(), candidates.end(), k_of_.begin(), k_of_.end())) {
+        for (const fused_job& j : host_jobs_)
+          for (std::size_t c = 0; c < candidates.size(); ++c)
+            k_host_[std::size_t{j.row} * max_gain_candidates + c] = kept_count(j.numel, candidates[c]);
+        GRAVAC_TRY_CUDA(cudaMemcpyAsync(gain_k_.data(), k_host_.data(), k_host_.size() * sizeof(unsigned long long),
+                                        cudaMemcpyHostToDevice, s));
+        k_of_.assign(candidates.begin(), candidates.end());
+      }
       clear_async(s, gain_part_);
     }
-    fused_jobs_args a{table_.data(), count_,          states,  counters_.data() + 1,
+    fused_jobs_args a{table_.data(), count(),         states,  counters_.data() + 1,
                       hist_.data(),  hist_sq_.data(), sums,    sums_done_.data(),
                       slots_.view(), gain_k_.data(),  c_count, gain_part_.data(),
                       gain_out,      counters_.data()};
@@ -175,10 +161,9 @@ class fused_jobs {
   }
 
  private:
-  std::uint32_t count_ = 0;
   unsigned long long blocks_ = 0;
-  std::vector<std::size_t> numel_;
-  std::vector<std::uint32_t> rows_;
+  std::vector<fused_job> host_jobs_;  // the table, as uploaded
+  std::vector<double> k_of_;          // the candidates gain_k_ holds the k of
   device_buffer<fused_job> table_;
   device_buffer<std::uint32_t> hist_;
   device_buffer<unsigned long long> hist_sq_;

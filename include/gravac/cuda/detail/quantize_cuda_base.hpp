@@ -389,6 +389,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet, const step_plan& plan) {
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
+    gain_jobs_.reset(s);  // in case the step was cut short inside the gain pass
     if (progress_.codes)
       throw error(status::backend_failure, std::string(name()) +
                                                ": the step failed after its code pass: the packet is complete and the "

@@ -15,6 +15,7 @@
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
+#include "gravac/cuda/detail/job_search.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/packet/format.hpp"
@@ -75,19 +76,10 @@ struct quant_sums {
   std::uint32_t blocks_done;  //!< counts the job's blocks of the running pass (ordered_sums.hpp)
 };
 
-//! The job that owns block \p block of pass \p pass: the last job whose first block is at
-//! most \p block (a job with no blocks shares its first block with the next job).
+//! The job that owns block \p block of pass \p pass (owning_job over block_first[pass]).
 __device__ __forceinline__ quant_job find_job(const quant_job* __restrict__ jobs, std::uint32_t count, int pass,
                                               unsigned long long block) {
-  std::uint32_t lo = 0, hi = count;
-  while (hi - lo > 1) {
-    const std::uint32_t mid = (lo + hi) / 2;
-    if (jobs[mid].block_first[pass] <= block)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return jobs[lo];
+  return jobs[owning_job(jobs, count, block, [pass](const quant_job& j) { return j.block_first[pass]; })];
 }
 
 //! |x| by clearing the sign bit (std::fabs on the host; keeps a NaN's payload).
