@@ -297,6 +297,68 @@ GRAVAC_C_API gravac_status gravac_trainer_save(const gravac_trainer* trainer, vo
  *  method; the trainer is unchanged when it fails. */
 GRAVAC_C_API gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, size_t size);
 
+/* --- local steps (local SGD, DiLoCo and its family) ---------------------------------- */
+
+/*! Local-step training: every rank takes H inner optimizer steps alone, then the ranks
+ *  exchange how far their parameters moved (the pseudo-gradient) through the method's
+ *  compressor and collective, with error feedback, and an outer optimizer moves the global
+ *  parameters (options `local_period`, `local_adaptive`, `outer`, `outer_lr`,
+ *  `outer_momentum`, `local_overlap`; docs/local_steps.md). Host memory only. */
+typedef struct gravac_local_steps gravac_local_steps;
+
+/*! Where local steps stand. */
+typedef struct gravac_local_steps_info {
+  uint32_t struct_size;   /*!< sizeof(gravac_local_steps_info), set by the caller */
+  uint64_t period;        /*!< H of the round in progress */
+  uint64_t round_step;    /*!< inner steps taken in the round in progress */
+  uint64_t inner_steps;   /*!< inner steps taken in all */
+  uint64_t exchanges;     /*!< exchanges completed (a per-step round is one) */
+  int exchange_in_flight; /*!< 1 while an overlapped exchange runs in the background */
+} gravac_local_steps_info;
+
+/*! Creates local steps for \p method (policy `fixed`; its compressor and collective run the
+ *  exchanges) over the layers, starting from \p params (\p numel floats, the same on every
+ *  rank). Collective: every rank calls it with the same method, layers and parameters, and
+ *  all fail together when one differs. */
+GRAVAC_C_API gravac_status gravac_local_steps_create(const gravac_method* method, const gravac_layer* layers,
+                                                     size_t layer_count, gravac_comm* comm, const float* params,
+                                                     size_t numel, gravac_local_steps** local);
+/*! Destroys \p local (NULL is ignored). An exchange still in flight is abandoned: call
+ *  gravac_local_steps_complete_exchange after the last inner step. */
+GRAVAC_C_API void gravac_local_steps_destroy(gravac_local_steps* local);
+/*! After backward, before the inner optimizer's step. In a per-step round (H = 1) the
+ *  gradients become the rank average and \p *averaged is 1; in a round of local steps they
+ *  stay this rank's and \p *averaged is 0. \p averaged and \p report may be NULL; the report
+ *  is filled when an exchange ran. */
+GRAVAC_C_API gravac_status gravac_local_steps_before(gravac_local_steps* local, float* grads, size_t numel,
+                                                     int* averaged, gravac_step_report* report);
+/*! After the inner optimizer's step on \p params. At the end of a round the exchange and the
+ *  outer step run and \p params becomes the point every rank continues from (\p *exchanged
+ *  is 1 when an exchange completed, and \p report, if not NULL, is its report). */
+GRAVAC_C_API gravac_status gravac_local_steps_after(gravac_local_steps* local, float* params, size_t numel,
+                                                    int* exchanged, gravac_step_report* report);
+/*! Completes an overlapped exchange in flight (collective: every rank at the same inner step). */
+GRAVAC_C_API gravac_status gravac_local_steps_complete_exchange(gravac_local_steps* local);
+/*! Where the rounds stand. */
+GRAVAC_C_API gravac_status gravac_local_steps_get_info(const gravac_local_steps* local, gravac_local_steps_info* info);
+/*! The global parameters as of the last exchange (\p numel floats), the same on every rank. */
+GRAVAC_C_API gravac_status gravac_local_steps_global_params(const gravac_local_steps* local, float* out, size_t numel);
+/*! The end of an interval (an epoch) for the policy. */
+GRAVAC_C_API gravac_status gravac_local_steps_end_interval(gravac_local_steps* local, uint64_t epoch,
+                                                           double learning_rate, double samples);
+/*! A short description of the rounds (H, the kept fraction) into \p out, as
+ *  gravac_trainer_policy_state. */
+GRAVAC_C_API gravac_status gravac_local_steps_policy_state(const gravac_local_steps* local, char* out, size_t capacity,
+                                                           size_t* length);
+/*! Saves the state between inner steps (the global point, the round, the outer optimizer,
+ *  both residuals, the exchange's trainer), two-phase as gravac_trainer_save. Completes an
+ *  exchange in flight first, so every rank calls it at the same inner step. The caller saves
+ *  its parameters and inner optimizer. */
+GRAVAC_C_API gravac_status gravac_local_steps_save(gravac_local_steps* local, void* out, size_t capacity, size_t* size);
+/*! Restores what gravac_local_steps_save wrote on the same rank for the same method and
+ *  layout, between inner steps; unchanged when it fails. */
+GRAVAC_C_API gravac_status gravac_local_steps_load(gravac_local_steps* local, const void* data, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,6 +21,7 @@
 #include "gravac/comm/callback_communicator.hpp"
 #include "gravac/comm/thread_communicator.hpp"
 #include "gravac/core/detail/fnv1a.hpp"
+#include "gravac/runtime/make_local_steps.hpp"
 #include "gravac/runtime/make_trainer.hpp"
 #include "gravac/runtime/option_table.hpp"
 #include "gravac/runtime/presets.hpp"
@@ -261,6 +262,38 @@ placement placement_of(const gravac_method* m) {
   return p;
 }
 
+// \p text and its NUL, as bytes to copy out.
+std::vector<std::byte> with_nul(const std::string& text) {
+  const auto* p = reinterpret_cast<const std::byte*>(text.c_str());
+  return {p, p + text.size() + 1};
+}
+
+// The two-phase copy-out of the C ABI: \p produce's bytes into \p out when \p capacity
+// holds them, their size (less \p terminator, a text's NUL) into \p *size; out NULL: the
+// size only; too small: GRAVAC_BUFFER_TOO_SMALL with the size needed.
+template <class F>
+gravac_status copied_out(const char* fn, void* out, std::size_t capacity, std::size_t* size, std::size_t terminator,
+                         F&& produce) noexcept {
+  bool too_small = false;
+  const auto s = guarded(fn, [&] {
+    const std::vector<std::byte> bytes = produce();
+    *size = bytes.size() - terminator;
+    if (out == nullptr) return;
+    if (capacity < bytes.size()) {
+      too_small = true;
+      return;
+    }
+    if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());
+  });
+  if (s != GRAVAC_OK || !too_small) return s;
+  try {
+    last_error = std::string(fn) + ": capacity " + std::to_string(capacity) + " is below the " +
+                 std::to_string(*size + terminator) + " bytes needed";
+  } catch (...) {
+  }
+  return GRAVAC_BUFFER_TOO_SMALL;
+}
+
 }  // namespace
 
 struct gravac_thread_world {
@@ -282,6 +315,54 @@ struct gravac_comm {
   [[nodiscard]] bool has_alltoallv() const { return engine && engine->index() != 2; }
 };
 
+namespace {
+// Every rank's signature of what it builds (0: it failed): throws on every rank, naming
+// the culprits, when one failed or differs; rethrows this rank's own failure first.
+void agree(gravac_comm* comm, std::uint64_t mine, const std::exception_ptr& local_failure, const char* what) {
+  std::vector<std::uint64_t> all;
+  int rank = 0;
+  if (!comm->is_device()) {
+    auto ref = comm->ref();
+    std::vector<std::byte> bytes;
+    std::vector<std::size_t> sizes;
+    ref.allgatherv(std::as_bytes(std::span(&mine, 1)), bytes, sizes);
+    rank = ref.rank();
+    for (std::size_t r = 0; r < sizes.size(); ++r) {
+      std::uint64_t theirs = 0;
+      gravac::require(sizes[r] == sizeof theirs, "a rank sent a malformed method signature");
+      std::memcpy(&theirs, bytes.data() + r * sizeof theirs, sizeof theirs);
+      all.push_back(theirs);
+    }
+  } else {
+#if defined(GRAVAC_C_WITH_CUDA)
+    all = gravac::c_device::gather(*comm->device, mine);
+    rank = gravac::c_device::rank_of(*comm->device);
+#endif
+  }
+  if (local_failure) std::rethrow_exception(local_failure);
+  std::string differ, failed;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::uint64_t theirs = all[r];
+    if (theirs == 0)
+      failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    else if (theirs != mine)
+      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!failed.empty())
+    throw gravac::error(gravac::status::layout_mismatch,
+                        "rank(s) " + failed + " could not build their " + std::string(what) + " (invalid method, layers or parameters)",
+                        rank);
+  if (!differ.empty())
+    throw gravac::error(gravac::status::layout_mismatch,
+                        "this rank was given another compressor, collective, policy, options, layers or parameters "
+                        "than rank(s) " +
+                            differ + "; every rank must create its " + std::string(what) +
+                            " with the same method and layers (and parameters)",
+                        rank);
+}
+
+}  // namespace
+
 struct gravac_trainer {
   std::unique_ptr<rt::any_trainer> t;
   gravac_device device = GRAVAC_DEVICE_HOST;  // where its gradients live
@@ -289,6 +370,10 @@ struct gravac_trainer {
   gravac_comm* comm = nullptr;                // the communicator it was built on
   void* step_stream = nullptr;                // the stream of the overlapped step in progress
   bool in_step = false;  // between begin_step and finish
+};
+
+struct gravac_local_steps {
+  std::unique_ptr<rt::any_local_steps> l;
 };
 
 extern "C" {
@@ -507,45 +592,7 @@ gravac_status gravac_trainer_create(const gravac_method* method, const gravac_la
     } catch (...) {
       local_failure = std::current_exception();
     }
-    std::vector<std::uint64_t> all;
-    int rank = 0;
-    if (!comm->is_device()) {
-      auto ref = comm->ref();
-      std::vector<std::byte> bytes;
-      std::vector<std::size_t> sizes;
-      ref.allgatherv(std::as_bytes(std::span(&mine, 1)), bytes, sizes);
-      rank = ref.rank();
-      for (std::size_t r = 0; r < sizes.size(); ++r) {
-        std::uint64_t theirs = 0;
-        gravac::require(sizes[r] == sizeof theirs, "a rank sent a malformed method signature");
-        std::memcpy(&theirs, bytes.data() + r * sizeof theirs, sizeof theirs);
-        all.push_back(theirs);
-      }
-    } else {
-#if defined(GRAVAC_C_WITH_CUDA)
-      all = gravac::c_device::gather(*comm->device, mine);
-      rank = gravac::c_device::rank_of(*comm->device);
-#endif
-    }
-    if (local_failure) std::rethrow_exception(local_failure);
-    std::string differ, failed;
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      const std::uint64_t theirs = all[r];
-      if (theirs == 0)
-        failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-      else if (theirs != mine)
-        differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (!failed.empty())
-      throw gravac::error(gravac::status::layout_mismatch,
-                          "rank(s) " + failed + " could not build their trainer (invalid method or layers)",
-                          rank);
-    if (!differ.empty())
-      throw gravac::error(gravac::status::layout_mismatch,
-                          "this rank was given another compressor, collective, policy, options or layers than "
-                          "rank(s) " +
-                              differ + "; every rank must create its trainer with the same method and layers",
-                          rank);
+    agree(comm, mine, local_failure, "trainer");
     auto t = std::make_unique<gravac_trainer>();
     t->device = where.device;
     t->stream = where.stream;
@@ -704,46 +751,18 @@ gravac_status gravac_trainer_end_interval(gravac_trainer* trainer, uint64_t epoc
 
 gravac_status gravac_trainer_policy_state(const gravac_trainer* trainer, char* out, size_t capacity,
                                           size_t* length) {
-  gravac_status too_small = GRAVAC_OK;
-  const auto s = guarded("gravac_trainer_policy_state", [&] {
+  return copied_out("gravac_trainer_policy_state", out, capacity, length, 1, [&] {
     need(trainer != nullptr && length != nullptr, "trainer or length is NULL");
-    const auto text = trainer->t->policy_state();
-    *length = text.size();
-    if (out == nullptr) return;
-    if (capacity < text.size() + 1) {
-      too_small = GRAVAC_BUFFER_TOO_SMALL;
-      return;
-    }
-    std::memcpy(out, text.c_str(), text.size() + 1);
+    return with_nul(trainer->t->policy_state());
   });
-  if (s == GRAVAC_OK && too_small != GRAVAC_OK) {
-    last_error = "gravac_trainer_policy_state: capacity " + std::to_string(capacity) + " is below the " +
-                 std::to_string(*length + 1) + " bytes needed";
-    return too_small;
-  }
-  return s;
 }
 
 gravac_status gravac_trainer_save(const gravac_trainer* trainer, void* out, size_t capacity, size_t* size) {
-  gravac_status too_small = GRAVAC_OK;
-  const auto s = guarded("gravac_trainer_save", [&] {
+  return copied_out("gravac_trainer_save", out, capacity, size, 0, [&] {
     need(trainer != nullptr && size != nullptr, "trainer or size is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
-    const auto bytes = trainer->t->save_state();
-    *size = bytes.size();
-    if (out == nullptr) return;
-    if (capacity < bytes.size()) {
-      too_small = GRAVAC_BUFFER_TOO_SMALL;
-      return;
-    }
-    if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());
+    return trainer->t->save_state();
   });
-  if (s == GRAVAC_OK && too_small != GRAVAC_OK) {
-    last_error = "gravac_trainer_save: capacity " + std::to_string(capacity) + " is below the " +
-                 std::to_string(*size) + " bytes needed";
-    return too_small;
-  }
-  return s;
 }
 
 gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, size_t size) {
@@ -752,6 +771,140 @@ gravac_status gravac_trainer_load(gravac_trainer* trainer, const void* data, siz
     need(data != nullptr || size == 0, "data is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
     trainer->t->load_state(std::span(static_cast<const std::byte*>(data), size));
+  });
+}
+
+gravac_status gravac_local_steps_create(const gravac_method* method, const gravac_layer* layers, size_t layer_count,
+                                        gravac_comm* comm, const float* params, size_t numel,
+                                        gravac_local_steps** local) {
+  return guarded("gravac_local_steps_create", [&] {
+    need(local != nullptr, "local is NULL");
+    *local = nullptr;
+    need(comm != nullptr, "comm is NULL");
+    need(!comm->is_device(), "local steps run on host memory: give a host communicator");
+    rt::method_config m;
+    gravac::layout lay;
+    std::exception_ptr local_failure;
+    std::uint64_t mine = 0;
+    try {
+      m = method_of(method);
+      if (placement_of(method).device != GRAVAC_DEVICE_HOST)
+        fail(GRAVAC_UNSUPPORTED, "local steps step host memory only: pass GRAVAC_DEVICE_HOST parameters");
+      rt::require_local_accepted(m);
+      lay = layout_of(layers, layer_count);
+      need(params != nullptr || numel == 0, "params is NULL");
+      need(numel == lay.numel(), "numel differs from the layers' element count");
+      // The parameters are part of the agreement: every rank must start from the same point.
+      const auto sig = signature_of(m) + "|local";
+      mine = gravac::detail::fnv1a(params, numel * sizeof(float), gravac::detail::fnv1a(sig.data(), sig.size(),
+                                                                                      lay.hash()));
+      if (mine == 0) mine = 1;
+    } catch (...) {
+      local_failure = std::current_exception();
+    }
+    agree(comm, mine, local_failure, "local steps");
+    auto l = std::make_unique<gravac_local_steps>();
+    l->l = rt::make_local_steps(m, comm->ref(), lay, std::span<const float>(params, numel));
+    *local = l.release();
+  });
+}
+
+void gravac_local_steps_destroy(gravac_local_steps* local) { delete local; }
+
+namespace {
+std::span<float> floats_of(gravac_local_steps* local, float* data, size_t numel, const char* what) {
+  need(local != nullptr, "local is NULL");
+  need(data != nullptr || numel == 0, "the buffer is NULL");
+  const std::size_t n = local->l->get_layout().numel();
+  if (numel != n)
+    fail(GRAVAC_INVALID_ARGUMENT, std::string(what) + ": " + std::to_string(numel) + " floats for a layout of " +
+                                      std::to_string(n));
+  return {data, numel};
+}
+void set_flag(int* flag, const gravac::step_report* r, gravac_step_report* report) {
+  if (flag != nullptr) *flag = r != nullptr ? 1 : 0;
+  if (r != nullptr) fill_report(*r, report);
+}
+}  // namespace
+
+gravac_status gravac_local_steps_before(gravac_local_steps* local, float* grads, size_t numel, int* averaged,
+                                        gravac_step_report* report) {
+  return guarded("gravac_local_steps_before", [&] {
+    const auto g = floats_of(local, grads, numel, "grads");
+    set_flag(averaged, local->l->before_inner_step(g), report);
+  });
+}
+
+gravac_status gravac_local_steps_after(gravac_local_steps* local, float* params, size_t numel, int* exchanged,
+                                       gravac_step_report* report) {
+  return guarded("gravac_local_steps_after", [&] {
+    const auto p = floats_of(local, params, numel, "params");
+    set_flag(exchanged, local->l->after_inner_step(p), report);
+  });
+}
+
+gravac_status gravac_local_steps_complete_exchange(gravac_local_steps* local) {
+  return guarded("gravac_local_steps_complete_exchange", [&] {
+    need(local != nullptr, "local is NULL");
+    local->l->complete_exchange();
+  });
+}
+
+gravac_status gravac_local_steps_get_info(const gravac_local_steps* local, gravac_local_steps_info* info) {
+  return guarded("gravac_local_steps_get_info", [&] {
+    need(local != nullptr && info != nullptr, "local or info is NULL");
+    need(info->struct_size >= sizeof(gravac_local_steps_info),
+         "info->struct_size is smaller than sizeof(gravac_local_steps_info)");
+    info->period = local->l->period();
+    info->round_step = local->l->round_step();
+    info->inner_steps = local->l->inner_steps();
+    info->exchanges = local->l->exchanges();
+    info->exchange_in_flight = local->l->exchange_in_flight() ? 1 : 0;
+  });
+}
+
+gravac_status gravac_local_steps_global_params(const gravac_local_steps* local, float* out, size_t numel) {
+  return guarded("gravac_local_steps_global_params", [&] {
+    need(local != nullptr && (out != nullptr || numel == 0), "local or out is NULL");
+    const auto g = local->l->global_params();
+    need(numel == g.size(), "numel differs from the layers' element count");
+    std::copy(g.begin(), g.end(), out);
+  });
+}
+
+gravac_status gravac_local_steps_end_interval(gravac_local_steps* local, uint64_t epoch, double learning_rate,
+                                              double samples) {
+  return guarded("gravac_local_steps_end_interval", [&] {
+    need(local != nullptr, "local is NULL");
+    gravac::interval_info info;
+    info.step = local->l->inner_steps();
+    info.epoch = epoch;
+    info.learning_rate = learning_rate;
+    info.samples = samples;
+    local->l->end_interval(info);
+  });
+}
+
+gravac_status gravac_local_steps_policy_state(const gravac_local_steps* local, char* out, size_t capacity,
+                                              size_t* length) {
+  return copied_out("gravac_local_steps_policy_state", out, capacity, length, 1, [&] {
+    need(local != nullptr && length != nullptr, "local or length is NULL");
+    return with_nul(local->l->policy_state());
+  });
+}
+
+gravac_status gravac_local_steps_save(gravac_local_steps* local, void* out, size_t capacity, size_t* size) {
+  return copied_out("gravac_local_steps_save", out, capacity, size, 0, [&] {
+    need(local != nullptr && size != nullptr, "local or size is NULL");
+    return local->l->save_state();
+  });
+}
+
+gravac_status gravac_local_steps_load(gravac_local_steps* local, const void* data, size_t size) {
+  return guarded("gravac_local_steps_load", [&] {
+    need(local != nullptr, "local is NULL");
+    need(data != nullptr || size == 0, "data is NULL");
+    local->l->load_state(std::span(static_cast<const std::byte*>(data), size));
   });
 }
 

@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "gravac/checkpoint.hpp"
+#include "gravac/local_steps.hpp"
+#include "gravac/runtime/make_local_steps.hpp"
 #include "gravac/runtime/make_trainer.hpp"
 #include "gravac/trainer/detail/composition_checks.hpp"
 
@@ -19,7 +21,7 @@ namespace gravac::runtime::detail {
 
 // The library's parts, in the order of the name tables (method_config.hpp).
 using compressor_types = std::tuple<identity, topk, randomk, threshold, adacomp, qsgd, terngrad, sign, cast16, powersgd,
-                                    mxfp8, mxfp4, nvfp4, fp8_rowwise>;
+                                    mxfp8, mxfp4, nvfp4, fp8_rowwise, sparseloco>;
 using collective_types = std::tuple<dense_allreduce, allgather, allreduce_compatible, flexible, low_rank_allreduce,
                                     compressed_allreduce>;
 using policy_types = std::tuple<fixed_policy, gravac_policy, accordion_policy, adacomp_policy, moo_policy>;
@@ -61,6 +63,7 @@ const auto& options_of(const method_config& m) {
   else if constexpr (std::is_same_v<T, mxfp4>) return m.mxfp4;
   else if constexpr (std::is_same_v<T, nvfp4>) return m.nvfp4;
   else if constexpr (std::is_same_v<T, fp8_rowwise>) return m.fp8_rowwise;
+  else if constexpr (std::is_same_v<T, sparseloco>) return m.sparseloco;
   else if constexpr (std::is_same_v<T, dense_allreduce>) return m.dense_allreduce;
   else if constexpr (std::is_same_v<T, allgather>) return m.allgather;
   else if constexpr (std::is_same_v<T, allreduce_compatible>) return m.allreduce_compatible;
@@ -72,6 +75,7 @@ const auto& options_of(const method_config& m) {
   else if constexpr (std::is_same_v<T, accordion_policy>) return m.accordion;
   else if constexpr (std::is_same_v<T, adacomp_policy>) return m.adacomp_policy;
   else if constexpr (std::is_same_v<T, moo_policy>) return m.moo;
+  else if constexpr (std::is_same_v<T, local_steps_policy>) return m.local.policy;
   else static_assert(sizeof(T) == 0, "gravac::runtime: no options for this part");
 }
 
@@ -100,6 +104,13 @@ inline std::string state_of(const moo_policy& p) {
   if (!p.decided()) return "warm-up";
   std::snprintf(b, sizeof b, "f %.4f (%zu decisions)", p.last_decision().fraction,
                 static_cast<std::size_t>(p.decisions()));
+  return b;
+}
+
+inline std::string state_of(const local_steps_policy& p) {
+  char b[96];
+  std::snprintf(b, sizeof b, "H %zu, kept %.3g (%llu changes)", p.period(), p.choice().kept_fraction,
+                static_cast<unsigned long long>(p.changes()));
   return b;
 }
 
@@ -158,25 +169,96 @@ class erased_trainer final : public erased_common<C, K, P> {
   void begin_step(std::span<float> grads) override { t_.begin_step(grads); }
 };
 
-// The trainer of compressor C for the collective and policy \p m names; nullptr where the
-// library refuses the composition (the caller has checked verdict() first).
+// local_steps<C, K, P>'s options from \p m: the exchange's trainer and the rounds.
+template <class C, class K, class P>
+typename local_steps<C, K, P>::options local_options(const method_config& m) {
+  typename local_steps<C, K, P>::options o;
+  o.exchange = trainer_options<C, K, P>(m, options_of<C>(m));
+  o.period = m.local.period;
+  o.overlap = m.local.overlap;
+  o.outer = m.local.outer;
+  return o;
+}
+
+template <class C, class K, class P>
+class erased_local_steps final : public any_local_steps {
+ public:
+  erased_local_steps(const method_config& m, host_comm comm, const layout& lay, std::span<const float> params)
+      : comm_(comm), ls_(comm_, lay, params, local_options<C, K, P>(m)) {}
+  const step_report* before_inner_step(std::span<float> grads) override { return ls_.before_inner_step(grads); }
+  const step_report* after_inner_step(std::span<float> params) override { return ls_.after_inner_step(params); }
+  void complete_exchange() override { ls_.complete_exchange(); }
+  void end_interval(const interval_info& info) override { ls_.end_interval(info); }
+  [[nodiscard]] std::size_t period() const override { return ls_.period(); }
+  [[nodiscard]] std::size_t round_step() const override { return ls_.round_step(); }
+  [[nodiscard]] std::uint64_t inner_steps() const override { return ls_.inner_steps(); }
+  [[nodiscard]] std::uint64_t exchanges() const override { return ls_.exchange_trainer().steps(); }
+  [[nodiscard]] bool exchange_in_flight() const override { return ls_.exchange_in_flight(); }
+  [[nodiscard]] std::span<const float> global_params() const override { return ls_.global_params(); }
+  [[nodiscard]] const step_report& last_report() const override { return ls_.exchange_trainer().last_report(); }
+  [[nodiscard]] const layout& get_layout() const override { return ls_.exchange_trainer().get_layout(); }
+  [[nodiscard]] std::string policy_state() const override {
+    const std::string s = state_of(ls_.exchange_trainer().policy());
+    return s.empty() ? "H " + std::to_string(ls_.period()) : s;
+  }
+  [[nodiscard]] std::vector<std::byte> save_state() override {
+    std::vector<std::byte> out;
+    ls_.save(out);
+    return out;
+  }
+  void load_state(std::span<const std::byte> bytes) override { ls_.load(bytes); }
+
+ private:
+  host_comm comm_;  // before ls_, which keeps a reference to it
+  local_steps<C, K, P> ls_;
+};
+
+// The policy of local steps' rounds: local_steps_policy when it chooses H, else fixed.
+template <class F>
+decltype(auto) visit_local_policy(const method_config& m, F&& f) {
+  if (m.local.adaptive) return f.template operator()<local_steps_policy>();
+  return f.template operator()<fixed_policy>();
+}
+
+// What a compressor family builds: a per-step trainer, or local steps from \p params.
+struct build_request {
+  const method_config& m;
+  host_comm comm;
+  const layout& lay;
+  const std::span<const float>* params;  // nullptr: a per-step trainer
+};
+// What it built (one of the two).
+struct built {
+  std::unique_ptr<any_trainer> trainer;
+  std::unique_ptr<any_local_steps> local;
+};
+
+// The trainer (or local steps) of compressor C for the collective and policy the request
+// names; empty where the library refuses the composition (the caller has checked first).
 template <class C>
-std::unique_ptr<any_trainer> make_for(const method_config& m, host_comm comm, const layout& lay) {
-  return visit_type<collective_types>(static_cast<std::size_t>(m.collective), [&]<class K>() {
-    return visit_type<policy_types>(static_cast<std::size_t>(m.policy), [&]<class P>() -> std::unique_ptr<any_trainer> {
+built build_for(const build_request& r) {
+  return visit_type<collective_types>(static_cast<std::size_t>(r.m.collective), [&]<class K>() {
+    if (r.params != nullptr)
+      return visit_local_policy(r.m, [&]<class P>() {
+        built b;
+        if constexpr (gravac::detail::composition_verdict<C, K, P>() == rejection::none)
+          b.local = std::make_unique<erased_local_steps<C, K, P>>(r.m, r.comm, r.lay, *r.params);
+        return b;
+      });
+    return visit_type<policy_types>(static_cast<std::size_t>(r.m.policy), [&]<class P>() {
+      built b;
       if constexpr (gravac::detail::composition_verdict<C, K, P>() == rejection::none)
-        return std::make_unique<erased_trainer<C, K, P>>(m, comm, lay);
-      else
-        return nullptr;
+        b.trainer = std::make_unique<erased_trainer<C, K, P>>(r.m, r.comm, r.lay);
+      return b;
     });
   });
 }
 
 // One per compressor family (trainers_*.cpp).
-std::unique_ptr<any_trainer> make_topk(const method_config& m, host_comm comm, const layout& lay);
-std::unique_ptr<any_trainer> make_selection(const method_config& m, host_comm comm, const layout& lay);
-std::unique_ptr<any_trainer> make_quantizer(const method_config& m, host_comm comm, const layout& lay);
-std::unique_ptr<any_trainer> make_other(const method_config& m, host_comm comm, const layout& lay);
-std::unique_ptr<any_trainer> make_block_scaled(const method_config& m, host_comm comm, const layout& lay);
+built make_topk(const build_request& r);
+built make_selection(const build_request& r);
+built make_quantizer(const build_request& r);
+built make_other(const build_request& r);
+built make_block_scaled(const build_request& r);
 
 }  // namespace gravac::runtime::detail

@@ -1,15 +1,18 @@
-// trainer<C, K, P> for identity (dense), AdaComp and PowerSGD.
+// trainer<C, K, P> (and local steps over it) for identity (dense), AdaComp, PowerSGD and
+// SparseLoCo-style compression.
 #include "dispatch.hpp"
 
 namespace gravac::runtime::detail {
-std::unique_ptr<any_trainer> make_other(const method_config& m, host_comm comm, const layout& lay) {
-  switch (m.compressor) {
+built make_other(const build_request& r) {
+  switch (r.m.compressor) {
     case compressor_id::adacomp:
-      return make_for<adacomp>(m, comm, lay);
+      return build_for<adacomp>(r);
     case compressor_id::powersgd:
-      return make_for<powersgd>(m, comm, lay);
+      return build_for<powersgd>(r);
+    case compressor_id::sparseloco:
+      return build_for<sparseloco>(r);
     default:
-      return make_for<identity>(m, comm, lay);
+      return build_for<identity>(r);
   }
 }
 }  // namespace gravac::runtime::detail

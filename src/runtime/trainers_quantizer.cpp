@@ -1,17 +1,18 @@
-// trainer<C, K, P> for the quantizers: QSGD, TernGrad, EF-sign and cast16.
+// trainer<C, K, P> (and local steps over it) for the quantizers: QSGD, TernGrad, EF-sign and
+// cast16.
 #include "dispatch.hpp"
 
 namespace gravac::runtime::detail {
-std::unique_ptr<any_trainer> make_quantizer(const method_config& m, host_comm comm, const layout& lay) {
-  switch (m.compressor) {
+built make_quantizer(const build_request& r) {
+  switch (r.m.compressor) {
     case compressor_id::qsgd:
-      return make_for<qsgd>(m, comm, lay);
+      return build_for<qsgd>(r);
     case compressor_id::terngrad:
-      return make_for<terngrad>(m, comm, lay);
+      return build_for<terngrad>(r);
     case compressor_id::sign:
-      return make_for<sign>(m, comm, lay);
+      return build_for<sign>(r);
     default:
-      return make_for<cast16>(m, comm, lay);
+      return build_for<cast16>(r);
   }
 }
 }  // namespace gravac::runtime::detail

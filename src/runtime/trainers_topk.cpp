@@ -1,8 +1,7 @@
-// trainer<topk, K, P> for every collective and policy the library accepts with top-k.
+// trainer<topk, K, P> (and local steps over it) for every collective and policy the library
+// accepts with top-k.
 #include "dispatch.hpp"
 
 namespace gravac::runtime::detail {
-std::unique_ptr<any_trainer> make_topk(const method_config& m, host_comm comm, const layout& lay) {
-  return make_for<topk>(m, comm, lay);
-}
+built make_topk(const build_request& r) { return build_for<topk>(r); }
 }  // namespace gravac::runtime::detail

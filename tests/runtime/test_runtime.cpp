@@ -284,9 +284,10 @@ TEST_CASE("runtime: every compressor name builds that compressor", "[runtime][co
   CHECK(erased_is<mxfp4, allgather>(c::mxfp4, ag));
   CHECK(erased_is<nvfp4, allgather>(c::nvfp4, ag));
   CHECK(erased_is<fp8_rowwise, compressed_allreduce>(c::fp8_rowwise, rt::collective_id::compressed_allreduce));
+  CHECK(erased_is<sparseloco, allgather>(c::sparseloco, ag));
   // A neighbour's trainer gives other bits: the check can fail.
   CHECK_FALSE(erased_is<nvfp4, allgather>(c::mxfp4, ag));
-  STATIC_REQUIRE(std::size(rt::compressor_names) == 14);  // a new name adds a line above
+  STATIC_REQUIRE(std::size(rt::compressor_names) == 15);  // a new name adds a line above
 }
 
 namespace {

@@ -23,15 +23,18 @@
 #include "gravac/compress/qsgd.hpp"
 #include "gravac/compress/randomk.hpp"
 #include "gravac/compress/sign.hpp"
+#include "gravac/compress/sparseloco.hpp"
 #include "gravac/compress/terngrad.hpp"
 #include "gravac/compress/threshold.hpp"
 #include "gravac/compress/topk.hpp"
 #include "gravac/core/error.hpp"
 #include "gravac/core/non_finite_action.hpp"
+#include "gravac/local/outer_optimizer.hpp"
 #include "gravac/policy/accordion_policy.hpp"
 #include "gravac/policy/adacomp_policy.hpp"
 #include "gravac/policy/fixed_policy.hpp"
 #include "gravac/policy/gravac_policy.hpp"
+#include "gravac/policy/local_steps_policy.hpp"
 #include "gravac/policy/moo_policy.hpp"
 #include "gravac/trainer.hpp"
 
@@ -52,7 +55,8 @@ enum class compressor_id : std::uint8_t {
   mxfp8,
   mxfp4,
   nvfp4,
-  fp8_rowwise
+  fp8_rowwise,
+  sparseloco
 };
 //! The collectives a runtime method may name (the order of detail::collective_types).
 enum class collective_id : std::uint8_t {
@@ -75,13 +79,14 @@ struct named {
 
 //! Every compressor, by name.
 inline constexpr named<compressor_id> compressor_names[] = {
-    {"identity", compressor_id::identity}, {"topk", compressor_id::topk},
-    {"randomk", compressor_id::randomk},   {"threshold", compressor_id::threshold},
-    {"adacomp", compressor_id::adacomp},   {"qsgd", compressor_id::qsgd},
-    {"terngrad", compressor_id::terngrad}, {"sign", compressor_id::sign},
-    {"cast16", compressor_id::cast16},     {"powersgd", compressor_id::powersgd},
-    {"mxfp8", compressor_id::mxfp8},       {"mxfp4", compressor_id::mxfp4},
-    {"nvfp4", compressor_id::nvfp4},       {"fp8_rowwise", compressor_id::fp8_rowwise}};
+    {"identity", compressor_id::identity},    {"topk", compressor_id::topk},
+    {"randomk", compressor_id::randomk},      {"threshold", compressor_id::threshold},
+    {"adacomp", compressor_id::adacomp},      {"qsgd", compressor_id::qsgd},
+    {"terngrad", compressor_id::terngrad},    {"sign", compressor_id::sign},
+    {"cast16", compressor_id::cast16},        {"powersgd", compressor_id::powersgd},
+    {"mxfp8", compressor_id::mxfp8},          {"mxfp4", compressor_id::mxfp4},
+    {"nvfp4", compressor_id::nvfp4},          {"fp8_rowwise", compressor_id::fp8_rowwise},
+    {"sparseloco", compressor_id::sparseloco}};
 //! Every collective, by name.
 inline constexpr named<collective_id> collective_names[] = {
     {"dense_allreduce", collective_id::dense_allreduce},
@@ -118,6 +123,20 @@ E value_of(const named<E> (&table)[N], std::string_view name, std::string_view w
               "unknown " + std::string(what) + " '" + std::string(name) + "' (known: " + known + ")");
 }
 
+//! How local-step training runs its rounds (runtime::make_local_steps; ignored by
+//! make_trainer): H fixed, or chosen with the kept fraction by local_steps_policy, and the
+//! outer optimizer. The exchange is the method's compressor and collective.
+struct local_round_options {
+  std::size_t period = 10;  //!< H, inner steps per exchange, >= 1 (fixed policy)
+  //! local_steps_policy chooses H (up to policy.max_period) and the kept fraction of each
+  //! exchange from the network and the compute per step, in place of the method's policy,
+  //! which must then be `fixed`.
+  bool adaptive = false;
+  bool overlap = false;                 //!< each exchange runs behind the next round, applied one round late
+  outer_options outer{};                //!< the outer optimizer (DiLoCo's Nesterov 0.7 / 0.9 by default)
+  local_steps_policy_options policy{};  //!< the adaptive policy's options
+};
+
 //! Everything that defines one method: which three parts, and the options of every part.
 struct method_config {
   compressor_id compressor = compressor_id::topk;       //!< which compressor
@@ -138,6 +157,7 @@ struct method_config {
   mxfp4_options mxfp4{};              //!< options of mxfp4
   nvfp4_options nvfp4{};              //!< options of nvfp4
   fp8_rowwise_options fp8_rowwise{};  //!< options of fp8_rowwise
+  sparseloco_options sparseloco{};    //!< options of sparseloco
 
   dense_allreduce_options dense_allreduce{};            //!< options of dense_allreduce
   allgather_options allgather{};                        //!< options of allgather
@@ -151,6 +171,7 @@ struct method_config {
   accordion_policy_options accordion{};     //!< options of accordion_policy
   adacomp_policy_options adacomp_policy{};  //!< options of adacomp_policy
   moo_policy_options moo{};                 //!< options of moo_policy
+  local_round_options local{};              //!< local-step training (make_local_steps only)
 
   std::uint64_t seed = 0;  //!< the trainer's shared seed (random-k, stochastic rounding)
   //! The trainer's bucket size in bytes of float gradient (trainer options::bucket_bytes):

@@ -89,11 +89,13 @@ inline constexpr double no_limit = std::numeric_limits<double>::max();
 // A numeric or boolean field of method_config. The lambdas are captureless, so the table
 // is a static array of plain function pointers. The macros are #undef'd after the table.
 //! The option_spec of a real-valued method_config field, in [lo, hi].
-#define GRAVAC_RUNTIME_REAL(key, field, lo, hi, text)                                                        \
-  option_spec {                                                                                              \
-    key, option_type::real, lo, hi, "", text,                                                                \
-        [](method_config& m, std::string_view v) { m.field = detail::parse_number(key, v, false, lo, hi); }, \
-        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); }             \
+#define GRAVAC_RUNTIME_REAL(key, field, lo, hi, text)                                            \
+  option_spec {                                                                                  \
+    key, option_type::real, lo, hi, "", text,                                                    \
+        [](method_config& m, std::string_view v) {                                               \
+          m.field = static_cast<decltype(m.field)>(detail::parse_number(key, v, false, lo, hi)); \
+        },                                                                                       \
+        [](const method_config& m) { return detail::number_text(static_cast<double>(m.field)); } \
   }
 //! The option_spec of an integer method_config field, in [lo, hi].
 #define GRAVAC_RUNTIME_INT(key, field, lo, hi, text)                                             \
@@ -157,13 +159,14 @@ inline std::span<const option_spec> option_table() {
                     return std::string(m.allreduce_compatible.rule == index_rank_rule::var ? "var" : "star");
                   }},
       option_spec{"network_source", option_type::choice, 0, 0, "measured,modeled,profile,fixed",
-                  "flexible and moo: where alpha and beta come from",
+                  "flexible, moo and adaptive local steps: where alpha and beta come from",
                   [](method_config& m, std::string_view v) {
                     const auto c = detail::parse_choice("network_source", v, "measured,modeled,profile,fixed");
-                    m.flexible.source = m.moo.source = c == "measured"  ? network_source::measured
-                                                       : c == "modeled" ? network_source::modeled
-                                                       : c == "profile" ? network_source::profile
-                                                                        : network_source::fixed;
+                    m.flexible.source = m.moo.source = m.local.policy.source =
+                        c == "measured"  ? network_source::measured
+                        : c == "modeled" ? network_source::modeled
+                        : c == "profile" ? network_source::profile
+                                         : network_source::fixed;
                   },
                   [](const method_config& m) {
                     switch (m.flexible.source) {
@@ -254,6 +257,42 @@ inline std::span<const option_spec> option_table() {
       GRAVAC_RUNTIME_INT("fp8_row", fp8_rowwise.row, 1.0, 4294967295.0, "fp8_rowwise: elements per float scale"),
       GRAVAC_RUNTIME_BOOL("fp8_rowwise_error_feedback", fp8_rowwise.error_feedback,
                           "fp8_rowwise: keep the coding error in the residual (torchft has none)"),
+      GRAVAC_RUNTIME_REAL("sparseloco_decay", sparseloco.decay, 1e-6, 1.0,
+                          "sparseloco: beta, the residual's decay before each selection (1: plain error feedback)"),
+      GRAVAC_RUNTIME_INT("sparseloco_chunk", sparseloco.chunk, 1.0, 65536.0,
+                         "sparseloco: elements per chunk of the top-k and of the 2-bit scale"),
+      GRAVAC_RUNTIME_INT("local_period", local.period, 1.0, 1e9,
+                         "local steps: H, inner steps per exchange (fixed policy)"),
+      GRAVAC_RUNTIME_BOOL("local_adaptive", local.adaptive,
+                          "local steps: H and the kept fraction chosen from the network and the compute per step"),
+      GRAVAC_RUNTIME_INT("local_max_period", local.policy.max_period, 1.0, 1e6,
+                         "local steps, adaptive: the largest H (the staleness bound)"),
+      GRAVAC_RUNTIME_REAL("local_compute_s", local.policy.time.compute_s, 0.0, no_limit,
+                          "local steps, adaptive: compute seconds per step charged by the simulated clock"),
+      option_spec{"local_time", option_type::choice, 0, 0, "measured,simulated",
+                  "local steps, adaptive: compute per step measured between exchanges, or local_compute_s",
+                  [](method_config& m, std::string_view v) {
+                    m.local.policy.time.source =
+                        detail::parse_choice("local_time", v, "measured,simulated") == "simulated"
+                            ? time_source::simulated
+                            : time_source::measured;
+                  },
+                  [](const method_config& m) { return std::string(to_string(m.local.policy.time.source)); }},
+      GRAVAC_RUNTIME_BOOL("local_overlap", local.overlap,
+                          "local steps: each exchange runs behind the next round, applied one round late"),
+      option_spec{"outer", option_type::choice, 0, 0, "nesterov,averaging",
+                  "local steps: the outer optimizer (nesterov: DiLoCo's; averaging: local SGD)",
+                  [](method_config& m, std::string_view v) {
+                    m.local.outer.kind = detail::parse_choice("outer", v, "nesterov,averaging") == "averaging"
+                                             ? outer_kind::averaging
+                                             : outer_kind::nesterov;
+                  },
+                  [](const method_config& m) {
+                    return std::string(m.local.outer.kind == outer_kind::averaging ? "averaging" : "nesterov");
+                  }},
+      GRAVAC_RUNTIME_REAL("outer_lr", local.outer.lr, 1e-9, no_limit, "local steps: outer learning rate (nesterov)"),
+      GRAVAC_RUNTIME_REAL("outer_momentum", local.outer.momentum, 0.0, 0.999999,
+                          "local steps: outer momentum (nesterov)"),
   };
   return table;
 }

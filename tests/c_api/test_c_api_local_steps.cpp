@@ -1,0 +1,224 @@
+// Local steps through the C ABI (gravac_local_steps_*): 2 ranks over the thread engine give
+// the bits of gravac::local_steps<sparseloco, allgather, fixed_policy>, the state resumes
+// mid-round, and the ranks agree on the method and the starting point or all fail.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gravac/collective/allgather.hpp"
+#include "gravac/comm/thread_communicator.hpp"
+#include "gravac/compress/sparseloco.hpp"
+#include "gravac/local_steps.hpp"
+#include "gravac/policy/fixed_policy.hpp"
+#include "gravac_c.h"
+
+namespace {
+
+const std::size_t shape_a[] = {24, 16};
+const std::size_t shape_b[] = {40};
+const gravac_layer layers[] = {{"fc.weight", shape_a, 2, GRAVAC_LAYER_DENSE},
+                               {"fc.bias", shape_b, 1, GRAVAC_LAYER_BIAS_OR_NORM}};
+constexpr std::size_t numel = 24 * 16 + 40;
+
+gravac::layout cxx_layout() {
+  gravac::layout l;
+  l.add("fc.weight", {24, 16}, gravac::layer_kind::dense);
+  l.add("fc.bias", {40}, gravac::layer_kind::bias_or_norm);
+  return l;
+}
+
+std::vector<float> start_point() {
+  std::vector<float> x(numel);
+  for (std::size_t i = 0; i < numel; ++i) x[i] = 0.01f * static_cast<float>(static_cast<int>(i % 97) - 48);
+  return x;
+}
+
+// A rank's gradient at x: towards its own target, so the ranks drift apart between exchanges.
+void gradient(const std::vector<float>& x, int rank, unsigned step, std::vector<float>& g) {
+  g.resize(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float target = 0.02f * static_cast<float>(static_cast<int>((i * 7 + 13 * rank) % 31) - 15);
+    const float noise = 0.001f * static_cast<float>(static_cast<int>((i * 11 + step * 5 + rank) % 17) - 8);
+    g[i] = (x[i] - target) + noise;
+  }
+}
+
+void sgd(std::vector<float>& x, const std::vector<float>& g) {
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] -= 0.1f * g[i];
+}
+
+const char* const option_names[] = {"kept_fraction", "sparseloco_chunk", "local_period", "outer"};
+const char* const option_values[] = {"0.1", "32", "3", "nesterov"};
+
+gravac_method local_method() {
+  gravac_method m{};
+  m.struct_size = sizeof m;
+  m.compressor = "sparseloco";
+  m.collective = "allgather";
+  m.policy = "fixed";
+  m.bucket_mb = -1;
+  m.option_names = option_names;
+  m.option_values = option_values;
+  m.option_count = 4;
+  return m;
+}
+
+// Runs \p body(rank, comm) on 2 thread ranks of the C ABI's thread engine.
+template <class F>
+void two_ranks(F&& body) {
+  gravac_thread_world* world = nullptr;
+  REQUIRE(gravac_thread_world_create(2, &world) == GRAVAC_OK);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      gravac_comm* comm = nullptr;
+      if (gravac_comm_from_thread_world(world, r, &comm) != GRAVAC_OK) return;
+      body(r, comm);
+      gravac_comm_destroy(comm);
+    });
+  for (auto& t : threads) t.join();
+  gravac_thread_world_destroy(world);
+}
+
+}  // namespace
+
+TEST_CASE("C ABI: local steps over 2 ranks equal gravac::local_steps bit for bit, and resume mid-round",
+          "[c_api][local_steps]") {
+  constexpr unsigned steps = 10, stop = 4;  // three exchanges; saved one step into the second round
+  using LS = gravac::local_steps<gravac::sparseloco, gravac::allgather, gravac::fixed_policy>;
+  LS::options opt;
+  opt.period = 3;
+  opt.exchange.policy.kept_fraction = 0.1;
+  opt.exchange.compressor.chunk = 32;
+  std::vector<std::vector<float>> ref(2);
+  gravac::run_ranks(2, [&](gravac::thread_communicator& comm) {
+    std::vector<float> x = start_point(), g;
+    LS ls(comm, cxx_layout(), x, opt);
+    for (unsigned s = 0; s < steps; ++s) {
+      gradient(x, comm.rank(), s, g);
+      ls.before_inner_step(g);
+      sgd(x, g);
+      ls.after_inner_step(x);
+    }
+    ref[static_cast<std::size_t>(comm.rank())] = x;
+  });
+
+  std::vector<std::vector<float>> got(2), resumed(2);
+  std::vector<int> exchanges(2, 0), averaged(2, 0);
+  std::vector<gravac_local_steps_info> info(2);
+  const auto m = local_method();
+  two_ranks([&](int r, gravac_comm* comm) {
+    auto x = start_point();
+    std::vector<float> g, x_saved;
+    std::vector<unsigned char> state;
+    gravac_local_steps* ls = nullptr;
+    REQUIRE(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) == GRAVAC_OK);
+    for (unsigned s = 0; s < steps; ++s) {
+      gradient(x, r, s, g);
+      int avg = -1, exch = -1;
+      gravac_step_report report{};
+      report.struct_size = sizeof report;
+      REQUIRE(gravac_local_steps_before(ls, g.data(), g.size(), &avg, nullptr) == GRAVAC_OK);
+      sgd(x, g);
+      REQUIRE(gravac_local_steps_after(ls, x.data(), x.size(), &exch, &report) == GRAVAC_OK);
+      averaged[static_cast<std::size_t>(r)] += avg;
+      exchanges[static_cast<std::size_t>(r)] += exch;
+      if (exch == 1) CHECK(report.dense_bytes > 0);
+      if (s + 1 == stop) {
+        std::size_t size = 0;
+        REQUIRE(gravac_local_steps_save(ls, nullptr, 0, &size) == GRAVAC_OK);
+        state.resize(size);
+        std::size_t small = 0;
+        CHECK(gravac_local_steps_save(ls, state.data(), size - 1, &small) == GRAVAC_BUFFER_TOO_SMALL);
+        REQUIRE(gravac_local_steps_save(ls, state.data(), state.size(), &size) == GRAVAC_OK);
+        x_saved = x;
+      }
+    }
+    info[static_cast<std::size_t>(r)].struct_size = sizeof(gravac_local_steps_info);
+    REQUIRE(gravac_local_steps_get_info(ls, &info[static_cast<std::size_t>(r)]) == GRAVAC_OK);
+    std::vector<float> global(numel);
+    REQUIRE(gravac_local_steps_global_params(ls, global.data(), global.size()) == GRAVAC_OK);
+    CHECK(global != x);  // one step into a round
+    got[static_cast<std::size_t>(r)] = x;
+    gravac_local_steps_destroy(ls);
+
+    // A fresh start, restored from the state saved after step `stop`.
+    x = start_point();
+    REQUIRE(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) == GRAVAC_OK);
+    CHECK(gravac_local_steps_load(ls, state.data(), state.size() - 1) == GRAVAC_INVALID_ARGUMENT);
+    REQUIRE(gravac_local_steps_load(ls, state.data(), state.size()) == GRAVAC_OK);
+    x = x_saved;
+    for (unsigned s = stop; s < steps; ++s) {
+      gradient(x, r, s, g);
+      REQUIRE(gravac_local_steps_before(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_OK);
+      sgd(x, g);
+      REQUIRE(gravac_local_steps_after(ls, x.data(), x.size(), nullptr, nullptr) == GRAVAC_OK);
+    }
+    resumed[static_cast<std::size_t>(r)] = x;
+    gravac_local_steps_destroy(ls);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(got[static_cast<std::size_t>(r)] == ref[static_cast<std::size_t>(r)]);
+    CHECK(resumed[static_cast<std::size_t>(r)] == ref[static_cast<std::size_t>(r)]);
+    CHECK(exchanges[static_cast<std::size_t>(r)] == 3);
+    CHECK(averaged[static_cast<std::size_t>(r)] == 0);  // H = 3: no per-step round
+    CHECK(info[static_cast<std::size_t>(r)].period == 3);
+    CHECK(info[static_cast<std::size_t>(r)].round_step == 1);
+    CHECK(info[static_cast<std::size_t>(r)].inner_steps == steps);
+    CHECK(info[static_cast<std::size_t>(r)].exchanges == 3);
+  }
+  CHECK(ref[0] != ref[1]);
+}
+
+TEST_CASE("C ABI: local steps refuse what they cannot run, on every rank alike", "[c_api][local_steps]") {
+  auto m = local_method();
+  const auto x = start_point();
+  // Ranks that start from different parameters all fail, naming each other.
+  std::vector<gravac_status> st(2, GRAVAC_OK);
+  std::vector<std::string> msg(2);
+  two_ranks([&](int r, gravac_comm* comm) {
+    auto mine = x;
+    if (r == 1) mine[5] += 1.0f;
+    gravac_local_steps* ls = nullptr;
+    st[static_cast<std::size_t>(r)] = gravac_local_steps_create(&m, layers, 2, comm, mine.data(), mine.size(), &ls);
+    msg[static_cast<std::size_t>(r)] = gravac_last_error();
+    CHECK(ls == nullptr);
+  });
+  CHECK(st[0] == GRAVAC_LAYOUT_MISMATCH);
+  CHECK(st[1] == GRAVAC_LAYOUT_MISMATCH);
+  CHECK(msg[0].find("rank(s) 1") != std::string::npos);
+  CHECK(msg[0].find("parameters") != std::string::npos);
+
+  gravac_thread_world* world = nullptr;
+  REQUIRE(gravac_thread_world_create(1, &world) == GRAVAC_OK);
+  gravac_comm* comm = nullptr;
+  REQUIRE(gravac_comm_from_thread_world(world, 0, &comm) == GRAVAC_OK);
+  gravac_local_steps* ls = nullptr;
+  m.policy = "gravac";
+  CHECK(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(std::string(gravac_last_error()).find("fixed policy") != std::string::npos);
+  m = local_method();
+  CHECK(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size() - 1, &ls) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(gravac_local_steps_create(&m, layers, 2, comm, nullptr, x.size(), &ls) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), nullptr) == GRAVAC_INVALID_ARGUMENT);
+  m.device = GRAVAC_DEVICE_CUDA;
+  CHECK(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) != GRAVAC_OK);
+  m = local_method();
+  REQUIRE(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) == GRAVAC_OK);
+  std::vector<float> g(numel, 0.0f);
+  CHECK(gravac_local_steps_before(ls, g.data(), g.size() + 1, nullptr, nullptr) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(std::string(gravac_last_error()).find("for a layout of") != std::string::npos);
+  CHECK(gravac_local_steps_after(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_INVALID_ARGUMENT);  // before first
+  char text[64];
+  std::size_t length = 0;
+  REQUIRE(gravac_local_steps_policy_state(ls, text, sizeof text, &length) == GRAVAC_OK);
+  CHECK(std::string(text) == "H 3");
+  CHECK(gravac_local_steps_policy_state(ls, text, 2, &length) == GRAVAC_BUFFER_TOO_SMALL);
+  gravac_local_steps_destroy(ls);
+  gravac_local_steps_destroy(nullptr);
+  gravac_comm_destroy(comm);
+  gravac_thread_world_destroy(world);
+}
