@@ -9,6 +9,8 @@
 //   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100 --resume  # after a crash
 //   mpiexec -n 4 ./fashion_mnist --model cnn --overlap on --bucket-mb 0.05   # buckets overlapped with backward
 //   mpiexec -n 4 ./fashion_mnist --collective-timeout 600   # a hung rank ends the job after 10 minutes
+//   ./fashion_mnist --ranks 4 --local-steps --compressor sparseloco --policy fixed --kept-fraction 0.02 \
+//       --local-adaptive --outer averaging --network 0.05gbps:50ms   # local steps, H chosen from the network
 //
 // Each rank trains on its shard of every global batch; gravac turns the local gradients
 // into their (compressed) average; every rank applies the same SGD step. Rank 0 prints a
@@ -153,7 +155,8 @@ int main(int argc, char** argv) {
   // from the modeled network; top-k keeps 1% under the fixed policy.
   m.gravac.period_steps = 100;
   m.gravac.time.source = gravac::time_source::simulated;
-  m.flexible.source = m.moo.source = gravac::network_source::modeled;
+  m.flexible.source = m.moo.source = m.local.policy.source = gravac::network_source::modeled;
+  m.local.policy.time.source = gravac::time_source::simulated;
   m.fixed.kept_fraction = 0.01;
   auto* me = app.add_option_group("method");
   std::string compressor(fmnist::name_of(fmnist::compressor_names, m.compressor));
@@ -186,6 +189,9 @@ int main(int argc, char** argv) {
       me->add_option(flag, method_values[std::string(o.name)], doc)->capture_default_str();
     }
   }
+  me->add_flag("--local-steps", cfg.local_steps,
+               "local-step training: --local-period inner steps per exchange (or --local-adaptive), the exchange "
+               "through --compressor and --collective with --policy fixed, then the --outer step (local SGD, DiLoCo)");
   auto* ne = app.add_option_group("network");
   ne->add_option("--network", network,
                  "modeled network: none, <B>gbps[:<L>ms], schedule[:<epochs per phase>] "
@@ -277,13 +283,13 @@ int main(int argc, char** argv) {
       gravac::run_or_abort(MPI_COMM_WORLD, [&] {
         gravac::mpi_communicator comm({.collective_timeout = std::chrono::duration<double>(collective_timeout_s)});
         if (comm.rank() == 0)
-          std::printf("fashion_mnist: %s, %d MPI ranks, batch %zu, network %s\n", fmnist::method_name(m).c_str(),
+          std::printf("fashion_mnist: %s, %d MPI ranks, batch %zu, network %s\n", fmnist::run_method_name(m, cfg.local_steps).c_str(),
                       comm.size(), cfg.batch, cfg.network.describe().c_str());
         auto r = fmnist::train(comm, train_set, test_set, cfg, observer);
         if (comm.rank() == 0) result = std::move(r);
       });
     } else {
-      std::printf("fashion_mnist: %s, %d thread ranks, batch %zu, network %s\n", fmnist::method_name(m).c_str(), ranks,
+      std::printf("fashion_mnist: %s, %d thread ranks, batch %zu, network %s\n", fmnist::run_method_name(m, cfg.local_steps).c_str(), ranks,
                   cfg.batch, cfg.network.describe().c_str());
       gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
         auto r = fmnist::train(comm, train_set, test_set, cfg, comm.rank() == 0 ? observer : fmnist::train_observer{});

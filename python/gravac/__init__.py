@@ -4,8 +4,9 @@ The C++ library is header-only; its runtime composition is reached through a sta
 (``libgravac_c.so.1``, include/gravac_c.h), which this pure-Python package loads with
 ctypes: it links neither Python nor torch, so one build serves every CPython >= 3.9 and
 every torch >= 1.13. ``gravac.torch`` gives PyTorch's DistributedDataParallel a
-communication hook backed by gravac's compressors, collectives and policies, and a trainer
-over a torch.distributed process group.
+communication hook backed by gravac's compressors, collectives and policies, a trainer
+over a torch.distributed process group, and local-step training (``LocalSteps``: local
+SGD, DiLoCo) in place of DDP.
 
 ``gravac.options()`` describes every option (name, type, range, default, doc) from the
 library's option table; ``presets()``, ``compressors()``, ``collectives()`` and

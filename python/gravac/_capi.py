@@ -88,7 +88,14 @@ class StepReport(ctypes.Structure):
                 ("buckets", ctypes.c_uint64), ("skipped", ctypes.c_int)]
 
 
+class LocalStepsInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("period", ctypes.c_uint64), ("round_step", ctypes.c_uint64),
+                ("inner_steps", ctypes.c_uint64), ("exchanges", ctypes.c_uint64),
+                ("exchange_in_flight", ctypes.c_int)]
+
+
 _vp, _sz, _st = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+_c_int_p = ctypes.POINTER(ctypes.c_int)
 _SIGNATURES = {
     "gravac_abi_version": (ctypes.c_int, []),
     "gravac_version": (ctypes.c_char_p, []),
@@ -114,6 +121,18 @@ _SIGNATURES = {
     "gravac_trainer_policy_state": (_st, [_vp, ctypes.c_char_p, _sz, _c_size_p]),
     "gravac_trainer_save": (_st, [_vp, _vp, _sz, _c_size_p]),
     "gravac_trainer_load": (_st, [_vp, _vp, _sz]),
+    "gravac_local_steps_create": (_st, [ctypes.POINTER(Method), ctypes.POINTER(Layer), _sz, _vp, _vp, _sz,
+                                        ctypes.POINTER(_vp)]),
+    "gravac_local_steps_destroy": (None, [_vp]),
+    "gravac_local_steps_before": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
+    "gravac_local_steps_after": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
+    "gravac_local_steps_complete_exchange": (_st, [_vp]),
+    "gravac_local_steps_get_info": (_st, [_vp, ctypes.POINTER(LocalStepsInfo)]),
+    "gravac_local_steps_global_params": (_st, [_vp, _vp, _sz]),
+    "gravac_local_steps_end_interval": (_st, [_vp, ctypes.c_uint64, ctypes.c_double, ctypes.c_double]),
+    "gravac_local_steps_policy_state": (_st, [_vp, ctypes.c_char_p, _sz, _c_size_p]),
+    "gravac_local_steps_save": (_st, [_vp, _vp, _sz, _c_size_p]),
+    "gravac_local_steps_load": (_st, [_vp, _vp, _sz]),
 }
 
 _lock = threading.Lock()
@@ -149,7 +168,11 @@ def lib():
                 raise ImportError(f"gravac: cannot load the C library {path!r}: {e} "
                                   "(set GRAVAC_C_LIBRARY to libgravac_c.so.1, or reinstall gravac)") from e
             for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(handle, name)
+                try:
+                    fn = getattr(handle, name)
+                except AttributeError:
+                    raise ImportError(f"gravac: {path} has no {name}: it is older than this package "
+                                      "(rebuild libgravac_c, or reinstall gravac)") from None
                 fn.restype = restype
                 fn.argtypes = argtypes
             version = handle.gravac_abi_version()

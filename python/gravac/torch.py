@@ -1,4 +1,5 @@
-"""gravac inside PyTorch: a DDP communication hook and a trainer over torch.distributed.
+"""gravac inside PyTorch: a DDP communication hook, a trainer over torch.distributed, and
+local-step training (LocalSteps: local SGD, DiLoCo) in place of DDP.
 
     import gravac.torch
     state, hook = gravac.torch.ddp_hook(ddp_model, compressor="topk",
@@ -19,6 +20,11 @@ group (C callbacks written in Python), so Gloo, MPI and NCCL groups all work. Th
 of this build steps host memory: CUDA gradients are copied to a pinned host buffer, stepped
 by the host kernels, and copied back.
 
+``LocalSteps(model, period=H)`` replaces DDP: every rank takes H optimizer steps alone,
+then the ranks exchange how far their parameters moved (compressed, with error feedback)
+and an outer optimizer moves the global parameters; ``local.step(opt)`` replaces
+``opt.step()``. It steps host memory: CUDA parameters are staged through a pinned buffer.
+
 Names and options are the library's (``gravac.compressors()``, ``gravac.collectives()``,
 ``gravac.policies()``, ``presets()``, ``option_names()``; ``gravac.options()`` describes
 each option). A bad name or option raises ValueError before anything is sent.
@@ -37,7 +43,7 @@ import torch.distributed as dist
 
 from . import _capi
 
-__all__ = ["ddp_hook", "HookState", "Trainer", "option_names", "presets"]
+__all__ = ["ddp_hook", "HookState", "Trainer", "LocalSteps", "option_names", "presets"]
 
 
 def option_names():
@@ -140,7 +146,9 @@ class _MethodArgs:
                 raise ValueError(f"gravac.torch: {what} must be a name (str), got {value!r}")
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 64:
             raise ValueError(f"gravac.torch: seed must be a non-negative int, got {seed!r}")
-        if not isinstance(bucket_mb, (int, float)) or isinstance(bucket_mb, bool) or not bucket_mb >= 0:
+        if bucket_mb is None:
+            bucket_mb = -1.0  # the library's default
+        elif not isinstance(bucket_mb, (int, float)) or isinstance(bucket_mb, bool) or not bucket_mb >= 0:
             raise ValueError(f"gravac.torch: bucket_mb must be a non-negative number, got {bucket_mb!r}")
         for what, value, known in (("preset", preset, _capi.PRESETS), ("compressor", compressor, _capi.COMPRESSORS),
                                    ("collective", collective, _capi.COLLECTIVES), ("policy", policy, _capi.POLICIES)):
@@ -420,15 +428,21 @@ class _NoDevicePath(Exception):
 
 # --- the trainer over the C ABI ------------------------------------------------------------
 
-def _report_dict(r, kept):
-    return {
+def _report_dict(r, kept=None):
+    """A gravac_step_report as a dict; with each layer's kept fraction (a trainer's report), or
+    with the mean over the layers only (kept None: an exchange of local steps)."""
+    out = {
         "step": r.step, "bytes_sent": r.bytes_sent, "dense_bytes": r.dense_bytes,
         "wire_bytes_sent": r.wire_bytes_sent, "wire_bytes_received": r.wire_bytes_received, "gain": r.gain,
         "collective": (r.collective or b"").decode(), "fallback": (r.fallback or b"none").decode(),
         "compress_s": r.compress_s, "communicate_s": r.communicate_s, "decompress_s": r.decompress_s,
         "exposed_communicate_s": r.exposed_communicate_s, "buckets": r.buckets, "skipped": bool(r.skipped),
-        "kept_fraction": list(kept),
     }
+    if kept is None:
+        out["mean_kept_fraction"] = r.mean_kept_fraction
+    else:
+        out["kept_fraction"] = list(kept)
+    return out
 
 
 # Every engine alive, closed at exit before the interpreter finalizes, so that no gravac
@@ -457,97 +471,86 @@ def _close_engines_at_exit():
 _EXIT_RELEASE_TIMEOUT_S = 30.0
 
 
-class _Engine:
-    """One gravac_trainer over a _TorchComm, for the parameters of a model."""
+class _Layers:
+    """A model's trainable parameters as the C ABI's layers, in DDP's order (checked here:
+    nothing is sent)."""
 
-    def __init__(self, model, process_group, preset, compressor, collective, policy, seed, bucket_mb, options):
-        # Everything that can be refused locally is, before anything is sent.
-        method = _MethodArgs(preset, compressor, collective, policy, seed, bucket_mb, options)
+    def __init__(self, model):
         names, types, tensors = _parameters(model)
         if not tensors:
             raise ValueError("gravac.torch: the model has no trainable parameters")
         for n, p in zip(names, tensors):
             if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"gravac.torch: parameter '{n}' is not a float32 CPU or CUDA tensor")
-        method.check()
-        group = _process_group(process_group)
+        self.cuda = any(p.device.type == "cuda" for p in tensors)
+        if self.cuda and any(p.device != tensors[0].device for p in tensors):
+            raise ValueError("gravac.torch: the parameters are on more than one device")
+        self.device = tensors[0].device if self.cuda else torch.device("cpu")
         self.names, self.tensors = names, tensors
         self.numels = [p.numel() for p in tensors]
         self.offsets = [0]
         for n in self.numels:
             self.offsets.append(self.offsets[-1] + n)
+        # The C structs point into these: kept as long as the array.
         self._shapes = [(ctypes.c_size_t * max(p.dim(), 1))(*(p.shape if p.dim() else (1,))) for p in tensors]
         self._names = [n.encode() for n in names]
-        layers = (_capi.Layer * len(tensors))(*[
+        self.array = (_capi.Layer * len(tensors))(*[
             _capi.Layer(name, ctypes.cast(shape, ctypes.POINTER(ctypes.c_size_t)), max(p.dim(), 1),
                         _layer_kind(t, p))
             for name, shape, p, t in zip(self._names, self._shapes, tensors, types)])
-        self.cuda = any(p.device.type == "cuda" for p in tensors)
-        if self.cuda and any(p.device != tensors[0].device for p in tensors):
-            raise ValueError("gravac.torch: the parameters are on more than one device")
-        # CUDA gradients are compressed on the device where the library can (its CUDA path and
-        # the compressor's device form); otherwise they are staged through pinned host memory.
-        self.on_device = False
-        if self.cuda:
-            self.device = tensors[0].device
-            method.method.device = _capi.DEVICE_CUDA
-            method.method.stream = torch.cuda.current_stream(self.device).cuda_stream
-            try:
-                self._create(method, layers, len(tensors), _TorchDeviceComm(group, self.device))
-                self.on_device = True
-            except _NoDevicePath as why:
-                warnings.warn(f"gravac.torch: CUDA gradients are staged through host memory: {why}")
-            method.method.device, method.method.stream = _capi.DEVICE_HOST, None
-        if not self.on_device:
-            self._create(method, layers, len(tensors), _TorchComm(group))
-        self._method = method
-        numel = ctypes.c_size_t()
-        self.call("gravac_trainer_numel", _capi.lib().gravac_trainer_numel(self.handle, ctypes.byref(numel)))
-        if numel.value != self.offsets[-1]:
-            raise RuntimeError(f"gravac.torch: the trainer has {numel.value} elements, the model {self.offsets[-1]}")
-        # The flat buffer the C ABI steps: on the device, or in host memory (pinned when the
-        # gradients come from a GPU and are staged).
-        if self.on_device:
-            self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, device=self.device)
-        else:
-            self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, pin_memory=self.cuda)
-        self.staged = self.cuda and not self.on_device
-        self.views = [self.flat[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
-        self._kept = (ctypes.c_double * len(tensors))()
-        self.report = _report_dict(_capi.StepReport(ctypes.sizeof(_capi.StepReport)), [0.0] * len(tensors))
-        _live_engines.add(self)
 
-    def _create(self, method, layers, count, comm):
-        """gravac_trainer_create over \p comm (collective); _NoDevicePath where the library
-        refuses the device form of the method on every rank alike."""
+
+class _Native:
+    """One of the library's objects over a _TorchComm, for the parameters of a model: a
+    trainer (gravac_trainer_*) or local steps (gravac_local_steps_*), its C functions named
+    by _prefix. The object is destroyed before its communicator, and every one alive is closed
+    at exit (_live_engines)."""
+
+    _prefix = None
+
+    def __init__(self, model, process_group, method):
+        # Everything that can be refused locally is, before anything is sent.
+        layers = _Layers(model)
+        method.check()
+        self._group = _process_group(process_group)
+        self._method, self._layers = method, layers
+        self.names, self.tensors = layers.names, layers.tensors
+        self.numels, self.offsets = layers.numels, layers.offsets
+        self.cuda, self.device = layers.cuda, layers.device
+
+    def _fn(self, what):
+        return getattr(_capi.lib(), f"{self._prefix}_{what}")
+
+    def _create(self, comm, *params, device_attempt=False):
+        """<prefix>_create over \\p comm (collective; \\p params: what comes between the
+        communicator and the handle). _NoDevicePath on a device attempt the library refuses
+        on every rank alike."""
         self.comm = comm
         handle = ctypes.c_void_p()
-        status = _capi.lib().gravac_trainer_create(ctypes.byref(method.method), layers, count, comm.handle,
-                                                  ctypes.byref(handle))
+        status = self._fn("create")(ctypes.byref(self._method.method), self._layers.array, len(self.tensors),
+                                    comm.handle, *params, ctypes.byref(handle))
         if status == _capi.OK:
             self.handle = handle
+            _live_engines.add(self)
             return
-        e = self._error(status, "gravac_trainer_create")
+        e = self._error(status, f"{self._prefix}_create")
         comm.close()
         self.comm = None
-        if status == _capi.UNSUPPORTED:
+        if device_attempt and status == _capi.UNSUPPORTED:
             raise _NoDevicePath(str(e))
         raise e
 
-    def _stream(self):
-        """The cudaStream_t the caller's work on the buffer is ordered on (device path)."""
-        return torch.cuda.current_stream(self.device).cuda_stream if self.on_device else None
-
-    def _where(self):
-        return _capi.DEVICE_CUDA if self.on_device else _capi.DEVICE_HOST
+    def _host_flat(self):
+        """A host buffer of every parameter's elements, pinned when they come from a GPU."""
+        return torch.zeros(self.offsets[-1], dtype=torch.float32, pin_memory=self.cuda)
 
     def close(self):
-        """Destroys the trainer, then its communicator (gravac_trainer_destroy ends a step in
+        """Destroys the object, then its communicator (a trainer's destroy ends a step in
         progress and joins the communication thread). Idempotent."""
         handle = getattr(self, "handle", None)
         if handle:
             self.handle = None
-            _capi.lib().gravac_trainer_destroy(handle)
+            self._fn("destroy")(handle)
         comm = getattr(self, "comm", None)
         if comm is not None:
             self.comm = None
@@ -570,73 +573,124 @@ class _Engine:
         if status != _capi.OK:
             raise self._error(status, what)
 
-    def _finish_report(self, r):
-        self.call("gravac_trainer_kept_fractions",
-                  _capi.lib().gravac_trainer_kept_fractions(self.handle, self._kept, len(self.tensors)))
-        self.report = _report_dict(r, self._kept)
-        return self.report
+    def run(self, what, *args):
+        """<prefix>_<what>(handle, *args), raising on failure."""
+        self.call(f"{self._prefix}_{what}", self._fn(what)(self.handle, *args))
 
-    def step(self):
-        r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
-        self.call("gravac_trainer_step", _capi.lib().gravac_trainer_step(
-            self.handle, self.flat.data_ptr(), self.flat.numel(), self._where(), self._stream(), ctypes.byref(r)))
-        return self._finish_report(r)
-
-    def begin_step(self):
-        self.call("gravac_trainer_begin_step", _capi.lib().gravac_trainer_begin_step(
-            self.handle, self.flat.data_ptr(), self.flat.numel(), self._where(), self._stream()))
-
-    def ready(self, layer):
-        self.call("gravac_trainer_ready", _capi.lib().gravac_trainer_ready(self.handle, layer))
-
-    def finish(self):
-        r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
-        self.call("gravac_trainer_finish", _capi.lib().gravac_trainer_finish(self.handle, ctypes.byref(r)))
-        return self._finish_report(r)
+    def end_interval(self, epoch, learning_rate, samples):
+        self.run("end_interval", int(epoch), float(learning_rate), float(samples))
 
     def policy_state(self):
-        size = ctypes.c_size_t()
+        fn, size = self._fn("policy_state"), ctypes.c_size_t()
         buf = ctypes.create_string_buffer(256)
-        status = _capi.lib().gravac_trainer_policy_state(self.handle, buf, len(buf), ctypes.byref(size))
+        status = fn(self.handle, buf, len(buf), ctypes.byref(size))
         if status == _capi.BUFFER_TOO_SMALL:
             buf = ctypes.create_string_buffer(size.value + 1)
-            status = _capi.lib().gravac_trainer_policy_state(self.handle, buf, len(buf), ctypes.byref(size))
-        self.call("gravac_trainer_policy_state", status)
+            status = fn(self.handle, buf, len(buf), ctypes.byref(size))
+        self.call(f"{self._prefix}_policy_state", status)
         return buf.value.decode()
 
     def save(self):
-        size = ctypes.c_size_t()
-        status = _capi.lib().gravac_trainer_save(self.handle, None, 0, ctypes.byref(size))
+        fn, size = self._fn("save"), ctypes.c_size_t()
+        status = fn(self.handle, None, 0, ctypes.byref(size))
         if status not in (_capi.OK, _capi.BUFFER_TOO_SMALL):
-            self.call("gravac_trainer_save", status)
+            self.call(f"{self._prefix}_save", status)
         buf = ctypes.create_string_buffer(max(size.value, 1))
-        self.call("gravac_trainer_save", _capi.lib().gravac_trainer_save(self.handle, buf, size.value,
-                                                                         ctypes.byref(size)))
+        self.run("save", buf, size.value, ctypes.byref(size))
         return buf.raw[:size.value]
 
     def load(self, data):
         if not isinstance(data, (bytes, bytearray)):
             raise ValueError("gravac.torch: a gravac state_dict's state must be bytes")
         buf = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
-        self.call("gravac_trainer_load", _capi.lib().gravac_trainer_load(self.handle, buf, len(data)))
+        self.run("load", buf, len(data))
+
+
+class _Engine(_Native):
+    """One gravac_trainer over a _TorchComm, for the parameters of a model."""
+
+    _prefix = "gravac_trainer"
+
+    def __init__(self, model, process_group, preset, compressor, collective, policy, seed, bucket_mb, options):
+        method = _MethodArgs(preset, compressor, collective, policy, seed, bucket_mb, options)
+        super().__init__(model, process_group, method)
+        # CUDA gradients are compressed on the device where the library can (its CUDA path and
+        # the compressor's device form); otherwise they are staged through pinned host memory.
+        self.on_device = False
+        if self.cuda:
+            method.method.device = _capi.DEVICE_CUDA
+            method.method.stream = torch.cuda.current_stream(self.device).cuda_stream
+            try:
+                self._create(_TorchDeviceComm(self._group, self.device), device_attempt=True)
+                self.on_device = True
+            except _NoDevicePath as why:
+                warnings.warn(f"gravac.torch: CUDA gradients are staged through host memory: {why}")
+            method.method.device, method.method.stream = _capi.DEVICE_HOST, None
+        if not self.on_device:
+            self._create(_TorchComm(self._group))
+        numel = ctypes.c_size_t()
+        self.run("numel", ctypes.byref(numel))
+        if numel.value != self.offsets[-1]:
+            raise RuntimeError(f"gravac.torch: the trainer has {numel.value} elements, the model {self.offsets[-1]}")
+        # The flat buffer the C ABI steps: on the device, or in host memory (pinned when the
+        # gradients come from a GPU and are staged).
+        if self.on_device:
+            self.flat = torch.zeros(self.offsets[-1], dtype=torch.float32, device=self.device)
+        else:
+            self.flat = self._host_flat()
+        self.staged = self.cuda and not self.on_device
+        self.views = [self.flat[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+        self._kept = (ctypes.c_double * len(self.tensors))()
+        self.report = _report_dict(_capi.StepReport(ctypes.sizeof(_capi.StepReport)), [0.0] * len(self.tensors))
+
+    def _stream(self):
+        """The cudaStream_t the caller's work on the buffer is ordered on (device path)."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.on_device else None
+
+    def _where(self):
+        return _capi.DEVICE_CUDA if self.on_device else _capi.DEVICE_HOST
+
+    def _finish_report(self, r):
+        self.run("kept_fractions", self._kept, len(self.tensors))
+        self.report = _report_dict(r, self._kept)
+        return self.report
+
+    def step(self):
+        r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
+        self.run("step", self.flat.data_ptr(), self.flat.numel(), self._where(), self._stream(), ctypes.byref(r))
+        return self._finish_report(r)
+
+    def begin_step(self):
+        self.run("begin_step", self.flat.data_ptr(), self.flat.numel(), self._where(), self._stream())
+
+    def ready(self, layer):
+        self.run("ready", layer)
+
+    def finish(self):
+        r = _capi.StepReport(ctypes.sizeof(_capi.StepReport))
+        self.run("finish", ctypes.byref(r))
+        return self._finish_report(r)
 
 
 class _Checkpointed:
-    """state_dict() / load_state_dict() of an object whose trainer is self._engine."""
+    """state_dict() / load_state_dict() of an object whose C object is self._engine, in the
+    format _state_format."""
+
+    _state_format = "gravac-checkpoint"
 
     def _between_steps(self, what):
         pass
 
     def state_dict(self):
-        """This rank's residuals, policy, compressor and collective state, and step counter
-        (a gravac checkpoint; rank-local: every rank saves its own)."""
+        """This rank's gravac state (a trainer's residuals, policy, compressor and collective
+        state and step counter; rank-local: every rank saves its own)."""
         self._between_steps("state_dict")
-        return {"format": "gravac-checkpoint", "state": self._engine.save()}
+        return {"format": self._state_format, "state": self._engine.save()}
 
     def load_state_dict(self, state_dict):
         """Restores what state_dict() returned on the same rank, for the same model and method."""
-        if not isinstance(state_dict, dict) or state_dict.get("format") != "gravac-checkpoint":
-            raise ValueError("gravac.torch: not a gravac state_dict")
+        if not isinstance(state_dict, dict) or state_dict.get("format") != self._state_format:
+            raise ValueError(f"gravac.torch: not a gravac state_dict (of format '{self._state_format}')")
         self._between_steps("load_state_dict")
         self._engine.load(state_dict["state"])
 
@@ -848,20 +902,212 @@ class Trainer(_Checkpointed):
 
     def step(self):
         """Averages the gradients over the ranks, through gravac. Returns the step's report."""
-        for p, view in zip(self._params, self._views):
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad)
+        _grads_into(self._params, self._views)
         report = self._engine.step()
-        for p, view in zip(self._params, self._views):
-            if p.grad is None:
-                p.grad = view.to(p.device, copy=True)
-            else:
-                p.grad.copy_(view)
+        _grads_from(self._views, self._params)
         return dict(report)
 
     def end_interval(self, epoch, learning_rate, samples):
         """The end of an interval (an epoch) for the policy."""
-        self._engine.call("gravac_trainer_end_interval", _capi.lib().gravac_trainer_end_interval(
-            self._engine.handle, int(epoch), float(learning_rate), float(samples)))
+        self._engine.end_interval(epoch, learning_rate, samples)
+
+
+def _grads_into(params, views):
+    """Every parameter's gradient into its view of a flat buffer (zeros for a parameter
+    without one). A copy from a GPU into host memory returns once it is done."""
+    for p, view in zip(params, views):
+        if p.grad is None:
+            view.zero_()
+        else:
+            view.copy_(p.grad)
+
+
+def _grads_from(views, params):
+    """Every parameter's gradient from its view of a flat buffer."""
+    for p, view in zip(params, views):
+        if p.grad is None:
+            p.grad = view.to(p.device, copy=True)
+        else:
+            p.grad.copy_(view)
+
+
+# --- local steps (local SGD, DiLoCo) --------------------------------------------------------
+
+def _params_into(params, views):
+    """Every parameter's values into its view of a flat buffer."""
+    for p, view in zip(params, views):
+        view.copy_(p.detach())
+
+
+def _params_from(views, params):
+    """Every parameter's values from its view of a flat buffer."""
+    with torch.no_grad():
+        for p, view in zip(params, views):
+            p.copy_(view)
+
+
+class _LocalEngine(_Native):
+    """One gravac_local_steps over a _TorchComm. The C ABI steps host memory: the flat buffer
+    is on the host (pinned when the parameters are on a GPU), and CUDA tensors are copied
+    through it."""
+
+    _prefix = "gravac_local_steps"
+
+    def __init__(self, model, process_group, method):
+        super().__init__(model, process_group, method)
+        self.flat = self._host_flat()
+        # Each parameter's slice of the flat buffer, in its shape.
+        self.views = [self.flat[a:b].view_as(p) for a, b, p in zip(self.offsets, self.offsets[1:], self.tensors)]
+        _params_into(self.tensors, self.views)  # where every rank starts (the library checks they agree)
+        self._create(_TorchComm(self._group), self.flat.data_ptr(), self.flat.numel())
+        self.report = None
+
+    def info(self):
+        info = _capi.LocalStepsInfo(ctypes.sizeof(_capi.LocalStepsInfo))
+        self.run("get_info", ctypes.byref(info))
+        return info
+
+    def _exchange(self, what):
+        """before or after on the flat buffer: the report of the exchange it ran, or None."""
+        flag, r = ctypes.c_int(0), _capi.StepReport(ctypes.sizeof(_capi.StepReport))
+        self.run(what, self.flat.data_ptr(), self.flat.numel(), ctypes.byref(flag), ctypes.byref(r))
+        if not flag.value:
+            return None
+        self.report = _report_dict(r)
+        return dict(self.report)
+
+    def global_params(self):
+        out = torch.empty(self.offsets[-1], dtype=torch.float32)
+        self.run("global_params", out.data_ptr(), out.numel())
+        return out
+
+
+class LocalSteps(_Checkpointed):
+    """Local-step training (local SGD, DiLoCo and its family) of a model over a process
+    group, in place of DDP.
+
+    Every rank takes ``period`` (H) steps of its own optimizer alone; then the ranks exchange
+    how far their parameters moved (the pseudo-gradient) through the compressor and
+    collective, with error feedback, an outer optimizer (``outer``: "nesterov", DiLoCo's, or
+    "averaging", local SGD's) moves the global parameters, and every rank continues from
+    them. H = 1 is per-step data-parallel training: the gradients are averaged before the
+    optimizer's step, as by Trainer with the fixed policy, bit for bit.
+
+        local = gravac.torch.LocalSteps(model, period=10)
+        for x, y in batches:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            local.step(opt)  # before_optimizer_step(), opt.step(), after_optimizer_step()
+
+    ``adaptive``: H and the kept fraction chosen from the network and the compute per step
+    (``local_max_period`` bounds H). ``overlap``: each exchange runs on a communication
+    thread behind the next round and is applied one round late; call complete_exchange()
+    after the last step. The policy is always "fixed" (its ``kept_fraction`` is each
+    exchange's). Other keywords: the option table's (``sparseloco_decay``, ...). The model is
+    a plain module (not DDP), with float32 CPU or CUDA parameters; the library steps host
+    memory, so CUDA tensors are copied through a pinned host buffer. Collective: every rank
+    builds it with the same arguments and the same parameters (checked: a mismatch raises
+    RuntimeError on every rank).
+    """
+
+    _state_format = "gravac-local-steps"
+    _NAMED = {"local_period": "period", "local_adaptive": "adaptive", "local_overlap": "overlap"}
+
+    def __init__(self, model, process_group=None, compressor="sparseloco", collective="allgather", period=10,
+                 adaptive=False, outer="nesterov", outer_lr=0.7, outer_momentum=0.9, overlap=False, seed=0,
+                 bucket_mb=None, **options):
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise TypeError("gravac.torch: LocalSteps replaces DDP: give it the module, not DistributedDataParallel")
+        if "policy" in options or "preset" in options:
+            raise ValueError("gravac.torch: LocalSteps takes the fixed policy, and no policy= or preset=: each "
+                             "exchange keeps kept_fraction, and adaptive=True chooses H and the fraction")
+        for key, name in self._NAMED.items():
+            if key in options:
+                raise ValueError(f"gravac.torch: LocalSteps: pass {name}=, not {key}=")
+        options.update(local_period=period, local_adaptive=adaptive, local_overlap=overlap, outer=outer,
+                       outer_lr=outer_lr, outer_momentum=outer_momentum)
+        method = _MethodArgs(None, compressor, collective, "fixed", seed, bucket_mb, options)
+        self._engine = _LocalEngine(model, process_group, method)
+        self._params = self._engine.tensors
+
+    def before_optimizer_step(self):
+        """After backward. In a per-step round (H = 1) every parameter's .grad becomes the rank
+        average and the exchange's report is returned; in a round of local steps the gradients
+        stay this rank's and None is returned."""
+        e = self._engine
+        # The library reads the gradients only in a per-step round: otherwise nothing is copied.
+        per_step = e.info().period == 1
+        if per_step:
+            _grads_into(self._params, e.views)
+        report = e._exchange("before")
+        if report is not None:
+            _grads_from(e.views, self._params)
+        return report
+
+    def after_optimizer_step(self):
+        """After the optimizer's step. At the end of a round of local steps, the exchange and
+        the outer step run and the parameters become the point every rank continues from;
+        returns the report of the exchange that completed, or None."""
+        e = self._engine
+        info = e.info()
+        # The library reads the parameters only at a round's end, and writes them only at the
+        # end of a round of local steps (after a per-step round they are the global point).
+        ends = info.round_step + 1 >= info.period
+        if ends:
+            _params_into(self._params, e.views)
+        report = e._exchange("after")
+        if ends and info.period > 1:
+            _params_from(e.views, self._params)
+        return report
+
+    def step(self, optimizer):
+        """before_optimizer_step(), optimizer.step(), after_optimizer_step(): the report of the
+        exchange this step ran, or None."""
+        averaged = self.before_optimizer_step()
+        optimizer.step()
+        exchanged = self.after_optimizer_step()
+        return averaged if averaged is not None else exchanged
+
+    def complete_exchange(self):
+        """Completes an overlapped exchange in flight (collective: every rank at the same step).
+        Call it after the last step: close() abandons an exchange in flight."""
+        self._engine.run("complete_exchange")
+
+    def info(self):
+        """Where the rounds stand: period (H of the round in progress), round_step, inner_steps,
+        exchanges, exchange_in_flight."""
+        i = self._engine.info()
+        return {"period": i.period, "round_step": i.round_step, "inner_steps": i.inner_steps,
+                "exchanges": i.exchanges, "exchange_in_flight": bool(i.exchange_in_flight)}
+
+    @property
+    def period(self):
+        """H of the round in progress."""
+        return self._engine.info().period
+
+    def global_parameters(self):
+        """The global parameters as of the last exchange, the same on every rank: one tensor per
+        parameter, in its shape and on its device."""
+        flat = self._engine.global_params()
+        return [flat[a:b].view_as(p).to(p.device) for a, b, p in
+                zip(self._engine.offsets, self._engine.offsets[1:], self._params)]
+
+    def last_report(self):
+        """The report of the last exchange (bytes_sent, mean_kept_fraction, ...), or None."""
+        report = self._engine.report
+        return dict(report) if report is not None else None
+
+    def state_dict(self):
+        """This rank's local-step state between steps: the global point, the round, the outer
+        optimizer, both residuals and the exchange's trainer (rank-local). Completes an exchange
+        in flight first, so every rank calls it at the same step. Save the model and the
+        optimizer beside it."""
+        return super().state_dict()
+
+    def end_interval(self, epoch, learning_rate, samples):
+        """The end of an interval (an epoch) for the policy."""
+        self._engine.end_interval(epoch, learning_rate, samples)
+
+    def close(self):
+        """Destroys the local steps and their communicator (also done at exit)."""
+        self._engine.close()

@@ -314,3 +314,46 @@ TEST_CASE("fashion_mnist --checkpoint-every: steps, epochs, and clear errors") {
   for (const char* bad : {"0", "0e", "e", "", "-1", "1x", "1.5e", "99999999999999"})
     CHECK_THROWS_WITH(fmnist::checkpoint_config::parse_every(bad), Catch::Contains("--checkpoint-every"));
 }
+
+TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the run that never stopped") {
+  // Adaptive local steps over SparseLoCo-style exchanges on a slow modeled network (H chosen
+  // from the modeled exchanges), then a fixed H = 5 with DiLoCo's outer step: the
+  // checkpoint every 7 steps falls inside a round.
+  fmnist::method_config adaptive;
+  adaptive.compressor = fmnist::compressor_id::sparseloco;
+  adaptive.policy = fmnist::policy_id::fixed;
+  adaptive.local.adaptive = true;
+  adaptive.local.policy.max_period = 8;
+  adaptive.local.policy.source = gravac::network_source::modeled;
+  adaptive.local.policy.time.source = gravac::time_source::simulated;
+  adaptive.local.outer.kind = gravac::outer_kind::averaging;
+  fmnist::method_config fixed_h = adaptive;
+  fixed_h.local.adaptive = false;
+  fixed_h.local.period = 5;
+  fixed_h.local.outer.kind = gravac::outer_kind::nesterov;
+  fixed_h.fixed.kept_fraction = 0.1;
+  const auto [name, method] =
+      GENERATE_COPY(table<const char*, fmnist::method_config>({{"adaptive", adaptive}, {"fixed_h5", fixed_h}}));
+  INFO(name);
+  auto cfg = tiny(method);
+  cfg.local_steps = true;
+  cfg.network = fmnist::network_config::parse("0.05gbps:50ms");
+  const auto ref = run4(cfg);
+  REQUIRE(ref.steps.size() == 60);
+  // Fewer exchanges than steps: the steps without one send nothing.
+  const auto silent = std::count_if(ref.steps.begin(), ref.steps.end(), [](const auto& s) { return s.bytes_sent == 0; });
+  CHECK(silent > 30);
+  CHECK(ref.epochs.back().test_acc > 0.5);  // it learns (chance is 0.1)
+  CHECK_THAT(ref.method, Catch::Contains("local steps"));
+
+  scratch_dir dir(std::string("local_") + name);
+  auto first = with_checkpoints(cfg, dir.path, "7");
+  first.max_steps = 30;
+  run4(first);
+  auto second = with_checkpoints(cfg, dir.path, "7");
+  second.checkpoint.resume = true;
+  const auto resumed = run4(second);
+  CHECK(resumed.resumed_from_step == 28);
+  same_params(ref, resumed);
+  same_records(ref, resumed, {28});
+}

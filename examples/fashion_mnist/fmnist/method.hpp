@@ -4,10 +4,12 @@
 //! chosen by name at run time, built into a trainer<C, K, P> by gravac::runtime::make_trainer.
 //! The training loop sees only the type-erased trainer.
 
+#include <gravac/runtime/make_local_steps.hpp>
 #include <gravac/runtime/make_trainer.hpp>
 #include <gravac/runtime/option_table.hpp>
 #include <gravac/runtime/presets.hpp>
 #include <memory>
+#include <string>
 
 namespace fmnist {
 
@@ -31,6 +33,27 @@ using host_comm = gravac::runtime::host_comm;
 //! throws gravac::error naming what the library accepts when it refuses the composition).
 inline std::unique_ptr<stepper> make_stepper(const method_config& m, host_comm comm, const gravac::layout& lay) {
   return gravac::runtime::make_trainer(m, comm, lay);
+}
+
+//! The training loop's view of local-step training (--local-steps).
+using local_stepper = gravac::runtime::any_local_steps;
+
+//! Builds local steps for \p m over \p comm and \p lay from \p params
+//! (gravac::runtime::make_local_steps).
+inline std::unique_ptr<local_stepper> make_local_stepper(const method_config& m, host_comm comm,
+                                                         const gravac::layout& lay, std::span<const float> params) {
+  return gravac::runtime::make_local_steps(m, comm, lay, params);
+}
+
+//! The run's method as text: method_name(m), or for local steps what rounds they take over
+//! which exchange ("local steps H 10, nesterov, over sparseloco + allgather").
+inline std::string run_method_name(const method_config& m, bool local_steps) {
+  if (!local_steps) return method_name(m);
+  const std::string rounds = m.local.adaptive ? "adaptive local steps (H <= " + std::to_string(m.local.policy.max_period) + ")"
+                                              : "local steps H " + std::to_string(m.local.period);
+  return rounds + ", " + (m.local.outer.kind == gravac::outer_kind::averaging ? "averaging" : "nesterov") + ", over " +
+         std::string(name_of(compressor_names, m.compressor)) + " + " +
+         std::string(name_of(collective_names, m.collective));
 }
 
 }  // namespace fmnist

@@ -89,6 +89,12 @@ struct run_config {
   //! measured (median of the calibration runs) when compute_s is calibrated, else the
   //! deterministic model of ready_share_model(). Not with shadow networks (refused).
   bool overlap = false;
+  //! Local-step training (--local-steps): method.local's rounds of inner steps, each ending
+  //! in an exchange of the pseudo-gradient through the method's compressor and collective
+  //! (gravac::runtime::make_local_steps; the policy must be fixed). A step without an
+  //! exchange records no bytes. Not with overlap (local.overlap runs an exchange behind the
+  //! next round instead).
+  bool local_steps = false;
   //! With overlap: each layer's ready time as a share of compute_s (layout order), given
   //! (e.g. run_result::ready_share of a calibrated run, so that several runs share one
   //! modeled timeline); empty: measured or modeled as described above.

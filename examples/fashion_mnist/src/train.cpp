@@ -47,10 +47,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // The numel-weighted mean kept fraction (capped at 1) of a step's parameters.
-double chosen_fraction(const gravac::step_params& p, const gravac::layout& lay) {
+double chosen_fraction(std::span<const double> kept_fraction, const gravac::layout& lay) {
   double kept = 0;
-  for (std::size_t i = 0; i < lay.size() && i < p.kept_fraction.size(); ++i)
-    kept += std::min(1.0, p.kept_fraction[i]) * static_cast<double>(lay[i].numel);
+  for (std::size_t i = 0; i < lay.size() && i < kept_fraction.size(); ++i)
+    kept += std::min(1.0, kept_fraction[i]) * static_cast<double>(lay[i].numel);
   return kept / static_cast<double>(lay.numel());
 }
 
@@ -168,7 +168,8 @@ std::string describe_settings(const run_config& cfg, int ranks) {
   o << ", ranks " << ranks << ", batch " << cfg.batch << ", train-subset " << cfg.train_subset << ", test-subset "
     << cfg.test_subset << ", seed " << cfg.seed << ", lr " << cfg.lr.base << " gamma " << cfg.lr.gamma << " milestones";
   for (auto ms : cfg.lr.milestones) o << ' ' << ms;
-  o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method " << method_name(cfg.method)
+  o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method "
+    << run_method_name(cfg.method, cfg.local_steps)
     << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network " << cfg.network.describe();
   for (const auto& n : cfg.shadow_networks) o << " shadow " << n.describe();
   if (cfg.network_allreduce != gravac::allreduce_rule::fixed)
@@ -343,6 +344,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   gravac::require(!cfg.overlap || cfg.shadow_networks.empty(),
                   "train: --overlap on does not model shadow networks (their clocks would charge the communication "
                   "that overlap hides on the primary network); run each network on its own, or --overlap off");
+  gravac::require(!cfg.overlap || !cfg.local_steps,
+                  "train: --overlap on overlaps a per-step exchange with backward; with --local-steps, "
+                  "--local-overlap runs each exchange behind the next round instead");
 
   // Calibrate the modeled compute per step: the slowest rank's median thread CPU time of
   // forward + backward + optimizer-sized work on a real shard (parameters untouched).
@@ -443,6 +447,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   if (m.accordion.initial_learning_rate == 0) m.accordion.initial_learning_rate = cfg.lr.at(0);
   if (!m.flexible.profile) m.flexible.profile = profile;
   if (!m.moo.profile) m.moo.profile = profile;
+  if (!m.local.policy.profile) m.local.policy.profile = profile;
+  if (m.local.policy.time.source == gravac::time_source::simulated && m.local.policy.time.compute_s == 0)
+    m.local.policy.time.compute_s = compute_s;
   if (!sim) {
     // Without a modeled network the modeled sources have nothing to read.
     if (m.flexible.source == gravac::network_source::modeled || m.flexible.source == gravac::network_source::profile)
@@ -450,14 +457,27 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     if (m.moo.source == gravac::network_source::modeled || m.moo.source == gravac::network_source::profile)
       m.moo.source = gravac::network_source::measured;
     if (m.gravac.time.source != gravac::time_source::measured) m.gravac.time.source = gravac::time_source::measured;
+    if (m.local.policy.source == gravac::network_source::modeled ||
+        m.local.policy.source == gravac::network_source::profile)
+      m.local.policy.source = gravac::network_source::measured;
+    m.local.policy.time.source = gravac::time_source::measured;
   }
   m.seed = m.seed ? m.seed : cfg.seed;
   gravac::require(m.bucket_bytes > 0,
                   "train: the bucket size must be positive (gravac::bucket_per_layer: one a layer)");
-  std::unique_ptr<stepper> st = sim ? make_stepper(m, host_comm(*sim), lay) : make_stepper(m, comm, lay);
+  // Per-step training (st), or local steps around the optimizer (ls): one of the two.
+  std::unique_ptr<stepper> st;
+  std::unique_ptr<local_stepper> ls;
+  const host_comm gravac_comm = sim ? host_comm(*sim) : comm;
+  if (cfg.local_steps)
+    ls = make_local_stepper(m, gravac_comm, lay, params);
+  else
+    st = make_stepper(m, gravac_comm, lay);
+  // The model evaluated: with local steps the global point, the same on every rank.
+  const auto evaluated = [&]() -> std::span<const float> { return ls ? ls->global_params() : params; };
 
   run_result res;
-  res.method = method_name(cfg.method);
+  res.method = run_method_name(cfg.method, cfg.local_steps);
   res.model = net->name();
   res.network = cfg.network.describe();
   res.ranks = ranks;
@@ -465,7 +485,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
   res.steps_per_epoch = steps_per_epoch;
   res.compute_per_step_s = compute_s;
   res.overlap = cfg.overlap;
-  res.buckets = st->buckets();
+  res.buckets = st ? st->buckets() : 1;
   res.ready_share = ready_share;
 
   // Fixed test subset, evaluated in shards.
@@ -498,7 +518,10 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     try {
       gravac::require(rs.sims.size() == sims.size() && rs.shadow_clock.size() == shadows,
                       "'" + gravac_path + "': the checkpoint's simulated networks do not fit this run");
-      st->restore_checkpoint(gravac_path);
+      if (ls)
+        ls->load_state(read_whole_file(gravac_path));
+      else
+        st->restore_checkpoint(gravac_path);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -563,7 +586,10 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       rs.partial = partial;
       rs.steps = res.steps;
       rs.epochs = res.epochs;
-      st->save_checkpoint(checkpoint_file(ck.dir, step, rank, "gravac"));
+      if (ls)
+        write_file_atomically(checkpoint_file(ck.dir, step, rank, "gravac"), ls->save_state());
+      else
+        st->save_checkpoint(checkpoint_file(ck.dir, step, rank, "gravac"));
       // The run file last: a run file present means its trainer file was complete before it.
       write_file_atomically(checkpoint_file(ck.dir, step, rank, "run"), encode_run_state(rs));
     } catch (const std::exception& e) {
@@ -655,18 +681,27 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
         c1 = thread_cpu_seconds();
         before_comm();
         x0 = std::chrono::steady_clock::now();
-        rep_p = &st->step(grads);
+        rep_p = ls ? ls->before_inner_step(grads) : &st->step(grads);
       }
-      const auto x1 = std::chrono::steady_clock::now();
-      const auto& rep = *rep_p;
+      auto x1 = std::chrono::steady_clock::now();
       const double c2 = thread_cpu_seconds();
+      opt.step(params, grads, lr);
+      const double c3 = thread_cpu_seconds();
+      // Local steps: a round's end exchanges and moves params to the new global point.
+      double after_cpu_s = 0;
+      if (ls) {
+        const auto y0 = std::chrono::steady_clock::now();
+        if (const auto* exchanged = ls->after_inner_step(params)) rep_p = exchanged;
+        after_cpu_s = thread_cpu_seconds() - c3;
+        x1 += std::chrono::steady_clock::now() - y0;
+      }
+      static const gravac::step_report no_exchange{};
+      const auto& rep = rep_p ? *rep_p : no_exchange;
       const double comm_s = sim ? sim->modeled_seconds() - clock0 : 0.0;
       // What backward hid of the buckets' modeled communication (0 for the synchronous
       // step): the rest, and any communication outside the buckets, is exposed.
       const double hidden =
           cfg.overlap ? std::clamp(rep.modeled_communicate_s - rep.modeled_exposed_s, 0.0, comm_s) : 0.0;
-      opt.step(params, grads, lr);
-      const double c3 = thread_cpu_seconds();
       const auto w1 = std::chrono::steady_clock::now();
 
       // Rank-averaged loss and bytes, slowest-rank times (on the engine: not charged). The
@@ -682,7 +717,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       wire_sent_before = wire_sent;
       wire_received_before = wire_received;
       // With overlap the codec runs on the communication thread: its measured wall times.
-      const double codec = cfg.codec_cpu_time && !cfg.overlap ? c2 - c1 : rep.compress_s + rep.decompress_s;
+      const double codec =
+          cfg.codec_cpu_time && !cfg.overlap ? (c2 - c1) + after_cpu_s : rep.compress_s + rep.decompress_s;
       double maxes[4] = {(c1 - c0) + (c3 - c2), codec, std::chrono::duration<double>(w1 - w0).count(),
                          std::chrono::duration<double>(x1 - x0).count()};
       comm.allreduce_sum(std::span<double>(sums, 6));
@@ -694,7 +730,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.lr = lr;
       r.loss = sums[0] / sums[2];
       r.train_acc = sums[1] / sums[2];
-      r.kept_fraction = chosen_fraction(st->last_params(), lay);
+      r.kept_fraction =
+          ls ? (rep_p ? chosen_fraction(rep.kept_fraction, lay) : 0.0) : chosen_fraction(st->last_params().kept_fraction, lay);
       r.bytes_sent = sums[3] / ranks;
       r.wire_bytes_sent = sums[4] / ranks;
       r.wire_bytes_received = sums[5] / ranks;
@@ -741,7 +778,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     if (done == 0) break;
     er.train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     // Evaluate on this rank's shard of the test subset; sum over ranks.
-    const batch_result tr = net->evaluate(params, xt.data(), yt.data(), yt.size());
+    const batch_result tr = net->evaluate(evaluated(), xt.data(), yt.data(), yt.size());
     double ev[3] = {tr.loss_sum, static_cast<double>(tr.correct), static_cast<double>(tr.samples)};
     comm.allreduce_sum(std::span<double>(ev, 3));
     er.train_loss = loss_sum / seen;
@@ -751,8 +788,12 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     er.kept_fraction = frac_sum / static_cast<double>(done);
     er.modeled_time_s = modeled_clock;
     er.shadow_time_s = shadow_clock;
-    st->end_interval({step, epoch + 1, cfg.lr.at(epoch + 1), static_cast<double>(done * cfg.batch)});
-    er.policy_state = st->policy_state();
+    const gravac::interval_info interval{step, epoch + 1, cfg.lr.at(epoch + 1), static_cast<double>(done * cfg.batch)};
+    if (ls)
+      ls->end_interval(interval);
+    else
+      st->end_interval(interval);
+    er.policy_state = ls ? ls->policy_state() : st->policy_state();
     er.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     res.epochs.push_back(er);
     if (rank == 0 && obs.on_epoch) obs.on_epoch(res.epochs.back(), res);
@@ -761,7 +802,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     if (checkpointing && ck.every_unit == checkpoint_config::unit::epochs && (epoch + 1) % ck.every == 0 && !stop)
       save(epoch + 1, 0, false, 0, 0, 0, 0, 0, epoch_record{});
   }
-  res.final_params = params;
+  if (ls) ls->complete_exchange();
+  res.final_params.assign(evaluated().begin(), evaluated().end());
   return res;
 }
 

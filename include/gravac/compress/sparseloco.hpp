@@ -3,8 +3,7 @@
 //! \brief SparseLoCo-style compression (docs/algorithms.md, "SparseLoCo"): error feedback
 //! with a decaying residual, top-k per chunk of each layer, and the kept values quantized
 //! to 2 bits with one scale per chunk. Made for DiLoCo-style pseudo-gradients, usable with
-//! any gradient. Compile-time composition only: it has no runtime name, no C ABI entry and
-//! no Python binding.
+//! any gradient. Its runtime name is `sparseloco` (options sparseloco_decay, sparseloco_chunk).
 
 #include <algorithm>
 #include <cmath>
