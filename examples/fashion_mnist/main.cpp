@@ -283,14 +283,16 @@ int main(int argc, char** argv) {
       gravac::run_or_abort(MPI_COMM_WORLD, [&] {
         gravac::mpi_communicator comm({.collective_timeout = std::chrono::duration<double>(collective_timeout_s)});
         if (comm.rank() == 0)
-          std::printf("fashion_mnist: %s, %d MPI ranks, batch %zu, network %s\n", fmnist::run_method_name(m, cfg.local_steps).c_str(),
-                      comm.size(), cfg.batch, cfg.network.describe().c_str());
+          std::printf("fashion_mnist: %s, %d MPI ranks, batch %zu, network %s\n",
+                      fmnist::run_method_name(m, cfg.local_steps).c_str(), comm.size(), cfg.batch,
+                      cfg.network.describe().c_str());
         auto r = fmnist::train(comm, train_set, test_set, cfg, observer);
         if (comm.rank() == 0) result = std::move(r);
       });
     } else {
-      std::printf("fashion_mnist: %s, %d thread ranks, batch %zu, network %s\n", fmnist::run_method_name(m, cfg.local_steps).c_str(), ranks,
-                  cfg.batch, cfg.network.describe().c_str());
+      std::printf("fashion_mnist: %s, %d thread ranks, batch %zu, network %s\n",
+                  fmnist::run_method_name(m, cfg.local_steps).c_str(), ranks, cfg.batch,
+                  cfg.network.describe().c_str());
       gravac::run_ranks(ranks, [&](gravac::thread_communicator& comm) {
         auto r = fmnist::train(comm, train_set, test_set, cfg, comm.rank() == 0 ? observer : fmnist::train_observer{});
         if (comm.rank() == 0) result = std::move(r);

@@ -341,7 +341,8 @@ TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the
   const auto ref = run4(cfg);
   REQUIRE(ref.steps.size() == 60);
   // Fewer exchanges than steps: the steps without one send nothing.
-  const auto silent = std::count_if(ref.steps.begin(), ref.steps.end(), [](const auto& s) { return s.bytes_sent == 0; });
+  const auto silent =
+      std::count_if(ref.steps.begin(), ref.steps.end(), [](const auto& s) { return s.bytes_sent == 0; });
   CHECK(silent > 30);
   CHECK(ref.epochs.back().test_acc > 0.5);  // it learns (chance is 0.1)
   CHECK_THAT(ref.method, Catch::Contains("local steps"));

@@ -95,6 +95,9 @@ struct run_state {
   epoch_record partial;              //!< the epoch's record so far (its sums)
   std::vector<step_record> steps;    //!< every step's record so far
   std::vector<epoch_record> epochs;  //!< every finished epoch's record
+  //! --local-steps: the local steps' state (any_local_steps::save_state), kept here, under
+  //! the run file's checksum, in place of a gravac trainer file; empty otherwise.
+  std::vector<std::byte> local_steps_state;
 };
 
 //! Encodes \p s with header and checksum.

@@ -49,8 +49,9 @@ inline std::unique_ptr<local_stepper> make_local_stepper(const method_config& m,
 //! which exchange ("local steps H 10, nesterov, over sparseloco + allgather").
 inline std::string run_method_name(const method_config& m, bool local_steps) {
   if (!local_steps) return method_name(m);
-  const std::string rounds = m.local.adaptive ? "adaptive local steps (H <= " + std::to_string(m.local.policy.max_period) + ")"
-                                              : "local steps H " + std::to_string(m.local.period);
+  const std::string rounds = m.local.adaptive
+                                 ? "adaptive local steps (H <= " + std::to_string(m.local.policy.max_period) + ")"
+                                 : "local steps H " + std::to_string(m.local.period);
   return rounds + ", " + (m.local.outer.kind == gravac::outer_kind::averaging ? "averaging" : "nesterov") + ", over " +
          std::string(name_of(compressor_names, m.compressor)) + " + " +
          std::string(name_of(collective_names, m.collective));

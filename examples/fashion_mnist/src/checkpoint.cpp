@@ -16,7 +16,8 @@ namespace {
 constexpr char run_magic[8] = {'F', 'M', 'N', 'R', 'U', 'N', '\0', '\0'};
 // 2: the records' modeled_exposed_s and the run's ready_share (--overlap on).
 // 3: the records' measured wall times (wall_s, exchange_wall_s, train_wall_s).
-constexpr std::uint32_t run_version = 3;
+// 4: the local steps' state (--local-steps).
+constexpr std::uint32_t run_version = 4;
 constexpr std::size_t header_bytes = 32;
 
 gravac::error io_error(const std::string& what) {
@@ -209,6 +210,7 @@ std::vector<std::byte> encode_run_state(const run_state& s) {
   for (const auto& r : s.steps) put_record(w, r);
   w.put<std::uint64_t>(s.epochs.size());
   for (const auto& r : s.epochs) put_record(w, r);
+  w.put_vector(s.local_steps_state);
 
   auto& out = w.bytes();
   const std::uint64_t payload = out.size() - header_bytes;
@@ -268,6 +270,7 @@ run_state decode_run_state(std::span<const std::byte> bytes, const std::string& 
   r.get(s.partial, "partial epoch");
   r.get_vector(s.steps, "steps", 8);
   r.get_vector(s.epochs, "epochs", 8);
+  r.get_vector(s.local_steps_state, "local steps state", 1);
   if (!r.done()) throw unusable("malformed (bytes after the last field)");
   if (s.velocity.size() != s.params.size()) throw unusable("malformed (velocity and parameters differ in size)");
   return s;

@@ -116,8 +116,9 @@ std::optional<run_state> newest_usable(const checkpoint_config& ck, int rank, in
                                 ", settings: " + st.settings + "); this is rank " + std::to_string(rank) + " of " +
                                 std::to_string(ranks) + " with settings: " + settings +
                                 ". Resume with the settings it was written with, or use another --checkpoint-dir");
-      // Decoding the trainer's file checks its header, checksum and every field.
-      (void)gravac::read_checkpoint(gravac_path);
+      // Decoding the trainer's file checks its header, checksum and every field (local
+      // steps keep their state in the run file, under its checksum).
+      if (st.local_steps_state.empty()) (void)gravac::read_checkpoint(gravac_path);
       return st;
     } catch (const gravac::error& e) {
       if (e.code() == gravac::status::invalid_argument) throw;
@@ -169,8 +170,8 @@ std::string describe_settings(const run_config& cfg, int ranks) {
     << cfg.test_subset << ", seed " << cfg.seed << ", lr " << cfg.lr.base << " gamma " << cfg.lr.gamma << " milestones";
   for (auto ms : cfg.lr.milestones) o << ' ' << ms;
   o << ", momentum " << cfg.momentum << ", weight-decay " << cfg.weight_decay << ", method "
-    << run_method_name(cfg.method, cfg.local_steps)
-    << " kept-fraction " << cfg.method.fixed.kept_fraction << ", network " << cfg.network.describe();
+    << run_method_name(cfg.method, cfg.local_steps) << " kept-fraction " << cfg.method.fixed.kept_fraction
+    << ", network " << cfg.network.describe();
   for (const auto& n : cfg.shadow_networks) o << " shadow " << n.describe();
   if (cfg.network_allreduce != gravac::allreduce_rule::fixed)
     o << ", network allreduce rule " << static_cast<int>(cfg.network_allreduce);
@@ -519,7 +520,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       gravac::require(rs.sims.size() == sims.size() && rs.shadow_clock.size() == shadows,
                       "'" + gravac_path + "': the checkpoint's simulated networks do not fit this run");
       if (ls)
-        ls->load_state(read_whole_file(gravac_path));
+        ls->load_state(rs.local_steps_state);
       else
         st->restore_checkpoint(gravac_path);
     } catch (const std::exception& e) {
@@ -587,7 +588,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       rs.steps = res.steps;
       rs.epochs = res.epochs;
       if (ls)
-        write_file_atomically(checkpoint_file(ck.dir, step, rank, "gravac"), ls->save_state());
+        rs.local_steps_state = ls->save_state();
       else
         st->save_checkpoint(checkpoint_file(ck.dir, step, rank, "gravac"));
       // The run file last: a run file present means its trainer file was complete before it.
@@ -730,8 +731,8 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       r.lr = lr;
       r.loss = sums[0] / sums[2];
       r.train_acc = sums[1] / sums[2];
-      r.kept_fraction =
-          ls ? (rep_p ? chosen_fraction(rep.kept_fraction, lay) : 0.0) : chosen_fraction(st->last_params().kept_fraction, lay);
+      r.kept_fraction = ls ? (rep_p ? chosen_fraction(rep.kept_fraction, lay) : 0.0)
+                           : chosen_fraction(st->last_params().kept_fraction, lay);
       r.bytes_sent = sums[3] / ranks;
       r.wire_bytes_sent = sums[4] / ranks;
       r.wire_bytes_received = sums[5] / ranks;

@@ -181,6 +181,21 @@ inline std::span<const option_spec> option_table() {
                     }
                     return std::string("fixed");
                   }},
+      option_spec{"network_gbps", option_type::real, 1e-6, 1e6, "",
+                  "flexible, moo and adaptive local steps: bandwidth of the fixed network (and the measured "
+                  "estimate's prior), Gbit/s",
+                  [](method_config& m, std::string_view v) {
+                    const double beta = 8.0 / (detail::parse_number("network_gbps", v, false, 1e-6, 1e6) * 1e9);
+                    m.flexible.network.beta = m.moo.network.beta = m.local.policy.network.beta = beta;
+                  },
+                  [](const method_config& m) { return detail::number_text(8.0 / m.flexible.network.beta / 1e9); }},
+      option_spec{"network_latency_ms", option_type::real, 0.0, 1e6, "",
+                  "flexible, moo and adaptive local steps: latency of the fixed network (and the prior), ms",
+                  [](method_config& m, std::string_view v) {
+                    const double alpha = detail::parse_number("network_latency_ms", v, false, 0.0, 1e6) / 1e3;
+                    m.flexible.network.alpha = m.moo.network.alpha = m.local.policy.network.alpha = alpha;
+                  },
+                  [](const method_config& m) { return detail::number_text(m.flexible.network.alpha * 1e3); }},
       GRAVAC_RUNTIME_REAL("gravac_cf_min", gravac.cf_min, 1.0, 1e9, "gravac: CF_min"),
       GRAVAC_RUNTIME_REAL("gravac_cf_max", gravac.cf_max, 1.0, 1e9, "gravac: CF_max"),
       GRAVAC_RUNTIME_REAL("gravac_eps", gravac.epsilon, 0.0, 1.0, "gravac: least gain sent"),
