@@ -24,8 +24,29 @@ gradient exchange differs:
                       _no_ef rows with block_error_feedback=False
   gravac_fp8_rowwise  gravac fp8_rowwise + compressed_allreduce + fixed (torchft's scheme)
 
-The gravac rows need `gravac.torch`; when it cannot be imported they are skipped with a
-message and the PyTorch rows still run.
+Local-step rows: no DDP; gravac.torch.LocalSteps on the plain model, the rows' AdamW (and lr
+schedule) as the inner optimizer, the same data, seed and initial weights. Every rank takes H
+AdamW steps on its own shard alone, then the ranks exchange the pseudo-gradient (x0 - x)
+with error feedback and an outer optimizer moves the global point, from which every rank
+continues:
+
+  gravac_diloco_h10          identity + dense_allreduce, outer nesterov lr 0.7 momentum 0.9,
+                             H = 10 (DiLoCo as published)
+  gravac_sparseloco_h10      sparseloco + allgather, kept_fraction 0.02, outer averaging, H = 10
+  gravac_local_adaptive_1g   sparseloco + allgather, adaptive=True (local_steps_policy picks H
+  gravac_local_adaptive_100m <= local_max_period 16 and the kept fraction among 1, 0.1, 0.01),
+                             outer averaging, sparseloco_decay 1; told the network of the modeled
+                             time it is reported on (network_source fixed, network_gbps 1 or 0.1,
+                             network_latency_ms = --latency-us) and the compute per step
+                             (local_time simulated, local_compute_s = the compute measured below)
+
+Their validation loss is that of the global parameters (local.global_parameters(), the same
+on every rank) copied into a model for evaluation: where a round is unfinished at an
+evaluation (adaptive rows), the inner steps since the last exchange are not in it, nor at the
+end (steps_after_last_exchange in summary.csv says how many).
+
+The gravac and local-step rows need `gravac.torch`; when it cannot be imported they are
+skipped with a message and the PyTorch rows still run.
 
 Output (--out-dir, default bench/torch/results/transformer): one CSV per method (a row per
 step: losses, bytes, measured step time, modeled time at each bandwidth), summary.csv,
@@ -47,6 +68,20 @@ Modeled time of a step = compute + codec + communication, where
                  collectives (bench/torch/ddp_hooks.py), 4 x numel for DDP's own allreduce,
                  and gravac's `last_report()["wire_bytes_sent"]` for the gravac rows.
 No overlap of communication with backward is modeled.
+Local-step rows are charged the same way, step by step: every step the same compute; a step
+without an exchange sends 0 bytes and is charged nothing else; a step that ran an exchange (the
+end of a round, or every step of a round of H = 1) is charged the report's wire_bytes_sent and
+the messages of its collective (as for the other gravac rows: buckets x calls per bucket x ring
+messages), and a codec time: per kind of exchange (collective and kept fraction), each rank's
+fastest exchange of that kind (compress_s + decompress_s), mean over the ranks. Not charged:
+the outer optimizer's step and the copies of the parameters in and out of the library at a
+round's end (an O(numel) pass each, once per round), and the evaluation copies. No overlap of
+an exchange with the next round is modeled (the rows run with overlap=False).
+
+Time to a target validation loss (summary.md, summary.csv): the modeled time at the first
+evaluation on the curve (every --eval-every steps) at or below the target; the targets are
+--target-val-loss, or the reference's (torch_allreduce, else gravac_dense) last evaluation
+times (1 + each of --target-margins).
 
 Run with Debian's Python (python3-torch):
 
@@ -105,6 +140,19 @@ METHODS = {
     "gravac_nvfp4": ("gravac", ("nvfp4", "compressed_allreduce", "fixed")),
     "gravac_nvfp4_no_ef": ("gravac", ("nvfp4", "compressed_allreduce", "fixed")),
     "gravac_fp8_rowwise": ("gravac", ("fp8_rowwise", "compressed_allreduce", "fixed")),
+    # Local steps (gravac.torch.LocalSteps on the plain model, no DDP): H AdamW steps per rank
+    # alone, then an exchange of the pseudo-gradient and an outer step. "network" names the
+    # modeled network (BANDWIDTHS) an adaptive row is told about and reported on.
+    "gravac_diloco_h10": ("local", dict(compressor="identity", collective="dense_allreduce", period=10,
+                                        outer="nesterov", outer_lr=0.7, outer_momentum=0.9)),
+    "gravac_sparseloco_h10": ("local", dict(compressor="sparseloco", collective="allgather", period=10,
+                                            outer="averaging", kept_fraction=0.02)),
+    "gravac_local_adaptive_1g": ("local", dict(compressor="sparseloco", collective="allgather", adaptive=True,
+                                               local_max_period=16, outer="averaging", sparseloco_decay=1.0,
+                                               network="1g")),
+    "gravac_local_adaptive_100m": ("local", dict(compressor="sparseloco", collective="allgather", adaptive=True,
+                                                 local_max_period=16, outer="averaging", sparseloco_decay=1.0,
+                                                 network="100m")),
 }
 
 # Collective calls per bucket of each gravac collective (for the latency term only; an estimate:
@@ -233,6 +281,30 @@ def build_gravac_hook(method, model, args):
     return state, hook, "%s+%s+%s" % (compressor, collective, policy)
 
 
+def build_local_steps(method, net, args):
+    """gravac.torch.LocalSteps over the plain model (no DDP) for a "local" row, and its note.
+    The adaptive rows are told the modeled network they are reported on (bandwidth and the
+    script's latency per message) and the script's measured compute per step."""
+    import gravac.torch as gt
+
+    opts = {k: v for k, v in METHODS[method][1].items() if k != "network"}
+    if opts.get("adaptive"):
+        bw = dict(BANDWIDTHS)[METHODS[method][1]["network"]]
+        opts.update(network_source="fixed", network_gbps=bw / 1e9, network_latency_ms=args["latency_us"] / 1e3,
+                    local_time="simulated", local_compute_s=args["compute_s"])
+    local = gt.LocalSteps(net, seed=args["seed"], **opts)
+    note = " ".join("%s=%s" % (k, ("%.6g" % v) if isinstance(v, float) else v) for k, v in opts.items())
+    return local, note
+
+
+def copy_global(local, eval_net, names):
+    """The global parameters of `local` into eval_net (matched by parameter name)."""
+    params = dict(eval_net.named_parameters())
+    with torch.no_grad():
+        for t, g in zip(local._params, local.global_parameters()):
+            params[names[id(t)]].copy_(g)
+
+
 def worker(rank, method, args, store_path, data_npz, result_path):
     world = args["ranks"]
     init_gloo_rank(rank, world, store_path)
@@ -248,6 +320,16 @@ def worker(rank, method, args, store_path, data_npz, result_path):
 
     net = make_model(args)
     numel = sum(p.numel() for p in net.parameters())
+    ps_state, gv_state, local_steps, note = None, None, None, ""
+    if METHODS[method][0] == "local":
+        # No DDP: LocalSteps on the plain module; the inner optimizer is the rows' AdamW. The
+        # global point is evaluated on a copy of the model.
+        local_steps, note = build_local_steps(method, net, args)
+        eval_net = copy.deepcopy(net)
+        names = {id(p): n for n, p in net.named_parameters()}
+        opt = make_opt(net, args)
+        return local_worker(rank, method, args, net, numel, local_steps, note, opt, eval_net, names, counter,
+                            train, val, starts, vstarts, vstarts_final, result_path)
     # One DDP bucket for the whole model (7.4 MB), for every method: PyTorch's PowerSGD hook
     # launches each bucket's Q allreduce from a future's callback, so with two buckets the
     # ranks can issue them in different orders, which Gloo aborts on ("op.preamble.length <=
@@ -255,7 +337,6 @@ def worker(rank, method, args, store_path, data_npz, result_path):
     dist._DEFAULT_FIRST_BUCKET_BYTES = args["ddp_bucket_mb"] * 2 ** 20
     model = torch.nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=args["bucket_view"],
                                                       bucket_cap_mb=args["ddp_bucket_mb"])
-    ps_state, gv_state, note = None, None, ""
     if method == "torch_fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -354,6 +435,96 @@ def worker(rank, method, args, store_path, data_npz, result_path):
     dist.destroy_process_group()
 
 
+def local_worker(rank, method, args, net, numel, local, note, opt, eval_net, names, counter, train, val, starts,
+                 vstarts, vstarts_final, result_path):
+    """The training loop of a local-steps row: each step's forward, backward and
+    local.step(opt) (AdamW, and at a round's end the exchange and the outer step). A step
+    without an exchange sends nothing; one with an exchange is charged the bytes, collective
+    and codec of its report. Evaluations are of the global parameters."""
+    world = args["ranks"]
+    raw_all_reduce = counter.originals["all_reduce"]
+    raw_all_gather = counter.originals["all_gather"]
+
+    def evaluate_global(starts_):
+        copy_global(local, eval_net, names)
+        return evaluate(eval_net, val, starts_, args["context"], rank, world, raw_all_reduce)
+
+    n_local = args["batch"] // world
+    rows, codec = [], []
+    evals = {0: evaluate_global(vstarts)}
+    for step in range(args["steps"]):
+        x, y = windows(train, starts[step, rank * n_local : (rank + 1) * n_local], args["context"])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        counter.reset()
+        period = local.period  # H of the round this step belongs to
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        logits = net(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        rep = local.step(opt)
+        t1 = time.perf_counter()
+        row = {"step": step + 1, "local_loss": float(loss.detach()), "step_s": t1 - t0, "period": period}
+        if rep is None:
+            row.update(payload=0.0, wire=0.0, messages=0, exchange=0)
+            codec.append(0.0)
+        else:
+            row["payload"] = float(rep["bytes_sent"])
+            row["wire"] = float(rep["wire_bytes_sent"])
+            kind, per_bucket = GRAVAC_CALLS.get(str(rep.get("collective", "")), ("allreduce", 1))
+            row["messages"] = max(1, int(rep.get("buckets", 1))) * per_bucket * messages_of(kind, world)
+            row["collective"] = str(rep.get("collective", ""))
+            row["kept_fraction"] = float(rep.get("mean_kept_fraction", float("nan")))
+            row["exchange"] = 1
+            codec.append(float(rep.get("compress_s", 0.0)) + float(rep.get("decompress_s", 0.0)))
+        rows.append(row)
+        if (step + 1) % args["eval_every"] == 0 or step + 1 == args["steps"]:
+            evals[step + 1] = evaluate_global(vstarts)
+    final_val = evaluate_global(vstarts_final)
+    info = local.info()
+    policy = local.policy_state()
+
+    n = len(rows)
+    mine = torch.tensor([[r["local_loss"], r["step_s"], c] for r, c in zip(rows, codec)], dtype=torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    raw_all_gather(gathered, mine)
+    stacked = torch.stack(gathered)  # [world, steps, 3]
+    flat = torch.cat([g.reshape(-1) for g in local.global_parameters()])
+    same = torch.tensor([float(flat.double().sum()), float(flat.double().abs().sum())], dtype=torch.float64)
+    sames = [torch.empty_like(same) for _ in range(world)]
+    raw_all_gather(sames, same)
+    if rank == 0:
+        # The codec charged to an exchange: per kind of exchange (collective and kept
+        # fraction), each rank's fastest such exchange, mean over the ranks (as the other gravac
+        # rows take their fastest steady step: other processes on these cores only add to it).
+        classes = {}
+        for i, r in enumerate(rows):
+            if r["exchange"]:
+                classes.setdefault((r["collective"], "%.6g" % r["kept_fraction"]), []).append(i)
+        charge = {}
+        for key, idx in classes.items():
+            charge[key] = float(statistics.fmean(float(stacked[k, idx, 2].min()) for k in range(world)))
+        for i, r in enumerate(rows):
+            r["train_loss"] = float(stacked[:, i, 0].mean())
+            r["step_s_slowest"] = float(stacked[:, i, 1].max())
+            r["val_loss"] = evals.get(r["step"], "")
+            r["codec"] = charge[(r["collective"], "%.6g" % r["kept_fraction"])] if r["exchange"] else 0.0
+        res = {
+            "method": method, "config": note, "numel": numel, "ranks": world, "steps": n,
+            "initial_val_loss": evals[0], "final_val_loss": final_val, "codec_s": None,
+            "codec_per_step_s": sum(r["codec"] for r in rows) / max(1, n),
+            "params_identical_on_ranks": all(bool(torch.equal(s, same)) for s in sames),
+            "blas": loaded_blas(), "rows": rows, "exchanges": info["exchanges"],
+            "steps_after_last_exchange": info["round_step"], "policy_state": policy,
+        }
+        with open(result_path, "w") as f:
+            json.dump(res, f)
+    dist.barrier()
+    local.close()
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------- compute measurement
 
 
@@ -414,7 +585,7 @@ def measure_compute(args, train, repeats):
 def modeled(rows, compute_s, alpha, bw_bits):
     t, out = 0.0, []
     for r in rows:
-        t += compute_s + r["messages"] * alpha + 8.0 * r["wire"] / bw_bits
+        t += compute_s + r.get("codec", 0.0) + r["messages"] * alpha + 8.0 * r["wire"] / bw_bits
         out.append(t)
     return out
 
@@ -422,19 +593,21 @@ def modeled(rows, compute_s, alpha, bw_bits):
 def write_run_csv(path, res, compute_s, alpha):
     times = {k: modeled(res["rows"], compute_s, alpha, bw) for k, bw in BANDWIDTHS}
     fields = ["step", "train_loss", "val_loss", "payload_bytes", "wire_bytes", "cum_wire_bytes", "messages",
-              "step_s_slowest", "modeled_s_1g", "modeled_s_100m", "collective", "kept_fraction"]
+              "step_s_slowest", "modeled_s_1g", "modeled_s_100m", "collective", "kept_fraction", "period",
+              "codec_s"]
     cum = 0.0
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(fields)
-        w.writerow([0, "", "%.5f" % res["initial_val_loss"], 0, 0, 0, 0, "", 0, 0, "", ""])
+        w.writerow([0, "", "%.5f" % res["initial_val_loss"], 0, 0, 0, 0, "", 0, 0, "", "", "", ""])
         for i, r in enumerate(res["rows"]):
             cum += r["wire"]
             w.writerow([r["step"], "%.5f" % r["train_loss"],
                         "%.5f" % r["val_loss"] if r["val_loss"] != "" else "",
                         "%.0f" % r["payload"], "%.0f" % r["wire"], "%.0f" % cum, r["messages"],
                         "%.4f" % r["step_s_slowest"], "%.4f" % times["1g"][i], "%.4f" % times["100m"][i],
-                        r.get("collective", ""), "%.5g" % r["kept_fraction"] if "kept_fraction" in r else ""])
+                        r.get("collective", ""), "%.5g" % r["kept_fraction"] if "kept_fraction" in r else "",
+                        r.get("period", ""), "%.5f" % r["codec"] if "codec" in r else ""])
     return times
 
 
@@ -478,6 +651,32 @@ def plot(out_dir, done):
     return made
 
 
+def rounds_of(rows):
+    """The H of each round of a local-steps row, run-length coded: "1 x1, 16 x8" is one round
+    of H = 1, then eight of 16; a round unfinished at the end is marked "+ k (unfinished)"."""
+    runs, tail = [], 0
+    for r in rows:
+        tail += 1
+        if r.get("exchange"):
+            if runs and runs[-1][0] == r["period"]:
+                runs[-1][1] += 1
+            else:
+                runs.append([r["period"], 1])
+            tail = 0
+    out = ", ".join("%d x%d" % (h, k) for h, k in runs) or "none"
+    return out + (" + %d steps (unfinished)" % tail if tail else "")
+
+
+def reach(s, target):
+    """(step, modeled s at 1 Gbit/s, at 100 Mbit/s) of the first evaluation at or below target."""
+    if s["initial_val_loss"] <= target:
+        return 0, 0.0, 0.0
+    for i, v in enumerate(s["_vals"]):
+        if v != "" and v <= target:
+            return i + 1, s["_times"]["1g"][i], s["_times"]["100m"][i]
+    return None, None, None
+
+
 def at_time(times, rows_val, t):
     """Validation loss of the last evaluation at or before modeled time t."""
     best = None
@@ -519,6 +718,11 @@ def main():
                     help="DDP's bucket cap, first bucket included (one bucket: see the worker)")
     ap.add_argument("--latency-us", type=float, default=50.0, help="alpha of the alpha-beta model, per message")
     ap.add_argument("--warmup-steps", type=int, default=10, help="steps left out of the steady-state averages")
+    ap.add_argument("--target-val-loss", default="",
+                    help="comma list of validation losses whose first reaching (on the curve) is timed; default: "
+                         "the reference's (torch_allreduce, else gravac_dense) last evaluation x (1 + each "
+                         "--target-margins)")
+    ap.add_argument("--target-margins", default="0.02,0.10", help="see --target-val-loss")
     ap.add_argument("--fortunes-dir", default=tiny_gpt.FORTUNES_DIR)
     ap.add_argument("--out-dir", help="default bench/torch/results/transformer (--quick: out/torch/transformer-quick)")
     a = ap.parse_args()
@@ -556,10 +760,12 @@ def main():
           % (len(fortunes), len(train), len(val), a.layers, a.d_model, a.heads, a.context, numel, a.ranks, a.batch,
              a.context, a.steps, a.lr, a.lr_warmup, a.min_lr_ratio, a.weight_decay, a.seed), flush=True)
     compute_s, torch_codec = measure_compute(args, train, 3 if a.quick else 8)
+    args["compute_s"] = compute_s  # the adaptive local-steps rows' local_compute_s
+    args["latency_us"] = a.latency_us
     print("compute per step (one rank's shard, one thread, alone): %.1f ms; codec: fp16 %.2f ms, PowerSGD %.2f ms"
           % (1e3 * compute_s, 1e3 * torch_codec["torch_fp16"], 1e3 * torch_codec["torch_powersgd"]), flush=True)
 
-    have_gravac, why = gravac_available() if any(METHODS[m][0] == "gravac" for m in methods) else (True, "")
+    have_gravac, why = gravac_available() if any(METHODS[m][0] != "torch" for m in methods) else (True, "")
     if not have_gravac:
         print("note: gravac.torch is not importable (%s); the gravac rows are skipped" % why, flush=True)
 
@@ -571,7 +777,7 @@ def main():
         data_npz = os.path.join(tmp, "text.npz")
         np.savez(data_npz, train=train, val=val)
         for method in methods:
-            if METHODS[method][0] == "gravac" and not have_gravac:
+            if METHODS[method][0] != "torch" and not have_gravac:
                 summary.append({"method": method, "skipped": "gravac.torch not importable"})
                 continue
             result = os.path.join(tmp, method + ".json")
@@ -587,7 +793,9 @@ def main():
                 continue
             wall = time.perf_counter() - t0
             codec = res["codec_s"] if res["codec_s"] is not None else torch_codec.get(method, 0.0)
-            step_compute = compute_s + codec
+            step_compute = compute_s + codec  # local-steps rows: 0 here, their codec is per exchange row
+            if "codec_per_step_s" in res:
+                codec = res["codec_per_step_s"]
             times = write_run_csv(os.path.join(a.out_dir, method + ".csv"), res, step_compute, alpha)
             rows = res["rows"]
             steady = rows[min(a.warmup_steps, len(rows) - 1):]
@@ -604,13 +812,23 @@ def main():
                 "steps": len(rows), "numel": res["numel"], "run_wall_s": wall,
                 "params_identical_on_ranks": res["params_identical_on_ranks"],
                 "powersgd_compress_rate": res.get("powersgd_compress_rate", ""), "blas": res["blas"],
-                "_times": times, "_vals": [r["val_loss"] for r in rows],
+                "_times": times, "_vals": [r["val_loss"] for r in rows], "initial_val_loss": res["initial_val_loss"],
             }
+            if METHODS[method][0] == "local":
+                s["exchanges"] = res["exchanges"]
+                s["periods"] = rounds_of(rows)
+                s["steps_after_last_exchange"] = res["steps_after_last_exchange"]
+                s["policy_state"] = res["policy_state"]
+                s["network"] = METHODS[method][1].get("network", "")
             summary.append(s)
             done.append(method)
             print("  %-18s final val %.4f  wire %10.0f B/step  step %7.1f ms  modeled %7.1f s @1G %8.1f s @100M  "
                   "(%.0f s) [%s]" % (method, s["final_val_loss"], s["wire_bytes_per_step"], s["step_ms_measured"],
                                       s["modeled_s_1g"], s["modeled_s_100m"], wall, res["config"]), flush=True)
+            if "periods" in s:
+                print("  %-18s %d exchanges, H by round: %s; %d steps after the last; policy: %s"
+                      % ("", s["exchanges"], s["periods"], s["steps_after_last_exchange"], s["policy_state"]),
+                      flush=True)
             if not res["params_identical_on_ranks"]:
                 print("warning: %s: the ranks' parameters differ after training" % method)
     finally:
@@ -623,11 +841,36 @@ def main():
             s["wire_vs_dense"] = s["total_wire_bytes"] / dense["total_wire_bytes"]
             s["time_100m_vs_dense"] = s["modeled_s_100m"] / dense["modeled_s_100m"]
             s["time_1g_vs_dense"] = s["modeled_s_1g"] / dense["modeled_s_1g"]
+
+    # Time to a target validation loss: the first evaluation on the curve at or below it.
+    ref = next((s for s in summary if s["method"] == "torch_allreduce" and "skipped" not in s), None) or \
+        next((s for s in summary if s["method"] == "gravac_dense" and "skipped" not in s), None)
+    if a.target_val_loss:
+        targets = [float(t) for t in a.target_val_loss.split(",") if t.strip()]
+        target_why = "given"
+    elif ref:
+        margins = [float(m) for m in a.target_margins.split(",") if m.strip()]
+        targets = [ref["last_eval_val_loss"] * (1 + m) for m in margins]
+        target_why = "%s's last evaluation (%.4f) x %s" % (ref["method"], ref["last_eval_val_loss"],
+                                                           ", x ".join("%g" % (1 + m) for m in margins))
+    else:
+        targets, target_why = [], "no reference row"
+    for s in summary:
+        if "skipped" in s:
+            continue
+        for j, t in enumerate(targets):
+            step, t1, t100 = reach(s, t)
+            s["target%d_val_loss" % (j + 1)] = t
+            s["target%d_step" % (j + 1)] = step if step is not None else ""
+            s["target%d_s_1g" % (j + 1)] = t1 if t1 is not None else ""
+            s["target%d_s_100m" % (j + 1)] = t100 if t100 is not None else ""
     fields = ["method", "config", "final_val_loss", "last_eval_val_loss", "final_train_loss", "wire_bytes_per_step",
               "steady_wire_bytes_per_step", "payload_bytes_per_step", "total_wire_bytes", "wire_vs_dense",
               "step_ms_measured", "compute_ms", "codec_ms", "modeled_s_1g", "modeled_s_100m", "time_1g_vs_dense",
               "time_100m_vs_dense", "steps", "numel", "run_wall_s", "params_identical_on_ranks",
-              "powersgd_compress_rate", "blas", "skipped"]
+              "powersgd_compress_rate", "blas", "exchanges", "periods", "steps_after_last_exchange", "network",
+              "policy_state"] + ["target%d_%s" % (j + 1, k) for j in range(len(targets))
+                                 for k in ("val_loss", "step", "s_1g", "s_100m")] + ["skipped"]
     with open(os.path.join(a.out_dir, "summary.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -646,6 +889,31 @@ def main():
             s["compute_ms"] + s["codec_ms"], s["modeled_s_1g"], s["modeled_s_100m"],
             "%.3f" % s["time_100m_vs_dense"] if "time_100m_vs_dense" in s else "-"))
     table = "\n".join(md)
+
+    # Time to each target, and the local-steps rows' H. An adaptive row was told one network:
+    # its figures at the other are in parentheses (it did not choose for that network).
+    def cell(s, key, net):
+        v = s.get(key, "")
+        if v == "":
+            return "not reached"
+        txt = "%.1f" % v
+        return "(%s)" % txt if s.get("network") and s["network"] != net else txt
+
+    head = "| method | final val loss | total wire MB | exchanges | H by round |"
+    for j, t in enumerate(targets):
+        head += " step to %.3f | s @1G to %.3f | s @100M to %.3f |" % (t, t, t)
+    md2 = [head, "|" + "---|" * (5 + 3 * len(targets))]
+    for s in summary:
+        if "skipped" in s:
+            continue
+        line = "| %s | %.4f | %.1f | %s | %s |" % (s["method"], s["final_val_loss"], s["total_wire_bytes"] / 1e6,
+                                                   s.get("exchanges", "every step"), s.get("periods", "-"))
+        for j in range(len(targets)):
+            st = s["target%d_step" % (j + 1)]
+            line += " %s | %s | %s |" % (st if st != "" else "not reached", cell(s, "target%d_s_1g" % (j + 1), "1g"),
+                                        cell(s, "target%d_s_100m" % (j + 1), "100m"))
+        md2.append(line)
+    table2 = "\n".join(md2)
 
     # The targets.
     lines = []
@@ -682,6 +950,10 @@ def main():
         f.write("%d steps, %d ranks, %d parameters, compute %.1f ms/step, latency %g us/message; wall time %.0f s\n\n"
                 % (a.steps, a.ranks, numel, 1e3 * compute_s, a.latency_us, wall))
         f.write(table + "\n\n")
+        f.write("Targets: %s. Time to a target: modeled time at the first evaluation (every %d steps) at or below "
+                "it. Adaptive rows: figures for the network they were not told in parentheses.\n\n"
+                % (target_why, a.eval_every))
+        f.write(table2 + "\n\n")
         for ln in lines:
             f.write("- " + ln + "\n")
     for s in summary:
@@ -689,6 +961,9 @@ def main():
             print("skipped %s: %s" % (s["method"], s["skipped"]))
     print()
     print(table)
+    print()
+    print("targets: %s" % target_why)
+    print(table2)
     print()
     for ln in lines:
         print(ln)
