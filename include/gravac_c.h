@@ -337,6 +337,13 @@ GRAVAC_C_API gravac_status gravac_local_steps_before(gravac_local_steps* local, 
  *  is 1 when an exchange completed, and \p report, if not NULL, is its report). */
 GRAVAC_C_API gravac_status gravac_local_steps_after(gravac_local_steps* local, float* params, size_t numel,
                                                     int* exchanged, gravac_step_report* report);
+/*! Ends the round in progress now, before its H steps (collective: every rank at the same
+ *  inner step): the ranks exchange their progress, the outer step runs and \p params
+ *  becomes the global point, the same on every rank; for the end of training, or before
+ *  evaluating or saving the model. \p *exchanged is 1 when an exchange completed (0: the
+ *  ranks already agreed); \p exchanged and \p report may be NULL. */
+GRAVAC_C_API gravac_status gravac_local_steps_finish_round(gravac_local_steps* local, float* params, size_t numel,
+                                                           int* exchanged, gravac_step_report* report);
 /*! Completes an overlapped exchange in flight (collective: every rank at the same inner step). */
 GRAVAC_C_API gravac_status gravac_local_steps_complete_exchange(gravac_local_steps* local);
 /*! Where the rounds stand. */

@@ -138,6 +138,44 @@ class local_steps {
     return options_.overlap ? end_round_overlapped(params) : end_round(params);
   }
 
+  //! Ends the round in progress now, before its H steps: the ranks exchange how far they
+  //! moved since its start, the outer optimizer moves the global point, and \p params
+  //! becomes it (with overlap, the exchange in flight is completed and applied first). For
+  //! the end of training, or before evaluating or saving the model: afterwards every rank
+  //! holds the same parameters. Collective: every rank calls it at the same inner step,
+  //! between inner steps. Returns the report of the last exchange it completed (nullptr
+  //! when the ranks already agreed: a per-step round, or a round of no steps yet).
+  const step_report* finish_round(std::span<float> params) {
+    require(!awaiting_after_, "local_steps::finish_round: between inner steps only (after after_inner_step)");
+    require(params.size() == global_.size(), "local_steps::finish_round: " + std::to_string(params.size()) +
+                                                 " parameters for a layout of " + std::to_string(global_.size()));
+    if (period_ == 1) return nullptr;
+    const step_report* report = nullptr;
+    if (options_.overlap) {
+      // The exchange in flight carries the last round's progress: the global point moves
+      // by its average, and this rank's own progress since then is on top of it.
+      if (in_flight_ || pending_ready_) report = &trainer_.last_report();
+      complete_exchange();
+      if (pending_ready_) {
+        outer_.apply(global_, pending_);
+        pending_ready_ = false;
+        report = &trainer_.last_report();
+      }
+      for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = start_[i] - params[i];
+    } else {
+      for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - params[i];
+    }
+    if (in_round_ > 0) {
+      exchange_now(params, in_round_);
+      report = &trainer_.last_report();
+    } else {
+      std::copy(global_.begin(), global_.end(), params.begin());
+    }
+    period_ = next_period();
+    begin_round(params);
+    return report;
+  }
+
   //! Completes an exchange in flight (overlap) and keeps its average until the round's
   //! end applies it. Collective: every rank calls it at the same inner step. save() calls it;
   //! call it after the last inner step too: destroying local_steps with an exchange in

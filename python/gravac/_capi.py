@@ -126,6 +126,7 @@ _SIGNATURES = {
     "gravac_local_steps_destroy": (None, [_vp]),
     "gravac_local_steps_before": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
     "gravac_local_steps_after": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
+    "gravac_local_steps_finish_round": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
     "gravac_local_steps_complete_exchange": (_st, [_vp]),
     "gravac_local_steps_get_info": (_st, [_vp, ctypes.POINTER(LocalStepsInfo)]),
     "gravac_local_steps_global_params": (_st, [_vp, _vp, _sz]),

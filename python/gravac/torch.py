@@ -1001,8 +1001,9 @@ class LocalSteps(_Checkpointed):
 
     ``adaptive``: H and the kept fraction chosen from the network and the compute per step
     (``local_max_period`` bounds H). ``overlap``: each exchange runs on a communication
-    thread behind the next round and is applied one round late; call complete_exchange()
-    after the last step. The policy is always "fixed" (its ``kept_fraction`` is each
+    thread behind the next round and is applied one round late. At the end of training,
+    finish_round() brings every rank to the same global point (with overlap, it completes the
+    exchange in flight first). The policy is always "fixed" (its ``kept_fraction`` is each
     exchange's). Other keywords: the option table's (``sparseloco_decay``, ...). The model is
     a plain module (not DDP), with float32 CPU or CUDA parameters; the library steps host
     memory, so CUDA tensors are copied through a pinned host buffer. Collective: every rank
@@ -1067,6 +1068,18 @@ class LocalSteps(_Checkpointed):
         optimizer.step()
         exchanged = self.after_optimizer_step()
         return averaged if averaged is not None else exchanged
+
+    def finish_round(self):
+        """Ends the round in progress now, before its H steps: the ranks exchange their
+        progress, the outer step runs, and every parameter becomes the global point, the same
+        on every rank. Call it at the end of training, or before evaluating or saving the
+        model (collective: every rank at the same step). Returns the report of the exchange it
+        completed, or None when the ranks already agreed."""
+        e = self._engine
+        _params_into(self._params, e.views)
+        report = e._exchange("finish_round")
+        _params_from(e.views, self._params)
+        return report
 
     def complete_exchange(self):
         """Completes an overlapped exchange in flight (collective: every rank at the same step).

@@ -843,6 +843,14 @@ gravac_status gravac_local_steps_after(gravac_local_steps* local, float* params,
   });
 }
 
+gravac_status gravac_local_steps_finish_round(gravac_local_steps* local, float* params, size_t numel, int* exchanged,
+                                              gravac_step_report* report) {
+  return guarded("gravac_local_steps_finish_round", [&] {
+    const auto p = floats_of(local, params, numel, "params");
+    set_flag(exchanged, local->l->finish_round(p), report);
+  });
+}
+
 gravac_status gravac_local_steps_complete_exchange(gravac_local_steps* local) {
   return guarded("gravac_local_steps_complete_exchange", [&] {
     need(local != nullptr, "local is NULL");

@@ -187,6 +187,7 @@ class erased_local_steps final : public any_local_steps {
       : comm_(comm), ls_(comm_, lay, params, local_options<C, K, P>(m)) {}
   const step_report* before_inner_step(std::span<float> grads) override { return ls_.before_inner_step(grads); }
   const step_report* after_inner_step(std::span<float> params) override { return ls_.after_inner_step(params); }
+  const step_report* finish_round(std::span<float> params) override { return ls_.finish_round(params); }
   void complete_exchange() override { ls_.complete_exchange(); }
   void end_interval(const interval_info& info) override { ls_.end_interval(info); }
   [[nodiscard]] std::size_t period() const override { return ls_.period(); }

@@ -136,6 +136,22 @@ def check_averaging_rounds(rank):
                 f"H = 3: step {step}: the global parameters are not where the ranks continue from")
     info = local.info()
     require(info["exchanges"] == 3 and info["round_step"] == 0 and info["period"] == 3, f"H = 3: info {info}")
+    # Two more steps, then the round ends early: every rank at the mean of the ranks' points.
+    for step in range(9, 11):
+        backward(model, opt, step, rank)
+        local.step(opt)
+    before = flat(model)
+    mean = before.clone()
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    require(local.finish_round() is not None, "finish_round: no exchange two steps into a round")
+    after = flat(model)
+    ranks = gathered(after)
+    require(all(torch.equal(r, ranks[0]) for r in ranks), "finish_round: the ranks differ afterwards")
+    diff = (after - mean).abs().max().item()
+    require(diff <= 1e-6, f"finish_round: {diff} from the mean of the ranks' parameters")
+    require(local.finish_round() is None and torch.equal(flat(model), after),
+            "finish_round right after finish_round: an exchange or a move")
     local.close()
 
 

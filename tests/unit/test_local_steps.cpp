@@ -219,6 +219,52 @@ TEST_CASE("overlap applies each exchange one round late, keeping the rank's own 
   for (int r = 0; r < ranks; ++r) CHECK(test::max_rel_diff(got[r], x[r]) < 1e-5);
 }
 
+TEST_CASE("finish_round ends a round early: every rank at the average of their points, with or without overlap",
+          "[local_steps]") {
+  const bool overlap = GENERATE(false, true);
+  INFO("overlap " << overlap);
+  const auto lay = test::mixed_layout();
+  using LS = local_steps<identity, dense_allreduce, fixed_policy>;
+  LS::options opt;
+  opt.period = 3;
+  opt.overlap = overlap;
+  opt.outer.kind = outer_kind::averaging;
+  opt.exchange.policy.kept_fraction = 1.0;
+  const int ranks = 3, steps = 7;  // two rounds, then one step into the third
+  std::vector<std::vector<float>> before(ranks), after(ranks), again(ranks);
+  std::vector<int> reported(ranks, 0), reported_again(ranks, 0);
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    std::vector<float> x = test::make_data(lay.numel(), 5), g;
+    LS ls(comm, lay, x, opt);
+    for (int s = 0; s < steps; ++s) {
+      gradient(x, comm.rank(), static_cast<std::uint64_t>(s), g);
+      ls.before_inner_step(g);
+      sgd(x, g, 0.05f);
+      ls.after_inner_step(x);
+    }
+    const auto r = static_cast<std::size_t>(comm.rank());
+    before[r] = x;
+    reported[r] = ls.finish_round(x) != nullptr;
+    after[r] = x;
+    CHECK(ls.round_step() == 0);
+    CHECK_FALSE(ls.exchange_in_flight());
+    CHECK(std::equal(x.begin(), x.end(), ls.global_params().begin()));
+    reported_again[r] = ls.finish_round(x) != nullptr;  // nothing left to agree on
+    again[r] = x;
+  });
+  std::vector<float> mean(lay.numel(), 0.0f);
+  for (int r = 0; r < ranks; ++r)
+    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += before[r][i] / ranks;
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(after[r] == after[0]);
+    CHECK(test::max_rel_diff(after[r], mean) < 1e-5);
+    CHECK(reported[r] == 1);
+    CHECK(reported_again[r] == 0);
+    CHECK(again[r] == after[r]);
+  }
+  CHECK(before[0] != before[1]);  // the ranks had drifted apart
+}
+
 TEST_CASE("local_steps destroyed with an exchange in flight abandons it cleanly", "[local_steps]") {
   const auto lay = test::mixed_layout();
   using LS = local_steps<topk, allgather, fixed_policy>;

@@ -29,6 +29,10 @@ class any_local_steps {
   //! end of a round the exchange and the outer step run and \p params becomes the point to
   //! continue from; returns the report of the exchange that completed (nullptr when none).
   virtual const step_report* after_inner_step(std::span<float> params) = 0;
+  //! Ends the round in progress now (local_steps::finish_round): the ranks exchange their
+  //! progress, the outer step runs and \p params becomes the global point, the same on every
+  //! rank. Collective. Returns the report of the last exchange it completed, or nullptr.
+  virtual const step_report* finish_round(std::span<float> params) = 0;
   //! Completes an exchange in flight (overlap); collective, at the same inner step on every
   //! rank. Call it after the last inner step.
   virtual void complete_exchange() = 0;
