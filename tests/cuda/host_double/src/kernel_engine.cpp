@@ -919,11 +919,21 @@ inline void back_in_lane([[maybe_unused]] engine& e, [[maybe_unused]] lane& l, [
 #endif
 }
 
+#if defined(CUDA_DOUBLE_TSAN)
+thread_local std::vector<void*> t_tsan_fibers;  // this OS thread's fiber of each lane index
+#endif
+
 bctx::fiber make_fiber(engine& e, lane& l) {
   l.started = false;
 #if defined(CUDA_DOUBLE_TSAN)
-  // Creating a fiber runs a few instructions on its stack: under the lane's own fiber.
-  l.tsan_fiber = __tsan_create_fiber(0);
+  // Creating a fiber runs a few instructions on its stack: under the lane's own fiber. Each
+  // lane index of this OS thread keeps one ThreadSanitizer fiber for good: a destroyed one
+  // gives its thread slot back, and a fiber created later on another pool thread that takes
+  // the slot counts as ordered after every access recorded under it, which hid a race
+  // between blocks that the OS ran one after the other (lost_update_global).
+  if (t_tsan_fibers.size() <= l.index) t_tsan_fibers.resize(l.index + 1, nullptr);
+  if (t_tsan_fibers[l.index] == nullptr) t_tsan_fibers[l.index] = __tsan_create_fiber(0);
+  l.tsan_fiber = t_tsan_fibers[l.index];
   __tsan_switch_to_fiber(l.tsan_fiber, 0);
 #endif
   bctx::fiber f(std::allocator_arg, pooled_stack{&t_pool, &l.stack}, [&e, &l](bctx::fiber&& sched) {
@@ -999,8 +1009,7 @@ void discard_lane(engine& e, lane& l) {
     }
   }
 #if defined(CUDA_DOUBLE_TSAN)
-  if (l.tsan_fiber != nullptr) __tsan_destroy_fiber(l.tsan_fiber);
-  l.tsan_fiber = nullptr;
+  l.tsan_fiber = nullptr;  // kept for the next block of this OS thread (make_fiber)
 #endif
 }
 
@@ -1183,11 +1192,15 @@ void run_blocks_of(grid_share& g, [[maybe_unused]] unsigned share, [[maybe_unuse
     const std::uint64_t b = g.blocks.at(n);
     e.random.state = block_seed(g.desc.seed, b);
     t_ctx.block_idx = g.blocks.index(b);
-    const unsigned now = g.in_flight.fetch_add(1) + 1;
-    for (unsigned p = peak_blocks().load(); now > p && !peak_blocks().compare_exchange_weak(p, now);) {
+    // Relaxed: the count is bookkeeping. Under the race detector an acquire-release RMW on
+    // it would order every block after every block that ended before it started, on any
+    // pool thread, and hide a race between blocks that the OS happened not to overlap.
+    const unsigned now = g.in_flight.fetch_add(1, std::memory_order_relaxed) + 1;
+    for (unsigned p = peak_blocks().load(std::memory_order_relaxed);
+         now > p && !peak_blocks().compare_exchange_weak(p, now, std::memory_order_relaxed);) {
     }
     run_block(e);
-    g.in_flight.fetch_sub(1);
+    g.in_flight.fetch_sub(1, std::memory_order_relaxed);
     if (e.trapped) g.trapped = true;
   }
   e.share = nullptr;
