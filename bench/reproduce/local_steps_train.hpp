@@ -128,6 +128,13 @@ local_run train_local(gravac::thread_communicator& comm, const fmnist::dataset& 
         sims[k]->add_compute_seconds(cfg.compute_s);
       }
     }
+    if (epoch + 1 == cfg.epochs) {
+      // The end of training: the round in progress ends now (charged), so its steps count
+      // and every rank holds the final model, as a DiLoCo run ends.
+      for (std::size_t k = 0; k < sims.size(); ++k) before[k] = sims[k]->modeled_seconds();
+      ls.finish_round(params);
+      for (std::size_t k = 0; k < sims.size(); ++k) clock[k] += sims[k]->modeled_seconds() - before[k];
+    }
     // The model is the global point; the evaluation's reduction is not charged.
     const auto g = ls.global_params();
     const fmnist::batch_result tr = net->evaluate(g, xt.data(), yt.data(), yt.size());
