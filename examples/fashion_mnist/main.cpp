@@ -9,8 +9,8 @@
 //   mpiexec -n 4 ./fashion_mnist --checkpoint-dir ck --checkpoint-every 100 --resume  # after a crash
 //   mpiexec -n 4 ./fashion_mnist --model cnn --overlap on --bucket-mb 0.05   # buckets overlapped with backward
 //   mpiexec -n 4 ./fashion_mnist --collective-timeout 600   # a hung rank ends the job after 10 minutes
-//   ./fashion_mnist --ranks 4 --local-steps --compressor sparseloco --policy fixed --kept-fraction 0.02 \
-//       --local-adaptive --outer averaging --network 0.05gbps:50ms   # local steps, H chosen from the network
+//   ./fashion_mnist --ranks 4 --local-steps --compressor sparseloco --policy fixed --local-adaptive
+//       --outer averaging --network 0.05gbps:50ms   # (one command) local steps, H chosen from the network
 //
 // Each rank trains on its shard of every global batch; gravac turns the local gradients
 // into their (compressed) average; every rank applies the same SGD step. Rank 0 prints a
