@@ -740,12 +740,7 @@ gravac_status gravac_trainer_end_interval(gravac_trainer* trainer, uint64_t epoc
   return guarded("gravac_trainer_end_interval", [&] {
     need(trainer != nullptr, "trainer is NULL");
     need(!trainer->in_step, "an overlapped step is in progress");
-    gravac::interval_info info;
-    info.step = trainer->t->steps();
-    info.epoch = epoch;
-    info.learning_rate = learning_rate;
-    info.samples = samples;
-    trainer->t->end_interval(info);
+    trainer->t->end_interval({trainer->t->steps(), epoch, learning_rate, samples});
   });
 }
 
@@ -884,12 +879,7 @@ gravac_status gravac_local_steps_end_interval(gravac_local_steps* local, uint64_
                                               double samples) {
   return guarded("gravac_local_steps_end_interval", [&] {
     need(local != nullptr, "local is NULL");
-    gravac::interval_info info;
-    info.step = local->l->inner_steps();
-    info.epoch = epoch;
-    info.learning_rate = learning_rate;
-    info.samples = samples;
-    local->l->end_interval(info);
+    local->l->end_interval({local->l->inner_steps(), epoch, learning_rate, samples});
   });
 }
 

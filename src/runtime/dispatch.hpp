@@ -184,7 +184,7 @@ template <class C, class K, class P>
 class erased_local_steps final : public any_local_steps {
  public:
   erased_local_steps(const method_config& m, host_comm comm, const layout& lay, std::span<const float> params)
-      : comm_(comm), ls_(comm_, lay, params, local_options<C, K, P>(m)) {}
+      : ls_(comm, lay, params, local_options<C, K, P>(m)) {}
   const step_report* before_inner_step(std::span<float> grads) override { return ls_.before_inner_step(grads); }
   const step_report* after_inner_step(std::span<float> params) override { return ls_.after_inner_step(params); }
   const step_report* finish_round(std::span<float> params) override { return ls_.finish_round(params); }
@@ -210,7 +210,6 @@ class erased_local_steps final : public any_local_steps {
   void load_state(std::span<const std::byte> bytes) override { ls_.load(bytes); }
 
  private:
-  host_comm comm_;  // before ls_, which keeps a reference to it
   local_steps<C, K, P> ls_;
 };
 
