@@ -32,6 +32,7 @@
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
+#include "gravac/cuda/detail/select_jobs.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/space_hooks.hpp"  // the trainer's hooks on this space
 #include "gravac/cuda/detail/stream_copies.hpp"
@@ -78,9 +79,11 @@ struct threshold_cuda_options {
 //! topk_cuda with whole_buffer selects once over the concatenation of the compressed layers
 //! (see detail/whole_select_kernels.hpp): the packets of gravac::topk with whole_buffer.
 //!
-//! compress() runs a fixed sequence of kernels per layer on the stream (no host round trip
-//! between them; the kernels skip themselves when an earlier one resolved the threshold),
-//! then copies the statistics back: it returns when the packet and the residual are ready.
+//! compress() runs a fixed sequence of kernels on the stream, each over every layer through
+//! a job table (detail/select_jobs.hpp: the same number of launches at 4 layers or 300; no
+//! host round trip between them; a layer's share skips itself when an earlier pass resolved
+//! its threshold), then copies the statistics back: it returns when the packet and the
+//! residual are ready. threshold_cuda's estimate still runs a layer at a time.
 //! The workspace is allocated at construction (no allocation per step).
 template <bool Threshold>
 class basic_select_cuda : public detail::stream_members<basic_select_cuda<Threshold>> {
@@ -159,6 +162,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       no_threshold_ = device_buffer<std::uint32_t>(1, s);
       first_ = device_buffer<std::uint32_t>(L, s);
     }
+    if (!whole_) jobs_ = detail::select_jobs(lay, launch_, opt.candidate_capacity, s);
     host_states_.resize(L);
     u_in_e_.assign(L, 0);
     host_sums_.resize(L + 2);
@@ -311,28 +315,34 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     states_cleared_ = false;
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_, failure_);
     states_cleared_ = true;
-    cd::gain_request gains;
-    gains.count = static_cast<int>(p.gain_candidates.size());
-    if (whole_) queue_whole(g, e, p, packet, gains, whole_k);
-    // Per layer (the loop runs only without whole_buffer).
-    for (std::size_t i = 0; !whole_ && i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      float* gl = g.data() + l.offset;
-      float* el = e.data() + l.offset;
-      for (int c = 0; c < gains.count; ++c)
-        gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      const int grid = launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items);
-      auto* sti = states_.data() + i;
-      auto* slot = slots_.data() + i;
-      const auto layer = static_cast<std::uint32_t>(i);
-      if (p.kept_fraction[i] >= dense_fraction) {
-        queue_raw(i, g, e, packet, gains);
-        continue;
-      }
-      const auto k = static_cast<std::uint32_t>(kept_count(l.numel, p.kept_fraction[i]));
-      const std::uint32_t cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, l.numel));
-      if constexpr (Threshold) {  // the low threshold t into prev_threshold_[i]
+    if (whole_) {
+      cd::gain_request gains;
+      gains.count = static_cast<int>(p.gain_candidates.size());
+      queue_whole(g, e, p, packet, gains, whole_k);
+    } else {
+      queue_layers(g, e, p, packet);
+    }
+    detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
+                   static_cast<std::uint8_t>(kind), layout_.hash());
+    // One copy of the statistics back, then the packet and the residual are final.
+    cd::copy_to_host_async(s, host_states_, states_);
+    cd::copy_to_host_async(s, host_sums_, sums_);
+    cd::copy_to_host_async(s, host_gain_, gain_out_);
+    cd::copy_to_host_async(s, host_failure_, failure_);
+    cd::copy_to_host_async(s, host_cursor_, cursor_);
+  }
+
+  // Every layer's own selection, in the launches of select_jobs whatever the number of
+  // layers (threshold_cuda first estimates each layer's low threshold, a layer at a time).
+  void queue_layers(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet) {
+    namespace cd = detail;
+    const cudaStream_t s = options_.stream.get();
+    if constexpr (Threshold) {  // the low threshold t of each selecting layer into prev_threshold_[i]
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& l = layout_[i];
+        if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
+        float* gl = g.data() + l.offset;
+        float* el = e.data() + l.offset;
         const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
         const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
         detail::launch(&cd::estimate_histogram, launch_.grid_stride(m, cd::select_threads), cd::select_threads, s, gl,
@@ -345,45 +355,24 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                            el, rq, est_hist_.data(), est_state_.data(), shift, prev_threshold_.data() + i);
         }
       }
-      detail::launch(&cd::select_fused_pass, grid, cd::select_threads, s, gl, el, l.numel, k, sti,
-                     prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + i,
-                     gains, gain_out_.data(), Threshold, nullptr, sum_slots_.view());
-      u_in_e_[i] = 1;
-      // Top-k: the count (k, or the finite count when smaller) is known on the device now.
-      if (!Threshold || k == 0) {
-        detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
-                       &sti->count, layer, l.numel, false);
-      }
-      if (k == 0) continue;
-      const int grid1 = launch_.grid_stride(l.numel, cd::select_threads);
-      detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, l.numel, sti, cand_.data(), cap);
-      for (int shift : {cd::refine_digit_bits, 0}) {
-        // Over the candidates when they are valid; the grid covers the whole input otherwise.
-        detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, el, l.numel, sti, cand_.data(), cap,
-                       hist_.data(), shift);
-      }
-      if constexpr (Threshold) {  // the count (ties included) is known once the threshold is
-        detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
-                       &sti->count, layer, l.numel, false);
-      } else {
-        detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, el, l.numel, sti,
-                       chunk_counts_.data());
-      }
-      std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(l.numel),
-                                                cd::selected_by_threshold{el, sti},
-                                                cd::bounded_index_writer{packet, slot}, &sti->selected, s));
-      detail::launch(&cd::gather_pass, launch_.grid_stride(k, cd::select_threads), cd::select_threads, s, packet, slot,
-                     el, sti, prev_threshold_.data() + i, sums_.data() + i, failure_.data(), sum_slots_.view());
     }
-    detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
-                   static_cast<std::uint8_t>(kind), layout_.hash());
-    // One copy of the statistics back, then the packet and the residual are final.
-    cd::copy_to_host_async(s, host_states_, states_);
-    cd::copy_to_host_async(s, host_sums_, sums_);
-    cd::copy_to_host_async(s, host_gain_, gain_out_);
-    cd::copy_to_host_async(s, host_failure_, failure_);
-    cd::copy_to_host_async(s, host_cursor_, cursor_);
+    cd::select_jobs::progress done;
+    const cd::select_rows rows{states_.data(), prev_threshold_.data(), sums_.data(),   slots_.data(),
+                               cursor_.data(), gain_out_.data(),       failure_.data()};
+    const bool gains = !p.gain_candidates.empty();
+    const auto mark = [&] {  // the layers whose u is in e (or restorable from the packet)
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const bool raw = p.kept_fraction[i] >= dense_fraction;
+        u_in_e_[i] = static_cast<char>((done.fused && (!raw || gains)) || (done.raw && raw));
+      }
+    };
+    try {
+      jobs_.queue(s, g.data(), e.data(), packet, p, Threshold, rows, done);
+    } catch (...) {
+      mark();
+      throw;
+    }
+    mark();
   }
 
   // After the stream finished: the packet size, or (a failed compaction, a packet over its
@@ -543,6 +532,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet) {
     if (states_cleared_) restore(packet, e);
     const cudaStream_t s = options_.stream.get();
+    if (!whole_) jobs_.reset(s);
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0 || u_in_e_[i]) continue;
@@ -585,6 +575,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> est_hist_;            // threshold: the estimate's histogram
   device_buffer<detail::estimate_state> est_state_;  // threshold: a sampled estimate's radix select
   device_buffer<std::uint32_t> no_prev_threshold_;   // AR-Topk's selection: 0, no previous threshold
+  detail::select_jobs jobs_;                         // per layer (without whole_buffer): the job tables of every pass
   std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) queued
   std::vector<char> u_in_e_;     // per layer: this step's queued kernels leave u in e (or restorable from the packet)
   bool states_cleared_ = false;  // this step's per-layer state was cleared (restore may read it)

@@ -70,8 +70,7 @@ static __global__ void __launch_bounds__(select_threads)
   rq.count = a.gain_count;
   for (int c = 0; c < a.gain_count; ++c) rq.k[c] = a.gain_k[r * max_gain_candidates + static_cast<std::size_t>(c)];
   const unsigned long long end = q + 1 < a.job_count ? a.jobs[q + 1].block_first : gridDim.x;
-  fused_grid grid{blockIdx.x - jb.block_first, end - jb.block_first, jb.block_first,
-                  a.sums ? a.sums_done + r : nullptr};
+  pass_grid grid{blockIdx.x - jb.block_first, end - jb.block_first, jb.block_first, a.sums ? a.sums_done + r : nullptr};
   const bool job_last =
       fused_pass_body(g + jb.offset, e + jb.offset, jb.numel, 0, a.states + r, a.zero_threshold, a.hist + r * max_bins,
                       a.hist_sq + r * max_bins, nullptr, 0, a.sums ? a.sums + r : nullptr, rq,

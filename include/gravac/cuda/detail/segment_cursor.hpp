@@ -67,22 +67,29 @@ __device__ inline void place_segment_at(std::byte* packet, packet_cursor* cur, s
   cur->segments += 1;
 }
 
-//! Places a sparse (indices + float values) segment of *count values, or a raw segment.
-static __global__ void place_sparse_segment(std::byte* __restrict__ packet, packet_cursor* __restrict__ cur,
-                                            segment_slot* __restrict__ slot, const std::uint32_t* __restrict__ count,
-                                            std::uint32_t layer, unsigned long long numel, bool raw) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+//! Places a sparse (indices + float values) segment of \p count values, or (\p raw) a raw
+//! segment of every value. One thread.
+__device__ inline void place_layer_segment(std::byte* packet, packet_cursor* cur, segment_slot* slot,
+                                           std::uint32_t layer, unsigned long long numel, unsigned long long count,
+                                           bool raw) {
   payload_shape s;
   if (raw) {
     s.region[0] = numel * sizeof(float);
     place_segment_at(packet, cur, slot, layer, 0, raw_encoding, numel, numel, s);
     slot->raw = 1;
   } else {
-    const unsigned long long k = *count;
-    s.region[0] = k * sizeof(std::uint32_t);  // layers of 2^32 or more elements are rejected at construction
-    s.region[1] = k * sizeof(float);
-    place_segment_at(packet, cur, slot, layer, 4, 0, numel, k, s);
+    s.region[0] = count * sizeof(std::uint32_t);  // layers of 2^32 or more elements are rejected at construction
+    s.region[1] = count * sizeof(float);
+    place_segment_at(packet, cur, slot, layer, 4, 0, numel, count, s);
   }
+}
+
+//! Places a sparse segment of *count values, or a raw segment (place_layer_segment).
+static __global__ void place_sparse_segment(std::byte* __restrict__ packet, packet_cursor* __restrict__ cur,
+                                            segment_slot* __restrict__ slot, const std::uint32_t* __restrict__ count,
+                                            std::uint32_t layer, unsigned long long numel, bool raw) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  place_layer_segment(packet, cur, slot, layer, numel, raw ? numel : *count, raw);
 }
 
 //! Writes the packet header once every segment is placed. One thread.

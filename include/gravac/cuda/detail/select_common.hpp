@@ -57,6 +57,21 @@ struct layer_sums {
   double kept_sq;   //!< ||sent||^2
 };
 
+//! The blocks a pass strides over: the whole grid (one launch per layer), or one layer's
+//! share of a grid that covers many layers (the job tables of fused_jobs_pass and
+//! select_jobs).
+struct pass_grid {
+  unsigned long long block;   //!< this block's index among them
+  unsigned long long blocks;  //!< how many there are
+  unsigned long long first;   //!< the first of them in the grid (their statistics slots start there)
+  std::uint32_t* sums_done;   //!< counts them for the statistics (add_in_block_order; may be null without)
+};
+
+//! The whole grid as one pass_grid, counted for the statistics by \p sums_done.
+__device__ __forceinline__ pass_grid whole_grid(std::uint32_t* sums_done = nullptr) {
+  return {blockIdx.x, gridDim.x, 0, sums_done};
+}
+
 //! Kernel parameters of the gain curve (the candidate k's of this layer).
 struct gain_request {
   int count = 0;                                   //!< number of candidates

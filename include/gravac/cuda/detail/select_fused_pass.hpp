@@ -15,15 +15,6 @@
 
 namespace gravac::detail {
 
-//! The blocks a fused pass strides over: the whole grid (select_fused_pass), or one job's
-//! share of a grid that covers many layers (fused_jobs_pass).
-struct fused_grid {
-  unsigned long long block;   //!< this block's index among them
-  unsigned long long blocks;  //!< how many there are
-  unsigned long long first;   //!< the first of them in the grid (their statistics slots start there)
-  std::uint32_t* sums_done;   //!< counts them for the norms (add_in_block_order)
-};
-
 //! Pass 1 (fused): u = g + e, e = u, statistics, first-digit histogram, candidates at or
 //! above the previous threshold, and (last block) the first boundary and the gain curve.
 //!
@@ -49,7 +40,7 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
                                        std::uint32_t* __restrict__ cand, std::uint32_t cap,
                                        layer_sums* __restrict__ sums, const gain_request& gains,
                                        double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
-                                       block_slots slots, fused_grid grid) {
+                                       block_slots slots, pass_grid grid) {
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ unsigned long long sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
@@ -234,7 +225,7 @@ static __global__ void __launch_bounds__(select_threads)
                       gain_request gains, double* __restrict__ gain_out, bool threshold_mode, float* __restrict__ copy,
                       block_slots slots) {
   (void)fused_pass_body(g, e, n, k, st, prev_threshold, hist, hist_sq, cand, cap, sums, gains, gain_out, threshold_mode,
-                        copy, slots, fused_grid{blockIdx.x, gridDim.x, 0, slots.blocks_done});
+                        copy, slots, whole_grid(slots.blocks_done));
 }
 
 }  // namespace gravac::detail

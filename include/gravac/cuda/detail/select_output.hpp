@@ -39,21 +39,23 @@ struct bounded_index_writer {
 };
 
 //! Pass 6: values of the selected indices into the packet, e = 0 there (the residual
-//! update), the kept energy, and the threshold remembered for the next step. When the
-//! compaction did not select exactly the count (a defect), nothing is zeroed and
-//! \p failure is set: compress() then restores every layer and throws.
-static __global__ void __launch_bounds__(select_threads)
-    gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
-                select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold,
-                layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure, block_slots slots) {
+//! update), the kept energy, and the threshold remembered for the next step, over the
+//! blocks of \p grid. \p selected is what the compaction selected for the layer. When it
+//! is not exactly the count (a defect), nothing is zeroed and \p failure is set:
+//! compress() then restores every layer and throws.
+__device__ inline void gather_body(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot,
+                                   float* __restrict__ e, select_state* __restrict__ st,
+                                   std::uint32_t* __restrict__ prev_threshold, layer_sums* __restrict__ sums,
+                                   std::uint32_t* __restrict__ failure, block_slots slots, const pass_grid& grid,
+                                   unsigned long long selected) {
   double ksq = 0;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+  const std::size_t stride = static_cast<std::size_t>(grid.blocks) * select_threads;
   const std::size_t k = st->count;
-  const bool ok = slot->placed && slot->count == k && st->selected == k;
+  const bool ok = slot->placed && slot->count == k && selected == k;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot->payload_at);
   auto* values = reinterpret_cast<float*>(packet + slot->payload_at + pad8(k * sizeof(std::uint32_t)));
   if (ok) {
-    for (std::size_t j = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; j < k; j += stride) {
+    for (std::size_t j = grid.block * static_cast<std::size_t>(select_threads) + threadIdx.x; j < k; j += stride) {
       const std::uint32_t i = idx[j];
       const float v = e[i];
       values[j] = v;
@@ -67,10 +69,10 @@ static __global__ void __launch_bounds__(select_threads)
   {
     const double mine[1] = {s};
     double* const out[1] = {&sums->kept_sq};
-    add_in_block_order<select_threads, 1>(mine, slots, out);
+    add_in_block_order<select_threads, 1>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
   }
   if (threadIdx.x == 0) {
-    if (blockIdx.x == 0) {
+    if (grid.block == 0) {
       if (!ok)
         atomicExch(failure, 1u);
       else
@@ -81,17 +83,25 @@ static __global__ void __launch_bounds__(select_threads)
   }
 }
 
-//! u = g + e written raw into the layer's placed segment, e = 0, statistics (a layer sent
-//! dense).
+//! Pass 6 over one layer (the whole grid): gather_body, checked against the count the
+//! compaction wrote into the layer's state.
 static __global__ void __launch_bounds__(select_threads)
-    raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
-             const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
-             select_state* __restrict__ st, bool u_in_e, block_slots slots) {
+    gather_pass(std::byte* __restrict__ packet, const segment_slot* __restrict__ slot, float* __restrict__ e,
+                select_state* __restrict__ st, std::uint32_t* __restrict__ prev_threshold,
+                layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure, block_slots slots) {
+  gather_body(packet, slot, e, st, prev_threshold, sums, failure, slots, whole_grid(slots.blocks_done), st->selected);
+}
+
+//! u = g + e written raw into the layer's placed segment, e = 0, statistics (a layer sent
+//! dense), over the blocks of \p grid.
+__device__ inline void raw_body(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
+                                const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
+                                select_state* __restrict__ st, bool u_in_e, block_slots slots, const pass_grid& grid) {
   float* out = reinterpret_cast<float*>(packet + slot->payload_at);
   double gsq = 0, usq = 0;
   bool bad = false;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; i < n; i += stride) {
+  const std::size_t stride = static_cast<std::size_t>(grid.blocks) * select_threads;
+  for (std::size_t i = grid.block * static_cast<std::size_t>(select_threads) + threadIdx.x; i < n; i += stride) {
     const float gi = g[i];
     const float u = u_in_e ? e[i] : gi + e[i];  // u_in_e: the fused pass already wrote u
     out[i] = u;
@@ -108,13 +118,21 @@ static __global__ void __launch_bounds__(select_threads)
   {
     const double mine[3] = {bg, bu, bu};
     double* const out[3] = {&sums->grad_sq, &sums->input_sq, &sums->kept_sq};
-    add_in_block_order<select_threads, 3>(mine, slots, out);
+    add_in_block_order<select_threads, 3>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (grid.block == 0 && threadIdx.x == 0) {
     st->count = static_cast<std::uint32_t>(n);
     st->gathered = 1;
   }
+}
+
+//! A raw layer over the whole grid: raw_body.
+static __global__ void __launch_bounds__(select_threads)
+    raw_pass(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
+             const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
+             select_state* __restrict__ st, bool u_in_e, block_slots slots) {
+  raw_body(g, e, packet, slot, n, sums, st, u_in_e, slots, whole_grid(slots.blocks_done));
 }
 
 //! Undoes the residual update of every layer that was gathered: e = the value sent, at
