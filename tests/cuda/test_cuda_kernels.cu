@@ -288,6 +288,29 @@ TEST_CASE("threshold_cuda sends exactly what threshold sends (the same estimate,
   });
 }
 
+TEST_CASE(
+    "threshold_cuda over many layers, sampled and whole-layer estimates and raw layers in one step, "
+    "sends what threshold sends") {
+  // The estimates of every layer share their launches (detail/estimate_jobs.hpp): small
+  // options make most of these layers sample, the smallest take their whole histogram.
+  gravac::layout lay;
+  for (std::size_t i = 0; i < 40; ++i) lay.add("l" + std::to_string(i), {7 + 97 * (i % 9)}, gravac::layer_kind::dense);
+  gravac::threshold_options ho;
+  ho.expected_hits = 8;
+  ho.run_length = 4;
+  gravac::threshold_cuda_options dopt;
+  dopt.expected_hits = ho.expected_hits;
+  dopt.run_length = ho.run_length;
+  gravac::test::pair_run<gravac::threshold, gravac::threshold_cuda> r(lay, ho, dopt);
+  r.nan_norms_equal = false;
+  for (std::uint64_t step = 0; step < 4; ++step) {
+    auto p = gravac::test::params_for(lay, 0.05, step);
+    for (std::size_t i = step; i < lay.size(); i += 5) p.kept_fraction[i] = 1.0;  // raw, a different set each step
+    if (step % 2) p.gain_candidates = {0.2, 0.01};
+    r.step(gravac::test::make_data(lay.numel(), 90 + step, distribution::laplace), p);
+  }
+}
+
 TEST_CASE("threshold_cuda at 2^26 values matches threshold at 1%, on a mixed layout with non-finite values") {
   {
     const std::size_t n = device_size(std::size_t{1} << 26);

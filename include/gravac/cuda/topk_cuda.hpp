@@ -28,6 +28,7 @@
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
 #include "gravac/cuda/detail/device_packets.hpp"
+#include "gravac/cuda/detail/estimate_jobs.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
@@ -83,7 +84,8 @@ struct threshold_cuda_options {
 //! a job table (detail/select_jobs.hpp: the same number of launches at 4 layers or 300; no
 //! host round trip between them; a layer's share skips itself when an earlier pass resolved
 //! its threshold), then copies the statistics back: it returns when the packet and the
-//! residual are ready. threshold_cuda's estimate still runs a layer at a time.
+//! residual are ready. threshold_cuda's estimate runs first, in the same way
+//! (detail/estimate_jobs.hpp).
 //! The workspace is allocated at construction (no allocation per step).
 template <bool Threshold>
 class basic_select_cuda : public detail::stream_members<basic_select_cuda<Threshold>> {
@@ -109,8 +111,6 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       require(opt.run_length >= 1, "threshold_cuda: run_length must be at least 1");
       require(opt.full_histogram_above > 0.0 && opt.full_histogram_above <= 1.0,
               "threshold_cuda: full_histogram_above must be in (0, 1]");
-      est_hist_ = device_buffer<std::uint32_t>(detail::estimate_bins, opt.stream);
-      est_state_ = device_buffer<detail::estimate_state>(1, opt.stream);
     }
     std::size_t largest = 0;
     for (const auto& l : lay.layers()) {
@@ -163,6 +163,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       first_ = device_buffer<std::uint32_t>(L, s);
     }
     if (!whole_) jobs_ = detail::select_jobs(lay, launch_, opt.candidate_capacity, s);
+    if constexpr (Threshold) est_jobs_ = detail::estimate_jobs(lay, launch_, s);
     host_states_.resize(L);
     u_in_e_.assign(L, 0);
     host_sums_.resize(L + 2);
@@ -338,23 +339,9 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
     if constexpr (Threshold) {  // the low threshold t of each selecting layer into prev_threshold_[i]
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const auto& l = layout_[i];
-        if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
-        float* gl = g.data() + l.offset;
-        float* el = e.data() + l.offset;
-        const auto rq = estimate_for(l.numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, l.id));
-        const unsigned long long m = rq.sampled ? rq.runs * rq.run : rq.n;
-        detail::launch(&cd::estimate_histogram, launch_.grid_stride(m, cd::select_threads), cd::select_threads, s, gl,
-                       el, rq, est_hist_.data());
-        detail::launch(&cd::estimate_threshold, cd::one_block, cd::select_threads, s, est_hist_.data(), rq,
-                       est_state_.data(), prev_threshold_.data() + i);
-        for (int shift : {cd::estimate_digit_shift, 0}) {  // a sample: its exact order statistic, as the host's
-          if (rq.sampled)
-            detail::launch(&cd::estimate_refine, launch_.grid_stride(m, cd::select_threads), cd::select_threads, s, gl,
-                           el, rq, est_hist_.data(), est_state_.data(), shift, prev_threshold_.data() + i);
-        }
-      }
+      est_jobs_.queue(s, g.data(), e.data(), p, prev_threshold_.data(), [&](std::size_t i) {
+        return estimate_for(layout_[i].numel, p.kept_fraction[i], detail::mix_seed(p.seed, p.step, layout_[i].id));
+      });
     }
     cd::select_jobs::progress done;
     const cd::select_rows rows{states_.data(), prev_threshold_.data(), sums_.data(),   slots_.data(),
@@ -533,6 +520,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     if (states_cleared_) restore(packet, e);
     const cudaStream_t s = options_.stream.get();
     if (!whole_) jobs_.reset(s);
+    if constexpr (Threshold) est_jobs_.reset(s);
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0 || u_in_e_[i]) continue;
@@ -572,10 +560,9 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
-  device_buffer<std::uint32_t> est_hist_;            // threshold: the estimate's histogram
-  device_buffer<detail::estimate_state> est_state_;  // threshold: a sampled estimate's radix select
-  device_buffer<std::uint32_t> no_prev_threshold_;   // AR-Topk's selection: 0, no previous threshold
-  detail::select_jobs jobs_;                         // per layer (without whole_buffer): the job tables of every pass
+  detail::estimate_jobs est_jobs_;                  // threshold: every layer's estimate
+  device_buffer<std::uint32_t> no_prev_threshold_;  // AR-Topk's selection: 0, no previous threshold
+  detail::select_jobs jobs_;                        // per layer (without whole_buffer): the job tables of every pass
   std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) queued
   std::vector<char> u_in_e_;     // per layer: this step's queued kernels leave u in e (or restorable from the packet)
   bool states_cleared_ = false;  // this step's per-layer state was cleared (restore may read it)

@@ -74,16 +74,16 @@ __device__ __forceinline__ std::uint32_t estimate_key(const float* __restrict__ 
 }
 
 //! Counts key(g + e) into \p hist (estimate_bins zeroed counters) over the whole layer or
-//! over the sample.
-static __global__ void __launch_bounds__(select_threads)
-    estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
-                       std::uint32_t* __restrict__ hist) {
+//! over the sample, over the blocks of \p grid.
+__device__ inline void estimate_histogram_body(const float* __restrict__ g, const float* __restrict__ e,
+                                               const estimate_request& rq, std::uint32_t* __restrict__ hist,
+                                               const pass_grid& grid) {
   __shared__ std::uint32_t sh[estimate_bins];
   for (int i = static_cast<int>(threadIdx.x); i < estimate_bins; i += select_threads) sh[i] = 0;
   __syncthreads();
   const unsigned long long total = rq.sampled ? rq.runs * rq.run : rq.n;
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * select_threads;
-  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(select_threads) + threadIdx.x; i < total;
+  const unsigned long long stride = grid.blocks * select_threads;
+  for (unsigned long long i = grid.block * static_cast<unsigned long long>(select_threads) + threadIdx.x; i < total;
        i += stride)
     atomicAdd(&sh[estimate_key(g, e, rq, i) >> estimate_shift], 1u);
   __syncthreads();
@@ -91,13 +91,19 @@ static __global__ void __launch_bounds__(select_threads)
     if (sh[i]) atomicAdd(&hist[i], sh[i]);
 }
 
+//! estimate_histogram_body over the whole grid.
+static __global__ void __launch_bounds__(select_threads)
+    estimate_histogram(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
+                       std::uint32_t* __restrict__ hist) {
+  estimate_histogram_body(g, e, rq, hist, whole_grid());
+}
+
 //! One block: the boundary bin of the histogram (threshold::estimate's last lines); zeroes
 //! \p hist for the next pass. The whole layer's: its lower edge is the low threshold key,
 //! into \p guess. The sample's: the rank of the low threshold inside that bin into \p st,
 //! for estimate_refine (which writes \p guess). None: estimate_none into \p guess.
-static __global__ void __launch_bounds__(select_threads)
-    estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, estimate_state* __restrict__ st,
-                       std::uint32_t* __restrict__ guess) {
+__device__ inline void estimate_threshold_body(std::uint32_t* __restrict__ hist, const estimate_request& rq,
+                                               estimate_state* __restrict__ st, std::uint32_t* __restrict__ guess) {
   __shared__ std::uint32_t sh[estimate_bins];
   std::uint32_t mine = 0;
   for (int i = static_cast<int>(threadIdx.x); i < estimate_bins; i += select_threads) {
@@ -133,14 +139,21 @@ static __global__ void __launch_bounds__(select_threads)
   st->rank = want - b.above;
 }
 
+//! estimate_threshold_body in one block.
+static __global__ void __launch_bounds__(select_threads)
+    estimate_threshold(std::uint32_t* __restrict__ hist, estimate_request rq, estimate_state* __restrict__ st,
+                       std::uint32_t* __restrict__ guess) {
+  estimate_threshold_body(hist, rq, st, guess);
+}
+
 //! A sampled estimate's radix select, one digit (bits 18..9 with \p shift
 //! estimate_digit_shift, then bits 8..0 with \p shift 0): the histogram of the digit over
 //! the sampled keys that match the prefix; the last block extends the prefix, and after the
 //! last digit writes the key (the exact order statistic) into \p guess.
-static __global__ void __launch_bounds__(select_threads)
-    estimate_refine(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
-                    std::uint32_t* __restrict__ hist, estimate_state* __restrict__ st, int shift,
-                    std::uint32_t* __restrict__ guess) {
+__device__ inline void estimate_refine_body(const float* __restrict__ g, const float* __restrict__ e,
+                                            const estimate_request& rq, std::uint32_t* __restrict__ hist,
+                                            estimate_state* __restrict__ st, int shift,
+                                            std::uint32_t* __restrict__ guess, const pass_grid& grid) {
   if (!st->active) return;
   constexpr int max_digit_bins = 1 << (estimate_shift - estimate_digit_shift);
   __shared__ std::uint32_t sh[max_digit_bins];
@@ -150,8 +163,8 @@ static __global__ void __launch_bounds__(select_threads)
   __syncthreads();
   const std::uint32_t prefix = st->prefix;
   const unsigned long long total = rq.runs * rq.run;
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * select_threads;
-  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(select_threads) + threadIdx.x; i < total;
+  const unsigned long long stride = grid.blocks * select_threads;
+  for (unsigned long long i = grid.block * static_cast<unsigned long long>(select_threads) + threadIdx.x; i < total;
        i += stride) {
     const std::uint32_t key = estimate_key(g, e, rq, i);
     if ((key >> high) == prefix) atomicAdd(&sh[(key >> shift) & static_cast<std::uint32_t>(bins - 1)], 1u);
@@ -159,7 +172,7 @@ static __global__ void __launch_bounds__(select_threads)
   __syncthreads();
   for (int i = static_cast<int>(threadIdx.x); i < bins; i += select_threads)
     if (sh[i]) atomicAdd(&hist[i], sh[i]);
-  if (!last_block(&st->blocks_done)) return;
+  if (!last_block_of(&st->blocks_done, grid.blocks)) return;
   for (int i = static_cast<int>(threadIdx.x); i < bins; i += select_threads) {
     sh[i] = hist[i];
     hist[i] = 0;  // ready for the next pass
@@ -173,6 +186,14 @@ static __global__ void __launch_bounds__(select_threads)
     *guess = st->prefix;
     st->active = 0;
   }
+}
+
+//! estimate_refine_body over the whole grid.
+static __global__ void __launch_bounds__(select_threads)
+    estimate_refine(const float* __restrict__ g, const float* __restrict__ e, estimate_request rq,
+                    std::uint32_t* __restrict__ hist, estimate_state* __restrict__ st, int shift,
+                    std::uint32_t* __restrict__ guess) {
+  estimate_refine_body(g, e, rq, hist, st, shift, guess, whole_grid());
 }
 
 }  // namespace gravac::detail
