@@ -18,6 +18,7 @@
 #include "gravac/compress/adacomp.hpp"
 #include "gravac/concepts/composition.hpp"
 #include "gravac/concepts/concepts.hpp"
+#include "gravac/cuda/detail/adacomp_jobs.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/device_compress.hpp"
@@ -76,35 +77,24 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   adacomp_cuda(const layout& lay, const options& opt = {}) : layout_(lay), options_(opt) {
     require(opt.bins.conv_bin > 0 && opt.bins.dense_bin > 0 && opt.bins.bias_bin > 0,
             "adacomp_cuda: bin lengths must be positive");
-    std::size_t largest = 0, most_bins = 1;
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const auto& l = lay[i];
       require(l.numel <= 0xffffffffull, "adacomp_cuda: layer '" + l.name + "' has 2^32 or more elements");
-      largest = std::max(largest, l.numel);
-      most_bins = std::max(most_bins, bins_of(l.numel, default_bin(i)));
     }
     const stream_ref s = opt.stream;
     launch_ = detail::launch_config::current_device();
-    sum_slots_ = detail::block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
     sums_ = device_buffer<detail::layer_sums>(L, s);
     slots_ = device_buffer<detail::segment_slot>(L, s);
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
     scales_ = device_buffer<float>(L, s);
-    exponent_acc_ = device_buffer<unsigned long long>(detail::exponent_slots, s);
-    gmax_ = device_buffer<std::uint32_t>(most_bins, s);
+    jobs_ = detail::adacomp_jobs(lay, launch_, s);
     // The gain pass: the fused pass over every layer in one launch (rows by layer); its
     // norms go apart, since the layers sent raw take theirs from the raw pass.
     gain_jobs_ = detail::fused_jobs(lay, launch_, true, s);
     gain_sums_ = device_buffer<detail::layer_sums>(L, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
-    // Two-phase: the compaction's temporary storage for the largest layer, sized once.
-    std::size_t temp = 0;
-    GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp, static_cast<std::int64_t>(largest),
-                                              detail::adacomp_sent{nullptr, nullptr, nullptr, 1},
-                                              detail::adacomp_index_writer{nullptr, nullptr}, nullptr, s.get()));
-    select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
     // The layout as the validation and decoding kernels see it.
     pinned_buffer<std::uint64_t> info(2 * L);
     for (std::size_t i = 0; i < lay.size(); ++i) {
@@ -123,6 +113,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     host_scales_.resize(L);
     host_gain_.resize(detail::max_gain_candidates);
     host_cursor_.resize(1);
+    host_counters_.resize(2);
     host_walk_.resize(1);
     s.synchronize();  // the pinned staging above is freed when this returns
   }
@@ -153,11 +144,10 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   //! touched. Returns the packet size once the packet, the residue and the statistics are ready.
   std::size_t compress(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::span<std::byte> out,
                        compress_stats& st) {
-    std::size_t most_bins = 0;  // bins of the longest compressed layer at this step's bin lengths
     return detail::compress_on_device(
-        {"adacomp_cuda", layout_, options_.stream}, g, e, p, out, st, [&] { return step_bound(p, most_bins); },
-        [&](std::byte* packet) { queue_step(g, e, p, packet, most_bins); }, [&] { repair_step(g, e, out.data()); },
-        [&](std::size_t bound) { return finish_step(p, st, bound); });
+        {"adacomp_cuda", layout_, options_.stream}, g, e, p, out, st, [&] { return step_bound(p); },
+        [&](std::byte* packet) { queue_step(g, e, p, packet); }, [&] { repair_step(g, e, out.data()); },
+        [&](std::size_t bound) { return finish_step(p, st, bound, out.data(), e); });
   }
 
   //! Validates an untrusted packet in device memory: the header walk, every index and the
@@ -194,11 +184,9 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   }
 
  private:
-  // The largest packet this step can produce (every element of a compressed layer sent),
-  // and the most bins of any compressed layer (into \p most_bins).
-  [[nodiscard]] std::size_t step_bound(const step_params& p, std::size_t& most_bins) const {
+  // The largest packet this step can produce (every element of a compressed layer sent).
+  [[nodiscard]] std::size_t step_bound(const step_params& p) const {
     std::size_t bound = sizeof(packet_header);
-    most_bins = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
@@ -206,25 +194,20 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
         bound += raw_segment_bytes(l.numel);
       } else {
         bound += adacomp_segment_bytes(l.numel, l.numel);
-        most_bins = std::max(most_bins, bins_of(l.numel, bin_length(i)));
       }
     }
     return bound;
   }
 
   // The step's kernels and the copies of its statistics, in order on the stream.
-  void queue_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet,
-                  std::size_t most_bins) {
+  void queue_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const step_params& p, std::byte* packet) {
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
-    gmax_.reserve(most_bins);  // grows only for a bin length shorter than any before
     const std::size_t L = layout_.size();
     std::fill(u_in_r_.begin(), u_in_r_.end(), 0);
     states_cleared_ = false;
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_sums_, gain_out_);
     states_cleared_ = true;
-    // Kernels leave this zero; a step interrupted by an error might not have.
-    cd::clear_async(s, exponent_acc_);
 
     // The gain curve of u = g + e, as the host skeleton computes it before the layers' own
     // work, in one launch over every layer; it writes u into e, which is AdaComp's step 1
@@ -234,47 +217,29 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       gain_jobs_.queue(s, g.data(), e.data(), states_.data(), gain_sums_.data(), p.gain_candidates, gain_out_.data());
       for (std::size_t i = 0; i < L; ++i) u_in_r_[i] = layout_[i].numel != 0;
     }
-    for (std::size_t i = 0; i < L; ++i) {
-      const auto& l = layout_[i];
-      if (l.numel == 0) continue;
-      float* gl = g.data() + l.offset;
-      float* el = e.data() + l.offset;
-      auto* sti = states_.data() + i;
-      auto* slot = slots_.data() + i;
-      const auto layer = static_cast<std::uint32_t>(i);
-      const auto n = static_cast<std::uint32_t>(l.numel);
-      const bool dense = p.kept_fraction[i] >= dense_fraction;
-      if (dense) {
-        detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
-                       &sti->count, layer, l.numel, true);
-        detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
-                       packet, slot, l.numel, sums_.data() + i, sti, gains, sum_slots_.view());
-        u_in_r_[i] = 1;  // sent raw, R = 0: the repair gives u back from the packet
-        continue;
+    // Steps 1 to 3 of every layer, in the launches of adacomp_jobs whatever the number of layers.
+    cd::adacomp_jobs::progress done;
+    const auto mark = [&] {  // the layers whose u is in R (or, raw, restorable from the packet)
+      for (std::size_t i = 0; i < L; ++i) {
+        const bool raw = p.kept_fraction[i] >= dense_fraction;
+        u_in_r_[i] = static_cast<char>(layout_[i].numel != 0 && (gains || (raw ? done.raw : done.bins)));
       }
-      const std::uint32_t bin = bin_length(i);
-      const std::size_t bins = bins_of(l.numel, bin);
-      GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
-      detail::launch(&cd::adacomp_bins, launch_.grid_stride(l.numel, static_cast<int>(cd::adacomp_tile)),
-                     cd::adacomp_threads, s, gl, el, n, bin, gains, gmax_.data(), sums_.data() + i, sti,
-                     sum_slots_.view());
-      u_in_r_[i] = 1;
-      detail::launch(&cd::adacomp_scale, launch_.grid_stride(bins, cd::adacomp_threads * 4), cd::adacomp_threads, s,
-                     gmax_.data(), static_cast<std::uint32_t>(bins), exponent_acc_.data(), sti, scales_.data() + i);
-      detail::launch(&cd::begin_adacomp_segment, cd::one_block, cd::one_thread, s, cursor_.data(), slot);
-      std::size_t temp = select_temp_.size();
-      GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(l.numel),
-                                                cd::adacomp_sent{el, gl, gmax_.data(), bin},
-                                                cd::adacomp_index_writer{packet, slot}, &sti->selected, s));
-      detail::launch(&cd::place_adacomp_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot, sti,
-                     scales_.data() + i, layer, l.numel, bin);
+    };
+    try {
+      jobs_.queue(
+          s, g.data(), e.data(), packet, p, [&](std::size_t i) { return bin_length(i); }, gains,
+          {states_.data(), sums_.data(), slots_.data(), cursor_.data(), scales_.data()}, done);
+    } catch (...) {
+      mark();
+      throw;
     }
+    mark();
     detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
                    static_cast<std::uint8_t>(kind), layout_.hash());
     // The last launch: the only pass that changes a compressed layer's residue after R = u.
     if (L > 0)
       detail::launch(&cd::adacomp_signs, cd::launch_config::per_layer(L), cd::adacomp_threads, s, packet, slots_.data(),
-                     e.data(), desc().offset, scales_.data(), static_cast<std::uint32_t>(L));
+                     e.data(), desc().offset, scales_.data(), static_cast<std::uint32_t>(L), jobs_.check());
     // One copy of the statistics back, then the packet and the residue are final.
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
@@ -282,6 +247,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     cd::copy_to_host_async(s, host_scales_, scales_);
     cd::copy_to_host_async(s, host_gain_, gain_out_);
     cd::copy_to_host_async(s, host_cursor_, cursor_);
+    cd::copy_to_host_async(s, host_counters_, jobs_.counters());
   }
 
   // After a queuing failure (the stream idle): every layer's residue back to u = g + e_old.
@@ -292,6 +258,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
     gain_jobs_.reset(s);  // in case the step was cut short inside the gain pass
+    jobs_.reset(s);
     const auto layers = static_cast<std::uint32_t>(layout_.size());
     if (states_cleared_ && layers > 0)
       detail::launch(&cd::restore_pass, launch_.repair(layers), cd::select_threads, s, packet, slots_.data(),
@@ -306,11 +273,19 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   }
 
   // After the stream finished: the packet size, and the statistics into st.
-  std::size_t finish_step(const step_params& p, compress_stats& st, std::size_t bound) const {
+  std::size_t finish_step(const step_params& p, compress_stats& st, std::size_t bound, const std::byte* packet,
+                          grad_view<cuda_space> e) {
     const std::size_t L = layout_.size();
     const std::size_t bytes = sizeof(packet_header) + static_cast<std::size_t>(host_cursor_[0].used);
     if (bytes > bound)  // cannot happen: every segment is at most its bound
       detail::throw_device_failure("adacomp_cuda", "the packet outgrew its bound");
+    if (host_counters_[1]) {  // the sign pass did not run: R = u, the raw layers' u is in the packet
+      const auto layers = static_cast<std::uint32_t>(layout_.size());
+      detail::launch(&detail::restore_pass, launch_.repair(layers), detail::select_threads, options_.stream.get(),
+                     packet, slots_.data(), states_.data(), desc().offset, layers, e.data());
+      options_.stream.synchronize();
+      detail::throw_device_failure("adacomp_cuda", "the compaction did not list exactly the values counted");
+    }
     for (std::size_t i = 0; i < L; ++i) {
       const auto& l = layout_[i];
       if (l.numel == 0) continue;
@@ -362,13 +337,10 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   device_buffer<detail::segment_slot> slots_;
   device_buffer<detail::packet_cursor> cursor_;
   device_buffer<float> scales_;
-  device_buffer<unsigned long long> exponent_acc_;
-  device_buffer<std::uint32_t> gmax_;
+  detail::adacomp_jobs jobs_;                    // steps 1 to 3 of every layer: the job tables and their workspace
   detail::fused_jobs gain_jobs_;                 // the gain pass over every layer, and its workspace
   device_buffer<detail::layer_sums> gain_sums_;  // its norms (the compressed layers' own)
-  detail::block_slots_buffer sum_slots_;         // per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
-  device_buffer<std::byte> select_temp_;
   device_buffer<std::uint64_t> layer_info_;
   mutable device_buffer<detail::segment_entry> table_;
   mutable device_buffer<detail::walk_result> walk_;
@@ -380,6 +352,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   pinned_buffer<float> host_scales_;
   pinned_buffer<double> host_gain_;
   pinned_buffer<detail::packet_cursor> host_cursor_;
+  pinned_buffer<std::uint32_t> host_counters_;  // the compaction's mismatch and the sign pass's failure
   mutable pinned_buffer<detail::walk_result> host_walk_;
 };
 static_assert(Compressor<adacomp_cuda>);

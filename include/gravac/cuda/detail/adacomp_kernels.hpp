@@ -30,10 +30,11 @@ inline constexpr int exponent_slots = 256;
 //! curve's fused pass wrote it and counted the statistics), the statistics, and
 //! gmax[b] = max over bin b of the magnitude bits of the finite R_i (gmax zeroed before).
 //! A non-finite R_i sets st->non_finite. n < 2^32 (checked at construction).
-static __global__ void __launch_bounds__(adacomp_threads)
-    adacomp_bins(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n, std::uint32_t bin, bool u_in_r,
-                 std::uint32_t* __restrict__ gmax, layer_sums* __restrict__ sums, select_state* __restrict__ st,
-                 block_slots slots) {
+//! Over the blocks of \p grid (one layer's share of adacomp_jobs's grid).
+__device__ inline void adacomp_bins_body(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n,
+                                         std::uint32_t bin, bool u_in_r, std::uint32_t* __restrict__ gmax,
+                                         layer_sums* __restrict__ sums, select_state* __restrict__ st,
+                                         block_slots slots, const pass_grid& grid) {
   // A tile of adacomp_tile consecutive elements touches at most adacomp_tile + 1 bins.
   __shared__ std::uint32_t sh[adacomp_tile + 1];
   for (std::uint32_t b = threadIdx.x; b <= adacomp_tile; b += adacomp_threads) sh[b] = 0;
@@ -42,8 +43,7 @@ static __global__ void __launch_bounds__(adacomp_threads)
   const unsigned lane = threadIdx.x & 31u;
   double gsq = 0, rsq = 0;
   bool bad = false;
-  for (std::uint64_t t0 = static_cast<std::uint64_t>(blockIdx.x) * adacomp_tile; t0 < n;
-       t0 += static_cast<std::uint64_t>(gridDim.x) * adacomp_tile) {
+  for (std::uint64_t t0 = grid.block * adacomp_tile; t0 < n; t0 += grid.blocks * adacomp_tile) {
     const auto first_bin = static_cast<std::uint32_t>(t0 / bin);
     float rv[adacomp_items], gv[adacomp_items];
 #pragma unroll
@@ -97,23 +97,23 @@ static __global__ void __launch_bounds__(adacomp_threads)
     const double br = reduce_t(red).Sum(rsq);
     const double mine[2] = {bg, br};
     double* const out[2] = {&sums->grad_sq, &sums->input_sq};
-    add_in_block_order<adacomp_threads, 2>(mine, slots, out);
+    add_in_block_order<adacomp_threads, 2>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
 }
 
 //! Step 2: scale = float(exponent_sum(gmax[0 .. bins)) / bins), the host's
 //! detail::exponent_sum and division bit for bit, into \p scale. \p acc (exponent_slots
-//! integers) is zero on entry and left zero for the next layer.
-static __global__ void __launch_bounds__(adacomp_threads)
-    adacomp_scale(const std::uint32_t* __restrict__ gmax, std::uint32_t bins, unsigned long long* __restrict__ acc,
-                  select_state* __restrict__ st, float* __restrict__ scale) {
+//! integers) is zero on entry and left zero for the next step. Over the blocks of \p grid.
+__device__ inline void adacomp_scale_body(const std::uint32_t* __restrict__ gmax, std::uint32_t bins,
+                                          unsigned long long* __restrict__ acc, select_state* __restrict__ st,
+                                          float* __restrict__ scale, const pass_grid& grid) {
   __shared__ unsigned long long sh[exponent_slots];
   for (int i = static_cast<int>(threadIdx.x); i < exponent_slots; i += adacomp_threads) sh[i] = 0;
   __syncthreads();
   // 64-bit index arithmetic: b + stride (and the grid's extent) can pass 2^32 near 2^32 bins.
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * adacomp_threads;
-  for (unsigned long long b = blockIdx.x * static_cast<unsigned long long>(adacomp_threads) + threadIdx.x; b < bins;
+  const unsigned long long stride = grid.blocks * adacomp_threads;
+  for (unsigned long long b = grid.block * static_cast<unsigned long long>(adacomp_threads) + threadIdx.x; b < bins;
        b += stride) {
     const std::uint32_t v = gmax[b];
     if (v == 0) continue;  // adds nothing
@@ -123,7 +123,7 @@ static __global__ void __launch_bounds__(adacomp_threads)
   __syncthreads();
   for (int i = static_cast<int>(threadIdx.x); i < exponent_slots; i += adacomp_threads)
     if (sh[i]) atomicAdd(&acc[i], sh[i]);
-  if (!last_block(&st->blocks_done)) return;
+  if (!last_block_of(&st->blocks_done, grid.blocks)) return;
   if (threadIdx.x == 0) {
     double s = 0;  // detail::exponent_sum::value(): the same products (exact) and sums, in the same order
     for (int e = 1; e < 255; ++e) s = __dadd_rn(s, __dmul_rn(__ull2double_rn(__ldcg(acc + e)), exact_pow2(e - 150)));
@@ -148,31 +148,44 @@ struct adacomp_sent {
   }
 };
 
-//! Step 3's output: the j-th sent index into the segment's index region (payload + 8).
-struct adacomp_index_writer {
-  std::byte* packet;         //!< the packet
-  const segment_slot* slot;  //!< payload_at set by begin_adacomp_segment
-  __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t index) const {
-    reinterpret_cast<std::uint32_t*>(packet + slot->payload_at + 8)[j] = index;
+//! What an ordered compaction over windows of a job table reports: each window's count
+//! against the total its layers planned, and an index its writer could not place.
+struct compaction_check {
+  const unsigned long long* selected;  //!< per window: what the compaction selected
+  const unsigned long long* expected;  //!< per window: what its layers counted
+  std::uint32_t windows;               //!< windows
+  const std::uint32_t* mismatch;       //!< set by the writer for an index outside its layer's share
+  std::uint32_t* failure;              //!< where a kernel reports an inexact compaction
+  //! Every window selected exactly its count, and every index had its place.
+  [[nodiscard]] __device__ bool exact() const {
+    if (*mismatch) return false;
+    for (std::uint32_t w = 0; w < windows; ++w)
+      if (selected[w] != expected[w]) return false;
+    return true;
   }
 };
 
-//! Before step 3: the segment's payload offset at the cursor (not placed yet). One thread.
-static __global__ void begin_adacomp_segment(const packet_cursor* __restrict__ cur, segment_slot* __restrict__ slot) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  slot->payload_at = sizeof(packet_header) + cur->used + sizeof(segment_header);
-  slot->placed = 0;
+//! Step 3's count: the elements of a layer that adacomp_sent selects, added into
+//! st->count (integers: any order gives the same total). Over the blocks of \p grid.
+__device__ inline void adacomp_count_body(const adacomp_sent& sent, std::uint32_t n, select_state* __restrict__ st,
+                                          const pass_grid& grid) {
+  std::uint32_t mine = 0;
+  const unsigned long long stride = grid.blocks * adacomp_threads;
+  for (unsigned long long i = grid.block * static_cast<unsigned long long>(adacomp_threads) + threadIdx.x; i < n;
+       i += stride)
+    mine += sent(static_cast<std::uint32_t>(i)) ? 1u : 0u;
+  using reduce_t = block_reduce<std::uint32_t, adacomp_threads>;
+  __shared__ typename reduce_t::TempStorage red;
+  const std::uint32_t total = reduce_t(red).Sum(mine);
+  if (threadIdx.x == 0 && total) atomicAdd(&st->count, total);
 }
 
-//! After step 3: writes the segment header, the scale and L, and zeroes the index
-//! region's padding (the indices are already there), then advances the cursor. The sign
-//! region is written whole by adacomp_signs. One thread.
-static __global__ void place_adacomp_segment(std::byte* __restrict__ packet, packet_cursor* __restrict__ cur,
-                                             segment_slot* __restrict__ slot, const select_state* __restrict__ st,
-                                             const float* __restrict__ scale, std::uint32_t layer,
-                                             unsigned long long numel, std::uint32_t bin) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const unsigned long long count = st->selected;
+//! Writes a segment header of \p count sent elements at the cursor, the scale and L, and
+//! zeroes the index region's padding, then advances the cursor (the compaction writes the
+//! indices, adacomp_signs the whole sign region). One thread.
+__device__ inline void place_adacomp_segment_at(std::byte* packet, packet_cursor* cur, segment_slot* slot,
+                                                unsigned long long count, float scale, std::uint32_t layer,
+                                                unsigned long long numel, std::uint32_t bin) {
   const unsigned long long at = sizeof(packet_header) + cur->used;
   segment_header h{};
   h.layer = layer;
@@ -183,8 +196,7 @@ static __global__ void place_adacomp_segment(std::byte* __restrict__ packet, pac
   h.payload_bytes = 8 + pad8(count * 4) + pad8((count + 7) / 8);
   memcpy(packet + at, &h, sizeof h);
   std::byte* payload = packet + at + sizeof(segment_header);
-  const float s = *scale;
-  memcpy(payload, &s, 4);
+  memcpy(payload, &scale, 4);
   memcpy(payload + 4, &bin, 4);
   if (count % 2) memset(payload + 8 + count * 4, 0, 4);
   slot->payload_at = at + sizeof(segment_header);
@@ -202,9 +214,17 @@ static __global__ void place_adacomp_segment(std::byte* __restrict__ packet, pac
 //! scale^2 is computed by the host. It is the step's last pass over the residue: a step
 //! that fails before it leaves R = u in every layer, which a failure after a layer's sign
 //! pass could not give back bit for bit.
+//!
+//! When the compaction did not list exactly the elements counted (\p check: a defect),
+//! nothing is changed and the failure is reported: compress() restores and throws.
 static __global__ void __launch_bounds__(adacomp_threads)
     adacomp_signs(std::byte* __restrict__ packet, const segment_slot* __restrict__ slots, float* __restrict__ r,
-                  const std::uint64_t* __restrict__ offsets, const float* __restrict__ scales, std::uint32_t layers) {
+                  const std::uint64_t* __restrict__ offsets, const float* __restrict__ scales, std::uint32_t layers,
+                  compaction_check check) {
+  if (!check.exact()) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *check.failure = 1;
+    return;
+  }
   for (std::uint32_t l = blockIdx.y; l < layers; l += gridDim.y) {
     const segment_slot& slot = slots[l];
     if (!slot.placed || slot.raw) continue;

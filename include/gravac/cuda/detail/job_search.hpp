@@ -7,6 +7,7 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
+#include <vector>
 
 namespace gravac::detail {
 
@@ -25,6 +26,29 @@ __device__ __forceinline__ std::uint32_t owning_job(const Job* __restrict__ jobs
       hi = mid;
   }
   return lo;
+}
+
+//! The job whose elements start at the largest offset at most \p at (jobs in layer order).
+template <class Job>
+__device__ __forceinline__ const Job& job_containing(const Job* __restrict__ jobs, std::uint32_t count,
+                                                     unsigned long long at) {
+  return jobs[owning_job(jobs, count, at, [](const Job& j) { return j.offset; })];
+}
+
+//! A run of consecutive layers that one ordered compaction covers: its elements are
+//! counted in 32 bits.
+struct compaction_window {
+  unsigned long long start = 0;  //!< its first element
+  unsigned long long size = 0;   //!< its elements, below 2^32
+};
+
+//! Adds the layer at [\p offset, offset + \p numel) (after the last one added) to the last
+//! window of \p windows, or opens a new one where it would pass 2^32 elements; returns its window.
+inline std::uint32_t add_to_windows(std::vector<compaction_window>& windows, unsigned long long offset,
+                                    unsigned long long numel) {
+  if (windows.empty() || offset + numel - windows.back().start > 0xffffffffull) windows.push_back({offset, 0});
+  windows.back().size = offset + numel - windows.back().start;
+  return static_cast<std::uint32_t>(windows.size() - 1);
 }
 
 }  // namespace gravac::detail

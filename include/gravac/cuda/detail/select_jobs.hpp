@@ -186,12 +186,6 @@ static __global__ void __launch_bounds__(select_threads)
   raw_body(g + jb.offset, e + jb.offset, packet, a.seg + r, jb.numel, a.sums + r, a.states + r, u_in_e, a.slots, grid);
 }
 
-//! The job holding element \p at of the buffer (the last whose offset is at most it).
-__device__ __forceinline__ const select_job& job_at(const select_job* jobs, std::uint32_t count,
-                                                    unsigned long long at) {
-  return jobs[owning_job(jobs, count, at, [](const select_job& j) { return j.offset; })];
-}
-
 //! The compaction's predicate over a window of the buffer: element base + i is kept by its
 //! layer's selection (selected_by_threshold; never in a raw layer or one with k = 0).
 struct selected_in_jobs {
@@ -202,7 +196,7 @@ struct selected_in_jobs {
   unsigned long long base;  //!< the window's first element
   __device__ __forceinline__ bool operator()(std::uint32_t i) const {
     const unsigned long long at = base + i;
-    const select_job& jb = job_at(jobs, count, at);
+    const select_job& jb = job_containing(jobs, count, at);
     if (jb.raw || jb.k == 0 || at - jb.offset >= jb.numel) return false;
     return selected_by_threshold{u + jb.offset, states + jb.row}(static_cast<std::uint32_t>(at - jb.offset));
   }
@@ -221,7 +215,7 @@ struct jobs_index_writer {
   std::uint32_t* mismatch;
   __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t i) const {
     const unsigned long long at = base + i;
-    const select_job& jb = job_at(jobs, count, at);
+    const select_job& jb = job_containing(jobs, count, at);
     const std::int64_t p = j - static_cast<std::int64_t>(first_out[jb.row]);
     const segment_slot& s = seg[jb.row];
     if (p >= 0 && static_cast<unsigned long long>(p) < s.count)
@@ -267,7 +261,7 @@ class select_jobs {
   //! layer, the tie search's counts. Allocates on \p s.
   select_jobs(const layout& lay, launch_config lc, double candidate_capacity, stream_ref s) : launch_(lc) {
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
-    unsigned long long cand = 0, chunks = 0, scan_blocks = 0, window_start = 0;
+    unsigned long long cand = 0, chunks = 0, scan_blocks = 0;
     constexpr std::size_t chunk = static_cast<std::size_t>(select_threads) * tie_items;
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const auto& l = lay[i];
@@ -284,13 +278,7 @@ class select_jobs {
       cand += j.cap;
       chunks += (l.numel + chunk - 1) / chunk;
       scan_blocks += static_cast<unsigned long long>(lc.grid_stride(l.numel, select_threads));
-      // A window is a compaction: its elements are counted in 32 bits.
-      if (jobs_.empty() || l.offset + l.numel - window_start > 0xffffffffull) {
-        window_start = l.offset;
-        windows_.push_back({l.offset, 0});
-      }
-      windows_.back().size = l.offset + l.numel - window_start;
-      j.window = static_cast<std::uint32_t>(windows_.size() - 1);
+      j.window = add_to_windows(windows_, l.offset, l.numel);
       jobs_.push_back(j);
     }
     const std::size_t W = std::max<std::size_t>(windows_.size(), 1);
@@ -436,13 +424,9 @@ class select_jobs {
   }
 
  private:
-  struct window {
-    unsigned long long start;  // its first element
-    unsigned long long size;   // elements, below 2^32
-  };
   launch_config launch_;
   std::vector<select_job> jobs_;  // the layers, as constructed (k, raw and blocks are per step)
-  std::vector<window> windows_;
+  std::vector<compaction_window> windows_;
   std::vector<double> k_of_;  // the candidates gain_k_ holds the k of
   device_buffer<select_job> table_;
   pinned_buffer<select_job> staging_;  // the step's table (rewritten once the last step's stream finished)
