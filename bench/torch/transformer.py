@@ -301,7 +301,7 @@ def copy_global(local, eval_net, names):
     """The global parameters of `local` into eval_net (matched by parameter name)."""
     params = dict(eval_net.named_parameters())
     with torch.no_grad():
-        for t, g in zip(local._params, local.global_parameters()):
+        for t, g in zip(local.parameters(), local.global_parameters()):
             params[names[id(t)]].copy_(g)
 
 

@@ -1098,9 +1098,14 @@ class LocalSteps(_Checkpointed):
         """H of the round in progress."""
         return self._engine.info().period
 
+    def parameters(self):
+        """The model's parameters that the local steps manage (those with requires_grad), as a
+        new list in DDP's order: the order of global_parameters(), tensor for tensor."""
+        return list(self._params)
+
     def global_parameters(self):
         """The global parameters as of the last exchange, the same on every rank: one tensor per
-        parameter, in its shape and on its device."""
+        parameter (in the order of parameters()), in its shape and on its device."""
         flat = self._engine.global_params()
         return [flat[a:b].view_as(p).to(p.device) for a, b, p in
                 zip(self._engine.offsets, self._engine.offsets[1:], self._params)]

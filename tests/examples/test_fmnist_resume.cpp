@@ -317,8 +317,9 @@ TEST_CASE("fashion_mnist --checkpoint-every: steps, epochs, and clear errors") {
 
 TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the run that never stopped") {
   // Adaptive local steps over SparseLoCo-style exchanges on a slow modeled network (H chosen
-  // from the modeled exchanges), then a fixed H = 5 with DiLoCo's outer step: the
-  // checkpoint every 7 steps falls inside a round.
+  // from the modeled exchanges), then a fixed H = 5 and H = 8 with DiLoCo's outer step: the
+  // checkpoint every 7 steps falls inside a round. H = 8 ends the runs inside a round too,
+  // which the end of training exchanges (finish_round) after the last checkpoint.
   fmnist::method_config adaptive;
   adaptive.compressor = fmnist::compressor_id::sparseloco;
   adaptive.policy = fmnist::policy_id::fixed;
@@ -332,8 +333,10 @@ TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the
   fixed_h.local.period = 5;
   fixed_h.local.outer.kind = gravac::outer_kind::nesterov;
   fixed_h.fixed.kept_fraction = 0.1;
-  const auto [name, method] =
-      GENERATE_COPY(table<const char*, fmnist::method_config>({{"adaptive", adaptive}, {"fixed_h5", fixed_h}}));
+  fmnist::method_config fixed_h8 = fixed_h;
+  fixed_h8.local.period = 8;
+  const auto [name, method] = GENERATE_COPY(table<const char*, fmnist::method_config>(
+      {{"adaptive", adaptive}, {"fixed_h5", fixed_h}, {"fixed_h8", fixed_h8}}));
   INFO(name);
   auto cfg = tiny(method);
   cfg.local_steps = true;
@@ -346,6 +349,12 @@ TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the
   CHECK(silent > 30);
   CHECK(ref.epochs.back().test_acc > 0.5);  // it learns (chance is 0.1)
   CHECK_THAT(ref.method, Catch::Contains("local steps"));
+  if (method.local.period == 8) {
+    // Step 59 is the 4th of a round: the round ends with the run, and its last step records
+    // the exchange.
+    CHECK(ref.steps.back().bytes_sent > 0);
+    CHECK(ref.steps.back().kept_fraction > 0);
+  }
 
   scratch_dir dir(std::string("local_") + name);
   auto first = with_checkpoints(cfg, dir.path, "7");
@@ -357,4 +366,18 @@ TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the
   CHECK(resumed.resumed_from_step == 28);
   same_params(ref, resumed);
   same_records(ref, resumed, {28});
+  if (method.local.period == 8) {
+    // A checkpoint where a run stops mid-round (step 30) holds the round still open: the run
+    // resumed from it ends as the uninterrupted one.
+    scratch_dir at_stop(std::string("local_stop_") + name);
+    auto stopped = with_checkpoints(cfg, at_stop.path, "10");
+    stopped.max_steps = 30;
+    run4(stopped);
+    auto rest = with_checkpoints(cfg, at_stop.path, "10");
+    rest.checkpoint.resume = true;
+    const auto resumed_at_stop = run4(rest);
+    CHECK(resumed_at_stop.resumed_from_step == 30);
+    same_params(ref, resumed_at_stop);
+    same_records(ref, resumed_at_stop, {30});
+  }
 }

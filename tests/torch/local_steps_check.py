@@ -10,7 +10,8 @@
   parameters, bit for bit;
 - bad input: policy=, a non-float32 parameter and a period out of range are refused before
   anything is sent; parameters that differ between the ranks fail on both, each naming the
-  other rank.
+  other rank;
+- parameters(): the model's trainable parameters in the order of global_parameters().
 
     /usr/bin/python3 tests/torch/local_steps_check.py
 
@@ -240,7 +241,25 @@ def check_bad_input(rank):
     gt.LocalSteps(make_model(4), compressor="identity", collective="dense_allreduce").close()
 
 
-CHECKS = [check_per_step_equals_trainer, check_averaging_rounds, check_resume, check_bad_input]
+def check_parameters(rank):
+    """parameters(): the model's trainable parameters (a frozen one left out), in the order of
+    global_parameters(), as a list of the LocalSteps' own that the caller may change."""
+    import gravac.torch as gt
+    model = make_model(5)
+    model[0].bias.requires_grad_(False)
+    local = gt.LocalSteps(model, compressor="identity", collective="dense_allreduce", period=2)
+    managed = local.parameters()
+    expected = [model[0].weight, model[2].weight, model[2].bias]
+    require([id(p) for p in managed] == [id(p) for p in expected],
+            f"parameters(): {[tuple(p.shape) for p in managed]}, not the model's trainable parameters in order")
+    require([g.shape for g in local.global_parameters()] == [p.shape for p in managed],
+            "parameters(): not tensor for tensor with global_parameters()")
+    managed.clear()
+    require(len(local.parameters()) == 3, "parameters(): clearing the returned list changed the LocalSteps")
+    local.close()
+
+
+CHECKS = [check_per_step_equals_trainer, check_averaging_rounds, check_resume, check_bad_input, check_parameters]
 
 
 def rank_main(rank, store_path):

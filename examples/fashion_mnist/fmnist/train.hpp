@@ -92,8 +92,10 @@ struct run_config {
   //! Local-step training (--local-steps): method.local's rounds of inner steps, each ending
   //! in an exchange of the pseudo-gradient through the method's compressor and collective
   //! (gravac::runtime::make_local_steps; the policy must be fixed). A step without an
-  //! exchange records no bytes. Not with overlap (local.overlap runs an exchange behind the
-  //! next round instead).
+  //! exchange records no bytes. The run ends with finish_round, after its last checkpoint:
+  //! the round in progress is exchanged (charged to the last step and epoch), and the last
+  //! epoch's test figures and final_params are the global point every rank holds. Not with
+  //! overlap (local.overlap runs an exchange behind the next round instead).
   bool local_steps = false;
   //! With overlap: each layer's ready time as a share of compute_s (layout order), given
   //! (e.g. run_result::ready_share of a calibrated run, so that several runs share one
@@ -133,7 +135,9 @@ struct run_result {
   std::vector<double> ready_share;
   std::vector<step_record> steps;    //!< one per step
   std::vector<epoch_record> epochs;  //!< one per epoch
-  std::vector<float> final_params;   //!< the parameters after the last step (identical on every rank)
+  //! The parameters after the last step, identical on every rank (with local steps, the
+  //! global point after finish_round).
+  std::vector<float> final_params;
   //! The step the run resumed from (the checkpoint's steps done); 0 when it started afresh.
   std::uint64_t resumed_from_step = 0;
   bool resumed = false;  //!< the run resumed from a checkpoint

@@ -505,6 +505,16 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     gather_samples(test_set, test_idx.data() + lo, hi - lo, xt, yt);
   }
 
+  // The test loss and accuracy of the evaluated model into \p e: each rank evaluates its shard
+  // of the test subset, summed over the ranks on the engine (not charged).
+  const auto evaluate_test = [&](epoch_record& e) {
+    const batch_result tr = net->evaluate(evaluated(), xt.data(), yt.data(), yt.size());
+    double ev[3] = {tr.loss_sum, static_cast<double>(tr.correct), static_cast<double>(tr.samples)};
+    comm.allreduce_sum(std::span<double>(ev, 3));
+    e.test_loss = ev[0] / ev[2];
+    e.test_acc = ev[1] / ev[2];
+  };
+
   double modeled_clock = 0;
   // The primary network's wire counters at the previous record: each step's record takes
   // the difference, so traffic between steps (none today) would land in the next step.
@@ -617,7 +627,7 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       gravac::require(static_cast<bool>(mark), "train: cannot create the start marker '" + cfg.start_marker + "'");
     }
   }
-  bool stop = false;
+  bool stop = false, last_epoch_line = false;
   for (std::size_t epoch = first_epoch; epoch < cfg.epochs && !stop; ++epoch) {
     const bool resumed_here = resume_mid_epoch && epoch == first_epoch;
     auto wall0 = std::chrono::steady_clock::now();
@@ -778,14 +788,9 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     }
     if (done == 0) break;
     er.train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-    // Evaluate on this rank's shard of the test subset; sum over ranks.
-    const batch_result tr = net->evaluate(evaluated(), xt.data(), yt.data(), yt.size());
-    double ev[3] = {tr.loss_sum, static_cast<double>(tr.correct), static_cast<double>(tr.samples)};
-    comm.allreduce_sum(std::span<double>(ev, 3));
+    evaluate_test(er);
     er.train_loss = loss_sum / seen;
     er.train_acc = correct / seen;
-    er.test_loss = ev[0] / ev[2];
-    er.test_acc = ev[1] / ev[2];
     er.kept_fraction = frac_sum / static_cast<double>(done);
     er.modeled_time_s = modeled_clock;
     er.shadow_time_s = shadow_clock;
@@ -797,13 +802,82 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
     er.policy_state = ls ? ls->policy_state() : st->policy_state();
     er.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     res.epochs.push_back(er);
-    if (rank == 0 && obs.on_epoch) obs.on_epoch(res.epochs.back(), res);
+    // With local steps the line of the run's last epoch waits for the end of training below,
+    // which changes its figures.
+    if (ls && (stop || epoch + 1 == cfg.epochs || (cfg.max_steps && step >= cfg.max_steps)))
+      last_epoch_line = rank == 0 && obs.on_epoch;
+    else if (rank == 0 && obs.on_epoch)
+      obs.on_epoch(res.epochs.back(), res);
     // Epoch-end checkpoints hold the next epoch's start: its permutation is not drawn yet.
     // An epoch cut short by --max-steps has not ended.
     if (checkpointing && ck.every_unit == checkpoint_config::unit::epochs && (epoch + 1) % ck.every == 0 && !stop)
       save(epoch + 1, 0, false, 0, 0, 0, 0, 0, epoch_record{});
   }
-  if (ls) ls->complete_exchange();
+  // The end of training with local steps: the round in progress ends now (finish_round;
+  // with overlap, the exchange in flight is applied first), so its steps are in the final
+  // model and every rank holds it. It comes after the last checkpoint, which keeps the round
+  // open: a run resumed from it goes on as the uninterrupted run did and ends the same way.
+  if (ls) {
+    for (auto& sm : sims) sm->set_step(step > 0 ? step - 1 : 0);  // the last step's network
+    const double clock0 = sim ? sim->modeled_seconds() : 0.0;
+    for (std::size_t k = 0; k < shadows; ++k) shadow_before[k] = sims[k]->modeled_seconds();
+    const auto x0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_seconds();
+    const gravac::step_report* rep = ls->finish_round(params);
+    const double cpu_s = thread_cpu_seconds() - c0;
+    if (rep && !res.steps.empty() && !res.epochs.empty()) {
+      // Charged to the last step and its epoch as a round's exchange is to the step that ends
+      // it (with overlap it may complete two: the wire bytes count both, the packet the
+      // last); the epoch's test figures become the final model's.
+      const double comm_s = sim ? sim->modeled_seconds() - clock0 : 0.0;
+      double sums[3] = {static_cast<double>(rep->bytes_sent), sim ? sim->wire_bytes_sent() - wire_sent_before : 0.0,
+                        sim ? sim->wire_bytes_received() - wire_received_before : 0.0};
+      double maxes[2] = {cfg.codec_cpu_time ? cpu_s : rep->compress_s + rep->decompress_s,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - x0).count()};
+      comm.allreduce_sum(std::span<double>(sums, 3));
+      comm.allreduce_max(std::span<double>(maxes, 2));
+      const double charged_codec = cfg.charge_codec ? maxes[0] : 0.0;
+      modeled_clock += charged_codec + comm_s;
+      for (std::size_t k = 0; k < shadows; ++k)
+        shadow_clock[k] += charged_codec + (sims[k]->modeled_seconds() - shadow_before[k]);
+      step_record& r = res.steps.back();
+      epoch_record& e = res.epochs.back();
+      if (r.bytes_sent == 0) {
+        // The step had no exchange of its own: this one is its exchange.
+        const double kept = chosen_fraction(rep->kept_fraction, lay);
+        const auto in_epoch =
+            std::count_if(res.steps.begin(), res.steps.end(), [&](const step_record& x) { return x.epoch == r.epoch; });
+        e.kept_fraction += (kept - r.kept_fraction) / static_cast<double>(in_epoch);
+        r.kept_fraction = kept;
+        r.dense_bytes = static_cast<double>(rep->dense_bytes);
+        e.dense_bytes_per_rank += r.dense_bytes;
+        r.collective = std::string(gravac::to_string(rep->collective));
+        r.gain = rep->gain;
+      }
+      r.bytes_sent += sums[0] / ranks;
+      r.wire_bytes_sent += sums[1] / ranks;
+      r.wire_bytes_received += sums[2] / ranks;
+      r.codec_s += maxes[0];
+      r.wall_s += maxes[1];
+      r.exchange_wall_s += maxes[1];
+      r.modeled_comm_s += comm_s;
+      r.modeled_exposed_s += comm_s;
+      r.modeled_time_s = modeled_clock;
+      e.bytes_per_rank += sums[0] / ranks;
+      e.wire_bytes_sent_per_rank += sums[1] / ranks;
+      e.wire_bytes_received_per_rank += sums[2] / ranks;
+      e.codec_s += maxes[0];
+      e.exchange_wall_s += maxes[1];
+      e.train_wall_s += maxes[1];
+      e.wall_s += maxes[1];
+      e.modeled_comm_s += comm_s;
+      e.modeled_exposed_s += comm_s;
+      e.modeled_time_s = modeled_clock;
+      e.shadow_time_s = shadow_clock;
+      evaluate_test(e);
+    }
+  }
+  if (last_epoch_line) obs.on_epoch(res.epochs.back(), res);
   res.final_params.assign(evaluated().begin(), evaluated().end());
   return res;
 }
