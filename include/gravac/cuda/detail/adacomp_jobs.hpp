@@ -70,21 +70,12 @@ struct adacomp_jobs_args {
   unsigned long long* expected;   //!< per window: what its layers counted
 };
 
-//! The job that owns this block in grid \p P, and its share.
-template <int P>
-__device__ __forceinline__ const adacomp_job& adacomp_job_of_block(const adacomp_jobs_args& a, pass_grid& grid) {
-  const std::uint32_t q = owning_job(a.jobs, a.count, blockIdx.x, [](const adacomp_job& j) { return j.first[P]; });
-  const adacomp_job& jb = a.jobs[q];
-  const unsigned long long end = q + 1 < a.count ? a.jobs[q + 1].first[P] : gridDim.x;
-  grid = {blockIdx.x - jb.first[P], end - jb.first[P], jb.first[P], a.sums_done + jb.row};
-  return jb;
-}
-
 //! Step 1 for every compressed layer (adacomp_bins_body).
 static __global__ void __launch_bounds__(adacomp_threads)
     adacomp_jobs_bins(const float* __restrict__ g, float* __restrict__ r, adacomp_jobs_args a) {
   pass_grid grid;
-  const adacomp_job& jb = adacomp_job_of_block<adacomp_pass_bins>(a, grid);
+  const adacomp_job& jb = owning_share<adacomp_pass_bins>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   const std::size_t w = jb.row;
   adacomp_bins_body(g + jb.offset, r + jb.offset, static_cast<std::uint32_t>(jb.numel), jb.bin, a.u_in_r,
                     a.gmax + jb.bins_at, a.sums + w, a.states + w, a.slots, grid);
@@ -93,7 +84,8 @@ static __global__ void __launch_bounds__(adacomp_threads)
 //! Step 2 for every compressed layer (adacomp_scale_body).
 static __global__ void __launch_bounds__(adacomp_threads) adacomp_jobs_scale(adacomp_jobs_args a) {
   pass_grid grid;
-  const adacomp_job& jb = adacomp_job_of_block<adacomp_pass_scale>(a, grid);
+  const adacomp_job& jb = owning_share<adacomp_pass_scale>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   const std::size_t w = jb.row;
   adacomp_scale_body(a.gmax + jb.bins_at, jb.bins, a.acc + w * exponent_slots, a.states + w, a.scales + w, grid);
 }
@@ -102,7 +94,8 @@ static __global__ void __launch_bounds__(adacomp_threads) adacomp_jobs_scale(ada
 static __global__ void __launch_bounds__(adacomp_threads)
     adacomp_jobs_count(const float* __restrict__ g, const float* __restrict__ r, adacomp_jobs_args a) {
   pass_grid grid;
-  const adacomp_job& jb = adacomp_job_of_block<adacomp_pass_count>(a, grid);
+  const adacomp_job& jb = owning_share<adacomp_pass_count>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   adacomp_count_body(adacomp_sent{r + jb.offset, g + jb.offset, a.gmax + jb.bins_at, jb.bin},
                      static_cast<std::uint32_t>(jb.numel), a.states + jb.row, grid);
 }
@@ -139,7 +132,8 @@ static __global__ void __launch_bounds__(select_threads)
     adacomp_jobs_raw(const float* __restrict__ g, float* __restrict__ r, std::byte* __restrict__ packet,
                      adacomp_jobs_args a) {
   pass_grid grid;
-  const adacomp_job& jb = adacomp_job_of_block<adacomp_pass_raw>(a, grid);
+  const adacomp_job& jb = owning_share<adacomp_pass_raw>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   const std::size_t w = jb.row;
   raw_body(g + jb.offset, r + jb.offset, packet, a.seg + w, jb.numel, a.sums + w, a.states + w, a.u_in_r, a.slots,
            grid);

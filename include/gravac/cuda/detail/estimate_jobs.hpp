@@ -43,22 +43,12 @@ struct estimate_jobs_args {
   std::uint32_t* guess;      //!< per row: the low threshold's key (estimate_none: none)
 };
 
-//! The estimate job that owns this block in grid \p P (0: histogram, 1: refine), and its share.
-template <int P>
-__device__ __forceinline__ const estimate_job& estimate_job_of_block(const estimate_jobs_args& a, pass_grid& grid) {
-  const std::uint32_t q = owning_job(a.jobs, a.count, blockIdx.x, [](const estimate_job& j) { return j.first[P]; });
-  const estimate_job& jb = a.jobs[q];
-  const unsigned long long end = q + 1 < a.count ? a.jobs[q + 1].first[P] : gridDim.x;
-  grid = {blockIdx.x - jb.first[P], end - jb.first[P], jb.first[P], nullptr};
-  return jb;
-}
-
 //! Every layer's histogram (estimate_histogram_body); each layer's last block then finds its
 //! boundary (estimate_threshold_body).
 static __global__ void __launch_bounds__(select_threads)
     estimate_jobs_histogram(const float* __restrict__ g, const float* __restrict__ e, estimate_jobs_args a) {
   pass_grid grid;
-  const estimate_job& jb = estimate_job_of_block<0>(a, grid);
+  const estimate_job& jb = owning_share<0>(a.jobs, a.count, grid);
   const std::size_t r = jb.row;
   std::uint32_t* hist = a.hist + r * estimate_bins;
   estimate_histogram_body(g + jb.offset, e + jb.offset, jb.rq, hist, grid);
@@ -70,7 +60,7 @@ static __global__ void __launch_bounds__(select_threads)
 static __global__ void __launch_bounds__(select_threads)
     estimate_jobs_refine(const float* __restrict__ g, const float* __restrict__ e, estimate_jobs_args a, int shift) {
   pass_grid grid;
-  const estimate_job& jb = estimate_job_of_block<1>(a, grid);
+  const estimate_job& jb = owning_share<1>(a.jobs, a.count, grid);
   const std::size_t r = jb.row;
   estimate_refine_body(g + jb.offset, e + jb.offset, jb.rq, a.hist + r * estimate_bins, a.states + r, shift,
                        a.guess + r, grid);

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "gravac/cuda/detail/select_common.hpp"
+
 namespace gravac::detail {
 
 //! The index of the job that owns block \p block among the \p count jobs of \p jobs, in
@@ -26,6 +28,18 @@ __device__ __forceinline__ std::uint32_t owning_job(const Job* __restrict__ jobs
       hi = mid;
   }
   return lo;
+}
+
+//! The job of \p jobs that owns this block of a grid split among them by their column \p P of
+//! first blocks (Job::first[P]), and its share of the grid into \p grid (no statistics
+//! counter: the caller sets grid.sums_done where the pass sums).
+template <int P, class Job>
+__device__ __forceinline__ const Job& owning_share(const Job* __restrict__ jobs, std::uint32_t count, pass_grid& grid) {
+  const std::uint32_t q = owning_job(jobs, count, blockIdx.x, [](const Job& j) { return j.first[P]; });
+  const Job& jb = jobs[q];
+  const unsigned long long end = q + 1 < count ? jobs[q + 1].first[P] : gridDim.x;
+  grid = {blockIdx.x - jb.first[P], end - jb.first[P], jb.first[P], nullptr};
+  return jb;
 }
 
 //! The job whose elements start at the largest offset at most \p at (jobs in layer order).

@@ -89,23 +89,14 @@ struct select_jobs_args {
   std::uint32_t* failure;            //!< set when a layer's selection was not its count
 };
 
-//! The job that owns this block in pass \p P, and its share of the grid.
-template <int P>
-__device__ __forceinline__ const select_job& job_of_block(const select_jobs_args& a, pass_grid& grid) {
-  const std::uint32_t q = owning_job(a.jobs, a.count, blockIdx.x, [](const select_job& j) { return j.first[P]; });
-  const select_job& jb = a.jobs[q];
-  const unsigned long long end = q + 1 < a.count ? a.jobs[q + 1].first[P] : gridDim.x;
-  grid = {blockIdx.x - jb.first[P], end - jb.first[P], jb.first[P], a.sums_done + jb.row};
-  return jb;
-}
-
 //! Pass 1 for every layer (fused_pass_body on each layer's share); a raw layer with a gain
 //! curve runs it with k = 0 for its part of the curve. The last layer to finish adds the
 //! layers' parts of the curve in layer order: the bits of one launch per layer.
 static __global__ void __launch_bounds__(select_threads)
     select_jobs_fused(const float* __restrict__ g, float* __restrict__ e, select_jobs_args a) {
   pass_grid grid;
-  const select_job& jb = job_of_block<select_pass_fused>(a, grid);
+  const select_job& jb = owning_share<select_pass_fused>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   const std::size_t r = jb.row;
   gain_request rq;
   rq.count = a.gain_count;
@@ -129,7 +120,8 @@ static __global__ void __launch_bounds__(select_threads)
 static __global__ void __launch_bounds__(select_threads)
     select_jobs_collect(const float* __restrict__ e, select_jobs_args a) {
   pass_grid grid;
-  const select_job& jb = job_of_block<select_pass_scan>(a, grid);
+  const select_job& jb = owning_share<select_pass_scan>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   collect_body(e + jb.offset, jb.numel, a.states + jb.row, a.cand + jb.cand_at, jb.cap, grid);
 }
 
@@ -137,7 +129,8 @@ static __global__ void __launch_bounds__(select_threads)
 static __global__ void __launch_bounds__(select_threads)
     select_jobs_refine(const float* __restrict__ e, select_jobs_args a, int shift) {
   pass_grid grid;
-  const select_job& jb = job_of_block<select_pass_scan>(a, grid);
+  const select_job& jb = owning_share<select_pass_scan>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   refine_body(e + jb.offset, jb.numel, a.states + jb.row, a.cand + jb.cand_at, jb.cap,
               a.hist + std::size_t{jb.row} * max_bins, shift, grid);
 }
@@ -146,7 +139,8 @@ static __global__ void __launch_bounds__(select_threads)
 static __global__ void __launch_bounds__(select_threads)
     select_jobs_tie(const float* __restrict__ e, select_jobs_args a) {
   pass_grid grid;
-  const select_job& jb = job_of_block<select_pass_tie>(a, grid);
+  const select_job& jb = owning_share<select_pass_tie>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   tie_body(e + jb.offset, jb.numel, a.states + jb.row, a.chunk_counts + jb.chunks_at, grid);
 }
 
@@ -181,7 +175,8 @@ static __global__ void __launch_bounds__(select_threads)
     select_jobs_raw(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
                     select_jobs_args a, bool u_in_e) {
   pass_grid grid;
-  const select_job& jb = job_of_block<select_pass_raw>(a, grid);
+  const select_job& jb = owning_share<select_pass_raw>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   const std::size_t r = jb.row;
   raw_body(g + jb.offset, e + jb.offset, packet, a.seg + r, jb.numel, a.sums + r, a.states + r, u_in_e, a.slots, grid);
 }
@@ -230,7 +225,8 @@ struct jobs_index_writer {
 static __global__ void __launch_bounds__(select_threads)
     select_jobs_gather(std::byte* __restrict__ packet, float* __restrict__ e, select_jobs_args a) {
   pass_grid grid;
-  const select_job& jb = job_of_block<select_pass_gather>(a, grid);
+  const select_job& jb = owning_share<select_pass_gather>(a.jobs, a.count, grid);
+  grid.sums_done = a.sums_done + jb.row;
   const std::size_t r = jb.row;
   select_state* st = a.states + r;
   const bool exact = a.selected[jb.window] == a.expected[jb.window] && *a.mismatch == 0;
