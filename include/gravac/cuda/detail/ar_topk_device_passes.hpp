@@ -56,7 +56,6 @@ class ar_topk_device_passes<cuda_space> {
               "allreduce_compatible: layer '" + l.name + "' has 2^32 or more elements (device indices are 32-bit)");
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     const stream_ref s = stream_;
-    sum_slots_ = block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     states_ = device_buffer<select_state>(L, s);
     sums_ = device_buffer<layer_sums>(L, s);
     accumulate_jobs_ = fused_jobs(lay, launch_, true, s);
@@ -65,6 +64,14 @@ class ar_topk_device_passes<cuda_space> {
     idx_ = device_buffer<std::uint32_t>(1, s);
     values_ = device_buffer<float>(1, s);
     own_ = device_buffer<float>(1, s);
+    // The part tables: a part per layer at most, a statistics slot per block of the gather.
+    parts_ = device_buffer<ar_part>(L, s);
+    parts_host_ = pinned_buffer<ar_part>(L);
+    parts_done_ = device_buffer<std::uint32_t>(L, s);
+    unsigned long long blocks = 0;
+    for (const auto& l : lay.layers())
+      blocks += static_cast<unsigned long long>(launch_.grid_stride(l.numel, select_threads));
+    part_slots_ = block_slots_buffer(std::max<unsigned long long>(blocks, 1), s);
     host_states_.resize(L);
     host_sums_.resize(L);
     host_gain_.resize(max_gain_candidates);
@@ -177,12 +184,8 @@ class ar_topk_device_passes<cuda_space> {
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(first_bad_.data(), host_bad_.data(), sizeof(std::uint32_t), cudaMemcpyHostToDevice, s));
     try {
-      for (std::size_t i = 0; i < lay.size(); ++i) {
-        const std::size_t count = offsets[i + 1] - offsets[i];
-        if (count == 0) continue;
-        detail::launch(&ar_validate_indices, launch_.grid_stride(count, packet_threads), packet_threads, s,
-                       idx_.data() + offsets[i], count, lay[i].numel, static_cast<std::uint32_t>(i), first_bad_.data());
-      }
+      const unsigned grid = upload_parts(lay, offsets, {}, packet_threads, no_limit);
+      if (grid) detail::launch(&ar_validate_parts, grid, packet_threads, s, part_table(), first_bad_.data());
     } catch (...) {
       repair_and_rethrow([] {});  // read only: e holds u already
     }
@@ -197,24 +200,12 @@ class ar_topk_device_passes<cuda_space> {
               grad_view<cuda_space> e, std::size_t total, compress_stats& st) {
     const cudaStream_t s = stream_.get();
     values_.resize(std::max<std::size_t>(total, 1));
-    std::size_t v = 0;
     try {
-      for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-        detail::launch(&ar_gather, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                       e.data() + lay[i].offset, values_.data() + v, sums_.data() + i, sum_slots_.view());
-        v += count;
-      });
+      const unsigned grid = upload_parts(lay, offsets, dense, select_threads, no_limit);
+      if (grid)
+        detail::launch(&ar_gather_parts, grid, select_threads, s, part_table(), e.data(), values_.data(), sums_.data());
     } catch (...) {
-      // The parts gathered so far give their values back: e = u everywhere.
-      repair_and_rethrow([&] {
-        std::size_t w = 0;
-        for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-          if (w + count > v) return;
-          detail::launch(&ar_undo, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                         static_cast<const float*>(values_.data() + w), e.data() + lay[i].offset);
-          w += count;
-        });
-      });
+      repair_and_rethrow([] {});  // one launch: it did not start, e = u everywhere
     }
     copy_to_host_async(s, host_sums_, sums_);
     stream_.synchronize();
@@ -268,12 +259,8 @@ class ar_topk_device_passes<cuda_space> {
     const cudaStream_t s = stream_.get();
     try {
       if (g.size()) GRAVAC_TRY_CUDA(cudaMemsetAsync(g.data(), 0, g.size() * sizeof(float), s));
-      std::size_t v = 0;
-      for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-        detail::launch(&ar_scatter_average, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                       values_.data() + v, inv, g.data() + lay[i].offset);
-        v += count;
-      });
+      const unsigned grid = upload_parts(lay, offsets, dense, select_threads, no_limit);
+      if (grid) detail::launch(&ar_scatter_parts, grid, select_threads, s, part_table(), values_.data(), inv, g.data());
     } catch (const error& err) {
       GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(s));
       throw error(err.code(),
@@ -292,13 +279,8 @@ class ar_topk_device_passes<cuda_space> {
             grad_view<cuda_space> e) {
     if (own_count_ == 0) return;
     const cudaStream_t s = stream_.get();
-    std::size_t v = 0;
-    for_each_part(lay, offsets, dense, [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
-      if (v + count > own_count_) return;
-      detail::launch(&ar_undo, launch_.grid_stride(count, select_threads), select_threads, s, idx, count,
-                     own_.data() + v, e.data() + lay[i].offset);
-      v += count;
-    });
+    const unsigned grid = upload_parts(lay, offsets, dense, select_threads, own_count_);
+    if (grid) detail::launch(&ar_undo_parts, grid, select_threads, s, part_table(), own_.data(), e.data());
     stream_.synchronize();
   }
 
@@ -353,12 +335,54 @@ class ar_topk_device_passes<cuda_space> {
     }
   }
 
+  static constexpr std::size_t no_limit = ~std::size_t{0};
+
+  // Writes the table of this step's parts (for_each_part's; with \p dense empty, the index
+  // lists only) whose values end within \p limit, and queues its upload; returns the grid
+  // of a pass of \p threads a block over them (0: no part). The staging is rewritten: every
+  // pass waits for its stream before it returns.
+  unsigned upload_parts(const layout& lay, const std::vector<std::size_t>& offsets, const std::vector<bool>& dense,
+                        int threads, std::size_t limit) {
+    std::uint32_t n = 0;
+    unsigned long long blocks = 0;
+    std::size_t v = 0;
+    const std::vector<bool> lists_only(dense.empty() ? lay.size() : 0, false);
+    for_each_part(lay, offsets, dense.empty() ? lists_only : dense,
+                  [&](std::size_t i, const std::uint32_t* idx, std::size_t count) {
+                    if (v + count > limit) return;
+                    ar_part& pt = parts_host_[n++];
+                    pt = ar_part{};
+                    pt.first[0] = blocks;
+                    pt.idx = idx;
+                    pt.offset = lay[i].offset;
+                    pt.v_at = v;
+                    pt.count = count;
+                    pt.numel = lay[i].numel;
+                    pt.layer = static_cast<std::uint32_t>(i);
+                    v += count;
+                    blocks += static_cast<unsigned long long>(launch_.grid_stride(count, threads));
+                  });
+    parts_count_ = n;
+    if (n == 0) return 0;
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(parts_.data(), parts_host_.data(), n * sizeof(ar_part), cudaMemcpyHostToDevice, stream_.get()));
+    return static_cast<unsigned>(blocks);
+  }
+  // The table upload_parts() last wrote.
+  [[nodiscard]] ar_parts part_table() noexcept {
+    return {parts_.data(), parts_count_, parts_done_.data(), part_slots_.view()};
+  }
+
   stream_ref stream_{};
   launch_config launch_;
+  device_buffer<ar_part> parts_;             // the part table of the running pass
+  pinned_buffer<ar_part> parts_host_;        // its staging
+  device_buffer<std::uint32_t> parts_done_;  // per layer: the gather's statistics counters
+  block_slots_buffer part_slots_;            // a statistics slot per block of the gather
+  std::uint32_t parts_count_ = 0;
   device_buffer<select_state> states_;
   device_buffer<layer_sums> sums_;
-  fused_jobs accumulate_jobs_;    // accumulate's one launch over every layer, and its workspace
-  block_slots_buffer sum_slots_;  // per-block partial statistics (ordered_sums.hpp)
+  fused_jobs accumulate_jobs_;  // accumulate's one launch over every layer, and its workspace
   device_buffer<double> gain_out_;
   device_buffer<std::uint32_t> first_bad_;
   device_buffer<std::uint32_t> idx_;

@@ -259,6 +259,41 @@ TEST_CASE("launches per step: flat in the number of layers for the job tables, g
   }
 }
 
+// The launches of one AR-Topk step (allreduce_compatible with topk_cuda, one rank) on L
+// layers of 96 values at 5%, after a first step.
+std::uint64_t ar_topk_launches_per_step(std::size_t L) {
+  const auto lay = layers_of(L);
+  gravac::allreduce_compatible k(lay);
+  gravac::topk_cuda c(lay);
+  k.prepare(c);
+  gravac::test::lone_rank_device_comm comm;
+  gravac::device_buffer<float> e(lay.numel());
+  gravac::compress_stats st;
+  gravac::step_report rep;
+  const auto p = gravac::test::params_for(lay, 0.05);
+  std::uint64_t n = 0;
+  for (std::uint64_t s = 0; s < 2; ++s) {
+    auto g = to_device(gravac::test::make_data(lay.numel(), 5 + s));
+    gravac::step_buffers<gravac::cuda_space> b{gravac::device_view(g), gravac::device_view(e), s == 0};
+    const std::uint64_t before = cuda_double::launches();
+    k.aggregate(c, comm, b, p, st, rep);
+    n = cuda_double::launches() - before;
+  }
+  return n;
+}
+
+TEST_CASE("launches per step: AR-Topk's step grows by its per-layer index selection only") {
+  // Accumulate, validation, gather and scatter are one launch each over every layer; the
+  // selection (select_indices) is still queued a layer at a time: 6 launches a layer (and
+  // CUB's compaction on a GPU).
+  std::uint64_t n[3];
+  const std::size_t layers[3] = {4, 64, 300};
+  for (int i = 0; i < 3; ++i) n[i] = ar_topk_launches_per_step(layers[i]);
+  WARN("allreduce_compatible: launches per step at 4 / 64 / 300 layers: " << n[0] << " / " << n[1] << " / " << n[2]);
+  CHECK(n[2] - n[0] == 6 * 296);
+  CHECK(n[1] - n[0] == 6 * 60);
+}
+
 TEST_CASE("launches per step: AR-Topk's accumulate is one launch at any number of layers") {
   for (std::size_t L : {4, 64, 300}) {
     INFO(L << " layers");
