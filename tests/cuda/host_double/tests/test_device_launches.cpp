@@ -285,7 +285,7 @@ std::uint64_t ar_topk_launches_per_step(std::size_t L) {
 TEST_CASE("launches per step: AR-Topk's step grows by its per-layer index selection only") {
   // Accumulate, validation, gather and scatter are one launch each over every layer; the
   // selection (select_indices) is still queued a layer at a time: 6 launches a layer (and
-  // CUB's compaction on a GPU).
+  // CUB's compaction on a GPU). Gather and scatter added 2 more a layer before.
   std::uint64_t n[3];
   const std::size_t layers[3] = {4, 64, 300};
   for (int i = 0; i < 3; ++i) n[i] = ar_topk_launches_per_step(layers[i]);
