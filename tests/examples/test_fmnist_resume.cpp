@@ -381,3 +381,71 @@ TEST_CASE("fashion_mnist --local-steps: stopped mid-round and resumed equals the
     same_records(ref, resumed_at_stop, {30});
   }
 }
+
+TEST_CASE("fashion_mnist --local-steps --local-overlap: every rank ends on one model; resumed equals uninterrupted") {
+  // Each round's exchange runs on the trainer's communication thread behind the next round
+  // (applied one round late), so the example may not use the communicator for its records
+  // while one is in flight (gravac::local_steps). H = 8: the checkpoints every 7 steps and the
+  // epochs' ends (steps 20, 40) fall inside rounds with an exchange in flight, and the run
+  // ends inside one (finish_round). H = 5: the run ends with a round, whose exchange
+  // finish_round only applies. Then H chosen by the policy, which prices the overlap.
+  fmnist::method_config fixed_h8;
+  fixed_h8.compressor = fmnist::compressor_id::sparseloco;
+  fixed_h8.policy = fmnist::policy_id::fixed;
+  fixed_h8.fixed.kept_fraction = 0.1;
+  fixed_h8.local.period = 8;
+  fixed_h8.local.outer.kind = gravac::outer_kind::nesterov;
+  fixed_h8.local.overlap = true;
+  fmnist::method_config fixed_h5 = fixed_h8;
+  fixed_h5.local.period = 5;
+  fmnist::method_config adaptive = fixed_h8;
+  adaptive.local.adaptive = true;
+  adaptive.local.policy.max_period = 8;
+  adaptive.local.policy.source = gravac::network_source::modeled;
+  adaptive.local.policy.time.source = gravac::time_source::simulated;
+  adaptive.local.outer.kind = gravac::outer_kind::averaging;
+  const auto [name, method] = GENERATE_COPY(table<const char*, fmnist::method_config>(
+      {{"fixed_h8", fixed_h8}, {"fixed_h5", fixed_h5}, {"adaptive", adaptive}}));
+  INFO(name);
+  auto cfg = tiny(method);
+  cfg.local_steps = true;
+  cfg.network = fmnist::network_config::parse("0.05gbps:50ms");
+  const auto ref = run4(cfg);  // completes, and every rank ends on the same parameters
+  REQUIRE(ref.steps.size() == 60);
+  // It learns (chance is 0.1; 60 steps are 7 rounds, each applied one round late).
+  CHECK(ref.epochs.back().test_acc > 0.3);
+  CHECK(ref.epochs.back().train_loss < ref.epochs.front().train_loss);
+  // On 2 ranks too.
+  const auto two = fmnist_test::train_on_threads(cfg, 2);
+  CHECK(two[1].final_params == two[0].final_params);
+  CHECK(two[0].steps.size() == 60);
+
+  // The exchanges were applied one round late: not the model of the run without overlap.
+  auto sync = cfg;
+  sync.method.local.overlap = false;
+  const auto without = run4(sync);
+  CHECK(without.final_params != ref.final_params);
+  if (!method.local.adaptive) {
+    // Every exchange is recorded once, with the step that ends its round, as without overlap.
+    const auto exchanging = [](const fmnist::run_result& r) {
+      std::vector<std::uint64_t> at;
+      for (const auto& s : r.steps)
+        if (s.bytes_sent > 0) at.push_back(s.step);
+      return at;
+    };
+    if (method.local.period == 8) CHECK(exchanging(ref) == std::vector<std::uint64_t>{7, 15, 23, 31, 39, 47, 55, 59});
+    CHECK(exchanging(ref) == exchanging(without));
+    CHECK(ref.total_bytes_per_rank() == Approx(without.total_bytes_per_rank()).epsilon(0.05));
+  }
+
+  scratch_dir dir(std::string("local_overlap_") + name);
+  auto first = with_checkpoints(cfg, dir.path, "7");
+  first.max_steps = 30;
+  run4(first);
+  auto second = with_checkpoints(cfg, dir.path, "7");
+  second.checkpoint.resume = true;
+  const auto resumed = run4(second);
+  CHECK(resumed.resumed_from_step == 28);
+  same_params(ref, resumed);
+  same_records(ref, resumed, {28});
+}

@@ -95,7 +95,8 @@ struct run_config {
   //! exchange records no bytes. The run ends with finish_round, after its last checkpoint:
   //! the round in progress is exchanged (charged to the last step and epoch), and the last
   //! epoch's test figures and final_params are the global point every rank holds. Not with
-  //! overlap (local.overlap runs an exchange behind the next round instead).
+  //! overlap (local.overlap runs an exchange behind the next round instead; the records of
+  //! the steps it runs behind are then written once it has completed).
   bool local_steps = false;
   //! With overlap: each layer's ready time as a share of compute_s (layout order), given
   //! (e.g. run_result::ready_share of a calibrated run, so that several runs share one

@@ -627,6 +627,33 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       gravac::require(static_cast<bool>(mark), "train: cannot create the start marker '" + cfg.start_marker + "'");
     }
   }
+  // One step's own figures, kept from its computation to its record (close_step), and the
+  // simulated networks as its exchange found them (open_step).
+  struct step_figures {
+    std::uint64_t step = 0;
+    std::size_t in_epoch = 0;
+    batch_result br;
+    double compute_cpu_s = 0, codec_cpu_s = 0, wall_s = 0, exchange_wall_s = 0;
+    bool opened = false;            // open_step has run
+    bool exchanged_behind = false;  // its exchange ran on the communication thread (--local-overlap)
+    double clock0 = 0;
+    std::vector<double> shadow_before;
+    gravac::network_params now{};
+  };
+  const auto open_step = [&](step_figures& f) {
+    f.clock0 = sim ? sim->modeled_seconds() : 0.0;
+    f.shadow_before.resize(shadows);
+    for (std::size_t k = 0; k < shadows; ++k) f.shadow_before[k] = sims[k]->modeled_seconds();
+    for (auto& sm : sims) sm->set_step(f.step);
+    f.now = sim ? sim->current() : gravac::network_params{};
+    f.opened = true;
+  };
+  // --local-overlap: the records' collectives and the simulated networks wait while an exchange
+  // runs on the communication thread (gravac::local_steps: the caller may not use the
+  // communicator beside it); a step's record is written once the exchange has completed, at the
+  // round's end (where after_inner_step completes it anyway), an epoch's end or a checkpoint.
+  const bool local_overlap = ls && m.local.overlap;
+
   bool stop = false, last_epoch_line = false;
   for (std::size_t epoch = first_epoch; epoch < cfg.epochs && !stop; ++epoch) {
     const bool resumed_here = resume_mid_epoch && epoch == first_epoch;
@@ -649,79 +676,24 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       wall0 -= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double>(rs.epoch_wall_s));
     }
-    for (std::size_t s = resumed_here ? first_step_in_epoch : 0; s < steps_per_epoch; ++s) {
-      // At the boundary before step `step`: the test hook's death (before this boundary's
-      // checkpoint is written), the checkpoint, then the end a --max-steps run stops at.
-      kill_if_asked();
-      if (checkpointing && ck.every_unit == checkpoint_config::unit::steps && step != start_step &&
-          step % ck.every == 0)
-        save(epoch, s, true, loss_sum, correct, seen, frac_sum,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count(), er);
-      if (cfg.max_steps && step >= cfg.max_steps) {
-        stop = true;
-        break;
-      }
-      const std::uint32_t* shard = order.data() + s * cfg.batch + static_cast<std::size_t>(rank) * local;
-      gather_samples(train_set, shard, local, xb, yb);
-      double c0 = 0, c1 = 0, clock0 = 0;
-      batch_result br;
-      gravac::network_params now{};
-      const auto before_comm = [&] {
-        clock0 = sim ? sim->modeled_seconds() : 0.0;
-        for (std::size_t k = 0; k < shadows; ++k) shadow_before[k] = sims[k]->modeled_seconds();
-        for (auto& sm : sims) sm->set_step(step);
-        now = sim ? sim->current() : gravac::network_params{};
-      };
-      const gravac::step_report* rep_p = nullptr;
-      const auto w0 = std::chrono::steady_clock::now();
-      auto x0 = w0;
-      if (cfg.overlap) {
-        // Buckets start on the trainer's communication thread as backward announces their
-        // layers; each layer is ready at compute_s times its share on the modeled timeline.
-        before_comm();
-        c0 = thread_cpu_seconds();
-        st->begin_step(grads);
-        br = net->forward_backward(params, xb.data(), yb.data(), local, grads,
-                                   [&](std::size_t layer) { st->ready(layer, compute_s * ready_share[layer]); });
-        c1 = thread_cpu_seconds();
-        x0 = std::chrono::steady_clock::now();
-        rep_p = &st->finish();
-      } else {
-        c0 = thread_cpu_seconds();
-        br = net->forward_backward(params, xb.data(), yb.data(), local, grads);
-        c1 = thread_cpu_seconds();
-        before_comm();
-        x0 = std::chrono::steady_clock::now();
-        rep_p = ls ? ls->before_inner_step(grads) : &st->step(grads);
-      }
-      auto x1 = std::chrono::steady_clock::now();
-      const double c2 = thread_cpu_seconds();
-      opt.step(params, grads, lr);
-      const double c3 = thread_cpu_seconds();
-      // Local steps: a round's end exchanges and moves params to the new global point.
-      double after_cpu_s = 0;
-      if (ls) {
-        const auto y0 = std::chrono::steady_clock::now();
-        if (const auto* exchanged = ls->after_inner_step(params)) rep_p = exchanged;
-        after_cpu_s = thread_cpu_seconds() - c3;
-        x1 += std::chrono::steady_clock::now() - y0;
-      }
+    // The step's record from its figures and \p rep_p, the report of its exchange (nullptr:
+    // none): the ranks' figures reduced, the modeled clocks advanced.
+    const auto close_step = [&](const step_figures& f, const gravac::step_report* rep_p) {
       static const gravac::step_report no_exchange{};
       const auto& rep = rep_p ? *rep_p : no_exchange;
-      const double comm_s = sim ? sim->modeled_seconds() - clock0 : 0.0;
+      const double comm_s = sim ? sim->modeled_seconds() - f.clock0 : 0.0;
       // What backward hid of the buckets' modeled communication (0 for the synchronous
       // step): the rest, and any communication outside the buckets, is exposed.
       const double hidden =
           cfg.overlap ? std::clamp(rep.modeled_communicate_s - rep.modeled_exposed_s, 0.0, comm_s) : 0.0;
-      const auto w1 = std::chrono::steady_clock::now();
 
       // Rank-averaged loss and bytes, slowest-rank times (on the engine: not charged). The
       // wire bytes differ between ranks (a broadcast's root receives nothing), hence the mean.
       const double wire_sent = sim ? sim->wire_bytes_sent() : 0.0;
       const double wire_received = sim ? sim->wire_bytes_received() : 0.0;
-      double sums[6] = {br.loss_sum,
-                        static_cast<double>(br.correct),
-                        static_cast<double>(br.samples),
+      double sums[6] = {f.br.loss_sum,
+                        static_cast<double>(f.br.correct),
+                        static_cast<double>(f.br.samples),
                         static_cast<double>(rep.bytes_sent),
                         wire_sent - wire_sent_before,
                         wire_received - wire_received_before};
@@ -729,14 +701,13 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       wire_received_before = wire_received;
       // With overlap the codec runs on the communication thread: its measured wall times.
       const double codec =
-          cfg.codec_cpu_time && !cfg.overlap ? (c2 - c1) + after_cpu_s : rep.compress_s + rep.decompress_s;
-      double maxes[4] = {(c1 - c0) + (c3 - c2), codec, std::chrono::duration<double>(w1 - w0).count(),
-                         std::chrono::duration<double>(x1 - x0).count()};
+          cfg.codec_cpu_time && !cfg.overlap && !f.exchanged_behind ? f.codec_cpu_s : rep.compress_s + rep.decompress_s;
+      double maxes[4] = {f.compute_cpu_s, codec, f.wall_s, f.exchange_wall_s};
       comm.allreduce_sum(std::span<double>(sums, 6));
       comm.allreduce_max(std::span<double>(maxes, 4));
 
       step_record r;
-      r.step = step;
+      r.step = f.step;
       r.epoch = epoch;
       r.lr = lr;
       r.loss = sums[0] / sums[2];
@@ -761,12 +732,12 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       // rest of the step less what backward hid (no shadows with overlap: hidden is 0 there).
       modeled_clock += compute_s + charged_codec + r.modeled_exposed_s;
       for (std::size_t k = 0; k < shadows; ++k)
-        shadow_clock[k] += compute_s + charged_codec + (sims[k]->modeled_seconds() - shadow_before[k]);
+        shadow_clock[k] += compute_s + charged_codec + (sims[k]->modeled_seconds() - f.shadow_before[k]);
       for (auto& sm : sims) sm->add_compute_seconds(compute_s + charged_codec - hidden);
       r.modeled_time_s = modeled_clock;
       if (sim) {
-        r.bandwidth_gbps = 8.0 / now.beta / 1e9;
-        r.latency_ms = now.alpha * 1e3;
+        r.bandwidth_gbps = 8.0 / f.now.beta / 1e9;
+        r.latency_ms = f.now.alpha * 1e3;
       }
       loss_sum += sums[0];
       correct += sums[1];
@@ -782,10 +753,109 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       er.modeled_comm_s += comm_s;
       er.modeled_exposed_s += r.modeled_exposed_s;
       res.steps.push_back(std::move(r));
+      if (rank == 0 && obs.on_step) obs.on_step(res.steps.back(), f.in_epoch, steps_per_epoch);
+    };
+    // --local-overlap: the steps whose records wait for the exchange in flight, in order;
+    // catch_up completes it and writes them (the first may be the step that started it).
+    std::vector<step_figures> waiting;
+    const auto catch_up = [&] {
+      if (!local_overlap) return;
+      ls->complete_exchange();
+      for (auto& f : waiting) {
+        if (!f.opened) open_step(f);
+        close_step(f, f.exchanged_behind ? &ls->last_report() : nullptr);
+      }
+      waiting.clear();
+    };
+    for (std::size_t s = resumed_here ? first_step_in_epoch : 0; s < steps_per_epoch; ++s) {
+      // At the boundary before step `step`: the test hook's death (before this boundary's
+      // checkpoint is written), the checkpoint, then the end a --max-steps run stops at.
+      kill_if_asked();
+      if (checkpointing && ck.every_unit == checkpoint_config::unit::steps && step != start_step &&
+          step % ck.every == 0) {
+        catch_up();
+        save(epoch, s, true, loss_sum, correct, seen, frac_sum,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count(), er);
+      }
+      if (cfg.max_steps && step >= cfg.max_steps) {
+        stop = true;
+        break;
+      }
+      const std::uint32_t* shard = order.data() + s * cfg.batch + static_cast<std::size_t>(rank) * local;
+      gather_samples(train_set, shard, local, xb, yb);
+      step_figures f;
+      f.step = step;
+      f.in_epoch = s;
+      double c0 = 0, c1 = 0;
+      const gravac::step_report* rep_p = nullptr;
+      const auto w0 = std::chrono::steady_clock::now();
+      auto x0 = w0;
+      if (cfg.overlap) {
+        // Buckets start on the trainer's communication thread as backward announces their
+        // layers; each layer is ready at compute_s times its share on the modeled timeline.
+        open_step(f);
+        c0 = thread_cpu_seconds();
+        st->begin_step(grads);
+        f.br = net->forward_backward(params, xb.data(), yb.data(), local, grads,
+                                     [&](std::size_t layer) { st->ready(layer, compute_s * ready_share[layer]); });
+        c1 = thread_cpu_seconds();
+        x0 = std::chrono::steady_clock::now();
+        rep_p = &st->finish();
+      } else {
+        c0 = thread_cpu_seconds();
+        f.br = net->forward_backward(params, xb.data(), yb.data(), local, grads);
+        c1 = thread_cpu_seconds();
+        if (!(local_overlap && ls->exchange_in_flight())) open_step(f);
+        x0 = std::chrono::steady_clock::now();
+        rep_p = ls ? ls->before_inner_step(grads) : &st->step(grads);
+      }
+      auto x1 = std::chrono::steady_clock::now();
+      const double c2 = thread_cpu_seconds();
+      opt.step(params, grads, lr);
+      const double c3 = thread_cpu_seconds();
+      // Local steps: a round's end exchanges and moves params to the new global point.
+      double after_cpu_s = 0;
+      std::chrono::steady_clock::duration records_time{};  // other steps' records written in this one
+      if (ls) {
+        double a0 = c3;
+        if (local_overlap && ls->exchange_in_flight() && ls->period() > 1 && ls->round_step() + 1 == ls->period()) {
+          // The round ends here: complete the exchange in flight as after_inner_step would
+          // (this step waited for it), and write the records that waited for it before the
+          // next exchange starts.
+          const auto z0 = std::chrono::steady_clock::now();
+          ls->complete_exchange();
+          const auto z1 = std::chrono::steady_clock::now();
+          x1 += z1 - z0;
+          catch_up();
+          if (!f.opened) open_step(f);
+          records_time = std::chrono::steady_clock::now() - z1;
+          a0 = thread_cpu_seconds();
+        }
+        const bool was_in_flight = ls->exchange_in_flight();
+        const auto y0 = std::chrono::steady_clock::now();
+        const gravac::step_report* exchanged = ls->after_inner_step(params);
+        after_cpu_s = thread_cpu_seconds() - a0;
+        x1 += std::chrono::steady_clock::now() - y0;
+        if (local_overlap && ls->exchange_in_flight())
+          f.exchanged_behind = !was_in_flight;  // it started one: the report is read once it completes
+        else if (exchanged)
+          rep_p = exchanged;
+      }
+      const auto w1 = std::chrono::steady_clock::now();
+      f.compute_cpu_s = (c1 - c0) + (c3 - c2);
+      f.codec_cpu_s = (c2 - c1) + after_cpu_s;
+      f.wall_s = std::chrono::duration<double>(w1 - w0 - records_time).count();
+      f.exchange_wall_s = std::chrono::duration<double>(x1 - x0).count();
       ++step;
       ++done;
-      if (rank == 0 && obs.on_step) obs.on_step(res.steps.back(), s, steps_per_epoch);
+      if (local_overlap && ls->exchange_in_flight()) {
+        waiting.push_back(std::move(f));
+      } else {
+        if (!f.opened) open_step(f);
+        close_step(f, rep_p);
+      }
     }
+    catch_up();
     if (done == 0) break;
     er.train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     evaluate_test(er);
@@ -814,21 +884,25 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
       save(epoch + 1, 0, false, 0, 0, 0, 0, 0, epoch_record{});
   }
   // The end of training with local steps: the round in progress ends now (finish_round;
-  // with overlap, the exchange in flight is applied first), so its steps are in the final
-  // model and every rank holds it. It comes after the last checkpoint, which keeps the round
-  // open: a run resumed from it goes on as the uninterrupted run did and ends the same way.
+  // with overlap, the average of the exchange that ran behind, completed and recorded at the
+  // last epoch's end, is applied first), so its steps are in the final model and every rank
+  // holds it. It comes after the last checkpoint, which keeps the round open: a run resumed
+  // from it goes on as the uninterrupted run did and ends the same way.
   if (ls) {
     for (auto& sm : sims) sm->set_step(step > 0 ? step - 1 : 0);  // the last step's network
     const double clock0 = sim ? sim->modeled_seconds() : 0.0;
     for (std::size_t k = 0; k < shadows; ++k) shadow_before[k] = sims[k]->modeled_seconds();
     const auto x0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
+    const bool exchanges = ls->round_step() > 0;  // a round of no steps sends nothing
     const gravac::step_report* rep = ls->finish_round(params);
     const double cpu_s = thread_cpu_seconds() - c0;
-    if (rep && !res.steps.empty() && !res.epochs.empty()) {
+    if (rep && !exchanges) {
+      // Overlap, the run ending at a round's end: only the average received was applied.
+      if (!res.epochs.empty()) evaluate_test(res.epochs.back());
+    } else if (rep && !res.steps.empty() && !res.epochs.empty()) {
       // Charged to the last step and its epoch as a round's exchange is to the step that ends
-      // it (with overlap it may complete two: the wire bytes count both, the packet the
-      // last); the epoch's test figures become the final model's.
+      // it; the epoch's test figures become the final model's.
       const double comm_s = sim ? sim->modeled_seconds() - clock0 : 0.0;
       double sums[3] = {static_cast<double>(rep->bytes_sent), sim ? sim->wire_bytes_sent() - wire_sent_before : 0.0,
                         sim ? sim->wire_bytes_received() - wire_received_before : 0.0};
