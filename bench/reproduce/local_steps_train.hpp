@@ -119,6 +119,9 @@ local_run train_local(gravac::thread_communicator& comm, const fmnist::dataset& 
       const bool per_step = ls.before_inner_step(grads) != nullptr;
       inner.step(params, grads, lr);
       const bool exchanged = ls.after_inner_step(params) != nullptr || per_step;
+      // Per-step rounds follow local ones: the momentum becomes the ranks' average (it is each
+      // rank's own after local steps; per-step rounds need it the same on every rank).
+      if (ls.inner_state_must_agree()) ls.average_inner_state(inner.velocity());
       if (rank == 0 && exchanged) {
         ++res.rounds_by_period[period];
         ++res.rounds_by_fraction[ls.exchange_trainer().last_params().global_fraction];

@@ -54,7 +54,11 @@ namespace gravac {
 //! between the rounds' ends. Before a per-step round, the exchange in flight is completed
 //! and the last local round is exchanged at once, so per-step rounds start in agreement.
 //!
-//! The inner optimizer's state stays the caller's (DiLoCo keeps it local to each rank).
+//! The inner optimizer's state stays the caller's (DiLoCo keeps it local to each rank). In
+//! per-step rounds every rank applies its optimizer to the same averaged gradient, so the
+//! ranks stay in agreement only if that state agrees too: when a round of local steps ends
+//! and per-step rounds follow, inner_state_must_agree() is true, and the caller makes its
+//! optimizer's state the same on every rank (average_inner_state) before the next step.
 //! Host memory only.
 template <class C, class K, class P>
 class local_steps {
@@ -108,6 +112,7 @@ class local_steps {
     require(grads.size() == global_.size(), "local_steps::before_inner_step: " + std::to_string(grads.size()) +
                                                 " gradients for a layout of " + std::to_string(global_.size()));
     awaiting_after_ = true;
+    per_step_begins_ = false;
     if (period_ != 1) return nullptr;
     use_residual(residual_mode::gradient);
     tell_round(1);
@@ -119,7 +124,7 @@ class local_steps {
   //! Call after the inner optimizer's step on \p params. At the end of a round of local
   //! steps: exchanges, applies the outer optimizer and writes the point this rank continues
   //! from into \p params; returns the report of the exchange that completed (nullptr when
-  //! none did).
+  //! none did). When per-step rounds follow, see inner_state_must_agree().
   const step_report* after_inner_step(std::span<float> params) {
     require(awaiting_after_, "local_steps::after_inner_step: call before_inner_step first (after backward)");
     require(params.size() == global_.size(), "local_steps::after_inner_step: " + std::to_string(params.size()) +
@@ -127,8 +132,9 @@ class local_steps {
     awaiting_after_ = false;
     ++inner_steps_;
     if (period_ == 1) {
-      // The ranks hold the same parameters after a per-step round: they are the global point,
-      // and the next round starts there.
+      // The ranks hold the same parameters after a per-step round (their inner optimizers'
+      // states agree: inner_state_must_agree): they are the global point, and the next round
+      // starts there.
       period_ = next_period();
       begin_round(params);
       return nullptr;
@@ -172,8 +178,30 @@ class local_steps {
       std::copy(global_.begin(), global_.end(), params.begin());
     }
     period_ = next_period();
+    per_step_begins_ = period_ == 1;
     begin_round(params);
     return report;
+  }
+
+  //! Whether the call that just ended a round of local steps (after_inner_step or
+  //! finish_round) began per-step rounds (H = 1). The inner optimizer's state (its momentum)
+  //! is each rank's own after local steps; per-step rounds apply every rank's optimizer to
+  //! the same averaged gradient, so unless that state is made the same on every rank first
+  //! (average_inner_state), the ranks' parameters drift apart. True until the next
+  //! before_inner_step; not saved: act on it before save().
+  [[nodiscard]] bool inner_state_must_agree() const noexcept { return per_step_begins_; }
+
+  //! Replaces \p state (the inner optimizer's state, e.g. its momentum buffers) with its
+  //! average over the ranks, the same bits on every rank: one allreduce through the
+  //! exchanges' communicator. Collective: every rank calls it at the same inner step, between
+  //! inner steps, with the same length (call it when inner_state_must_agree()).
+  void average_inner_state(std::span<float> state) {
+    require(!awaiting_after_ && !in_flight_,
+            "local_steps::average_inner_state: between inner steps only, with no exchange in flight");
+    auto& comm = trainer_.communicator();
+    comm.allreduce_sum(state);
+    const auto n = static_cast<float>(comm.size());
+    for (float& v : state) v /= n;
   }
 
   //! Completes an exchange in flight (overlap) and keeps its average until the round's
@@ -246,6 +274,7 @@ class local_steps {
     inner_steps_ = inner;
     mode_ = static_cast<residual_mode>(mode);
     pending_ready_ = ready == 1;
+    per_step_begins_ = false;
     global_ = std::move(global);
     start_ = std::move(start);
     pending_ = std::move(pending);
@@ -349,6 +378,7 @@ class local_steps {
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = global_[i] - params[i];
     exchange_now(params, period_);
     period_ = next_period();
+    per_step_begins_ = period_ == 1;
     round_began_ = std::chrono::steady_clock::now();
     return &trainer_.last_report();
   }
@@ -368,6 +398,7 @@ class local_steps {
       // from the same parameters on every rank.
       exchange_now(params, steps);
       period_ = next_period();
+      per_step_begins_ = period_ == 1;
       if (period_ > 1) begin_round(params);
       round_began_ = std::chrono::steady_clock::now();
       return &trainer_.last_report();
@@ -399,6 +430,7 @@ class local_steps {
   bool awaiting_after_ = false;
   bool in_flight_ = false;
   bool pending_ready_ = false;
+  bool per_step_begins_ = false;  // a round of local steps just ended and per-step rounds follow
   std::chrono::steady_clock::time_point round_began_{};
   // Last, so destroyed first: destroying local_steps with an exchange in flight abandons it
   // (the trainer's destructor tells the communicator and joins its thread) before the

@@ -189,6 +189,8 @@ class erased_local_steps final : public any_local_steps {
   const step_report* after_inner_step(std::span<float> params) override { return ls_.after_inner_step(params); }
   const step_report* finish_round(std::span<float> params) override { return ls_.finish_round(params); }
   void complete_exchange() override { ls_.complete_exchange(); }
+  [[nodiscard]] bool inner_state_must_agree() const override { return ls_.inner_state_must_agree(); }
+  void average_inner_state(std::span<float> state) override { ls_.average_inner_state(state); }
   void end_interval(const interval_info& info) override { ls_.end_interval(info); }
   [[nodiscard]] std::size_t period() const override { return ls_.period(); }
   [[nodiscard]] std::size_t round_step() const override { return ls_.round_step(); }

@@ -449,3 +449,55 @@ TEST_CASE("fashion_mnist --local-steps --local-overlap: every rank ends on one m
   same_params(ref, resumed);
   same_records(ref, resumed, {28});
 }
+
+TEST_CASE("fashion_mnist --local-adaptive from local rounds to per-step and back: every rank ends on one model") {
+  // The network goes fast, slow, fast, slow (an epoch each) and the policy reads it
+  // (source = profile): per-step rounds, rounds of H = 8, per-step rounds again, then local
+  // rounds again. After local rounds each rank's SGD momentum is its own; the per-step
+  // rounds apply every rank's SGD to the same averaged gradient, so the example averages the
+  // momentum at the switch (local_steps::inner_state_must_agree), or the ranks would drift
+  // apart for good. A run resumed from a checkpoint after the switch ends on the same model.
+  fmnist::method_config adaptive;
+  adaptive.compressor = fmnist::compressor_id::sparseloco;
+  adaptive.policy = fmnist::policy_id::fixed;
+  adaptive.local.adaptive = true;
+  adaptive.local.policy.max_period = 8;
+  adaptive.local.policy.source = gravac::network_source::profile;
+  adaptive.local.policy.time.source = gravac::time_source::simulated;
+  adaptive.local.outer.kind = gravac::outer_kind::nesterov;
+  adaptive.local.overlap = GENERATE(false, true);
+  INFO("overlap " << adaptive.local.overlap);
+  auto cfg = tiny(adaptive);
+  cfg.epochs = 4;
+  cfg.compute_s = 0.05;  // per-step training pays on the fast phases (1 ms), not on the slow ones (32 ms)
+  cfg.local_steps = true;
+  cfg.network = fmnist::network_config::parse("schedule:1");
+  const auto ref = run4(cfg);  // every rank ends with the same parameters
+  REQUIRE(ref.steps.size() == 80);
+  // Steps without an exchange (inside local rounds), per epoch: none in the fast epochs' last
+  // steps, many in the slow epochs.
+  std::vector<int> silent(4, 0), silent_tail(4, 0);
+  for (const auto& s : ref.steps) {
+    silent[s.epoch] += s.bytes_sent == 0;
+    silent_tail[s.epoch] += s.bytes_sent == 0 && s.step % 20 >= 12;
+  }
+  INFO("silent steps per epoch " << silent[0] << " " << silent[1] << " " << silent[2] << " " << silent[3]);
+  CHECK(silent[0] == 0);
+  CHECK(silent[1] > 10);
+  CHECK(silent_tail[2] == 0);
+  CHECK(silent[3] > 10);
+  const auto two = fmnist_test::train_on_threads(cfg, 2);
+  CHECK(two[1].final_params == two[0].final_params);
+
+  // Stopped in the second fast epoch after the switch (checkpoint at step 49), resumed.
+  scratch_dir dir(std::string("local_switch_") + (adaptive.local.overlap ? "overlap" : "sync"));
+  auto first = with_checkpoints(cfg, dir.path, "7");
+  first.max_steps = 52;
+  run4(first);
+  auto second = with_checkpoints(cfg, dir.path, "7");
+  second.checkpoint.resume = true;
+  const auto resumed = run4(second);
+  CHECK(resumed.resumed_from_step == 49);
+  same_params(ref, resumed);
+  same_records(ref, resumed, {49});
+}

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <gravac/local_steps.hpp>
+#include <gravac/policy/local_steps_policy.hpp>
 
 #include "gravac_test_util.hpp"
 
@@ -263,6 +264,80 @@ TEST_CASE("finish_round ends a round early: every rank at the average of their p
     CHECK(again[r] == after[r]);
   }
   CHECK(before[0] != before[1]);  // the ranks had drifted apart
+}
+
+TEST_CASE("an adaptive run that switches H > 1 -> 1 -> > 1 keeps every rank bit-identical, with or without overlap",
+          "[local_steps][policy]") {
+  const bool overlap = GENERATE(false, true);
+  INFO("overlap " << overlap);
+  const auto lay = test::mixed_layout();
+  using LS = local_steps<topk, allgather, local_steps_policy>;
+  LS::options opt;
+  opt.overlap = overlap;
+  opt.outer = {outer_kind::nesterov, 0.7, 0.9};
+  auto& p = opt.exchange.policy;
+  p.source = network_source::profile;
+  p.time.source = time_source::simulated;
+  p.time.compute_s = 1e-3;
+  p.max_period = 8;
+  // Fast, slow, fast, slow: per-step rounds, local rounds, per-step again, local again.
+  const auto fast = network_params::from_gbps(10e-6, 100), slow = network_params::from_gbps(0.05, 0.1);
+  p.profile = std::make_shared<const network_profile>(
+      network_profile::schedule({{12.0, fast}, {28.0, slow}, {24.0, fast}, {1e6, slow}}, profile_index::step, false));
+  const int ranks = 3, steps = 100;
+  // Per rank and inner step: H, the parameters and x0 after the step; the end's parameters.
+  std::vector<std::vector<std::size_t>> period(ranks);
+  std::vector<std::vector<std::vector<float>>> xs(ranks), globals(ranks);
+  std::vector<std::vector<float>> final_x(ranks);
+  std::vector<int> agreements(ranks, 0);
+  std::vector<std::vector<int>> flagged(ranks);
+  run_ranks(ranks, [&](thread_communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    std::vector<float> x = test::make_data(lay.numel(), 5), v(x.size(), 0.0f), g;
+    LS ls(comm, lay, x, opt);
+    for (int s = 0; s < steps; ++s) {
+      period[r].push_back(ls.period());
+      gradient(x, comm.rank(), static_cast<std::uint64_t>(s), g);
+      ls.before_inner_step(g);
+      for (std::size_t i = 0; i < x.size(); ++i) {  // heavy-ball SGD: its momentum is this rank's own
+        v[i] = 0.9f * v[i] + g[i];
+        x[i] -= 0.05f * v[i];
+      }
+      ls.after_inner_step(x);
+      flagged[r].push_back(ls.inner_state_must_agree() ? 1 : 0);
+      if (ls.inner_state_must_agree()) {
+        ls.average_inner_state(v);
+        ++agreements[r];
+      }
+      xs[r].push_back(x);
+      globals[r].emplace_back(ls.global_params().begin(), ls.global_params().end());
+    }
+    ls.finish_round(x);
+    final_x[r] = x;
+  });
+  // The run switched both ways: local rounds, per-step rounds after them, local rounds again.
+  const auto& h = period[0];
+  const auto first_local = std::find_if(h.begin(), h.end(), [](std::size_t k) { return k > 1; });
+  const auto per_step_again = std::find(first_local, h.end(), std::size_t{1});
+  REQUIRE(per_step_again != h.end());
+  REQUIRE(std::find_if(per_step_again, h.end(), [](std::size_t k) { return k > 1; }) != h.end());
+  for (int r = 1; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(period[r] == period[0]);
+    CHECK(agreements[r] == agreements[0]);
+    CHECK(final_x[r] == final_x[0]);
+    for (int s = 0; s < steps; ++s) {
+      INFO("inner step " << s << ", H " << h[s]);
+      CHECK(globals[r][s] == globals[0][s]);       // x0 is the same on every rank after every step
+      if (h[s] == 1) CHECK(xs[r][s] == xs[0][s]);  // and so are the parameters in per-step rounds
+    }
+  }
+  CHECK(agreements[0] >= 1);
+  // The flag is raised exactly where a round of local steps hands over to per-step rounds.
+  for (int s = 0; s + 1 < steps; ++s) {
+    INFO("inner step " << s);
+    CHECK(flagged[0][s] == (h[s] > 1 && h[s + 1] == 1 ? 1 : 0));
+  }
 }
 
 TEST_CASE("local_steps destroyed with an exchange in flight abandons it cleanly", "[local_steps]") {

@@ -834,6 +834,11 @@ run_result train(host_comm comm, const dataset& train_set, const dataset& test_s
         const bool was_in_flight = ls->exchange_in_flight();
         const auto y0 = std::chrono::steady_clock::now();
         const gravac::step_report* exchanged = ls->after_inner_step(params);
+        // Per-step rounds follow local ones: every rank now applies its SGD to the same
+        // averaged gradient, so the momentum, each rank's own so far, becomes the ranks'
+        // average (one allreduce; averaging keeps the direction the rounds built, which a
+        // reset would throw away).
+        if (ls->inner_state_must_agree()) ls->average_inner_state(opt.velocity());
         after_cpu_s = thread_cpu_seconds() - a0;
         x1 += std::chrono::steady_clock::now() - y0;
         if (local_overlap && ls->exchange_in_flight())

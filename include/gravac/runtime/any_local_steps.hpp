@@ -36,6 +36,13 @@ class any_local_steps {
   //! Completes an exchange in flight (overlap); collective, at the same inner step on every
   //! rank. Call it after the last inner step.
   virtual void complete_exchange() = 0;
+  //! Whether the call that just ended a round of local steps began per-step rounds (H = 1):
+  //! the inner optimizer's state, each rank's own so far, must be made the same on every
+  //! rank before the next inner step (local_steps::inner_state_must_agree).
+  [[nodiscard]] virtual bool inner_state_must_agree() const = 0;
+  //! Replaces \p state (the inner optimizer's state) with its average over the ranks, the
+  //! same bits on every rank (local_steps::average_inner_state). Collective.
+  virtual void average_inner_state(std::span<float> state) = 0;
   //! Marks the end of an interval (an epoch) for the policy.
   virtual void end_interval(const interval_info& info) = 0;
   //! H of the round in progress.
