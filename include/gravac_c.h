@@ -346,6 +346,21 @@ GRAVAC_C_API gravac_status gravac_local_steps_finish_round(gravac_local_steps* l
                                                            int* exchanged, gravac_step_report* report);
 /*! Completes an overlapped exchange in flight (collective: every rank at the same inner step). */
 GRAVAC_C_API gravac_status gravac_local_steps_complete_exchange(gravac_local_steps* local);
+/*! \p *must_agree is 1 when the call that just ended a round of local steps
+ *  (gravac_local_steps_after or gravac_local_steps_finish_round) began per-step rounds
+ *  (H = 1), 0 otherwise. After local steps each rank's inner optimizer state (its momentum)
+ *  is its own; per-step rounds apply every rank's optimizer to the same averaged gradient, so
+ *  unless that state is made the same on every rank first (gravac_local_steps_average_inner_state),
+ *  the ranks' parameters drift apart. 1 until the next gravac_local_steps_before; not saved:
+ *  act on it before gravac_local_steps_save. */
+GRAVAC_C_API gravac_status gravac_local_steps_inner_state_must_agree(const gravac_local_steps* local, int* must_agree);
+/*! Replaces \p state (\p n floats of the inner optimizer's state, e.g. its momentum buffers;
+ *  host memory, any length) with its average over the ranks, the same bits on every rank: one
+ *  allreduce through the exchanges' communicator. Collective: every rank calls it at the same
+ *  inner step, between inner steps (after gravac_local_steps_after, with no overlapped
+ *  exchange in flight), with the same \p n; call it when
+ *  gravac_local_steps_inner_state_must_agree says 1. */
+GRAVAC_C_API gravac_status gravac_local_steps_average_inner_state(gravac_local_steps* local, float* state, size_t n);
 /*! Where the rounds stand. */
 GRAVAC_C_API gravac_status gravac_local_steps_get_info(const gravac_local_steps* local, gravac_local_steps_info* info);
 /*! The global parameters as of the last exchange (\p numel floats), the same on every rank. */

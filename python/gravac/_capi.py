@@ -128,6 +128,8 @@ _SIGNATURES = {
     "gravac_local_steps_after": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
     "gravac_local_steps_finish_round": (_st, [_vp, _vp, _sz, _c_int_p, ctypes.POINTER(StepReport)]),
     "gravac_local_steps_complete_exchange": (_st, [_vp]),
+    "gravac_local_steps_inner_state_must_agree": (_st, [_vp, _c_int_p]),
+    "gravac_local_steps_average_inner_state": (_st, [_vp, _vp, _sz]),
     "gravac_local_steps_get_info": (_st, [_vp, ctypes.POINTER(LocalStepsInfo)]),
     "gravac_local_steps_global_params": (_st, [_vp, _vp, _sz]),
     "gravac_local_steps_end_interval": (_st, [_vp, ctypes.c_uint64, ctypes.c_double, ctypes.c_double]),

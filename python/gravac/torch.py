@@ -981,6 +981,32 @@ class _LocalEngine(_Native):
         self.run("global_params", out.data_ptr(), out.numel())
         return out
 
+    def inner_state_must_agree(self):
+        flag = ctypes.c_int(0)
+        self.run("inner_state_must_agree", ctypes.byref(flag))
+        return bool(flag.value)
+
+    def average_inner_state(self, flat):
+        """Replaces \\p flat (a contiguous float32 CPU tensor) with its rank average (collective)."""
+        self.run("average_inner_state", flat.data_ptr(), flat.numel())
+
+
+def _inner_state(optimizer, params):
+    """The optimizer's per-parameter floating-point state of \\p params, in a deterministic
+    order (the parameters in order, each one's state keys sorted): the tensors shaped as their
+    parameter (SGD's momentum_buffer, Adam's exp_avg and exp_avg_sq, ...). Counters and
+    scalars (Adam's step) are left out: they are the same on every rank."""
+    out = []
+    for p in params:
+        state = optimizer.state.get(p)
+        if not state:
+            continue
+        for key in sorted(state, key=str):
+            v = state[key]
+            if torch.is_tensor(v) and v.is_floating_point() and v.shape == p.shape:
+                out.append(v)
+    return out
+
 
 class LocalSteps(_Checkpointed):
     """Local-step training (local SGD, DiLoCo and its family) of a model over a process
@@ -1063,22 +1089,66 @@ class LocalSteps(_Checkpointed):
 
     def step(self, optimizer):
         """before_optimizer_step(), optimizer.step(), after_optimizer_step(): the report of the
-        exchange this step ran, or None."""
+        exchange this step ran, or None. When that step began per-step rounds
+        (inner_state_must_agree()), the optimizer's state is averaged over the ranks too
+        (average_inner_state(optimizer))."""
         averaged = self.before_optimizer_step()
         optimizer.step()
         exchanged = self.after_optimizer_step()
+        if self.inner_state_must_agree():
+            self.average_inner_state(optimizer)
         return averaged if averaged is not None else exchanged
 
-    def finish_round(self):
+    def inner_state_must_agree(self):
+        """Whether the call that just ended a round of local steps (after_optimizer_step() or
+        finish_round()) began per-step rounds (H = 1, as the adaptive policy can choose). After
+        local steps each rank's optimizer state (its momentum) is its own; per-step rounds apply
+        every rank's optimizer to the same averaged gradient, so unless that state is made the
+        same on every rank first, the ranks' parameters drift apart. True until the next
+        before_optimizer_step(); not saved: act on it before state_dict(). step(optimizer)
+        acts on it itself; a loop that calls before_optimizer_step() and after_optimizer_step()
+        calls average_inner_state(optimizer) when it is True."""
+        return self._engine.inner_state_must_agree()
+
+    def average_inner_state(self, optimizer):
+        """Replaces the optimizer's per-parameter floating-point state (the tensors shaped as
+        their parameter: SGD's momentum_buffer, Adam's exp_avg and exp_avg_sq, ...) with its
+        average over the ranks, the same bits on every rank, through the exchanges'
+        communicator: the tensors, the parameters in the order of parameters() and each one's
+        state keys sorted, are copied into one float32 host buffer, averaged in one allreduce
+        and copied back. Counters and scalars (Adam's step) are left as they are: they are the
+        same on every rank. Collective: every rank calls it at the same step, between steps
+        (after after_optimizer_step(), with no overlapped exchange in flight), with the same
+        optimizer state; nothing is sent when the optimizer holds no such state (plain SGD)."""
+        tensors = _inner_state(optimizer, self._params)
+        total = sum(t.numel() for t in tensors)
+        if total == 0:
+            return
+        flat = torch.empty(total, dtype=torch.float32, pin_memory=self._engine.cuda)
+        at = 0
+        with torch.no_grad():
+            for t in tensors:
+                flat[at:at + t.numel()].view_as(t).copy_(t)
+                at += t.numel()
+            self._engine.average_inner_state(flat)
+            at = 0
+            for t in tensors:
+                t.copy_(flat[at:at + t.numel()].view_as(t))
+                at += t.numel()
+
+    def finish_round(self, optimizer=None):
         """Ends the round in progress now, before its H steps: the ranks exchange their
         progress, the outer step runs, and every parameter becomes the global point, the same
         on every rank. Call it at the end of training, or before evaluating or saving the
         model (collective: every rank at the same step). Returns the report of the exchange it
-        completed, or None when the ranks already agreed."""
+        completed, or None when the ranks already agreed. With ``optimizer``, and when per-step
+        rounds follow (inner_state_must_agree()), its state is averaged over the ranks too."""
         e = self._engine
         _params_into(self._params, e.views)
         report = e._exchange("finish_round")
         _params_from(e.views, self._params)
+        if optimizer is not None and self.inner_state_must_agree():
+            self.average_inner_state(optimizer)
         return report
 
     def complete_exchange(self):

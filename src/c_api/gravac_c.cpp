@@ -853,6 +853,21 @@ gravac_status gravac_local_steps_complete_exchange(gravac_local_steps* local) {
   });
 }
 
+gravac_status gravac_local_steps_inner_state_must_agree(const gravac_local_steps* local, int* must_agree) {
+  return guarded("gravac_local_steps_inner_state_must_agree", [&] {
+    need(local != nullptr && must_agree != nullptr, "local or must_agree is NULL");
+    *must_agree = local->l->inner_state_must_agree() ? 1 : 0;
+  });
+}
+
+gravac_status gravac_local_steps_average_inner_state(gravac_local_steps* local, float* state, size_t n) {
+  return guarded("gravac_local_steps_average_inner_state", [&] {
+    need(local != nullptr, "local is NULL");
+    need(state != nullptr || n == 0, "state is NULL");
+    local->l->average_inner_state(std::span<float>(state, n));
+  });
+}
+
 gravac_status gravac_local_steps_get_info(const gravac_local_steps* local, gravac_local_steps_info* info) {
   return guarded("gravac_local_steps_get_info", [&] {
     need(local != nullptr && info != nullptr, "local or info is NULL");

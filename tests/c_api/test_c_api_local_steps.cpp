@@ -173,6 +173,58 @@ TEST_CASE("C ABI: local steps over 2 ranks equal gravac::local_steps bit for bit
   CHECK(ref[0] != ref[1]);
 }
 
+TEST_CASE("C ABI: local steps say when the inner state must agree, and average it to the same bits",
+          "[c_api][local_steps]") {
+  constexpr unsigned steps = 7;  // two exchanges at H = 3
+  const auto m = local_method();
+  constexpr std::size_t state_n = 37;  // any length: the inner optimizer's, not the layout's
+  // This rank's state before averaging: different on each rank, and not its own average.
+  const auto state_of = [](int r) {
+    std::vector<float> v(state_n);
+    for (std::size_t i = 0; i < state_n; ++i)
+      v[i] = 0.1f * static_cast<float>(i) + (r == 0 ? 0.3f : -1.7f) * static_cast<float>(i % 5 + 1);
+    return v;
+  };
+  std::vector<int> flagged(2, -1), exchanged(2, 0);
+  std::vector<std::vector<float>> averaged(2);
+  two_ranks([&](int r, gravac_comm* comm) {
+    auto x = start_point();
+    std::vector<float> g;
+    gravac_local_steps* ls = nullptr;
+    REQUIRE(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) == GRAVAC_OK);
+    int any = 0;
+    for (unsigned s = 0; s < steps; ++s) {
+      gradient(x, r, s, g);
+      REQUIRE(gravac_local_steps_before(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_OK);
+      sgd(x, g);
+      int exch = 0, must = -1;
+      REQUIRE(gravac_local_steps_after(ls, x.data(), x.size(), &exch, nullptr) == GRAVAC_OK);
+      REQUIRE(gravac_local_steps_inner_state_must_agree(ls, &must) == GRAVAC_OK);
+      any |= must;  // a fixed H of 3 never begins per-step rounds
+      exchanged[static_cast<std::size_t>(r)] += exch;
+    }
+    flagged[static_cast<std::size_t>(r)] = any;
+    auto v = state_of(r);
+    REQUIRE(gravac_local_steps_average_inner_state(ls, v.data(), v.size()) == GRAVAC_OK);
+    averaged[static_cast<std::size_t>(r)] = v;
+    gravac_local_steps_destroy(ls);
+  });
+  const auto v0 = state_of(0), v1 = state_of(1);
+  std::vector<float> mean(state_n);
+  for (std::size_t i = 0; i < state_n; ++i) mean[i] = (v0[i] + v1[i]) / 2.0f;  // summed in rank order
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(flagged[static_cast<std::size_t>(r)] == 0);
+    CHECK(exchanged[static_cast<std::size_t>(r)] == 2);
+    CHECK(averaged[static_cast<std::size_t>(r)] == mean);
+  }
+  REQUIRE(averaged[0].size() == state_n);
+  REQUIRE(averaged[1].size() == state_n);
+  CHECK(std::memcmp(averaged[0].data(), averaged[1].data(), state_n * sizeof(float)) == 0);
+  CHECK(mean != v0);
+  CHECK(mean != v1);
+}
+
 TEST_CASE("C ABI: local steps refuse what they cannot run, on every rank alike", "[c_api][local_steps]") {
   auto m = local_method();
   const auto x = start_point();
@@ -212,6 +264,22 @@ TEST_CASE("C ABI: local steps refuse what they cannot run, on every rank alike",
   CHECK(gravac_local_steps_before(ls, g.data(), g.size() + 1, nullptr, nullptr) == GRAVAC_INVALID_ARGUMENT);
   CHECK(std::string(gravac_last_error()).find("for a layout of") != std::string::npos);
   CHECK(gravac_local_steps_after(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_INVALID_ARGUMENT);  // before first
+  int must = -1;
+  CHECK(gravac_local_steps_inner_state_must_agree(nullptr, &must) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(gravac_local_steps_inner_state_must_agree(ls, nullptr) == GRAVAC_INVALID_ARGUMENT);
+  REQUIRE(gravac_local_steps_inner_state_must_agree(ls, &must) == GRAVAC_OK);
+  CHECK(must == 0);
+  std::vector<float> state(5, 1.0f);
+  CHECK(gravac_local_steps_average_inner_state(nullptr, state.data(), state.size()) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(gravac_local_steps_average_inner_state(ls, nullptr, state.size()) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(std::string(gravac_last_error()).find("state is NULL") != std::string::npos);
+  CHECK(gravac_local_steps_average_inner_state(ls, nullptr, 0) == GRAVAC_OK);  // nothing to average
+  REQUIRE(gravac_local_steps_before(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_OK);
+  // Between before and after the inner step: refused, and the state is left as it was.
+  CHECK(gravac_local_steps_average_inner_state(ls, state.data(), state.size()) == GRAVAC_INVALID_ARGUMENT);
+  CHECK(std::string(gravac_last_error()).find("between inner steps") != std::string::npos);
+  CHECK(state == std::vector<float>(5, 1.0f));
+  REQUIRE(gravac_local_steps_after(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_OK);
   char text[64];
   std::size_t length = 0;
   REQUIRE(gravac_local_steps_policy_state(ls, text, sizeof text, &length) == GRAVAC_OK);
