@@ -105,26 +105,12 @@ static __global__ void __launch_bounds__(adacomp_threads)
 //! window's compaction and each window's total.
 static __global__ void adacomp_jobs_place(std::byte* __restrict__ packet, adacomp_jobs_args a) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  unsigned long long run = 0;
-  std::uint32_t window = a.jobs[0].window;
-  for (std::uint32_t q = 0; q < a.count; ++q) {
-    const adacomp_job& jb = a.jobs[q];
-    if (jb.window != window) {
-      window = jb.window;
-      run = 0;
-    }
-    const std::size_t w = jb.row;
-    if (jb.raw) {
-      place_layer_segment(packet, a.cursor, a.seg + w, jb.row, jb.numel, jb.numel, true);
-    } else {
-      const unsigned long long count = a.states[w].count;
-      place_adacomp_segment_at(packet, a.cursor, a.seg + w, count, a.scales[w], jb.row, jb.numel, jb.bin);
-      a.states[w].selected = count;
-      a.first_out[w] = run;
-      run += count;
-    }
-    a.expected[window] = run;
-  }
+  place_in_layer_order(a.jobs, a.count, packet, a.cursor, a.seg, a.first_out, a.expected, [&](const adacomp_job& jb) {
+    const unsigned long long count = a.states[jb.row].count;
+    place_adacomp_segment_at(packet, a.cursor, a.seg + jb.row, count, a.scales[jb.row], jb.row, jb.numel, jb.bin);
+    a.states[jb.row].selected = count;
+    return count;
+  });
 }
 
 //! Every raw layer (raw_body).

@@ -49,6 +49,33 @@ __device__ __forceinline__ const Job& job_containing(const Job* __restrict__ job
   return jobs[owning_job(jobs, count, at, [](const Job& j) { return j.offset; })];
 }
 
+//! One thread: the segments of every job in layer order, raw ones whole and the others
+//! through \p place_selected(job), which places its segment and returns its count; each
+//! of those jobs' first entry in its window's compaction into first_out[row], and each
+//! window's total into expected[window] (what the compaction must select).
+template <class Job, class PlaceSelected>
+__device__ void place_in_layer_order(const Job* __restrict__ jobs, std::uint32_t count, std::byte* packet,
+                                     packet_cursor* cursor, segment_slot* seg, unsigned long long* first_out,
+                                     unsigned long long* expected, PlaceSelected place_selected) {
+  unsigned long long run = 0;
+  std::uint32_t window = jobs[0].window;
+  for (std::uint32_t q = 0; q < count; ++q) {
+    const Job& jb = jobs[q];
+    if (jb.window != window) {
+      window = jb.window;
+      run = 0;
+    }
+    if (jb.raw) {
+      place_layer_segment(packet, cursor, seg + jb.row, jb.row, jb.numel, jb.numel, true);
+    } else {
+      const unsigned long long placed = place_selected(jb);
+      first_out[jb.row] = run;
+      run += placed;
+    }
+    expected[window] = run;
+  }
+}
+
 //! A run of consecutive layers that one ordered compaction covers: its elements are
 //! counted in 32 bits.
 struct compaction_window {

@@ -149,25 +149,11 @@ static __global__ void __launch_bounds__(select_threads)
 //! window's total.
 static __global__ void select_jobs_place(std::byte* __restrict__ packet, select_jobs_args a) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  unsigned long long run = 0;
-  std::uint32_t window = a.jobs[0].window;
-  for (std::uint32_t q = 0; q < a.count; ++q) {
-    const select_job& jb = a.jobs[q];
-    if (jb.window != window) {
-      window = jb.window;
-      run = 0;
-    }
-    const std::size_t r = jb.row;
-    if (jb.raw) {
-      place_layer_segment(packet, a.cursor, a.seg + r, jb.row, jb.numel, jb.numel, true);
-    } else {
-      const unsigned long long count = a.states[r].count;
-      place_layer_segment(packet, a.cursor, a.seg + r, jb.row, jb.numel, count, false);
-      a.first_out[r] = run;
-      run += count;
-    }
-    a.expected[window] = run;
-  }
+  place_in_layer_order(a.jobs, a.count, packet, a.cursor, a.seg, a.first_out, a.expected, [&](const select_job& jb) {
+    const unsigned long long count = a.states[jb.row].count;
+    place_layer_segment(packet, a.cursor, a.seg + jb.row, jb.row, jb.numel, count, false);
+    return count;
+  });
 }
 
 //! Every raw layer (raw_body): u written raw into its segment, e = 0, its statistics.
