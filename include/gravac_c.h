@@ -351,8 +351,8 @@ GRAVAC_C_API gravac_status gravac_local_steps_complete_exchange(gravac_local_ste
  *  (H = 1), 0 otherwise. After local steps each rank's inner optimizer state (its momentum)
  *  is its own; per-step rounds apply every rank's optimizer to the same averaged gradient, so
  *  unless that state is made the same on every rank first (gravac_local_steps_average_inner_state),
- *  the ranks' parameters drift apart. 1 until the next gravac_local_steps_before; not saved:
- *  act on it before gravac_local_steps_save. */
+ *  the ranks' parameters drift apart. 1 until the next gravac_local_steps_before;
+ *  gravac_local_steps_save keeps it, so a state saved before acting on it resumes with it. */
 GRAVAC_C_API gravac_status gravac_local_steps_inner_state_must_agree(const gravac_local_steps* local, int* must_agree);
 /*! Replaces \p state (\p n floats of the inner optimizer's state, e.g. its momentum buffers;
  *  host memory, any length) with its average over the ranks, the same bits on every rank: one

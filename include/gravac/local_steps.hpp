@@ -188,7 +188,7 @@ class local_steps {
   //! is each rank's own after local steps; per-step rounds apply every rank's optimizer to
   //! the same averaged gradient, so unless that state is made the same on every rank first
   //! (average_inner_state), the ranks' parameters drift apart. True until the next
-  //! before_inner_step; not saved: act on it before save().
+  //! before_inner_step; save() keeps it, so a state saved before acting on it resumes with it.
   [[nodiscard]] bool inner_state_must_agree() const noexcept { return per_step_begins_; }
 
   //! Replaces \p state (the inner optimizer's state, e.g. its momentum buffers) with its
@@ -220,9 +220,9 @@ class local_steps {
 
   //! Appends the state between inner steps to \p out: the global parameters, the round's
   //! start and progress, the outer optimizer, both residuals, an averaged exchange not yet
-  //! applied, and the trainer (its residual, policy, counters). Completes an exchange in
-  //! flight first, so every rank calls it at the same inner step. The caller saves its
-  //! parameters and inner optimizer.
+  //! applied, whether the inner state must agree, and the trainer (its residual, policy,
+  //! counters). Completes an exchange in flight first, so every rank calls it at the same
+  //! inner step. The caller saves its parameters and inner optimizer.
   void save(std::vector<std::byte>& out) {
     require(!awaiting_after_, "local_steps::save: between inner steps only (after after_inner_step)");
     complete_exchange();
@@ -233,6 +233,7 @@ class local_steps {
     w.put(inner_steps_);
     w.put<std::uint8_t>(static_cast<std::uint8_t>(mode_));
     w.put<std::uint8_t>(pending_ready_ ? 1 : 0);
+    w.put<std::uint8_t>(per_step_begins_ ? 1 : 0);
     w.put_vector(global_);
     w.put_vector(start_);
     w.put_vector(pending_);
@@ -251,6 +252,7 @@ class local_steps {
     const auto inner = r.get<std::uint64_t>();
     const auto mode = r.get<std::uint8_t>();
     const auto ready = r.get<std::uint8_t>();
+    const auto must_agree = r.get<std::uint8_t>();
     const std::size_t n = global_.size();
     std::vector<float> global, start, pending, idle, momentum;
     std::vector<std::byte> trainer_bytes;
@@ -266,7 +268,7 @@ class local_steps {
     for (auto& b : trainer_bytes) b = r.get<std::byte>();
     r.finish();
     if (period < 1 || in_round >= std::max<std::size_t>(period, 1) || mode > 1 || ready > 1 ||
-        (ready == 1 && !options_.overlap))
+        (ready == 1 && !options_.overlap) || must_agree > 1 || (must_agree == 1 && (period != 1 || in_round != 0)))
       r.fail("the saved round is inconsistent");
     restore_checkpoint_bytes(trainer_, trainer_bytes);  // checks its own bytes; throws before changing on failure
     period_ = period;
@@ -274,7 +276,7 @@ class local_steps {
     inner_steps_ = inner;
     mode_ = static_cast<residual_mode>(mode);
     pending_ready_ = ready == 1;
-    per_step_begins_ = false;
+    per_step_begins_ = must_agree == 1;
     global_ = std::move(global);
     start_ = std::move(start);
     pending_ = std::move(pending);
@@ -307,7 +309,7 @@ class local_steps {
 
  private:
   static constexpr std::uint32_t state_tag = 0x4c434f4c;  // "LOCL"
-  static constexpr std::uint32_t state_version = 1;
+  static constexpr std::uint32_t state_version = 2;       // 2: the inner state's flag
 
   enum class residual_mode : std::uint8_t { gradient, pseudo };
 

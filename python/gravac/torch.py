@@ -1105,7 +1105,7 @@ class LocalSteps(_Checkpointed):
         local steps each rank's optimizer state (its momentum) is its own; per-step rounds apply
         every rank's optimizer to the same averaged gradient, so unless that state is made the
         same on every rank first, the ranks' parameters drift apart. True until the next
-        before_optimizer_step(); not saved: act on it before state_dict(). step(optimizer)
+        before_optimizer_step(); state_dict() keeps it. step(optimizer)
         acts on it itself; a loop that calls before_optimizer_step() and after_optimizer_step()
         calls average_inner_state(optimizer) when it is True."""
         return self._engine.inner_state_must_agree()

@@ -1,7 +1,9 @@
 // Local steps through the C ABI (gravac_local_steps_*): 2 ranks over the thread engine give
 // the bits of gravac::local_steps<sparseloco, allgather, fixed_policy>, the state resumes
 // mid-round, and the ranks agree on the method and the starting point or all fail.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -80,6 +82,13 @@ void two_ranks(F&& body) {
     });
   for (auto& t : threads) t.join();
   gravac_thread_world_destroy(world);
+}
+
+// H per step, for a failure's message.
+std::string testing_periods(const std::vector<std::uint64_t>& h) {
+  std::string s;
+  for (auto p : h) s += std::to_string(p) + ' ';
+  return s;
 }
 
 }  // namespace
@@ -223,6 +232,114 @@ TEST_CASE("C ABI: local steps say when the inner state must agree, and average i
   CHECK(std::memcmp(averaged[0].data(), averaged[1].data(), state_n * sizeof(float)) == 0);
   CHECK(mean != v0);
   CHECK(mean != v1);
+}
+
+// The adaptive policy through the C ABI: a slow prior network (1 kbit/s) makes the round
+// after the first exchange one of local steps, and the measured exchanges between thread
+// ranks (microseconds, against a simulated 10 ms of compute per step) then make it choose
+// per-step rounds.
+const char* const adaptive_names[] = {"local_adaptive", "local_max_period", "local_time", "local_compute_s",
+                                      "network_source", "network_gbps",     "outer"};
+const char* const adaptive_values[] = {"1", "4", "simulated", "0.01", "measured", "0.000001", "averaging"};
+
+gravac_method adaptive_method() {
+  gravac_method m{};
+  m.struct_size = sizeof m;
+  m.compressor = "topk";
+  m.collective = "allgather";
+  m.policy = "fixed";
+  m.bucket_mb = -1;
+  m.option_names = adaptive_names;
+  m.option_values = adaptive_values;
+  m.option_count = 7;
+  return m;
+}
+
+TEST_CASE(
+    "C ABI: where the adaptive policy switches to per-step rounds, averaging the momentum keeps the ranks "
+    "together, and a state saved at the switch keeps the flag",
+    "[c_api][local_steps]") {
+  constexpr unsigned steps = 24;
+  const auto m = adaptive_method();
+  // Per rank, with or without averaging the momentum: H at each step, the parameters after
+  // each step, and the steps at which the flag rose.
+  struct run {
+    std::vector<std::uint64_t> period;
+    std::vector<std::vector<float>> x;
+    std::vector<unsigned> flagged;
+    int restored_flag = -1;
+  };
+  const auto train = [&](bool average) {
+    std::vector<run> runs(2);
+    two_ranks([&](int r, gravac_comm* comm) {
+      auto& out = runs[static_cast<std::size_t>(r)];
+      auto x = start_point();
+      std::vector<float> g, v(x.size(), 0.0f);  // heavy-ball momentum: the inner state
+      gravac_local_steps* ls = nullptr;
+      REQUIRE(gravac_local_steps_create(&m, layers, 2, comm, x.data(), x.size(), &ls) == GRAVAC_OK);
+      for (unsigned s = 0; s < steps; ++s) {
+        gravac_local_steps_info info{};
+        info.struct_size = sizeof info;
+        REQUIRE(gravac_local_steps_get_info(ls, &info) == GRAVAC_OK);
+        out.period.push_back(info.period);
+        gradient(x, r, s, g);
+        REQUIRE(gravac_local_steps_before(ls, g.data(), g.size(), nullptr, nullptr) == GRAVAC_OK);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          v[i] = 0.9f * v[i] + g[i];
+          x[i] -= 0.05f * v[i];
+        }
+        REQUIRE(gravac_local_steps_after(ls, x.data(), x.size(), nullptr, nullptr) == GRAVAC_OK);
+        int must = -1;
+        REQUIRE(gravac_local_steps_inner_state_must_agree(ls, &must) == GRAVAC_OK);
+        if (must == 1) {
+          out.flagged.push_back(s);
+          if (out.restored_flag < 0) {  // the state saved here resumes with the flag raised
+            std::size_t size = 0;
+            REQUIRE(gravac_local_steps_save(ls, nullptr, 0, &size) == GRAVAC_OK);
+            std::vector<unsigned char> state(size);
+            REQUIRE(gravac_local_steps_save(ls, state.data(), state.size(), &size) == GRAVAC_OK);
+            gravac_local_steps* other = nullptr;
+            auto x0 = start_point();
+            REQUIRE(gravac_local_steps_create(&m, layers, 2, comm, x0.data(), x0.size(), &other) == GRAVAC_OK);
+            REQUIRE(gravac_local_steps_inner_state_must_agree(other, &out.restored_flag) == GRAVAC_OK);
+            CHECK(out.restored_flag == 0);  // a fresh one: no round ended yet
+            REQUIRE(gravac_local_steps_load(other, state.data(), state.size()) == GRAVAC_OK);
+            REQUIRE(gravac_local_steps_inner_state_must_agree(other, &out.restored_flag) == GRAVAC_OK);
+            gravac_local_steps_destroy(other);
+          }
+          if (average) REQUIRE(gravac_local_steps_average_inner_state(ls, v.data(), v.size()) == GRAVAC_OK);
+        }
+        out.x.push_back(x);
+      }
+      gravac_local_steps_destroy(ls);
+    });
+    return runs;
+  };
+  const auto averaged = train(true);
+  const auto& h = averaged[0].period;
+  INFO("H per step: " << testing_periods(h));
+  // A per-step round until the first exchange is timed, a round of local steps under the
+  // prior, then per-step rounds: the switch this case is about.
+  const auto local = std::find_if(h.begin(), h.end(), [](std::uint64_t k) { return k > 1; });
+  REQUIRE(local != h.end());
+  const auto per_step = std::find(local, h.end(), std::uint64_t{1});
+  REQUIRE(per_step != h.end());
+  const auto first = static_cast<std::size_t>(per_step - h.begin());
+  REQUIRE(first + 2 < steps);  // some per-step rounds to compare
+  for (const auto& r : averaged) {
+    CHECK(r.period == h);
+    REQUIRE(!r.flagged.empty());
+    CHECK(r.flagged.front() + 1 == first);  // raised by the step that ended the last local round
+    CHECK(r.restored_flag == 1);
+  }
+  for (std::size_t s = first; s < steps; ++s) {
+    INFO("step " << s << ", H " << h[s]);
+    if (h[s] == 1) CHECK(averaged[1].x[s] == averaged[0].x[s]);
+  }
+  // Without averaging, the same run drifts apart in its first per-step round: what the flag is for.
+  const auto apart = train(false);
+  REQUIRE(apart[0].period == h);
+  CHECK(apart[1].x[first] != apart[0].x[first]);
 }
 
 TEST_CASE("C ABI: local steps refuse what they cannot run, on every rank alike", "[c_api][local_steps]") {
