@@ -19,9 +19,10 @@
 //! A device-memory compressor (topk_cuda, threshold_cuda) has the device form of the hook:
 //! `shared_indices`, `select_indices(u, layer_index, params, out)` with `u` a
 //! `grad_view<memory_space>` of the layer and `out` a device array of 32-bit indices (it
-//! queues the selection on the compressor's stream and writes exactly kept_count entries),
-//! and `finish_selection()` (waits for the queued selections; throws gravac::error when one
-//! did not yield exactly its count). The trait then has `on_device = true`, `select` and
+//! queues the selection on the compressor's stream, or lists it for finish_selection to
+//! queue with the others, and writes exactly kept_count entries; u and out must stay valid
+//! until finish_selection), and `finish_selection()` (waits for the selections; throws
+//! gravac::error when one did not yield exactly its count). The trait then has `on_device = true`, `select` and
 //! `finish`.
 
 #include <algorithm>

@@ -134,7 +134,6 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     failure_ = device_buffer<std::uint32_t>(1, s);
-    no_prev_threshold_ = device_buffer<std::uint32_t>(1, s);
     slots_ = device_buffer<detail::segment_slot>(L, s);
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
     cap_ = static_cast<std::uint32_t>(std::min<std::size_t>(
@@ -162,7 +161,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       no_threshold_ = device_buffer<std::uint32_t>(1, s);
       first_ = device_buffer<std::uint32_t>(L, s);
     }
-    if (!whole_) jobs_ = detail::select_jobs(lay, launch_, opt.candidate_capacity, s);
+    jobs_ = detail::select_jobs(lay, launch_, opt.candidate_capacity, s);
     if constexpr (Threshold) est_jobs_ = detail::estimate_jobs(lay, launch_, s);
     host_states_.resize(L);
     u_in_e_.assign(L, 0);
@@ -218,28 +217,42 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   //! -0 and +0 included. Non-finite values are never chosen while k finite ones exist (the
   //! host orders infinity first and NaN not at all: such a step is abandoned as non-finite
   //! anyway); with fewer, the list is completed with the lowest non-finite indices, so that
-  //! it always has k entries. finish_selection() waits and checks the counts.
+  //! it always has k entries. finish_selection() runs the selections and checks the counts:
+  //! the layers of one buffer listed in layer order share one set of launches (the job
+  //! tables of compress), so a step's selection does not grow with its layers.
   void select_indices(grad_view<cuda_space> u, std::size_t i, const step_params& p, std::uint32_t* out) {
     require(i < layout_.size() && u.size() == layout_[i].numel && p.kept_fraction.size() == layout_.size(),
             std::string(name()) + "::select_indices: the slice does not match the layer");
-    const std::size_t n = u.size();
-    const std::size_t k = kept_count(n, p.kept_fraction[i]);
+    const std::size_t k = kept_count(u.size(), p.kept_fraction[i]);
     if (k == 0) return;
-    const cudaStream_t s = options_.stream.get();
+    const float* base = u.data() - layout_[i].offset;
+    if (!lists_.empty() && (base != lists_base_ || i <= lists_.back().row)) {
+      // Another buffer, or out of layer order: the lists so far run first (their table's
+      // upload is reused, hence the wait).
+      try {
+        queue_lists();
+        options_.stream.synchronize();
+      } catch (...) {
+        GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(options_.stream.get()));
+        pending_selections_.clear();
+        throw;
+      }
+    }
+    lists_base_ = base;
+    lists_.push_back({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(k), out});
+    pending_selections_.push_back({i, k});
+  }
+  //! Runs the selections select_indices() listed and waits for them; throws gravac::error
+  //! (backend_failure) naming the layer when one did not yield exactly its k indices, or the
+  //! error of a launch (nothing stays queued then; u is only read).
+  void finish_selection() {
     try {
-      queue_index_selection(u.data(), n, static_cast<std::uint32_t>(k), states_.data() + i, out);
+      queue_lists();
     } catch (...) {
-      // Nothing queued may outlive the caller's buffers, nor be checked by the next
-      // finish_selection(); u is only read, so the caller's residual is as it was.
-      GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(s));
+      GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(options_.stream.get()));
       pending_selections_.clear();
       throw;
     }
-    pending_selections_.push_back({i, k});
-  }
-  //! Waits for the selections queued by select_indices(); throws gravac::error
-  //! (backend_failure) naming the layer when one did not yield exactly its k indices.
-  void finish_selection() {
     const std::vector<std::pair<std::size_t, std::size_t>> pending = std::move(pending_selections_);
     pending_selections_.clear();
     detail::copy_to_host_async(options_.stream.get(), host_states_, states_);
@@ -256,31 +269,12 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   }
 
  private:
-  // The kernels of select_indices() for the layer slice \p el of \p n values: kk indices
-  // into \p out, the select state in \p sti.
-  void queue_index_selection(float* el, std::size_t n, std::uint32_t kk, detail::select_state* sti,
-                             std::uint32_t* out) {
-    namespace cd = detail;
-    const cudaStream_t s = options_.stream.get();
-    const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, n));
-    GRAVAC_TRY_CUDA(cudaMemsetAsync(sti, 0, sizeof(cd::select_state), s));
-    // g null: u is e as it stands, read only; the sums go to a scratch slot.
-    detail::launch(&cd::select_fused_pass, launch_.grid_stride(n, cd::select_threads * cd::fused_items),
-                   cd::select_threads, s, nullptr, el, n, kk, sti, no_prev_threshold_.data(), hist_.data(),
-                   hist_sq_.data(), cand_.data(), cap, sums_.data() + layout_.size() + 1, cd::gain_request{},
-                   gain_out_.data(), false, nullptr, sum_slots_.view());
-    const int grid1 = launch_.grid_stride(n, cd::select_threads);
-    detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap);
-    for (int shift : {cd::refine_digit_bits, 0}) {
-      detail::launch(&cd::refine_pass, grid1, cd::select_threads, s, el, n, sti, cand_.data(), cap, hist_.data(),
-                     shift);
-    }
-    detail::launch(&cd::tie_pass, launch_.tie_search(grid1), cd::select_threads, s, el, n, sti, chunk_counts_.data());
-    std::size_t temp = select_temp_.size();
-    GRAVAC_TRY_CUDA(detail::select_indices_if(select_temp_.data(), temp, static_cast<std::int64_t>(n),
-                                              cd::selected_by_threshold{el, sti}, cd::whole_index_writer{out, sti},
-                                              &sti->selected, s));
-    detail::launch(&cd::ar_complete_non_finite, cd::one_block, cd::select_threads, s, el, n, sti, kk, out);
+  // Queues the index lists select_indices() collected (select_jobs::queue_lists).
+  void queue_lists() {
+    if (lists_.empty()) return;
+    const std::vector<detail::select_jobs::list_request> lists = std::move(lists_);
+    lists_.clear();
+    jobs_.queue_lists(options_.stream.get(), lists_base_, lists, states_.data());
   }
 
   // The largest packet this step can produce: k values per layer (a top-k layer sends at
@@ -560,10 +554,11 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::byte> select_temp_;
-  detail::estimate_jobs est_jobs_;                  // threshold: every layer's estimate
-  device_buffer<std::uint32_t> no_prev_threshold_;  // AR-Topk's selection: 0, no previous threshold
-  detail::select_jobs jobs_;                        // per layer (without whole_buffer): the job tables of every pass
-  std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) queued
+  detail::estimate_jobs est_jobs_;  // threshold: every layer's estimate
+  detail::select_jobs jobs_;        // the job tables of every pass (whole_buffer: AR-Topk's index lists only)
+  std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) to check
+  std::vector<detail::select_jobs::list_request> lists_;                 // AR-Topk: the lists not yet queued
+  const float* lists_base_ = nullptr;                                    // the buffer they select from
   std::vector<char> u_in_e_;     // per layer: this step's queued kernels leave u in e (or restorable from the packet)
   bool states_cleared_ = false;  // this step's per-layer state was cleared (restore may read it)
   bool whole_ = false;           // topk: one selection over the whole buffer

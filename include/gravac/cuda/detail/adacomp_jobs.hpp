@@ -17,6 +17,7 @@
 #include "gravac/core/layout.hpp"
 #include "gravac/core/step.hpp"
 #include "gravac/cuda/detail/adacomp_kernels.hpp"
+#include "gravac/cuda/detail/compaction_windows.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/job_search.hpp"
 #include "gravac/cuda/detail/launch.hpp"
@@ -146,22 +147,15 @@ struct adacomp_sent_in_jobs {
 //! The compaction's output: the j-th index of the window into its layer's index region at
 //! j - first_out; one outside its layer's count is not written and sets \p mismatch.
 struct adacomp_jobs_writer {
+  compacted_places<adacomp_job> places;
   std::byte* packet;
   const segment_slot* seg;
-  const adacomp_job* jobs;
-  std::uint32_t count;
-  const unsigned long long* first_out;
-  unsigned long long base;
-  std::uint32_t* mismatch;
   __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t i) const {
-    const unsigned long long at = base + i;
-    const adacomp_job& jb = job_containing(jobs, count, at);
-    const std::int64_t p = j - static_cast<std::int64_t>(first_out[jb.row]);
-    const segment_slot& s = seg[jb.row];
-    if (p >= 0 && static_cast<unsigned long long>(p) < s.count)
-      reinterpret_cast<std::uint32_t*>(packet + s.payload_at + 8)[p] = static_cast<std::uint32_t>(at - jb.offset);
-    else
-      atomicExch(mismatch, 1u);
+    places.put(
+        j, i, [&](const adacomp_job& jb) { return seg[jb.row].count; },
+        [&](const adacomp_job& jb, std::int64_t p, std::uint32_t index) {
+          reinterpret_cast<std::uint32_t*>(packet + seg[jb.row].payload_at + 8)[p] = index;
+        });
   }
 };
 
@@ -207,15 +201,8 @@ class adacomp_jobs {
     selected_ = device_buffer<unsigned long long>(W, s);
     counters_ = device_buffer<std::uint32_t>(2, s);  // mismatch, failure
     slots_ = block_slots_buffer(std::max<unsigned long long>(blocks, 1), s);
-    std::size_t temp = 0;
-    for (const auto& w : windows_) {
-      std::size_t t = 0;
-      GRAVAC_TRY_CUDA(select_indices_if(
-          nullptr, t, static_cast<std::int64_t>(w.size), adacomp_sent_in_jobs{nullptr, nullptr, nullptr, nullptr, 0, 0},
-          adacomp_jobs_writer{nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr}, nullptr, s.get()));
-      temp = std::max(temp, t);
-    }
-    temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
+    temp_ = device_buffer<std::byte>(
+        compaction_temp_bytes<adacomp_sent_in_jobs, adacomp_jobs_writer>(windows_, s.get()), s);
   }
 
   //! Queues the zeroing of the exponent sums and counters (a pass leaves them ready; a step
@@ -298,15 +285,15 @@ class adacomp_jobs {
       launch(&adacomp_jobs_raw, grid(adacomp_pass_raw), select_threads, s, g, r, packet, a);
       done.raw = true;
     }
-    for (std::size_t w = 0; w < windows_.size(); ++w) {
-      std::size_t temp = temp_.size();
-      const auto& win = windows_[w];
-      GRAVAC_TRY_CUDA(select_indices_if(
-          temp_.data(), temp, static_cast<std::int64_t>(win.size),
-          adacomp_sent_in_jobs{r, g, gmax_.data(), table_.data(), a.count, win.start},
-          adacomp_jobs_writer{packet, rows.seg, table_.data(), a.count, first_out_.data(), win.start, counters_.data()},
-          selected_.data() + w, s));
-    }
+    compact_windows(
+        windows_, temp_, selected_.data(), s,
+        [&](const compaction_window& w) {
+          return adacomp_sent_in_jobs{r, g, gmax_.data(), table_.data(), a.count, w.start};
+        },
+        [&](const compaction_window& w) {
+          return adacomp_jobs_writer{
+              {table_.data(), a.count, first_out_.data(), w.start, counters_.data()}, packet, rows.seg};
+        });
   }
 
  private:

@@ -162,10 +162,15 @@ class ar_topk_device_passes<cuda_space> {
     }
     return kept_count(l.numel, p.kept_fraction[i]);
   }
-  //! Waits for the queued selections; the hook throws when one did not yield its count.
+  //! Runs and waits for the selections; the hook throws when one did not yield its count
+  //! or a launch failed (the selection only reads u: e holds it already).
   template <class Hook, class C>
-  void finish_selection(C& c) const {
-    Hook::finish(c);
+  void finish_selection(C& c) {
+    try {
+      Hook::finish(c);
+    } catch (...) {
+      repair_and_rethrow([] {});
+    }
   }
 
   //! The first \p n indices as the bytes the broadcast carries (device memory). Waits for

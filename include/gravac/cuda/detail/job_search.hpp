@@ -7,7 +7,6 @@
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
-#include <vector>
 
 #include "gravac/cuda/detail/select_common.hpp"
 
@@ -49,6 +48,31 @@ __device__ __forceinline__ const Job& job_containing(const Job* __restrict__ job
   return jobs[owning_job(jobs, count, at, [](const Job& j) { return j.offset; })];
 }
 
+//! Where the ordered compaction of a job table puts its entries: entry \p j of a window
+//! is element \p base + \p i, of the job that contains it, and goes to place
+//! j - first_out[row] of that job's output (the writers of select_jobs and adacomp_jobs).
+template <class Job>
+struct compacted_places {
+  const Job* jobs;                      //!< the step's table, in layer order
+  std::uint32_t count;                  //!< jobs
+  const unsigned long long* first_out;  //!< per row: its first entry in its window
+  unsigned long long base;              //!< the window's first element
+  std::uint32_t* mismatch;              //!< set when a place is at or past its job's limit
+  //! Stores entry \p j (element base + \p i) through \p store(job, place, index within
+  //! the job), or, at or past \p limit(job) (a selection that did not yield its count),
+  //! only sets mismatch.
+  template <class Limit, class Store>
+  __device__ __forceinline__ void put(std::int64_t j, std::uint32_t i, Limit limit, Store store) const {
+    const unsigned long long at = base + i;
+    const Job& jb = job_containing(jobs, count, at);
+    const std::int64_t p = j - static_cast<std::int64_t>(first_out[jb.row]);
+    if (p >= 0 && static_cast<unsigned long long>(p) < limit(jb))
+      store(jb, p, static_cast<std::uint32_t>(at - jb.offset));
+    else
+      atomicExch(mismatch, 1u);
+  }
+};
+
 //! One thread: the segments of every job in layer order, raw ones whole and the others
 //! through \p place_selected(job), which places its segment and returns its count; each
 //! of those jobs' first entry in its window's compaction into first_out[row], and each
@@ -74,22 +98,6 @@ __device__ void place_in_layer_order(const Job* __restrict__ jobs, std::uint32_t
     }
     expected[window] = run;
   }
-}
-
-//! A run of consecutive layers that one ordered compaction covers: its elements are
-//! counted in 32 bits.
-struct compaction_window {
-  unsigned long long start = 0;  //!< its first element
-  unsigned long long size = 0;   //!< its elements, below 2^32
-};
-
-//! Adds the layer at [\p offset, offset + \p numel) (after the last one added) to the last
-//! window of \p windows, or opens a new one where it would pass 2^32 elements; returns its window.
-inline std::uint32_t add_to_windows(std::vector<compaction_window>& windows, unsigned long long offset,
-                                    unsigned long long numel) {
-  if (windows.empty() || offset + numel - windows.back().start > 0xffffffffull) windows.push_back({offset, 0});
-  windows.back().size = offset + numel - windows.back().start;
-  return static_cast<std::uint32_t>(windows.size() - 1);
 }
 
 }  // namespace gravac::detail

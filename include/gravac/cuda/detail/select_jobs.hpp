@@ -19,7 +19,7 @@
 #include "gravac/core/error.hpp"
 #include "gravac/core/layout.hpp"
 #include "gravac/core/step.hpp"
-#include "gravac/cuda/detail/cub_primitives.hpp"
+#include "gravac/cuda/detail/compaction_windows.hpp"
 #include "gravac/cuda/detail/job_search.hpp"
 #include "gravac/cuda/detail/launch.hpp"
 #include "gravac/cuda/detail/launch_config.hpp"
@@ -91,7 +91,8 @@ struct select_jobs_args {
 
 //! Pass 1 for every layer (fused_pass_body on each layer's share); a raw layer with a gain
 //! curve runs it with k = 0 for its part of the curve. The last layer to finish adds the
-//! layers' parts of the curve in layer order: the bits of one launch per layer.
+//! layers' parts of the curve in layer order: the bits of one launch per layer. With \p g
+//! null, u is e as it stands, read only (the index lists; a.sums null then: no statistics).
 static __global__ void __launch_bounds__(select_threads)
     select_jobs_fused(const float* __restrict__ g, float* __restrict__ e, select_jobs_args a) {
   pass_grid grid;
@@ -103,10 +104,10 @@ static __global__ void __launch_bounds__(select_threads)
   for (int c = 0; c < a.gain_count; ++c) rq.k[c] = a.gain_k[r * max_gain_candidates + static_cast<std::size_t>(c)];
   const bool raw = jb.raw != 0;
   const bool job_last =
-      fused_pass_body(g + jb.offset, e + jb.offset, jb.numel, raw ? 0u : jb.k, a.states + r, a.prev_threshold + r,
-                      a.hist + r * max_bins, a.hist_sq + r * max_bins, a.cand + jb.cand_at, raw ? 0u : jb.cap,
-                      raw ? nullptr : a.sums + r, rq, a.gain_part + r * max_gain_candidates,
-                      raw ? false : a.threshold_mode, nullptr, a.slots, grid);
+      fused_pass_body(g ? g + jb.offset : nullptr, e + jb.offset, jb.numel, raw ? 0u : jb.k, a.states + r,
+                      a.prev_threshold + r, a.hist + r * max_bins, a.hist_sq + r * max_bins, a.cand + jb.cand_at,
+                      raw ? 0u : jb.cap, raw || a.sums == nullptr ? nullptr : a.sums + r, rq,
+                      a.gain_part + r * max_gain_candidates, raw ? false : a.threshold_mode, nullptr, a.slots, grid);
   if (!job_last || a.gain_count == 0 || !last_block_of(a.jobs_done, a.fused_jobs)) return;
   for (int c = static_cast<int>(threadIdx.x); c < a.gain_count; c += select_threads) {
     double s = 0;
@@ -187,22 +188,15 @@ struct selected_in_jobs {
 //! j - first_out. An entry that falls outside its layer's count (a selection that did not
 //! yield exactly its count) is not written and sets \p mismatch: the gather then fails.
 struct jobs_index_writer {
+  compacted_places<select_job> places;
   std::byte* packet;
   const segment_slot* seg;
-  const select_job* jobs;
-  std::uint32_t count;
-  const unsigned long long* first_out;
-  unsigned long long base;
-  std::uint32_t* mismatch;
   __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t i) const {
-    const unsigned long long at = base + i;
-    const select_job& jb = job_containing(jobs, count, at);
-    const std::int64_t p = j - static_cast<std::int64_t>(first_out[jb.row]);
-    const segment_slot& s = seg[jb.row];
-    if (p >= 0 && static_cast<unsigned long long>(p) < s.count)
-      reinterpret_cast<std::uint32_t*>(packet + s.payload_at)[p] = static_cast<std::uint32_t>(at - jb.offset);
-    else
-      atomicExch(mismatch, 1u);
+    places.put(
+        j, i, [&](const select_job& jb) { return seg[jb.row].count; },
+        [&](const select_job& jb, std::int64_t p, std::uint32_t index) {
+          reinterpret_cast<std::uint32_t*>(packet + seg[jb.row].payload_at)[p] = index;
+        });
   }
 };
 
@@ -218,6 +212,46 @@ static __global__ void __launch_bounds__(select_threads)
   const bool exact = a.selected[jb.window] == a.expected[jb.window] && *a.mismatch == 0;
   gather_body(packet, a.seg + r, e + jb.offset, st, a.prev_threshold + r, a.sums + r, a.failure, a.slots, grid,
               exact ? st->count : ~0ull);
+}
+
+//! The index lists (select_jobs::queue_lists): the select state of every listed layer
+//! zeroed (one block).
+static __global__ void __launch_bounds__(select_threads) select_jobs_clear_states(select_jobs_args a) {
+  for (std::uint32_t q = threadIdx.x; q < a.count; q += select_threads) a.states[a.jobs[q].row] = select_state{};
+}
+
+//! The index lists: each layer's first entry in its window's compaction, in layer order (one thread).
+static __global__ void select_jobs_place_lists(select_jobs_args a) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  place_in_layer_order(a.jobs, a.count, nullptr, nullptr, nullptr, a.first_out, a.expected,
+                       [&](const select_job& jb) { return static_cast<unsigned long long>(a.states[jb.row].count); });
+}
+
+//! The index lists' compaction output: the j-th index of the window goes to its layer's list
+//! at j - first_out, as an index within the layer. An entry past its layer's count is not
+//! written and sets \p mismatch.
+struct jobs_list_writer {
+  compacted_places<select_job> places;
+  std::uint32_t* const* lists;  //!< per row: the layer's list
+  const select_state* states;
+  __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t i) const {
+    places.put(
+        j, i, [&](const select_job& jb) { return static_cast<unsigned long long>(states[jb.row].count); },
+        [&](const select_job& jb, std::int64_t p, std::uint32_t index) { lists[jb.row][p] = index; });
+  }
+};
+
+//! The index lists, one block per layer: select_state::selected becomes the layer's count
+//! when its window's compaction selected exactly what its layers resolved (~0 otherwise),
+//! and a list short of finite values is completed with non-finite indices
+//! (ar_complete_non_finite).
+static __global__ void __launch_bounds__(select_threads)
+    select_jobs_complete_lists(const float* __restrict__ u, select_jobs_args a, std::uint32_t* const* lists) {
+  const select_job& jb = a.jobs[blockIdx.x];
+  select_state* st = a.states + jb.row;
+  const bool exact = a.selected[jb.window] == a.expected[jb.window] && *a.mismatch == 0;
+  if (threadIdx.x == 0) st->selected = exact ? st->count : ~0ull;
+  ar_complete_non_finite(u + jb.offset, jb.numel, st, jb.k, lists[jb.row]);
 }
 
 //! The per-layer state a compressor keeps and select_jobs writes (rows are layer indices).
@@ -280,19 +314,93 @@ class select_jobs {
     // The raw and gather passes have at most a scan pass's blocks, the fused pass fewer.
     slots_ = block_slots_buffer(std::max<unsigned long long>(scan_blocks, 1), s);
     k_host_ = pinned_buffer<unsigned long long>(L * max_gain_candidates);
-    std::size_t temp = 0;
-    for (const auto& w : windows_) {
-      std::size_t t = 0;
-      GRAVAC_TRY_CUDA(select_indices_if(
-          nullptr, t, static_cast<std::int64_t>(w.size), selected_in_jobs{nullptr, nullptr, 0, nullptr, 0},
-          jobs_index_writer{nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr}, nullptr, s.get()));
-      temp = std::max(temp, t);
-    }
-    temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
+    // The index lists' windows span only the layers listed, so may be longer than any of
+    // the layout's own: sized for the longest a window can be.
+    const std::vector<compaction_window> longest{{0, std::min<unsigned long long>(lay.numel(), 0xffffffffull)}};
+    temp_ =
+        device_buffer<std::byte>(std::max(compaction_temp_bytes<selected_in_jobs, jobs_index_writer>(windows_, s.get()),
+                                          compaction_temp_bytes<selected_in_jobs, jobs_list_writer>(longest, s.get())),
+                                 s);
+    list_table_ = device_buffer<select_job>(std::max<std::size_t>(jobs_.size(), 1), s);
+    list_staging_ = pinned_buffer<select_job>(std::max<std::size_t>(jobs_.size(), 1));
+    lists_ = device_buffer<std::uint32_t*>(L, s);
+    lists_host_ = pinned_buffer<std::uint32_t*>(L);
+    no_threshold_ = device_buffer<std::uint32_t>(L, s);
+    clear_async(s.get(), no_threshold_);
   }
 
   //! Layers with elements.
   [[nodiscard]] std::size_t count() const noexcept { return jobs_.size(); }
+
+  //! One layer's index list (queue_lists): the k largest |u| of layer \p row, ascending.
+  struct list_request {
+    std::uint32_t row = 0;          //!< the layer
+    std::uint32_t k = 0;            //!< indices to list: 1 to the layer's elements
+    std::uint32_t* list = nullptr;  //!< device memory for k indices
+  };
+
+  //! Queues on \p s AR-Topk's index lists of \p requests (ascending rows, each once) over
+  //! \p u (the whole buffer, read only): each layer's radix select as compress's, with no
+  //! previous threshold, into its row of \p states, then one ordered compaction per window
+  //! into the lists; a layer with fewer finite values than k has its list completed with
+  //! the lowest non-finite indices. Afterwards states[row].selected is the count when the
+  //! compaction listed exactly what the selection resolved. A fixed number of launches (8
+  //! and the compaction's) at any number of layers.
+  void queue_lists(cudaStream_t s, const float* u, std::span<const list_request> requests, select_state* states) {
+    if (requests.empty()) return;
+    std::vector<compaction_window> windows;
+    unsigned long long blocks[select_pass_count] = {};
+    std::size_t q = 0;
+    for (const list_request& rq : requests) {
+      const auto found = std::lower_bound(jobs_.begin(), jobs_.end(), rq.row,
+                                          [](const select_job& j, std::uint32_t row) { return j.row < row; });
+      require(found != jobs_.end() && found->row == rq.row && rq.k > 0 && rq.k <= found->numel &&
+                  (q == 0 || list_staging_.data()[q - 1].row < rq.row),
+              "select_jobs::queue_lists: the requests must list non-empty layers once each, in order, with k in "
+              "[1, elements]");
+      select_job& j = list_staging_.data()[q++];
+      j = *found;
+      j.k = rq.k;
+      j.raw = 0;
+      j.window = add_to_windows(windows, j.offset, j.numel);
+      for (int pass = 0; pass < select_pass_count; ++pass) j.first[pass] = blocks[pass];
+      const int scan = launch_.grid_stride(j.numel, select_threads);
+      blocks[select_pass_fused] +=
+          static_cast<unsigned long long>(launch_.grid_stride(j.numel, select_threads * fused_items));
+      blocks[select_pass_scan] += static_cast<unsigned long long>(scan);
+      blocks[select_pass_tie] += static_cast<unsigned long long>(launch_.tie_search(scan));
+      lists_host_.data()[rq.row] = rq.list;
+    }
+    const auto count = static_cast<std::uint32_t>(q);
+    GRAVAC_TRY_CUDA(
+        cudaMemcpyAsync(list_table_.data(), list_staging_.data(), q * sizeof(select_job), cudaMemcpyHostToDevice, s));
+    GRAVAC_TRY_CUDA(cudaMemcpyAsync(lists_.data(), lists_host_.data(), lists_host_.size() * sizeof(std::uint32_t*),
+                                    cudaMemcpyHostToDevice, s));
+    clear_async(s, counters_);
+    select_jobs_args a = workspace_args(list_table_.data(), count, states);
+    a.fused_jobs = count;
+    a.prev_threshold = no_threshold_.data();  // no previous threshold; no statistics, no gain curve
+    const auto grid = [&](int pass) { return static_cast<unsigned>(blocks[pass]); };
+    launch(&select_jobs_clear_states, one_block, select_threads, s, a);
+    launch(&select_jobs_fused, grid(select_pass_fused), select_threads, s, static_cast<const float*>(nullptr),
+           const_cast<float*>(u), a);  // g null: u is only read
+    launch(&select_jobs_collect, grid(select_pass_scan), select_threads, s, u, a);
+    for (int shift : {refine_digit_bits, 0})
+      launch(&select_jobs_refine, grid(select_pass_scan), select_threads, s, u, a, shift);
+    launch(&select_jobs_tie, grid(select_pass_tie), select_threads, s, u, a);
+    launch(&select_jobs_place_lists, one_block, one_thread, s, a);
+    compact_windows(
+        windows, temp_, selected_.data(), s,
+        [&](const compaction_window& w) {
+          return selected_in_jobs{u, list_table_.data(), count, states, w.start};
+        },
+        [&](const compaction_window& w) {
+          return jobs_list_writer{
+              {list_table_.data(), count, first_out_.data(), w.start, a.mismatch}, lists_.data(), states};
+        });
+    launch(&select_jobs_complete_lists, count, select_threads, s, u, a,
+           static_cast<std::uint32_t* const*>(lists_.data()));
+  }
 
   //! Queues the zeroing of the histograms and counters (a pass leaves them zero; a step
   //! that failed calls this in its repair, in case a kernel was cut short).
@@ -351,31 +459,16 @@ class select_jobs {
       clear_async(s, gain_part_);
     }
     clear_async(s, counters_);
-    select_jobs_args a{table_.data(),
-                       static_cast<std::uint32_t>(jobs_.size()),
-                       fused_jobs,
-                       threshold_mode,
-                       rows.states,
-                       rows.prev_threshold,
-                       rows.sums,
-                       rows.seg,
-                       rows.cursor,
-                       hist_.data(),
-                       hist_sq_.data(),
-                       cand_.data(),
-                       chunk_counts_.data(),
-                       sums_done_.data(),
-                       slots_.view(),
-                       gain_k_.data(),
-                       gain_count,
-                       gain_part_.data(),
-                       rows.gain_out,
-                       counters_.data(),
-                       first_out_.data(),
-                       expected_.data(),
-                       selected_.data(),
-                       counters_.data() + 1,
-                       rows.failure};
+    select_jobs_args a = workspace_args(table_.data(), static_cast<std::uint32_t>(jobs_.size()), rows.states);
+    a.fused_jobs = fused_jobs;
+    a.threshold_mode = threshold_mode;
+    a.prev_threshold = rows.prev_threshold;
+    a.sums = rows.sums;
+    a.seg = rows.seg;
+    a.cursor = rows.cursor;
+    a.gain_count = gain_count;
+    a.gain_out = rows.gain_out;
+    a.failure = rows.failure;
     const auto grid = [&](int pass) { return static_cast<unsigned>(blocks[pass]); };
     if (blocks[select_pass_fused] > 0) {
       launch(&select_jobs_fused, grid(select_pass_fused), select_threads, s, g, e, a);
@@ -393,19 +486,48 @@ class select_jobs {
       done.raw = true;
     }
     if (blocks[select_pass_scan] == 0) return;
-    for (std::size_t w = 0; w < windows_.size(); ++w) {
-      std::size_t temp = temp_.size();
-      const auto& win = windows_[w];
-      GRAVAC_TRY_CUDA(select_indices_if(
-          temp_.data(), temp, static_cast<std::int64_t>(win.size),
-          selected_in_jobs{e, table_.data(), a.count, rows.states, win.start},
-          jobs_index_writer{packet, rows.seg, table_.data(), a.count, first_out_.data(), win.start, a.mismatch},
-          selected_.data() + w, s));
-    }
+    compact_windows(
+        windows_, temp_, selected_.data(), s,
+        [&](const compaction_window& w) {
+          return selected_in_jobs{e, table_.data(), a.count, rows.states, w.start};
+        },
+        [&](const compaction_window& w) {
+          return jobs_index_writer{{table_.data(), a.count, first_out_.data(), w.start, a.mismatch}, packet, rows.seg};
+        });
     launch(&select_jobs_gather, grid(select_pass_gather), select_threads, s, packet, e, a);
   }
 
  private:
+  // The arguments of a pass over \p count jobs of \p jobs with states \p states and this
+  // workspace; the rest (statistics, packet, gain curve, thresholds) null or zero.
+  select_jobs_args workspace_args(const select_job* jobs, std::uint32_t count, select_state* states) {
+    return {jobs,
+            count,
+            0,
+            false,
+            states,
+            nullptr,
+            nullptr,
+            nullptr,
+            nullptr,
+            hist_.data(),
+            hist_sq_.data(),
+            cand_.data(),
+            chunk_counts_.data(),
+            sums_done_.data(),
+            slots_.view(),
+            gain_k_.data(),
+            0,
+            gain_part_.data(),
+            nullptr,
+            counters_.data(),
+            first_out_.data(),
+            expected_.data(),
+            selected_.data(),
+            counters_.data() + 1,
+            nullptr};
+  }
+
   launch_config launch_;
   std::vector<select_job> jobs_;  // the layers, as constructed (k, raw and blocks are per step)
   std::vector<compaction_window> windows_;
@@ -426,6 +548,11 @@ class select_jobs {
   device_buffer<std::byte> temp_;
   block_slots_buffer slots_;
   pinned_buffer<unsigned long long> k_host_;
+  device_buffer<select_job> list_table_;       // the index lists' table
+  pinned_buffer<select_job> list_staging_;     // its upload (rewritten once the last lists' stream finished)
+  device_buffer<std::uint32_t*> lists_;        // per row: where its index list goes
+  pinned_buffer<std::uint32_t*> lists_host_;   // their upload
+  device_buffer<std::uint32_t> no_threshold_;  // per row: 0, no previous threshold (the index lists)
 };
 
 }  // namespace gravac::detail

@@ -38,6 +38,36 @@ struct bounded_index_writer {
   }
 };
 
+//! One block: when the selection of \p st found fewer finite values than \p k (it kept every
+//! finite one), rewrites \p out as the k lowest indices of the set {every finite value} and
+//! {the first k - finite non-finite values in index order}, ascending, so that AR-Topk's
+//! list has exactly k entries (the step is then abandoned by the trainer as non-finite; the
+//! residual keeps the rest of u). Does nothing otherwise.
+__device__ inline void ar_complete_non_finite(const float* __restrict__ u, std::size_t n,
+                                              const select_state* __restrict__ st, std::uint32_t k,
+                                              std::uint32_t* __restrict__ out) {
+  if (!st->too_few_finite) return;
+  const std::uint32_t need = k - st->count;  // non-finite values to add
+  using scan_t = block_scan<std::uint32_t, select_threads>;
+  __shared__ typename scan_t::TempStorage tmp;
+  std::uint32_t written = 0, non_finite_seen = 0;
+  for (std::size_t base = 0; base < n && written < k; base += select_threads) {
+    const std::size_t i = base + threadIdx.x;
+    const bool in = i < n;
+    const bool nf = in && device_magnitude_key(u[i]) >= non_finite_key;
+    std::uint32_t nf_before = 0, nf_total = 0;
+    scan_t(tmp).ExclusiveSum(nf ? 1u : 0u, nf_before, nf_total);
+    __syncthreads();
+    const bool take = in && (!nf || non_finite_seen + nf_before < need);
+    std::uint32_t pos = 0, taken = 0;
+    scan_t(tmp).ExclusiveSum(take ? 1u : 0u, pos, taken);
+    __syncthreads();
+    if (take && written + pos < k) out[written + pos] = static_cast<std::uint32_t>(i);
+    written += taken;
+    non_finite_seen += nf_total;
+  }
+}
+
 //! Pass 6: values of the selected indices into the packet, e = 0 there (the residual
 //! update), the kept energy, and the threshold remembered for the next step, over the
 //! blocks of \p grid. \p selected is what the compaction selected for the layer. When it
