@@ -233,8 +233,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
         queue_lists();
         options_.stream.synchronize();
       } catch (...) {
-        GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(options_.stream.get()));
-        pending_selections_.clear();
+        abandon_lists();
         throw;
       }
     }
@@ -249,8 +248,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     try {
       queue_lists();
     } catch (...) {
-      GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(options_.stream.get()));
-      pending_selections_.clear();
+      abandon_lists();
       throw;
     }
     const std::vector<std::pair<std::size_t, std::size_t>> pending = std::move(pending_selections_);
@@ -269,6 +267,19 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   }
 
  private:
+  // After a failure while queuing the lists: nothing stays queued or pending, and the
+  // tables' workspace is zeroed again (a launch may have been cut short); the caller rethrows.
+  void abandon_lists() noexcept {
+    const cudaStream_t s = options_.stream.get();
+    try {
+      jobs_.reset(s);
+    } catch (...) {  // the error being rethrown says what failed; the stream is waited for below
+    }
+    GRAVAC_TRY_CUDA_NO_THROW(cudaStreamSynchronize(s));
+    lists_.clear();
+    pending_selections_.clear();
+  }
+
   // Queues the index lists select_indices() collected (select_jobs::queue_lists).
   void queue_lists() {
     if (lists_.empty()) return;
