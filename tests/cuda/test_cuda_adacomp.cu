@@ -6,6 +6,7 @@
 // residuals bit for bit, STAR and VAR, ties included; the device's validation of a bad
 // index list; trainer<topk_cuda, allreduce_compatible, moo_policy> (the design card's line)
 // against trainer<topk, allreduce_compatible, moo_policy>. Skipped without a GPU.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -597,6 +598,59 @@ TEST_CASE("allreduce_compatible on the device equals the host's: topk_cuda, STAR
 TEST_CASE("allreduce_compatible on the device equals the host's: threshold_cuda, STAR and VAR, ties included") {
   ar_topk_pair<gravac::threshold, gravac::threshold_cuda>(gravac::index_rank_rule::star, true);
   ar_topk_pair<gravac::threshold, gravac::threshold_cuda>(gravac::index_rank_rule::var, false);
+}
+
+// The index list AR-Topk's root sends, computed plainly: the k largest finite |u| (ties to
+// the lower index), or, with fewer than k finite values, every finite one and the lowest
+// non-finite indices; ascending.
+static std::vector<std::uint32_t> reference_list(const float* u, std::size_t n, std::size_t k) {
+  std::vector<std::uint32_t> finite, non_finite;
+  for (std::size_t i = 0; i < n; ++i)
+    (std::isfinite(u[i]) ? finite : non_finite).push_back(static_cast<std::uint32_t>(i));
+  std::vector<std::uint32_t> list;
+  if (finite.size() >= k) {
+    std::stable_sort(finite.begin(), finite.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return std::fabs(u[a]) > std::fabs(u[b]); });
+    list.assign(finite.begin(), finite.begin() + static_cast<std::ptrdiff_t>(k));
+  } else {
+    list = finite;
+    list.insert(list.end(), non_finite.begin(), non_finite.begin() + static_cast<std::ptrdiff_t>(k - finite.size()));
+  }
+  std::sort(list.begin(), list.end());
+  return list;
+}
+
+TEST_CASE("topk_cuda select_indices: every layer's list in one batch, non-finite values and out-of-order calls") {
+  const auto lay = ar_layout();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  auto u = ar_data(lay, 31);
+  // Layer 0: more non-finite values than its k leaves room for; layer 2: a few, k is met.
+  for (std::size_t j = 0; j < lay[0].numel; j += 2) u[lay[0].offset + j] = j % 4 ? inf : nan;
+  for (std::size_t j = 0; j < lay[2].numel; j += 97) u[lay[2].offset + j] = -inf;
+  auto ud = to_device(u);
+  auto p = gravac::test::params_for(lay, 0.6);
+  p.kept_fraction[1] = 0.003;
+  gravac::topk_cuda cd(lay);
+  for (const bool reversed : {false, true}) {
+    INFO((reversed ? "layers listed last to first" : "layers listed in order"));
+    std::vector<gravac::device_buffer<std::uint32_t>> lists;
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < lay.size(); ++i)
+      if (gravac::kept_count(lay[i].numel, p.kept_fraction[i]) > 0) order.push_back(i);
+    if (reversed) std::reverse(order.begin(), order.end());
+    for (std::size_t i : order) {
+      lists.emplace_back(gravac::kept_count(lay[i].numel, p.kept_fraction[i]));
+      cd.select_indices(gravac::grad_view<gravac::cuda_space>(ud.data() + lay[i].offset, lay[i].numel), i, p,
+                        lists.back().data());
+    }
+    cd.finish_selection();
+    for (std::size_t q = 0; q < order.size(); ++q) {
+      const auto& l = lay[order[q]];
+      INFO("layer " << l.name);
+      const std::size_t k = gravac::kept_count(l.numel, p.kept_fraction[order[q]]);
+      CHECK(to_host(lists[q].data(), k) == reference_list(u.data() + l.offset, l.numel, k));
+    }
+  }
 }
 
 TEST_CASE("allreduce_compatible on the device: a bad index list from the root throws, the residual keeps u") {
