@@ -74,10 +74,25 @@ METHODS = {
     "diloco_h10": ("DiLoCo H=10", ["--local-steps", "--compressor", "identity", "--collective", "dense_allreduce",
                                    "--policy", "fixed", "--kept-fraction", "1", "--local-period", "10", "--outer",
                                    "nesterov"], True, False),
-    "local_adaptive": ("adaptive local steps (H and ratio)", LOCAL_ADAPTIVE, False, False),
+    "local_adaptive": ("adaptive local steps (H and ratio)", LOCAL_ADAPTIVE, False, True),
 }
 ALGOS = {0: "default rules", 1: "basic linear", 2: "reduce + broadcast", 3: "recursive doubling", 4: "ring",
          6: "Rabenseifner"}
+
+
+def command_args():
+    """The arguments scripts/reproduce --netlab was given, for the results' command line: the
+    paths (the binaries it passes, the output directory) left out."""
+    paths = ("--out", "--bin", "--probe")
+    args, skip = [], False
+    for x in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif x in paths:
+            skip = True
+        elif not x.startswith(tuple(p + "=" for p in paths)):
+            args.append(x)
+    return "".join(" " + x for x in args)
 
 
 def log(msg):
@@ -254,8 +269,8 @@ def part_train(a, md, summary):
     setting = ("2 epochs of 2560 samples" if a.quick else "6 epochs of 9600 samples (75 steps each), "
                "learning rate 0.05 (x0.1 from epoch 5)")
     md.append(f"The Fashion-MNIST MLP (784-256-128-10), 4 MPI ranks, one per lab host, global batch 128, {setting}, "
-              f"momentum 0.9; {seeds} seeds for the static choices and the recommended GraVAC, one for the "
-              "others. Every decision uses measured clocks: GraVAC the measured step time, flexible + MOO the "
+              f"momentum 0.9; {seeds} seeds for the static choices, the recommended GraVAC and the adaptive local "
+              "steps, one for the others. Every decision uses measured clocks: GraVAC the measured step time, flexible + MOO the "
               "network estimated from its measured collectives. The target is dense's mean final accuracy on "
               "that network minus 1 point. **Measured** is the wall time of the training steps (evaluation left "
               "out); **predicted** is what gravac's simulated network, told the lab's rate and 50 us, charged for "
@@ -334,7 +349,7 @@ def main():
     start = time.monotonic()
     md = ["# The reproduction on the network lab", "",
           f"Run {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores ({platform_name()}), `scripts/reproduce "
-          f"--netlab{' --quick' if a.quick else ''}`. Each lab host is a network namespace whose link to a private "
+          f"--netlab{command_args()}`. Each lab host is a network namespace whose link to a private "
           "bridge is shaped with tbf in both directions; Open MPI uses TCP only. The hosts share this machine's "
           "cores: 4 ranks on 2 cores compute at about half the speed of one rank alone.", ""]
     summary = []
