@@ -49,8 +49,8 @@ namespace {
 using namespace repro;
 
 struct network_cell {
-  std::string spec;   // fmnist::network_config spelling
-  std::string label;  // table label
+  std::string spec;                                     // fmnist::network_config spelling
+  std::string label;                                    // table label
   enum class kind { fast, slow, changing, grid } type;  // grid: a slow cell of the full grid (no target)
 };
 
@@ -163,8 +163,8 @@ bool heat_map(const std::string& out, const std::string& name, const std::vector
     std::ofstream f(script);
     // Wide enough for each cell's ratio (the full grid has 20 networks).
     const std::size_t width = std::max<std::size_t>(1100, 260 + 85 * cells.size());
-    f << "# Regenerate with: gnuplot " << script << "\nset terminal pngcairo size " << width << ",560\nset output '" << out
-      << "/heat_" << name << ".png'\nset title 'time to target over the fastest method on each network (" << name
+    f << "# Regenerate with: gnuplot " << script << "\nset terminal pngcairo size " << width << ",560\nset output '"
+      << out << "/heat_" << name << ".png'\nset title 'time to target over the fastest method on each network (" << name
       << ")'\nset cbrange [0:2]\nset cblabel 'log10 ratio'\n"
       << "set palette defined (0 '#1a9641', 0.05 '#ffffbf', 0.5 '#fdae61', 2 '#d7191c')\n"
       << "set xrange [-0.5:" << cells.size() - 0.5 << "]\nset yrange [-0.5:" << static_cast<int>(method_count) - 0.5
