@@ -124,36 +124,31 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     }
     const stream_ref s = opt.stream;
     launch_ = detail::launch_config::current_device();
-    sum_slots_ = detail::block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     states_ = device_buffer<detail::select_state>(L, s);
     prev_threshold_ = device_buffer<std::uint32_t>(L, s);
     // + 2: scratch for raw layers' gain pass and for the whole-buffer selection's pass
     sums_ = device_buffer<detail::layer_sums>(L + 2, s);
-    hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
-    hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     failure_ = device_buffer<std::uint32_t>(1, s);
     slots_ = device_buffer<detail::segment_slot>(L, s);
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
-    cap_ = static_cast<std::uint32_t>(std::min<std::size_t>(
-        largest,
-        std::max<std::size_t>(65536, static_cast<std::size_t>(opt.candidate_capacity * static_cast<double>(largest)))));
-    cand_ = device_buffer<std::uint32_t>(std::max<std::size_t>(cap_, 1), s);
-    constexpr std::size_t chunk = static_cast<std::size_t>(detail::select_threads) * detail::tie_items;
-    chunk_counts_ = device_buffer<std::uint32_t>(std::max<std::size_t>((largest + chunk - 1) / chunk, 1), s);
-    // Two-phase: the compaction's temporary storage for the largest layer, sized once for
-    // both outputs it writes (the packet's segments, and AR-Topk's and the whole buffer's
-    // index lists): CUB sizes it per call, so each call is queried and the largest kept.
-    std::size_t temp = 0, temp_whole = 0;
-    GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp, static_cast<std::int64_t>(largest),
-                                              detail::selected_by_threshold{nullptr, nullptr},
-                                              detail::bounded_index_writer{nullptr, nullptr}, nullptr, s.get()));
-    GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp_whole, static_cast<std::int64_t>(largest),
-                                              detail::selected_by_threshold{nullptr, nullptr},
-                                              detail::whole_index_writer{nullptr, nullptr}, nullptr, s.get()));
-    select_temp_ = device_buffer<std::byte>(std::max<std::size_t>({temp, temp_whole, 1}), s);
-    if (whole_) {
+    if (whole_) {  // the per-launch passes of the whole-buffer selection and its raw layers
+      sum_slots_ = detail::block_slots_buffer(static_cast<unsigned long long>(launch_.max_stride_grid()), s);
+      hist_ = device_buffer<std::uint32_t>(detail::max_bins, s);
+      hist_sq_ = device_buffer<unsigned long long>(detail::max_bins, s);
+      cap_ = static_cast<std::uint32_t>(std::min<std::size_t>(
+          largest, std::max<std::size_t>(
+                       65536, static_cast<std::size_t>(opt.candidate_capacity * static_cast<double>(largest)))));
+      cand_ = device_buffer<std::uint32_t>(std::max<std::size_t>(cap_, 1), s);
+      constexpr std::size_t chunk = static_cast<std::size_t>(detail::select_threads) * detail::tie_items;
+      chunk_counts_ = device_buffer<std::uint32_t>(std::max<std::size_t>((largest + chunk - 1) / chunk, 1), s);
+      // Two-phase: the compaction's temporary storage, queried for the whole buffer.
+      std::size_t temp = 0;
+      GRAVAC_TRY_CUDA(detail::select_indices_if(nullptr, temp, static_cast<std::int64_t>(largest),
+                                                detail::selected_by_threshold{nullptr, nullptr},
+                                                detail::whole_index_writer{nullptr, nullptr}, nullptr, s.get()));
+      select_temp_ = device_buffer<std::byte>(std::max<std::size_t>(temp, 1), s);
       concat_ = device_buffer<float>(std::max<std::size_t>(lay.numel(), 1), s);
       list_ = device_buffer<std::uint32_t>(std::max<std::size_t>(lay.numel(), 1), s);
       whole_state_ = device_buffer<detail::select_state>(1, s);
@@ -551,22 +546,22 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   options options_;
   mutable detail::device_packets packets_;
   detail::launch_config launch_;  // the grids of this device
-  std::uint32_t cap_ = 0;
+  std::uint32_t cap_ = 0;         // whole: the candidate buffer's capacity
   device_buffer<detail::select_state> states_;
   device_buffer<std::uint32_t> prev_threshold_;
   device_buffer<detail::layer_sums> sums_;
-  device_buffer<std::uint32_t> hist_;
-  device_buffer<unsigned long long> hist_sq_;  // fixed point (bin_energy.hpp)
-  detail::block_slots_buffer sum_slots_;       // per-block partial statistics (ordered_sums.hpp)
+  device_buffer<std::uint32_t> hist_;          // whole: the histogram of the per-launch passes
+  device_buffer<unsigned long long> hist_sq_;  // whole: its energies, fixed point (bin_energy.hpp)
+  detail::block_slots_buffer sum_slots_;       // whole: per-block partial statistics (ordered_sums.hpp)
   device_buffer<double> gain_out_;
   device_buffer<std::uint32_t> failure_;
   device_buffer<detail::segment_slot> slots_;
   device_buffer<detail::packet_cursor> cursor_;
-  device_buffer<std::uint32_t> cand_;
-  device_buffer<std::uint32_t> chunk_counts_;
-  device_buffer<std::byte> select_temp_;
-  detail::estimate_jobs est_jobs_;  // threshold: every layer's estimate
-  detail::select_jobs jobs_;        // the job tables of every pass (whole_buffer: AR-Topk's index lists only)
+  device_buffer<std::uint32_t> cand_;          // whole: the candidate buffer
+  device_buffer<std::uint32_t> chunk_counts_;  // whole: the tie search's counts
+  device_buffer<std::byte> select_temp_;       // whole: the compaction's temporary storage
+  detail::estimate_jobs est_jobs_;             // threshold: every layer's estimate
+  detail::select_jobs jobs_;  // the job tables of every pass (whole_buffer: AR-Topk's index lists only)
   std::vector<std::pair<std::size_t, std::size_t>> pending_selections_;  // AR-Topk: (layer, k) to check
   std::vector<detail::select_jobs::list_request> lists_;                 // AR-Topk: the lists not yet queued
   const float* lists_base_ = nullptr;                                    // the buffer they select from

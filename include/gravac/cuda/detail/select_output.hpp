@@ -1,7 +1,8 @@
 #pragma once
 //! \file
-//! \brief The output of the device radix select: the ordered compaction's predicate and writer, the gather into the
-//! packet with the residual update, raw layers, and the undo of a failed step.
+//! \brief The output of the device radix select: the ordered compaction's predicate, the
+//! completion of AR-Topk's short lists, the gather into the packet with the residual
+//! update, raw layers, and the undo of a failed step.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
@@ -23,18 +24,6 @@ struct selected_by_threshold {
     const std::uint32_t t = st->threshold;
     return st->done == 1 && key < non_finite_key &&
            (key > t || (key == t && (st->take_all_ties || i <= st->tie_index)));
-  }
-};
-
-//! The compaction's output: writes the j-th selected index into the layer's placed
-//! segment, never past its count (a defence: the selection yields exactly the count, and
-//! gather_pass checks it).
-struct bounded_index_writer {
-  std::byte* packet;         //!< the packet
-  const segment_slot* slot;  //!< the layer's placed segment (payload offset and count)
-  __device__ __forceinline__ void operator()(std::int64_t j, std::uint32_t index) const {
-    if (j >= 0 && static_cast<unsigned long long>(j) < slot->count)
-      reinterpret_cast<std::uint32_t*>(packet + slot->payload_at)[j] = index;
   }
 };
 

@@ -24,7 +24,7 @@
 namespace gravac::detail {
 
 //! The compaction's output of the whole-buffer selection: position j of the sorted list,
-//! never past the count (a defence, as bounded_index_writer).
+//! never past the count (a defence: the selection yields exactly the count).
 struct whole_index_writer {
   std::uint32_t* list;     //!< the selected positions in the concatenation
   const select_state* st;  //!< the whole-buffer selection (its count)
