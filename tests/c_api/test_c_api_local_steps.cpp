@@ -54,18 +54,22 @@ void sgd(std::vector<float>& x, const std::vector<float>& g) {
 const char* const option_names[] = {"kept_fraction", "sparseloco_chunk", "local_period", "outer"};
 const char* const option_values[] = {"0.1", "32", "3", "nesterov"};
 
-gravac_method local_method() {
+// A method of \p compressor over Allgather, policy fixed, with \p count options.
+gravac_method method_of(const char* compressor, const char* const* names, const char* const* values,
+                        std::size_t count) {
   gravac_method m{};
   m.struct_size = sizeof m;
-  m.compressor = "sparseloco";
+  m.compressor = compressor;
   m.collective = "allgather";
   m.policy = "fixed";
   m.bucket_mb = -1;
-  m.option_names = option_names;
-  m.option_values = option_values;
-  m.option_count = 4;
+  m.option_names = names;
+  m.option_values = values;
+  m.option_count = count;
   return m;
 }
+
+gravac_method local_method() { return method_of("sparseloco", option_names, option_values, 4); }
 
 // Runs \p body(rank, comm) on 2 thread ranks of the C ABI's thread engine.
 template <class F>
@@ -242,18 +246,7 @@ const char* const adaptive_names[] = {"local_adaptive", "local_max_period", "loc
                                       "network_source", "network_gbps",     "outer"};
 const char* const adaptive_values[] = {"1", "4", "simulated", "0.01", "measured", "0.000001", "averaging"};
 
-gravac_method adaptive_method() {
-  gravac_method m{};
-  m.struct_size = sizeof m;
-  m.compressor = "topk";
-  m.collective = "allgather";
-  m.policy = "fixed";
-  m.bucket_mb = -1;
-  m.option_names = adaptive_names;
-  m.option_values = adaptive_values;
-  m.option_count = 7;
-  return m;
-}
+gravac_method adaptive_method() { return method_of("topk", adaptive_names, adaptive_values, 7); }
 
 TEST_CASE(
     "C ABI: where the adaptive policy switches to per-step rounds, averaging the momentum keeps the ranks "

@@ -278,9 +278,8 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   // Queues the index lists select_indices() collected (select_jobs::queue_lists).
   void queue_lists() {
     if (lists_.empty()) return;
-    const std::vector<detail::select_jobs::list_request> lists = std::move(lists_);
-    lists_.clear();
-    jobs_.queue_lists(options_.stream.get(), lists_base_, lists, states_.data());
+    jobs_.queue_lists(options_.stream.get(), lists_base_, lists_, states_.data());
+    lists_.clear();  // kept for its room; after a failure, abandon_lists clears it
   }
 
   // The largest packet this step can produce: k values per layer (a top-k layer sends at

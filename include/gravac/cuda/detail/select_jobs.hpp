@@ -348,7 +348,8 @@ class select_jobs {
   //! and the compaction's) at any number of layers.
   void queue_lists(cudaStream_t s, const float* u, std::span<const list_request> requests, select_state* states) {
     if (requests.empty()) return;
-    std::vector<compaction_window> windows;
+    std::vector<compaction_window>& windows = list_windows_;
+    windows.clear();
     unsigned long long blocks[select_pass_count] = {};
     std::size_t q = 0;
     for (const list_request& rq : requests) {
@@ -548,11 +549,13 @@ class select_jobs {
   device_buffer<std::byte> temp_;
   block_slots_buffer slots_;
   pinned_buffer<unsigned long long> k_host_;
-  device_buffer<select_job> list_table_;       // the index lists' table
-  pinned_buffer<select_job> list_staging_;     // its upload (rewritten once the last lists' stream finished)
-  device_buffer<std::uint32_t*> lists_;        // per row: where its index list goes
-  pinned_buffer<std::uint32_t*> lists_host_;   // their upload
-  device_buffer<std::uint32_t> no_threshold_;  // per row: 0, no previous threshold (the index lists)
+  device_buffer<select_job> list_table_;      // the index lists' table
+  pinned_buffer<select_job> list_staging_;    // its upload (rewritten once the last lists' stream finished)
+  device_buffer<std::uint32_t*> lists_;       // per row: where its index list goes
+  pinned_buffer<std::uint32_t*> lists_host_;  // their upload
+  device_buffer<std::uint32_t> no_threshold_;
+  std::vector<compaction_window> list_windows_;  // the index lists' windows (rebuilt per call, kept for its room)  //
+                                                 // per row: 0, no previous threshold (the index lists)
 };
 
 }  // namespace gravac::detail
