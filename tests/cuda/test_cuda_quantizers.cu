@@ -442,10 +442,10 @@ TEST_CASE("fused_jobs_pass over every layer equals select_fused_pass launched pe
     cd::gain_request rq;
     rq.count = static_cast<int>(fractions.size());
     for (int c = 0; c < rq.count; ++c) rq.k[c] = gravac::kept_count(l.numel, fractions[static_cast<std::size_t>(c)]);
-    cd::launch(&cd::select_fused_pass, lc.grid_stride(l.numel, cd::select_threads * cd::fused_items),
-               cd::select_threads, s, g.data() + l.offset, e_ref.data() + l.offset, l.numel, 0, st_ref.data() + i,
-               zero.data(), hist_ref.data(), sq_ref.data(), nullptr, 0, sums_ref.data() + i, rq, out_ref.data(), false,
-               nullptr, slots.view());
+    cd::launch(&cd::select_fused_pass, lc.grid_stride(l.numel, cd::square_tile), cd::select_threads, s,
+               g.data() + l.offset, e_ref.data() + l.offset, l.numel, 0, st_ref.data() + i, zero.data(),
+               hist_ref.data(), sq_ref.data(), nullptr, 0, sums_ref.data() + i, rq, out_ref.data(), false, nullptr,
+               slots.view());
   }
   const auto ur = to_host(e_ref.data(), numel);
   const auto gr = to_host(out_ref.data(), fractions.size());

@@ -36,6 +36,7 @@
 #include "gravac/cuda/detail/select_jobs.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/space_hooks.hpp"  // the trainer's hooks on this space
+#include "gravac/cuda/detail/square_sums.hpp"
 #include "gravac/cuda/detail/stream_copies.hpp"
 #include "gravac/cuda/detail/stream_members.hpp"
 #include "gravac/cuda/detail/threshold_kernels.hpp"
@@ -393,16 +394,15 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     auto* sti = states_.data() + i;
     auto* slot = slots_.data() + i;
     if (gains.count > 0) {
-      detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
-                     cd::select_threads, s, gl, el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(),
-                     hist_sq_.data(), cand_.data(), 0, sums_.data() + layout_.size(), gains, gain_out_.data(), false,
-                     nullptr, sum_slots_.view());
+      detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::square_tile), cd::select_threads, s, gl,
+                     el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), 0,
+                     sums_.data() + layout_.size(), gains, gain_out_.data(), false, nullptr, sum_slots_.view());
       u_in_e_[i] = 1;
     }
     detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                    &sti->count, static_cast<std::uint32_t>(i), l.numel, true);
-    detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::select_threads), cd::select_threads, s, gl, el,
-                   packet, slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
+    detail::launch(&cd::raw_pass, launch_.grid_stride(l.numel, cd::square_tile), cd::select_threads, s, gl, el, packet,
+                   slot, l.numel, sums_.data() + i, sti, gains.count > 0, sum_slots_.view());
     u_in_e_[i] = 1;  // sent raw, e = 0: restore() gives u back from the packet
   }
 
@@ -423,10 +423,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       const auto& l = layout_[i];
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
-      detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::select_threads * cd::fused_items),
-                     cd::select_threads, s, g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i,
-                     no_threshold_.data(), hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains,
-                     gain_out_.data(), false, concat_.data() + total, sum_slots_.view());
+      detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::square_tile), cd::select_threads, s,
+                     g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
+                     hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
+                     concat_.data() + total, sum_slots_.view());
       u_in_e_[i] = 1;
       total += l.numel;
     }
@@ -436,10 +436,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       const auto kk = static_cast<std::uint32_t>(k);
       const auto cap = static_cast<std::uint32_t>(std::min<std::size_t>(cap_, total));
       cd::gain_request none;
-      detail::launch(&cd::select_fused_pass, launch_.grid_stride(total, cd::select_threads * cd::fused_items),
-                     cd::select_threads, s, nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(),
-                     hist_.data(), hist_sq_.data(), cand_.data(), cap, sums_.data() + layers + 1, none,
-                     gain_out_.data(), false, nullptr, sum_slots_.view());
+      detail::launch(&cd::select_fused_pass, launch_.grid_stride(total, cd::square_tile), cd::select_threads, s,
+                     nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(), hist_.data(), hist_sq_.data(),
+                     cand_.data(), cap, sums_.data() + layers + 1, none, gain_out_.data(), false, nullptr,
+                     sum_slots_.view());
       if (k > 0) {
         const int grid1 = launch_.grid_stride(total, cd::select_threads);
         detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, concat_.data(), total, whole, cand_.data(),
@@ -473,7 +473,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                      sti, first_.data() + i);
       detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
                      &sti->count, static_cast<std::uint32_t>(i), l.numel, false);
-      detail::launch(&cd::gather_whole_pass, launch_.grid_stride(std::min(l.numel, k), cd::select_threads),
+      detail::launch(&cd::gather_whole_pass, launch_.grid_stride(std::min(l.numel, k), cd::square_tile),
                      cd::select_threads, s, packet, slot, e.data() + l.offset, list_.data(), first_.data() + i,
                      static_cast<std::uint32_t>(start), sti, whole, sums_.data() + i, failure_.data(),
                      sum_slots_.view());

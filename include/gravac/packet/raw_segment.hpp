@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <span>
 
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/core/layout.hpp"
 #include "gravac/core/step.hpp"
 #include "gravac/packet/format.hpp"
@@ -23,7 +24,7 @@ constexpr std::size_t raw_segment_bytes(std::size_t numel) noexcept {
 }
 
 //! Writes layer \p index as a raw segment: u = g + e is sent whole and e becomes 0.
-//! Fills the layer's statistics.
+//! Fills the layer's statistics (square_sum.hpp's order).
 inline void write_raw_segment(byte_writer& w, std::uint32_t index, std::span<const float> g, std::span<float> e,
                               layer_stats& st) {
   segment_header sh;
@@ -33,17 +34,14 @@ inline void write_raw_segment(byte_writer& w, std::uint32_t index, std::span<con
   sh.count = g.size();
   write_segment(w, sh, [&](byte_writer& bw) {
     std::byte* dst = bw.reserve(g.size() * sizeof(float));
-    double gsq = 0, usq = 0;
     for (std::size_t i = 0; i < g.size(); ++i) {
       const float u = g[i] + e[i];
-      gsq += static_cast<double>(g[i]) * g[i];
-      usq += static_cast<double>(u) * u;
       std::memcpy(dst + i * sizeof(float), &u, sizeof(float));
       e[i] = 0.0f;
     }
-    st.grad_sq = gsq;
-    st.input_sq = usq;
-    st.kept_sq = usq;
+    st.grad_sq = detail::square_sum(g);
+    st.input_sq = detail::square_sum_bytes(dst, g.size());
+    st.kept_sq = st.input_sq;
     st.kept = g.size();
   });
 }

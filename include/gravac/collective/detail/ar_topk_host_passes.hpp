@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "gravac/collective/control/step_control.hpp"
+#include "gravac/compress/detail/fused_pass.hpp"
 #include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/core/error.hpp"
 #include "gravac/core/layout.hpp"
 #include "gravac/core/memory.hpp"
@@ -42,29 +44,22 @@ class ar_topk_host_passes {
     auto g = gv.span();
     auto e = ev.span();
     double local_sq = 0;
+    const bool want_gain = !p.gain_candidates.empty();
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const auto& l = lay[i];
-      double gsq = 0, usq = 0;
-      if (p.gain_candidates.empty()) {
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
-          gsq += static_cast<double>(g[j]) * g[j];
-          e[j] += g[j];
-          usq += static_cast<double>(e[j]) * e[j];
-        }
-      } else {
-        // The same pass fills the magnitude histogram the gain curve is read from.
-        for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
-          gsq += static_cast<double>(g[j]) * g[j];
-          e[j] += g[j];
-          usq += static_cast<double>(e[j]) * e[j];
-          hist_.add(magnitude_key(e[j]));
-        }
+      // The fused pass without a guess: u = g + e, the norms in the sums' tree
+      // (core/detail/square_sum.hpp), and every |u| into the histogram when a gain curve
+      // is wanted.
+      const histogram_sampling hs = want_gain ? histogram_sampling{&hist_, 1, 0} : histogram_sampling{};
+      const fused_pass_result r = fused_pass<fused_lanes>(g.data() + l.offset, e.data() + l.offset, l.numel, 0,
+                                                          no_guess, nullptr, nullptr, hs, no_guess);
+      if (want_gain) {
         add_gain_curve(hist_, l.numel, p.gain_candidates, st.candidate_kept_sq);
         hist_.clear();
       }
-      st.layers[i].grad_sq = gsq;
-      st.layers[i].input_sq = usq;
-      local_sq += gsq;
+      st.layers[i].grad_sq = r.grad_sq;
+      st.layers[i].input_sq = r.input_sq;
+      local_sq += r.grad_sq;
     }
     return local_sq;
   }
@@ -125,24 +120,21 @@ class ar_topk_host_passes {
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const auto& l = lay[i];
       auto& ls = st.layers[i];
-      double ksq = 0;
       const std::size_t v0 = v;
       if (dense[i]) {
         for (std::size_t j = l.offset; j < l.offset + l.numel; ++j) {
           values_[v++] = e[j];
-          ksq += static_cast<double>(e[j]) * e[j];
           e[j] = 0.0f;
         }
       } else {
         for (std::size_t s = offsets[i]; s < offsets[i + 1]; ++s) {
           const std::size_t j = l.offset + index_at(s);
           values_[v++] = e[j];
-          ksq += static_cast<double>(e[j]) * e[j];
           e[j] = 0.0f;
         }
       }
       ls.kept = v - v0;
-      ls.kept_sq = ksq;
+      ls.kept_sq = square_sum(std::span<const float>(values_.data() + v0, v - v0));  // in the order sent
     }
   }
 

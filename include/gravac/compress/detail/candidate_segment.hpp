@@ -10,6 +10,7 @@
 #include <span>
 
 #include "gravac/compress/detail/candidate_select.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/packet/sparse_packet.hpp"
 
@@ -27,7 +28,8 @@ namespace gravac::detail {
 
 //! Writes the sparse segment of layer \p index (\p numel elements) from the \p count
 //! candidates of \p s at \p slot, values from the pass (after a pass that zeroed them in e:
-//! the residual is already right, and e is not touched). Returns the energy sent.
+//! the residual is already right, and e is not touched). Returns the energy sent (the
+//! values in packet order, square_sum.hpp's tree).
 inline double write_segment_from_candidates(byte_writer& w, candidate_slots s, std::uint32_t index, std::size_t numel,
                                             std::size_t slot, std::size_t count) {
   const segment_header sh = sparse_header(index, numel, count);
@@ -39,17 +41,14 @@ inline double write_segment_from_candidates(byte_writer& w, candidate_slots s, s
     std::byte* vd = bw.reserve(count * sizeof(float));
     std::memcpy(id, ip, count * sizeof(std::uint32_t));
     std::memcpy(vd, bp, count * sizeof(float));
-    for (std::size_t j = 0; j < count; ++j) {
-      const double v = std::bit_cast<float>(bp[j]);
-      ksq += v * v;
-    }
+    ksq = square_sum_of(count, [bp](std::size_t j) { return std::bit_cast<float>(bp[j]); });
   });
   return ksq;
 }
 
 //! Writes the sparse segment of layer \p index from the \p count selected indices of \p s
 //! at \p slot, taking each value from u (held in e) and leaving zero in the residual.
-//! Returns the energy sent.
+//! Returns the energy sent (the values in packet order, square_sum.hpp's tree).
 inline double write_segment_from(byte_writer& w, candidate_slots s, std::uint32_t index, std::span<float> e,
                                  std::size_t slot, std::size_t count) {
   const segment_header sh = sparse_header(index, e.size(), count);
@@ -66,10 +65,10 @@ inline double write_segment_from(byte_writer& w, candidate_slots s, std::uint32_
       const std::uint32_t ix = ip[j];
       const float v = e[ix];
       e[ix] = 0.0f;
-      ksq += static_cast<double>(v) * v;
       std::memcpy(id + j * sizeof(std::uint32_t), &ix, sizeof ix);
       std::memcpy(vd + j * sizeof(float), &v, sizeof v);
     }
+    ksq = square_sum_bytes(vd, count);  // the values sent, in their packet order
   });
   return ksq;
 }

@@ -17,16 +17,16 @@
 #include <immintrin.h>
 #endif
 
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac::detail {
 
-//! Groups of 8 of the fused pass: u = g + e stored over e, float partial sums of g^2 and
-//! u^2, a non-finite flag, and the mask of the lanes whose key lies in (lo, non_finite_key).
-//! With \p Band, also a count of the lanes whose key lies in (band_lo, non_finite_key):
-//! the elements at or above a lower floor, counted without being collected (see
-//! fused_pass_result::at_floor). Keys are below 2^31, so signed compares order them, which
-//! SSE2 has.
+//! Groups of 8 of the fused pass: u = g + e stored over e, the float lanes of the leaf sums
+//! of g^2 and u^2 (square_sum.hpp), a non-finite flag, and the mask of the lanes whose key lies in (lo,
+//! non_finite_key). With \p Band, also a count of the lanes whose key lies in (band_lo, non_finite_key): the elements
+//! at or above a lower floor, counted without being collected (see fused_pass_result::at_floor). Keys are below 2^31,
+//! so signed compares order them, which SSE2 has.
 #if defined(__SSE2__) && !defined(GRAVAC_PORTABLE_KERNELS)
 struct fused_lanes {
   __m128 fg0 = _mm_setzero_ps(), fg1 = _mm_setzero_ps(), fu0 = _mm_setzero_ps(), fu1 = _mm_setzero_ps();
@@ -60,13 +60,13 @@ struct fused_lanes {
     const __m128i c1 = _mm_andnot_si128(bad1, _mm_cmpgt_epi32(k1, l));
     return static_cast<unsigned>(_mm_movemask_ps(_mm_castsi128_ps(c0)) | (_mm_movemask_ps(_mm_castsi128_ps(c1)) << 4));
   }
-  //! Adds the block's partial sums to \p gs and \p us (double) and restarts them.
+  //! The block's leaf sums (square_sum.hpp) into \p gs and \p us; restarts the lanes.
   void flush(double& gs, double& us) noexcept {
     alignas(16) float a[4], b[4];
     _mm_store_ps(a, _mm_add_ps(fg0, fg1));
     _mm_store_ps(b, _mm_add_ps(fu0, fu1));
-    gs += (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
-    us += (static_cast<double>(b[0]) + b[1]) + (static_cast<double>(b[2]) + b[3]);
+    gs = (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
+    us = (static_cast<double>(b[0]) + b[1]) + (static_cast<double>(b[2]) + b[3]);
     fg0 = fg1 = fu0 = fu1 = _mm_setzero_ps();
   }
   //! Stores the (index, bit pattern) of the lanes of \p mask (the last step8's group of 8
@@ -117,12 +117,11 @@ struct fused_lanes {
     }
     return mask;
   }
+  //! The block's leaf sums (square_sum.hpp) into \p gs and \p us; restarts the lanes.
   void flush(double& gs, double& us) noexcept {
-    for (unsigned l = 0; l < 8; ++l) {
-      gs += fg[l];
-      us += fu[l];
-      fg[l] = fu[l] = 0.0f;
-    }
+    gs = combine_square_lanes(fg);
+    us = combine_square_lanes(fu);
+    for (unsigned l = 0; l < 8; ++l) fg[l] = fu[l] = 0.0f;
   }
   //! Stores the (index, bit pattern) of the lanes of \p mask (the last step8's group of 8
   //! at \p e, element \p first) at \p idx / \p bits; returns how many. A loop over the
@@ -215,8 +214,8 @@ struct fused_lanes_avx2 {
     alignas(16) float a[4], b[4];
     _mm_store_ps(a, _mm_add_ps(_mm256_castps256_ps128(fg), _mm256_extractf128_ps(fg, 1)));
     _mm_store_ps(b, _mm_add_ps(_mm256_castps256_ps128(fu), _mm256_extractf128_ps(fu, 1)));
-    gs += (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
-    us += (static_cast<double>(b[0]) + b[1]) + (static_cast<double>(b[2]) + b[3]);
+    gs = (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
+    us = (static_cast<double>(b[0]) + b[1]) + (static_cast<double>(b[2]) + b[3]);
     fg = fu = _mm256_setzero_ps();
   }
   [[nodiscard, gnu::target("avx2")]] std::uint64_t band_count() const noexcept {

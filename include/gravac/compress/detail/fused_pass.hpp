@@ -18,9 +18,12 @@
 #include "gravac/compress/detail/fused_lanes.hpp"
 #include "gravac/compress/detail/gain_sampling.hpp"
 #include "gravac/core/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac::detail {
+
+static_assert(fused_block == square_sum_leaf, "a block of the fused pass is a leaf of the sums' tree");
 
 //! A guess that collects nothing.
 inline constexpr std::uint32_t no_guess = 0xffffffffu;
@@ -36,7 +39,8 @@ struct fused_pass_result {
   bool non_finite = false;  //!< a NaN or infinity was seen in u
 };
 
-//! The fused pass over one chunk: u = g + e stored in e; the elements whose key is >= guess
+//! The fused pass over one chunk: u = g + e stored in e; ||g||^2 and ||u||^2 over the
+//! chunk's blocks in square_sum.hpp's tree (the chunk starts on a block boundary); the elements whose key is >= guess
 //! (and finite) collected into idx/bits in index order: the index (relative to the layer:
 //! \p base is the chunk's offset in it) and the bit pattern of u (its key is the pattern
 //! without the sign bit). Elements selected by \p hs also go into its histogram (count and
@@ -48,7 +52,7 @@ struct fused_pass_result {
 //! the floor suffices.
 //!
 //! The pass runs at about the speed of `e += g` (memory-bound): the sums ride in float
-//! lanes per block (32 terms per lane, then double), the compare yields a bit mask per 8
+//! lanes per block (32 terms per lane, then double, then the blocks' tree), the compare yields a bit mask per 8
 //! elements, and the lanes store the candidates of the mask (fused_lanes::collect8: a
 //! loop over its set bits, or in AVX2 one compressing permutation, no branch). The histogram is what is slow
 //! (a scatter per element), hence the sampling for large layers.
@@ -64,6 +68,7 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
   std::uint64_t tail_band = 0;
   Lanes lanes;
   fused_pass_result r;
+  pairwise_sum grad_tree, input_tree;  // the leaves are the blocks (square_sum.hpp)
   std::size_t c = 0;
   const std::size_t first_block = base / fused_block;  // chunks of threads start block-aligned
   for (std::size_t b0 = 0; b0 < n; b0 += fused_block) {
@@ -78,13 +83,14 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
         c += lanes.collect8(mask, base + static_cast<std::uint32_t>(b0 + j), eb + j, idx + c, bits + c);
       }
     }
-    lanes.flush(r.grad_sq, r.input_sq);
+    double leaf_g = 0, leaf_u = 0;
+    lanes.flush(leaf_g, leaf_u);
     for (; j < m; ++j) {  // the last few of a chunk
       const float gv = gb[j];
       const float u = gv + eb[j];
       eb[j] = u;
-      r.grad_sq += static_cast<double>(gv) * gv;
-      r.input_sq += static_cast<double>(u) * u;
+      leaf_g += static_cast<double>(gv) * gv;
+      leaf_u += static_cast<double>(u) * u;
       const std::uint32_t k = std::bit_cast<std::uint32_t>(u) & 0x7fffffffu;
       r.non_finite = r.non_finite || k >= non_finite_key;
       if constexpr (Collect) {
@@ -94,6 +100,8 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
         if constexpr (Band) tail_band += (k >= floor && k < non_finite_key) ? 1u : 0u;
       }
     }
+    grad_tree.push(leaf_g);
+    input_tree.push(leaf_u);
     if (hs.hist != nullptr && (first_block + b0 / fused_block) % hs.stride == hs.phase) {
       std::uint32_t kmin = 0xffffffffu, kmax = 0;
       for (std::size_t i = 0; i < m; ++i) {
@@ -111,6 +119,8 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
       for (std::size_t q = c0; q < c; ++q)
         if ((bits[q] & 0x7fffffffu) >= zero_from) e[idx[q] - base] = 0.0f;
   }
+  r.grad_sq = grad_tree.total();
+  r.input_sq = input_tree.total();
   r.collected = c;
   if constexpr (Band)
     r.at_floor = lanes.band_count() + tail_band;

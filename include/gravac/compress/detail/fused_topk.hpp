@@ -8,11 +8,13 @@
 //! residual update (candidate_segment.hpp): docs/algorithms.md, "Compressors" (Top-k).
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gravac/compress/detail/candidate_segment.hpp"
@@ -21,6 +23,7 @@
 #include "gravac/compress/detail/fused_pass.hpp"
 #include "gravac/compress/detail/gain_sampling.hpp"
 #include "gravac/core/detail/isa_dispatch.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/packet/format.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
@@ -147,18 +150,34 @@ class fused_topk_workspace {
   // Splits the layer into one chunk per thread (whole blocks, so histogram sampling picks
   // the same blocks as one thread would); each collects into its own part of the layer's
   // region and fills its own histogram. The parts are then moved together (in index
-  // order) and the histograms merged.
+  // order) and the histograms merged. A thread runs its chunk as granules of a power of two
+  // blocks, each starting on a multiple of its size: a granule's sums are then a subtree of
+  // the sums' tree (square_sum.hpp), and adding the granules' sums in that tree gives one
+  // thread's bits whatever the number of threads.
   fused_pass_result fuse_threaded(std::span<const float> g, std::span<float> e, std::size_t slot, std::uint32_t guess,
                                   const histogram_sampling& hs, std::uint32_t zero_from, std::uint32_t floor) {
     const std::size_t n = g.size();
     const std::size_t blocks = (n + fused_block - 1) / fused_block;
-    const std::size_t per = (blocks + threads_ - 1) / threads_ * fused_block;
+    const std::size_t granule = std::bit_floor(std::max<std::size_t>(1, blocks / (threads_ * 4))) * fused_block;
+    const std::size_t granules = (n + granule - 1) / granule;
+    const std::size_t per = (granules + threads_ - 1) / threads_ * granule;
+    granule_sums_.resize(granules);
     auto work = [&](unsigned t) {
       const std::size_t a = std::min(n, t * per), b = std::min(n, a + per);
       histogram_sampling ths = hs;
       if (hs.hist != nullptr) ths.hist = &thread_hist_[t];
-      thread_results_[t] = fuse_chunk(g.data() + a, e.data() + a, b - a, static_cast<std::uint32_t>(a), guess,
-                                      idx_.data() + slot + a, bits_.data() + slot + a, ths, zero_from, floor);
+      fused_pass_result tr;
+      for (std::size_t q = a; q < b; q += granule) {
+        const std::size_t m = std::min(granule, b - q);
+        const fused_pass_result gr = fuse_chunk(g.data() + q, e.data() + q, m, static_cast<std::uint32_t>(q), guess,
+                                                idx_.data() + slot + a + tr.collected,
+                                                bits_.data() + slot + a + tr.collected, ths, zero_from, floor);
+        granule_sums_[q / granule] = {gr.grad_sq, gr.input_sq};
+        tr.collected += gr.collected;
+        tr.at_floor += gr.at_floor;
+        tr.non_finite = tr.non_finite || gr.non_finite;
+      }
+      thread_results_[t] = tr;
     };
     for (unsigned t = 1; t < threads_; ++t) pool_.emplace_back(work, t);
     work(0);
@@ -174,14 +193,19 @@ class fused_topk_workspace {
       }
       c += tr.collected;
       at_floor += tr.at_floor;
-      r.grad_sq += tr.grad_sq;
-      r.input_sq += tr.input_sq;
       r.non_finite = r.non_finite || tr.non_finite;
       if (hs.hist != nullptr) {
         hs.hist->merge(thread_hist_[t]);
         thread_hist_[t].clear();
       }
     }
+    pairwise_sum grad_tree, input_tree;
+    for (const auto& [gs, us] : granule_sums_) {
+      grad_tree.push(gs);
+      input_tree.push(us);
+    }
+    r.grad_sq = grad_tree.total();
+    r.input_sq = input_tree.total();
     r.collected = c;
     r.at_floor = at_floor;
     return r;
@@ -193,6 +217,7 @@ class fused_topk_workspace {
   unsigned threads_ = 1;
   std::vector<magnitude_histogram> thread_hist_;
   std::vector<fused_pass_result> thread_results_;
+  std::vector<std::pair<double, double>> granule_sums_;  // ||g||^2 and ||u||^2 of each granule
   std::vector<std::jthread> pool_;
 };
 //! Completes the gain histogram after a fused pass with sampling \p hs and \p collected

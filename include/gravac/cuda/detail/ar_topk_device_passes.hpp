@@ -206,7 +206,7 @@ class ar_topk_device_passes<cuda_space> {
     const cudaStream_t s = stream_.get();
     values_.resize(std::max<std::size_t>(total, 1));
     try {
-      const unsigned grid = upload_parts(lay, offsets, dense, select_threads, no_limit);
+      const unsigned grid = upload_parts(lay, offsets, dense, square_tile, no_limit);  // the sums' tiles
       if (grid)
         detail::launch(&ar_gather_parts, grid, select_threads, s, part_table(), e.data(), values_.data(), sums_.data());
     } catch (...) {

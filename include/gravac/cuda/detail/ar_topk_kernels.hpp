@@ -18,6 +18,7 @@
 #include "gravac/cuda/detail/launch_config.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
+#include "gravac/cuda/detail/square_sums.hpp"
 
 namespace gravac::detail {
 
@@ -67,21 +68,15 @@ static __global__ void __launch_bounds__(select_threads)
   grid.sums_done = a.sums_done + pt.layer;
   float* el = e + pt.offset;
   float* vl = values + pt.v_at;
-  const std::size_t stride = static_cast<std::size_t>(grid.blocks) * select_threads;
-  double ksq = 0;
-  for (std::size_t j = grid.block * static_cast<std::size_t>(select_threads) + threadIdx.x; j < pt.count; j += stride) {
-    const std::size_t at = pt.idx ? pt.idx[j] : j;
-    const float v = el[at];
-    vl[j] = v;
-    el[at] = 0.0f;
-    ksq += static_cast<double>(v) * v;
-  }
-  using reduce_t = block_reduce<double, select_threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  const double s = reduce_t(red).Sum(ksq);
-  const double mine[1] = {s};
+  // The kept energy: the values sent, in the order sent, in the host's tree (square_sums.hpp).
   double* const out[1] = {&sums[pt.layer].kept_sq};
-  add_in_block_order<select_threads, 1>(mine, a.slots, grid.sums_done, grid.first, grid.blocks, out);
+  square_sums_pass<1>(pt.count, grid, a.slots, out, [&](std::size_t j, bool in, float(&v)[1]) {
+    if (!in) return;
+    const std::size_t at = pt.idx ? pt.idx[j] : j;
+    v[0] = el[at];
+    vl[j] = v[0];
+    el[at] = 0.0f;
+  });
 }
 
 //! g[idx[j]] = sum[j] * inv (g[j] for a dense part), the host's float product; the rest of

@@ -103,7 +103,7 @@ class fused_jobs {
       j.block_first = blocks;
       j.row = static_cast<std::uint32_t>(rows_by_layer ? i : host.size());
       host.push_back(j);
-      blocks += static_cast<unsigned long long>(lc.grid_stride(lay[i].numel, select_threads * fused_items));
+      blocks += static_cast<unsigned long long>(lc.grid_stride(lay[i].numel, square_tile));
     }
     blocks_ = blocks;
     const std::size_t rows = std::max<std::size_t>(rows_by_layer ? lay.size() : host.size(), 1);

@@ -19,8 +19,6 @@ namespace gravac::detail {
 
 //! Threads per block of every selection kernel (topk_cuda, threshold_cuda, the gain pass).
 inline constexpr int select_threads = 256;
-//! Values per thread and round of the fused pass.
-inline constexpr int fused_items = 4;
 //! Elements per chunk of the ordered tie search.
 inline constexpr int tie_items = 16;
 //! Threads per block of the quantizer kernels.

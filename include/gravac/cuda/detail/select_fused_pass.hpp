@@ -12,6 +12,7 @@
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
+#include "gravac/cuda/detail/square_sums.hpp"
 
 namespace gravac::detail {
 
@@ -27,8 +28,8 @@ namespace gravac::detail {
 //! concatenation of the compressed layers); with \p g null, u is e as it stands (read only:
 //! the selection over that concatenation).
 //!
-//! The statistics repeat bit for bit whatever order the blocks run in: the norms are added
-//! in block order (\p slots, ordered_sums.hpp; none with \p sums null), the bins' energies in
+//! The statistics repeat bit for bit whatever order the blocks run in: the norms are the
+//! host's (the tree of square_sums.hpp, through \p slots; none with \p sums null), the bins' energies in
 //! fixed point (bin_energy.hpp), whose integer sums no order can change. Each candidate's
 //! kept energy is added to gain_out[c] by the last block.
 //!
@@ -52,52 +53,30 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   const std::uint32_t prev = *prev_threshold;  // top-k: 0 is no previous threshold
   const bool use_prev = threshold_mode ? prev < non_finite_key : prev != 0u;
   const std::uint32_t low = threshold_mode ? prev : (prev > candidate_margin ? prev - candidate_margin : 0u);
-  double gsq = 0, usq = 0;
   bool bad = false;
-  // Each thread handles fused_items values per round (loads first, for memory-level
-  // parallelism); a warp's lanes stay converged for the warp-aggregated append.
-  const std::size_t tile = static_cast<std::size_t>(select_threads) * fused_items;
-  for (std::size_t base = grid.block * tile + threadIdx.x; base - threadIdx.x < n; base += grid.blocks * tile) {
-    float gv[fused_items], ev[fused_items];
-#pragma unroll
-    for (int j = 0; j < fused_items; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * select_threads;
-      gv[j] = g && i < n ? g[i] : 0.0f;
-      ev[j] = i < n ? e[i] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < fused_items; ++j) {
-      const std::size_t i = base + static_cast<std::size_t>(j) * select_threads;
-      const bool in = i < n;
-      const float u = g ? gv[j] + ev[j] : ev[j];
-      std::uint32_t key = 0;
-      bool finite = false;
-      if (in) {
-        if (g) e[i] = u;
-        if (copy) copy[i] = u;
-        gsq = __dadd_rn(gsq, __dmul_rn(gv[j], gv[j]));  // rounded apart, as on the host
-        usq = __dadd_rn(usq, __dmul_rn(u, u));
-        key = device_magnitude_key(u);
-        finite = key < non_finite_key;
-        bad |= !finite;
-        if (finite) {  // NaN and infinity are never selected: they stay in the residual
-          atomicAdd(&sh_hist[key >> 20], 1u);
-          if (want_sq) atomicAdd(&sh_sq[key >> 20], energy_units(key));
-        }
+  // The positions in the order of the norms' tree (square_sums.hpp); a warp's lanes stay
+  // converged for the warp-aggregated append.
+  double* const out[2] = {sums ? &sums->grad_sq : nullptr, sums ? &sums->input_sq : nullptr};
+  square_sums_pass<2>(n, grid, slots, out, [&](std::size_t i, bool in, float(&v)[2]) {
+    std::uint32_t key = 0;
+    bool finite = false;
+    if (in) {
+      const float gv = g ? g[i] : 0.0f;
+      const float u = g ? gv + e[i] : e[i];
+      if (g) e[i] = u;
+      if (copy) copy[i] = u;
+      v[0] = gv;
+      v[1] = u;
+      key = device_magnitude_key(u);
+      finite = key < non_finite_key;
+      bad |= !finite;
+      if (finite) {  // NaN and infinity are never selected: they stay in the residual
+        atomicAdd(&sh_hist[key >> 20], 1u);
+        if (want_sq) atomicAdd(&sh_sq[key >> 20], energy_units(key));
       }
-      if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
     }
-  }
-  using reduce_t = block_reduce<double, select_threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  const double bg = reduce_t(red).Sum(gsq);
-  __syncthreads();
-  const double bu = reduce_t(red).Sum(usq);
-  if (sums) {
-    const double mine[2] = {bg, bu};
-    double* const out[2] = {&sums->grad_sq, &sums->input_sq};
-    add_in_block_order<select_threads, 2>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
-  }
+    if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
+  });
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     if (sh_hist[i]) {
@@ -116,6 +95,8 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   }
   // The finite count (the histogram holds finite keys only): k and the gain candidates'
   // k are at most that, as in gravac::topk and add_gain_curve.
+  using reduce_t = block_reduce<double, select_threads>;
+  __shared__ typename reduce_t::TempStorage red;
   using count_reduce_t = block_reduce<std::uint32_t, select_threads>;
   __shared__ typename count_reduce_t::TempStorage count_red;
   __shared__ std::uint32_t finite_total;

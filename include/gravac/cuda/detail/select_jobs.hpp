@@ -366,8 +366,7 @@ class select_jobs {
       j.window = add_to_windows(windows, j.offset, j.numel);
       for (int pass = 0; pass < select_pass_count; ++pass) j.first[pass] = blocks[pass];
       const int scan = launch_.grid_stride(j.numel, select_threads);
-      blocks[select_pass_fused] +=
-          static_cast<unsigned long long>(launch_.grid_stride(j.numel, select_threads * fused_items));
+      blocks[select_pass_fused] += static_cast<unsigned long long>(launch_.grid_stride(j.numel, square_tile));
       blocks[select_pass_scan] += static_cast<unsigned long long>(scan);
       blocks[select_pass_tie] += static_cast<unsigned long long>(launch_.tie_search(scan));
       lists_host_.data()[rq.row] = rq.list;
@@ -432,18 +431,16 @@ class select_jobs {
       for (int pass = 0; pass < select_pass_count; ++pass) j.first[pass] = blocks[pass];
       const bool selects = !j.raw && j.k > 0;
       if (!j.raw || gain_count > 0) {
-        blocks[select_pass_fused] +=
-            static_cast<unsigned long long>(launch_.grid_stride(j.numel, select_threads * fused_items));
+        blocks[select_pass_fused] += static_cast<unsigned long long>(launch_.grid_stride(j.numel, square_tile));
         ++fused_jobs;
       }
       if (selects) {
         const int scan = launch_.grid_stride(j.numel, select_threads);
         blocks[select_pass_scan] += static_cast<unsigned long long>(scan);
         blocks[select_pass_tie] += static_cast<unsigned long long>(launch_.tie_search(scan));
-        blocks[select_pass_gather] += static_cast<unsigned long long>(launch_.grid_stride(j.k, select_threads));
+        blocks[select_pass_gather] += static_cast<unsigned long long>(launch_.grid_stride(j.k, square_tile));
       }
-      if (j.raw)
-        blocks[select_pass_raw] += static_cast<unsigned long long>(launch_.grid_stride(j.numel, select_threads));
+      if (j.raw) blocks[select_pass_raw] += static_cast<unsigned long long>(launch_.grid_stride(j.numel, square_tile));
     }
     GRAVAC_TRY_CUDA(
         cudaMemcpyAsync(table_.data(), staging_.data(), jobs_.size() * sizeof(select_job), cudaMemcpyHostToDevice, s));

@@ -12,6 +12,7 @@
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
+#include "gravac/cuda/detail/square_sums.hpp"
 
 namespace gravac::detail {
 
@@ -67,29 +68,19 @@ __device__ inline void gather_body(std::byte* __restrict__ packet, const segment
                                    std::uint32_t* __restrict__ prev_threshold, layer_sums* __restrict__ sums,
                                    std::uint32_t* __restrict__ failure, block_slots slots, const pass_grid& grid,
                                    unsigned long long selected) {
-  double ksq = 0;
-  const std::size_t stride = static_cast<std::size_t>(grid.blocks) * select_threads;
   const std::size_t k = st->count;
   const bool ok = slot->placed && slot->count == k && selected == k;
   const auto* idx = reinterpret_cast<const std::uint32_t*>(packet + slot->payload_at);
   auto* values = reinterpret_cast<float*>(packet + slot->payload_at + pad8(k * sizeof(std::uint32_t)));
-  if (ok) {
-    for (std::size_t j = grid.block * static_cast<std::size_t>(select_threads) + threadIdx.x; j < k; j += stride) {
-      const std::uint32_t i = idx[j];
-      const float v = e[i];
-      values[j] = v;
-      e[i] = 0.0f;
-      ksq += static_cast<double>(v) * v;
-    }
-  }
-  using reduce_t = block_reduce<double, select_threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  const double s = reduce_t(red).Sum(ksq);
-  {
-    const double mine[1] = {s};
-    double* const out[1] = {&sums->kept_sq};
-    add_in_block_order<select_threads, 1>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
-  }
+  // The kept energy: the values sent, in packet order, in the host's tree (square_sums.hpp).
+  double* const out[1] = {&sums->kept_sq};
+  square_sums_pass<1>(ok ? k : 0, grid, slots, out, [&](std::size_t j, bool in, float(&v)[1]) {
+    if (!in) return;
+    const std::uint32_t i = idx[j];
+    v[0] = e[i];
+    values[j] = v[0];
+    e[i] = 0.0f;
+  });
   if (threadIdx.x == 0) {
     if (grid.block == 0) {
       if (!ok)
@@ -116,29 +107,20 @@ static __global__ void __launch_bounds__(select_threads)
 __device__ inline void raw_body(const float* __restrict__ g, float* __restrict__ e, std::byte* __restrict__ packet,
                                 const segment_slot* __restrict__ slot, std::size_t n, layer_sums* __restrict__ sums,
                                 select_state* __restrict__ st, bool u_in_e, block_slots slots, const pass_grid& grid) {
-  float* out = reinterpret_cast<float*>(packet + slot->payload_at);
-  double gsq = 0, usq = 0;
+  float* raw = reinterpret_cast<float*>(packet + slot->payload_at);
   bool bad = false;
-  const std::size_t stride = static_cast<std::size_t>(grid.blocks) * select_threads;
-  for (std::size_t i = grid.block * static_cast<std::size_t>(select_threads) + threadIdx.x; i < n; i += stride) {
+  double* const out[3] = {&sums->grad_sq, &sums->input_sq, &sums->kept_sq};
+  square_sums_pass<3>(n, grid, slots, out, [&](std::size_t i, bool in, float(&v)[3]) {
+    if (!in) return;
     const float gi = g[i];
     const float u = u_in_e ? e[i] : gi + e[i];  // u_in_e: the fused pass already wrote u
-    out[i] = u;
+    raw[i] = u;
     e[i] = 0.0f;
-    gsq += static_cast<double>(gi) * gi;
-    usq += static_cast<double>(u) * u;
+    v[0] = gi;
+    v[1] = u;
+    v[2] = u;
     bad |= !isfinite(u);
-  }
-  using reduce_t = block_reduce<double, select_threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  const double bg = reduce_t(red).Sum(gsq);
-  __syncthreads();
-  const double bu = reduce_t(red).Sum(usq);
-  {
-    const double mine[3] = {bg, bu, bu};
-    double* const out[3] = {&sums->grad_sq, &sums->input_sq, &sums->kept_sq};
-    add_in_block_order<select_threads, 3>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
-  }
+  });
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   if (grid.block == 0 && threadIdx.x == 0) {
     st->count = static_cast<std::uint32_t>(n);

@@ -20,6 +20,7 @@
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
+#include "gravac/cuda/detail/square_sums.hpp"
 
 namespace gravac::detail {
 
@@ -77,31 +78,21 @@ static __global__ void __launch_bounds__(select_threads)
                       const std::uint32_t* __restrict__ list, const std::uint32_t* __restrict__ first,
                       std::uint32_t start, select_state* __restrict__ st, const select_state* __restrict__ whole,
                       layer_sums* __restrict__ sums, std::uint32_t* __restrict__ failure, block_slots slots) {
-  double ksq = 0;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
   const std::size_t k = st->count;
   const bool ok = slot->placed && slot->count == k && whole->selected == whole->count;
   auto* idx = reinterpret_cast<std::uint32_t*>(packet + slot->payload_at);
   auto* values = reinterpret_cast<float*>(packet + slot->payload_at + pad8(k * sizeof(std::uint32_t)));
-  if (ok) {
-    const std::uint32_t* mine = list + *first;
-    for (std::size_t j = blockIdx.x * static_cast<std::size_t>(select_threads) + threadIdx.x; j < k; j += stride) {
-      const std::uint32_t i = mine[j] - start;
-      const float v = e[i];
-      idx[j] = i;
-      values[j] = v;
-      e[i] = 0.0f;
-      ksq += static_cast<double>(v) * v;
-    }
-  }
-  using reduce_t = block_reduce<double, select_threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  const double s = reduce_t(red).Sum(ksq);
-  {
-    const double mine[1] = {s};
-    double* const out[1] = {&sums->kept_sq};
-    add_in_block_order<select_threads, 1>(mine, slots, out);
-  }
+  const std::uint32_t* mine = list + *first;
+  // The kept energy: the values sent, in packet order, in the host's tree (square_sums.hpp).
+  double* const out[1] = {&sums->kept_sq};
+  square_sums_pass<1>(ok ? k : 0, whole_grid(slots.blocks_done), slots, out, [&](std::size_t j, bool in, float(&v)[1]) {
+    if (!in) return;
+    const std::uint32_t i = mine[j] - start;
+    v[0] = e[i];
+    idx[j] = i;
+    values[j] = v[0];
+    e[i] = 0.0f;
+  });
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) {
       if (!ok)

@@ -1,0 +1,116 @@
+#pragma once
+//! \file
+//! \brief The one summation order of every sum of squares a policy reads (||g||^2, ||u||^2,
+//! the kept energy), shared by the host compressors and the device kernels so that both
+//! give the same bits, whatever the threads, the grid or the GPU:
+//!
+//! - a *leaf* is 256 consecutive values; lane l (0..7) sums the squares of its values at
+//!   8j + l in float, j ascending (float products, float sums: a build that contracts
+//!   them into fused multiply-adds, -ffp-contract=fast with FMA enabled, gives other bits);
+//!   a_l = lane_l + lane_(l+4) in float; the leaf's sum is (a_0 + a_1) + (a_2 + a_3) in
+//!   double; the values of a last, short group of 8 are then added one by one, as exact
+//!   double squares;
+//! - the leaves are added in a balanced binary tree aligned on powers of two (leaves 0+1,
+//!   2+3, then (0+1)+(2+3), ...; a missing right part counts as zero).
+//!
+//! The leaf is what the host's vector lanes compute in one pass (fused_lanes.hpp); the
+//! aligned tree is what any split of the leaves into aligned power-of-two groups gives,
+//! which is how device blocks and host threads share the work (cuda/detail/square_sums.hpp).
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace gravac::detail {
+
+//! Values per leaf of the summation tree.
+inline constexpr std::size_t square_sum_leaf = 256;
+//! Float lanes per leaf.
+inline constexpr std::size_t square_sum_lanes = 8;
+
+//! The aligned binary tree over a stream of leaf sums: push them in order, read total().
+//! Holds one partial sum per set bit of the count (a binary counter), so it streams.
+class pairwise_sum {
+ public:
+  //! Adds the next leaf's sum.
+  void push(double v) noexcept {
+    unsigned level = 0;
+    for (std::uint64_t c = count_; c & 1u; c >>= 1, ++level) v = level_[level] + v;
+    level_[level] = v;
+    ++count_;
+  }
+  //! The tree's root over the leaves pushed so far (0 when none): the partial trees from
+  //! the smallest (rightmost) up, each added as the left part of what follows it.
+  [[nodiscard]] double total() const noexcept {
+    double acc = 0;
+    bool any = false;
+    for (unsigned level = 0; level < 64; ++level) {
+      if (((count_ >> level) & 1u) == 0) continue;
+      acc = any ? level_[level] + acc : level_[level];
+      any = true;
+    }
+    return acc;
+  }
+  //! Leaves pushed.
+  [[nodiscard]] std::uint64_t count() const noexcept { return count_; }
+
+ private:
+  double level_[64] = {};
+  std::uint64_t count_ = 0;
+};
+
+//! The leaf sum of lanes' float partials \p lane (8 of them): (a0 + a1) + (a2 + a3) with
+//! a_l = lane_l + lane_(l+4) in float.
+[[nodiscard]] inline double combine_square_lanes(const float (&lane)[square_sum_lanes]) noexcept {
+  float a[4];
+  for (unsigned l = 0; l < 4; ++l) a[l] = lane[l] + lane[l + 4];
+  return (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
+}
+
+//! The sum of one leaf of \p m (at most square_sum_leaf) values, value i being \p load(i).
+template <class Load>
+[[nodiscard]] double leaf_square_sum(std::size_t m, Load&& load) noexcept {
+  float lane[square_sum_lanes] = {};
+  const std::size_t full = m / square_sum_lanes * square_sum_lanes;
+  for (std::size_t j = 0; j < full; j += square_sum_lanes)
+    for (std::size_t l = 0; l < square_sum_lanes; ++l) {
+      const float v = load(j + l);
+      lane[l] += v * v;
+    }
+  double s = combine_square_lanes(lane);
+  for (std::size_t j = full; j < m; ++j) {
+    const double v = load(j);
+    s += v * v;
+  }
+  return s;
+}
+
+//! The sum of squares of \p n values in the tree's order, value i being \p load(i).
+template <class Load>
+[[nodiscard]] double square_sum_of(std::size_t n, Load&& load) noexcept {
+  pairwise_sum tree;
+  for (std::size_t a = 0; a < n; a += square_sum_leaf) {
+    const std::size_t m = n - a < square_sum_leaf ? n - a : square_sum_leaf;
+    tree.push(leaf_square_sum(m, [&](std::size_t i) { return load(a + i); }));
+  }
+  return tree.total();
+}
+
+//! The sum of squares of \p x in the tree's order.
+[[nodiscard]] inline double square_sum(std::span<const float> x) noexcept {
+  return square_sum_of(x.size(), [x](std::size_t i) { return x[i]; });
+}
+
+//! The sum of squares of the \p n floats stored from \p p (unaligned bytes, as in a
+//! packet) in the tree's order.
+[[nodiscard]] inline double square_sum_bytes(const std::byte* p, std::size_t n) noexcept {
+  return square_sum_of(n, [p](std::size_t i) {
+    float v;
+    std::memcpy(&v, p + i * sizeof(float), sizeof v);
+    return v;
+  });
+}
+
+}  // namespace gravac::detail
