@@ -55,7 +55,7 @@ TEST_CASE("histogram counts and energies match brute force", "[gain][histogram]"
   for (float x : v) brute += double(x) * x;
   CHECK(total == v.size());
   CHECK(h.finite_count() == v.size());
-  CHECK(energy == Approx(brute).epsilon(1e-12));
+  CHECK(energy == Approx(brute).epsilon(1e-9));  // fixed point: each square loses under 2^-30 of itself
   // Every value lies in its bin's range.
   for (float x : v) {
     const auto b = magnitude_histogram::bin_of(magnitude_key(x));
@@ -95,7 +95,7 @@ TEST_CASE("the histogram gain curve is exact at bin edges", "[gain][histogram]")
   add_gain_curve(h, v.size(), candidates, got);
   for (std::size_t c = 0; c < candidates.size(); ++c) {
     INFO("candidate " << candidates[c]);
-    CHECK(got[c] == Approx(top_energy(v, kept_count(v.size(), candidates[c]))).epsilon(1e-12));
+    CHECK(got[c] == Approx(top_energy(v, kept_count(v.size(), candidates[c]))).epsilon(1e-9));
   }
 }
 
@@ -109,18 +109,20 @@ TEST_CASE("the histogram gain curve is within the boundary bin's width of brute 
       for (std::size_t c = 0; c < candidates.size(); ++c) {
         const std::size_t k = kept_count(n, candidates[c]);
         const double exact = top_energy(v, k);
-        // Inside a bin (1/16 octave) squares differ by at most (17/16)^2 - 1 < 13%, and
-        // only the boundary bin is modelled: the error is below 13% of that bin's energy.
+        // Inside a gain bin (1/8 octave) squares differ by at most 2^(1/4) - 1 < 19%, and
+        // only the boundary bin is modelled: the error is below 19% of that bin's energy.
         const auto hb = find_boundary(h, k);
+        const std::uint32_t first = hb.bin & ~1u;  // the two histogram bins of its gain bin
+        const double bin_energy = h.sumsq(first) + h.sumsq(first + 1);
         INFO("kind " << kind << " n " << n << " k " << k);
-        CHECK(std::fabs(got[c] - exact) <= 0.13 * h.sumsq(hb.bin) + 1e-12 * exact);
+        CHECK(std::fabs(got[c] - exact) <= 0.19 * bin_energy + 1e-9 * exact);
       }
     }
   }
 }
 
 TEST_CASE("partial_bin_energy is exact at the ends and grows with m", "[gain][histogram]") {
-  const std::uint32_t b = magnitude_histogram::bin_of(magnitude_key(1.3f));
+  const std::uint32_t b = magnitude_key(1.3f) >> gain_bin_shift;
   CHECK(partial_bin_energy(b, 0, 10, 17.0) == 0.0);
   CHECK(partial_bin_energy(b, 10, 10, 17.0) == 17.0);
   double prev = 0;

@@ -109,7 +109,8 @@ TEST_CASE("top-k contraction bound ||u - C(u)||^2 <= (1 - k/d) ||u||^2", "[compr
       std::size_t k = 0;
       for (auto& ls : st.layers) k += ls.kept;
       CHECK(rest <= (1.0 - double(k) / double(lay.numel())) * total + 1e-9);
-      CHECK(st.kept_sq() == Approx(total - rest).epsilon(1e-9));
+      // The kept energy sums in float lanes within leaves of 256 (core/detail/square_sum.hpp).
+      CHECK(st.kept_sq() == Approx(total - rest).epsilon(1e-6));
     }
   }
 }

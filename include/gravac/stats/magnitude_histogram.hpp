@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -25,9 +26,31 @@ namespace gravac {
 //! Keys at or above this are infinity or NaN.
 inline constexpr std::uint32_t non_finite_key = 0x7f800000u;
 
-//! Histogram of |u| over 4096 bins: the exponent and the top 4 mantissa bits of |u|.
-//! Allocated once at construction; clear() resets only the bins used, so small layers
-//! cost little.
+//! Bits of a square's 48-bit significand product dropped per value in a bin's energy: the
+//! rest fits 32 bits, so a bin of up to 2^32 values sums in 64 (each term errs by less than
+//! 2^-30 of itself, downward).
+inline constexpr int energy_shift = 16;
+
+//! The square of the finite magnitude of key \p key in the fixed-point units of its
+//! exponent: |u| = M * 2^(max(E, 1) - 150), M the 24-bit significand (a subnormal's
+//! fraction), so u^2 = (M^2 >> energy_shift) units of 2^(energy_shift + 2 (max(E, 1) - 150)).
+//! Integer sums of them are exact, so a bin's energy has one value whatever order, threads
+//! or device added its values in (the device: gravac/cuda/detail/bin_energy.hpp).
+[[nodiscard]] constexpr std::uint64_t energy_units(std::uint32_t key) noexcept {
+  const std::uint32_t e = key >> 23, m = key & 0x7fffffu;
+  const std::uint64_t sig = e ? (m | 0x800000u) : m;
+  return (sig * sig) >> energy_shift;
+}
+
+//! The energy of \p units fixed-point units of values whose biased exponent is \p exponent.
+[[nodiscard]] inline double units_energy(std::uint64_t units, std::uint32_t exponent) noexcept {
+  const int e = exponent ? static_cast<int>(exponent) : 1;
+  return std::ldexp(static_cast<double>(units), energy_shift + 2 * (e - 150));
+}
+
+//! Histogram of |u| over 4096 bins: the exponent and the top 4 mantissa bits of |u|, with
+//! each bin's count and energy (energy_units). Allocated once at construction; clear()
+//! resets only the bins used, so small layers cost little.
 class magnitude_histogram {
  public:
   //! Bits of the key dropped to form the bin.
@@ -38,7 +61,7 @@ class magnitude_histogram {
   static constexpr std::uint32_t first_non_finite_bin = non_finite_key >> shift;
 
   //! An empty histogram.
-  magnitude_histogram() : count_(bins, 0), sumsq_(bins, 0.0) {}
+  magnitude_histogram() : count_(bins, 0), units_(bins, 0) {}
 
   //! Bin of \p key.
   [[nodiscard]] static constexpr std::uint32_t bin_of(std::uint32_t key) noexcept { return key >> shift; }
@@ -47,27 +70,23 @@ class magnitude_histogram {
 
   //! Adds one value of key \p key (its magnitude squared goes to the bin's energy).
   void add(std::uint32_t key) noexcept {
+    add_unchecked(key);
     const std::uint32_t b = bin_of(key);
-    const double m = key_magnitude(key);
-    ++count_[b];
-    sumsq_[b] += m * m;
     lo_ = std::min(lo_, b);
     hi_ = std::max(hi_, b);
   }
   //! Adds one value by bin, with the used range widened by the caller (see note_range).
   void add_unchecked(std::uint32_t key) noexcept {
     const std::uint32_t b = bin_of(key);
-    const double m = key_magnitude(key);
     ++count_[b];
-    sumsq_[b] += m * m;
+    units_[b] += energy_units(key);
   }
   //! Adds \p weight values of key \p key (a sample standing for that many), range widened
   //! by the caller.
   void add_weighted_unchecked(std::uint32_t key, std::uint32_t weight) noexcept {
     const std::uint32_t b = bin_of(key);
-    const double m = key_magnitude(key);
     count_[b] += weight;
-    sumsq_[b] += weight * (m * m);
+    units_[b] += weight * energy_units(key);
   }
   //! Counts one value by bin without its energy (selection only needs counts).
   void count_unchecked(std::uint32_t key) noexcept { ++count_[bin_of(key)]; }
@@ -82,7 +101,7 @@ class magnitude_histogram {
     if (o.empty()) return;
     for (std::uint32_t b = o.lo_; b <= o.hi_; ++b) {
       count_[b] += o.count_[b];
-      sumsq_[b] += o.sumsq_[b];
+      units_[b] += o.units_[b];
     }
     lo_ = std::min(lo_, o.lo_);
     hi_ = std::max(hi_, o.hi_);
@@ -91,7 +110,7 @@ class magnitude_histogram {
   void clear() noexcept {
     if (!empty()) {
       std::fill(count_.begin() + lo_, count_.begin() + hi_ + 1, 0);
-      std::fill(sumsq_.begin() + lo_, sumsq_.begin() + hi_ + 1, 0.0);
+      std::fill(units_.begin() + lo_, units_.begin() + hi_ + 1, 0);
     }
     lo_ = bins;
     hi_ = 0;
@@ -105,8 +124,10 @@ class magnitude_histogram {
   [[nodiscard]] std::uint32_t high_bin() const noexcept { return hi_; }
   //! Values in bin \p b.
   [[nodiscard]] std::uint64_t count(std::uint32_t b) const noexcept { return count_[b]; }
-  //! Sum of squared magnitudes in bin \p b (zero when only counts were taken).
-  [[nodiscard]] double sumsq(std::uint32_t b) const noexcept { return sumsq_[b]; }
+  //! Bin \p b's energy in fixed-point units (energy_units; zero when only counts were taken).
+  [[nodiscard]] std::uint64_t units(std::uint32_t b) const noexcept { return units_[b]; }
+  //! Sum of squared magnitudes in finite bin \p b (zero when only counts were taken).
+  [[nodiscard]] double sumsq(std::uint32_t b) const noexcept { return units_energy(units_[b], b >> (23 - shift)); }
   //! Number of finite values.
   [[nodiscard]] std::uint64_t finite_count() const noexcept {
     std::uint64_t n = 0;
@@ -124,17 +145,16 @@ class magnitude_histogram {
 
  private:
   std::vector<std::uint64_t> count_;
-  std::vector<double> sumsq_;
+  std::vector<std::uint64_t> units_;
   std::uint32_t lo_ = bins;
   std::uint32_t hi_ = 0;
 };
 
-//! Where the k-th largest finite magnitude lies: its bin, and how many values (and how
-//! much energy) lie in the bins above it.
+//! Where the k-th largest finite magnitude lies: its bin, and how many values lie in the
+//! bins above it.
 struct histogram_boundary {
   std::uint32_t bin = 0;    //!< the bin holding the k-th largest finite magnitude
   std::uint64_t above = 0;  //!< finite values in bins above `bin`
-  double above_sq = 0;      //!< their energy
   std::uint64_t need = 0;   //!< values still to take from `bin` (1 .. count(bin)); 0 when k == 0
 };
 
@@ -151,7 +171,6 @@ struct histogram_boundary {
       return r;
     }
     r.above += c;
-    r.above_sq += h.sumsq(b);
   }
   r.bin = h.low_bin();  // k exceeds the finite count: everything is above
   r.need = 0;

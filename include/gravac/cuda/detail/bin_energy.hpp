@@ -3,18 +3,19 @@
 //! \brief The energy (sum of u^2) of a magnitude-histogram bin in fixed point. Every value
 //! of a first-digit bin (key >> 20) shares its exponent, so u^2 is a 48-bit integer times a
 //! power of two the bin fixes: integer atomics sum it exactly, in any order, where float
-//! atomics would round in the order the threads happen to run.
+//! atomics would round in the order the threads happen to run. The units are the host
+//! histogram's (magnitude_histogram.hpp, energy_units), so the energies equal the host's.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
 
 #include <cstdint>
 
+#include "gravac/stats/magnitude_histogram.hpp"
+
 namespace gravac::detail {
 
-//! Bits of u^2's 48-bit significand product dropped per term: the rest fits 32 bits, so a
-//! bin of up to 2^32 values sums in 64 (each term then errs by less than 2^-30 of itself).
-inline constexpr int energy_shift = 16;
+// energy_shift: the host's (gravac/stats/magnitude_histogram.hpp), whose units these are.
 
 //! 2^k as a double, for -1022 <= k <= 1023 (a normal double: built from its bits).
 __device__ __forceinline__ double exact_pow2(int k) {

@@ -10,6 +10,7 @@
 
 #include "gravac/cuda/detail/bin_energy.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
+#include "gravac/cuda/detail/gain_bins.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 #include "gravac/cuda/detail/square_sums.hpp"
@@ -95,32 +96,22 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   }
   // The finite count (the histogram holds finite keys only): k and the gain candidates'
   // k are at most that, as in gravac::topk and add_gain_curve.
-  using reduce_t = block_reduce<double, select_threads>;
-  __shared__ typename reduce_t::TempStorage red;
   using count_reduce_t = block_reduce<std::uint32_t, select_threads>;
   __shared__ typename count_reduce_t::TempStorage count_red;
   __shared__ std::uint32_t finite_total;
   const std::uint32_t total = count_reduce_t(count_red).Sum(mine);
   if (threadIdx.x == 0) finite_total = total;
   __syncthreads();
-  // Gain curve: for each candidate k, the energy of the bins above its boundary plus the
-  // boundary bin's energy in proportion to the values taken from it.
+  // Gain curve: for each candidate k, the energy of the bins above its boundary (in the
+  // aligned tree) plus the boundary bin's model: the host's add_gain_curve (gain_bins.hpp).
   for (int c = 0; c < gains.count; ++c) {
     const auto kc = static_cast<std::uint32_t>(gains.k[c] < finite_total ? gains.k[c] : finite_total);
+    if (kc == 0) continue;  // the same in every thread
     const boundary bc = find_device_boundary(sh_hist, max_bins, kc);
-    double part = 0;
-    if (kc > 0)
-      for (int b = static_cast<int>(bc.bin) + 1 + static_cast<int>(threadIdx.x); b < max_bins; b += select_threads)
-        part = __dadd_rn(part, bin_energy(hist_sq[b], static_cast<std::uint32_t>(b)));
-    __syncthreads();
-    const double above = reduce_t(red).Sum(part);
-    if (threadIdx.x == 0 && kc > 0) {
-      double s = above;
-      if (bc.count)
-        s = __dadd_rn(s, __dmul_rn(bin_energy(hist_sq[bc.bin], bc.bin),
-                                   __ddiv_rn(static_cast<double>(kc - bc.above), static_cast<double>(bc.count))));
-      gain_out[c] += s;
-    }
+    const double above = energy_above_in_tree(hist_sq, bc.bin);
+    if (threadIdx.x == 0)
+      gain_out[c] += __dadd_rn(
+          above, device_partial_bin_energy(bc.bin, kc - bc.above, bc.count, bin_energy(hist_sq[bc.bin], bc.bin)));
     __syncthreads();
   }
   if (want_sq) {

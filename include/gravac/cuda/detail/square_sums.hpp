@@ -31,10 +31,11 @@ inline constexpr int square_tile = square_tile_leaves * static_cast<int>(square_
 static_assert(square_tile_leaves == 32, "a tile's leaves are one warp's lanes in the tile tree");
 
 //! The aligned tree over a stream of tile sums in one thread (pairwise_sum's binary counter).
+//! Trivial, for shared memory: the owner sets count to zero first.
 template <int N>
 struct device_pairwise {
   double level[N][48];
-  unsigned long long count = 0;
+  unsigned long long count;
 
   __device__ void push(double (&v)[N]) {
     int l = 0;
@@ -103,7 +104,8 @@ __device__ void square_sums_pass(std::size_t n, const pass_grid& grid, block_slo
   const unsigned long long tiles = (n + square_tile - 1) / square_tile;
   const unsigned long long t0 = grid.block * per;
   const unsigned long long t1 = t0 + per < tiles ? t0 + per : tiles;
-  device_pairwise<N> block_tree;  // thread 0's
+  __shared__ device_pairwise<N> block_tree;  // thread 0's (in shared memory: no local array per thread)
+  if (threadIdx.x == 0) block_tree.count = 0;
   for (unsigned long long t = t0; t < t1; ++t) {
     const std::size_t leaf_at = t * square_tile + leaf * square_sum_leaf;
     const std::size_t leaf_n = leaf_at >= n ? 0 : (n - leaf_at < square_sum_leaf ? n - leaf_at : square_sum_leaf);
