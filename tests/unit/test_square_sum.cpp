@@ -108,8 +108,13 @@ TEST_CASE("square_sum: non-finite and huge values follow the same arithmetic", "
   CHECK(std::isinf(detail::square_sum(x)));
   x[3] = std::numeric_limits<float>::quiet_NaN();
   CHECK(std::isnan(detail::square_sum(x)));
-  x[3] = 1e20f;  // its float square overflows in a lane, as on the device
-  CHECK(std::isinf(detail::square_sum(x)));
+  x[3] = 1e20f;  // its float square overflows in a lane: the leaf is summed again in double
+  CHECK(same_bits(detail::square_sum(x),
+                  detail::leaf_square_sum_in_double(256, [&](std::size_t i) { return x[i]; }) +
+                      detail::leaf_square_sum_in_double(44, [&](std::size_t i) { return x[256 + i]; })));
+  CHECK(detail::square_sum(x) == Approx(1e40).epsilon(1e-6));
+  x[3] = std::numeric_limits<float>::max();  // finite values give a finite norm
+  CHECK(std::isfinite(detail::square_sum(x)));
   x[3] = 1.0f;
   x[299] = 1e20f;  // in the short last group: an exact double square
   CHECK(detail::square_sum(x) == Approx(1e40).epsilon(1e-6));

@@ -22,6 +22,7 @@
 #include "gravac/compress/step_settings.hpp"
 #include "gravac/concepts/composition.hpp"
 #include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/packet/detail/bit_codes.hpp"
 #include "gravac/packet/packet_bound.hpp"
 
@@ -224,11 +225,9 @@ class adacomp {
     alignas(64) std::uint8_t flag[detail::quant_chunk];
     for (std::size_t lo = 0; lo < n; lo += span) {
       const std::size_t hi = std::min(n, lo + span);
-      const auto s = detail::accumulate_block(g.data() + lo, r.data() + lo, hi - lo);  // (1)
-      gsq += s.g_sq;
-      rsq += s.u_sq;
-      const std::size_t nbins = (hi - lo + bin - 1) / bin;  // at most quant_chunk, or 1
-      for (std::size_t b = 0; b < nbins; ++b) {             // (2)
+      (void)detail::accumulate_block(g.data() + lo, r.data() + lo, hi - lo);  // (1)
+      const std::size_t nbins = (hi - lo + bin - 1) / bin;                    // at most quant_chunk, or 1
+      for (std::size_t b = 0; b < nbins; ++b) {                               // (2)
         const float* rb = r.data() + lo + b * bin;
         const std::size_t len = std::min<std::size_t>(bin, hi - lo - b * bin);
         std::uint32_t mx = 0, bad = 0;
@@ -261,6 +260,9 @@ class adacomp {
         count = wide ? compact(flag, mc, c, indices64_.data(), count) : compact(flag, mc, c, indices32_.data(), count);
       }
     }
+    // The norms in the one order the device sums them in too (core/detail/square_sum.hpp),
+    // while R still holds u everywhere: another read of the layer, from cache when it is small.
+    detail::square_sum_pair(g.data(), r.data(), n, gsq, rsq);
     const float scale = static_cast<float>(gmax_sum_.value() / static_cast<double>(bins));  // (4)
     const std::uint32_t scale_bits = detail::float_bits(scale);
     // (5), which also records the signs sent (R_i of a sent element is not zero, so its sign

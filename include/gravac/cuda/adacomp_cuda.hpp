@@ -90,8 +90,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     cursor_ = device_buffer<detail::packet_cursor>(1, s);
     scales_ = device_buffer<float>(L, s);
     jobs_ = detail::adacomp_jobs(lay, launch_, s);
-    // The gain pass: the fused pass over every layer in one launch (rows by layer); its
-    // norms go apart, since the layers sent raw take theirs from the raw pass.
+    // The fused pass over every layer in one launch (rows by layer): u, the norms, the gain
+    // curve; its norms go apart, since the layers sent raw take theirs from the raw pass.
     gain_jobs_ = detail::fused_jobs(lay, launch_, true, s);
     gain_sums_ = device_buffer<detail::layer_sums>(L, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
@@ -209,31 +209,16 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_sums_, gain_out_);
     states_cleared_ = true;
 
-    // The gain curve of u = g + e, as the host skeleton computes it before the layers' own
-    // work, in one launch over every layer; it writes u into e, which is AdaComp's step 1
-    // (R += g) too.
-    const bool gains = !p.gain_candidates.empty();
-    if (gains) {
-      gain_jobs_.queue(s, g.data(), e.data(), states_.data(), gain_sums_.data(), p.gain_candidates, gain_out_.data());
-      for (std::size_t i = 0; i < L; ++i) u_in_r_[i] = layout_[i].numel != 0;
-    }
+    // The fused pass over every layer in one launch: u = g + e into e, which is AdaComp's
+    // step 1 (R += g), the norms in the host's order (square_sums.hpp), and the gain curve
+    // when one is asked for, as the host skeleton computes it before the layers' own work.
+    gain_jobs_.queue(s, g.data(), e.data(), states_.data(), gain_sums_.data(), p.gain_candidates, gain_out_.data());
+    for (std::size_t i = 0; i < L; ++i) u_in_r_[i] = layout_[i].numel != 0;
     // Steps 1 to 3 of every layer, in the launches of adacomp_jobs whatever the number of layers.
     cd::adacomp_jobs::progress done;
-    const auto mark = [&] {  // the layers whose u is in R (or, raw, restorable from the packet)
-      for (std::size_t i = 0; i < L; ++i) {
-        const bool raw = p.kept_fraction[i] >= dense_fraction;
-        u_in_r_[i] = static_cast<char>(layout_[i].numel != 0 && (gains || (raw ? done.raw : done.bins)));
-      }
-    };
-    try {
-      jobs_.queue(
-          s, g.data(), e.data(), packet, p, [&](std::size_t i) { return bin_length(i); }, gains,
-          {states_.data(), sums_.data(), slots_.data(), cursor_.data(), scales_.data()}, done);
-    } catch (...) {
-      mark();
-      throw;
-    }
-    mark();
+    jobs_.queue(
+        s, g.data(), e.data(), packet, p, [&](std::size_t i) { return bin_length(i); }, true,
+        {states_.data(), sums_.data(), slots_.data(), cursor_.data(), scales_.data()}, done);
     detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
                    static_cast<std::uint8_t>(kind), layout_.hash());
     // The last launch: the only pass that changes a compressed layer's residue after R = u.
@@ -243,7 +228,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     // One copy of the statistics back, then the packet and the residue are final.
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
-    if (gains) cd::copy_to_host_async(s, host_gain_sums_, gain_sums_);
+    cd::copy_to_host_async(s, host_gain_sums_, gain_sums_);
     cd::copy_to_host_async(s, host_scales_, scales_);
     cd::copy_to_host_async(s, host_gain_, gain_out_);
     cd::copy_to_host_async(s, host_cursor_, cursor_);
@@ -257,7 +242,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet) {
     namespace cd = detail;
     const cudaStream_t s = options_.stream.get();
-    gain_jobs_.reset(s);  // in case the step was cut short inside the gain pass
+    gain_jobs_.reset(s);  // in case the step was cut short inside the fused pass
     jobs_.reset(s);
     const auto layers = static_cast<std::uint32_t>(layout_.size());
     if (states_cleared_ && layers > 0)
@@ -297,8 +282,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
       }
       const auto count = static_cast<std::size_t>(host_states_[i].selected);
       const float scale = host_scales_[i];
-      // With a gain curve, the gain pass summed the norms (adacomp_bins then reads u from R).
-      const auto& norms = p.gain_candidates.empty() ? sm : host_gain_sums_[i];
+      // The fused pass summed the norms (adacomp_bins then reads u from R).
+      const auto& norms = host_gain_sums_[i];
       st.layers[i] = {count, norms.grad_sq, norms.input_sq, static_cast<double>(count) * scale * scale};
       st.non_finite |= host_states_[i].non_finite != 0;
     }
@@ -338,7 +323,7 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
   device_buffer<detail::packet_cursor> cursor_;
   device_buffer<float> scales_;
   detail::adacomp_jobs jobs_;                    // steps 1 to 3 of every layer: the job tables and their workspace
-  detail::fused_jobs gain_jobs_;                 // the gain pass over every layer, and its workspace
+  detail::fused_jobs gain_jobs_;                 // the fused pass over every layer (u, norms, gain), and its workspace
   device_buffer<detail::layer_sums> gain_sums_;  // its norms (the compressed layers' own)
   device_buffer<double> gain_out_;
   device_buffer<std::uint64_t> layer_info_;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -100,6 +101,12 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
         if constexpr (Band) tail_band += (k >= floor && k < non_finite_key) ? 1u : 0u;
       }
     }
+    // A lane that overflowed or underflowed (or a value that is not finite): the leaf again
+    // in double (square_sum.hpp).
+    const auto g_at = [gb](std::size_t i) { return gb[i]; };
+    const auto u_at = [eb](std::size_t i) { return eb[i]; };
+    if (leaf_needs_double(leaf_g, m, g_at)) leaf_g = leaf_square_sum_in_double(m, g_at);
+    if (leaf_needs_double(leaf_u, m, u_at)) leaf_u = leaf_square_sum_in_double(m, u_at);
     grad_tree.push(leaf_g);
     input_tree.push(leaf_u);
     if (hs.hist != nullptr && (first_block + b0 / fused_block) % hs.stride == hs.phase) {

@@ -10,6 +10,10 @@
 //!   a_l = lane_l + lane_(l+4) in float; the leaf's sum is (a_0 + a_1) + (a_2 + a_3) in
 //!   double; the values of a last, short group of 8 are then added one by one, as exact
 //!   double squares;
+//! - a leaf whose sum so comes out infinite or NaN (a float square or lane overflowed past
+//!   about 1.8e19, or a value is not finite), or below 2^-60 with a value that is not zero
+//!   (float squares underflowed), is summed again in double, value by value in index order:
+//!   finite values then give a finite norm, and tiny ones a norm that is not zero;
 //! - the leaves are added in a balanced binary tree aligned on powers of two (leaves 0+1,
 //!   2+3, then (0+1)+(2+3), ...; a missing right part counts as zero).
 //!
@@ -18,6 +22,7 @@
 //! which is how device blocks and host threads share the work (cuda/detail/square_sums.hpp).
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -69,6 +74,32 @@ class pairwise_sum {
   return (static_cast<double>(a[0]) + a[1]) + (static_cast<double>(a[2]) + a[3]);
 }
 
+//! A leaf summed in double, value by value in index order: what a leaf whose float lanes
+//! overflowed is (\p m values, value i being \p load(i)).
+template <class Load>
+[[nodiscard]] double leaf_square_sum_in_double(std::size_t m, Load&& load) noexcept {
+  double s = 0;
+  for (std::size_t j = 0; j < m; ++j) {
+    const double v = load(j);
+    s += v * v;
+  }
+  return s;
+}
+
+//! Below this, a leaf's lane sum may have lost its values' squares to float underflow.
+inline constexpr double tiny_leaf_sum = 0x1p-60;
+
+//! Whether a leaf whose lanes summed to \p s must be summed again in double: \p s is not
+//! finite, or below tiny_leaf_sum while one of its \p m values (\p load(i)) is not zero.
+template <class Load>
+[[nodiscard]] bool leaf_needs_double(double s, std::size_t m, Load&& load) noexcept {
+  if (!std::isfinite(s)) return true;
+  if (s >= tiny_leaf_sum) return false;
+  for (std::size_t j = 0; j < m; ++j)
+    if (load(j) != 0.0f) return true;
+  return false;
+}
+
 //! The sum of one leaf of \p m (at most square_sum_leaf) values, value i being \p load(i).
 template <class Load>
 [[nodiscard]] double leaf_square_sum(std::size_t m, Load&& load) noexcept {
@@ -84,7 +115,7 @@ template <class Load>
     const double v = load(j);
     s += v * v;
   }
-  return s;
+  return leaf_needs_double(s, m, load) ? leaf_square_sum_in_double(m, load) : s;
 }
 
 //! The sum of squares of \p n values in the tree's order, value i being \p load(i).
@@ -96,6 +127,19 @@ template <class Load>
     tree.push(leaf_square_sum(m, [&](std::size_t i) { return load(a + i); }));
   }
   return tree.total();
+}
+
+//! The sums of squares of \p a and of \p b (\p n values each) in the tree's order, leaf by
+//! leaf, so that each leaf of both is read while it is in cache.
+inline void square_sum_pair(const float* a, const float* b, std::size_t n, double& sum_a, double& sum_b) noexcept {
+  pairwise_sum tree_a, tree_b;
+  for (std::size_t at = 0; at < n; at += square_sum_leaf) {
+    const std::size_t m = n - at < square_sum_leaf ? n - at : square_sum_leaf;
+    tree_a.push(leaf_square_sum(m, [&](std::size_t i) { return a[at + i]; }));
+    tree_b.push(leaf_square_sum(m, [&](std::size_t i) { return b[at + i]; }));
+  }
+  sum_a = tree_a.total();
+  sum_b = tree_b.total();
 }
 
 //! The sum of squares of \p x in the tree's order.

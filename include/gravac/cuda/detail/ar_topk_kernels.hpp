@@ -70,13 +70,16 @@ static __global__ void __launch_bounds__(select_threads)
   float* vl = values + pt.v_at;
   // The kept energy: the values sent, in the order sent, in the host's tree (square_sums.hpp).
   double* const out[1] = {&sums[pt.layer].kept_sq};
-  square_sums_pass<1>(pt.count, grid, a.slots, out, [&](std::size_t j, bool in, float(&v)[1]) {
-    if (!in) return;
-    const std::size_t at = pt.idx ? pt.idx[j] : j;
-    v[0] = el[at];
-    vl[j] = v[0];
-    el[at] = 0.0f;
-  });
+  square_sums_pass<1>(
+      pt.count, grid, a.slots, out,
+      [&](std::size_t j, bool in, float(&v)[1]) {
+        if (!in) return;
+        const std::size_t at = pt.idx ? pt.idx[j] : j;
+        v[0] = el[at];
+        vl[j] = v[0];
+        el[at] = 0.0f;
+      },
+      [&](std::size_t j, float(&v)[1]) { v[0] = vl[j]; });
 }
 
 //! g[idx[j]] = sum[j] * inv (g[j] for a dense part), the host's float product; the rest of

@@ -46,6 +46,9 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   __shared__ std::uint32_t sh_hist[max_bins];
   __shared__ unsigned long long sh_sq[max_bins];
   const bool want_sq = gains.count > 0;
+  // The histogram serves the selection and the gain curve: a pass with neither (k = 0, no
+  // candidates: u and the norms only) skips its atomics.
+  const bool want_hist = k > 0 || want_sq || threshold_mode;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     sh_hist[i] = 0;
     if (want_sq) sh_sq[i] = 0;
@@ -58,26 +61,32 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   // The positions in the order of the norms' tree (square_sums.hpp); a warp's lanes stay
   // converged for the warp-aggregated append.
   double* const out[2] = {sums ? &sums->grad_sq : nullptr, sums ? &sums->input_sq : nullptr};
-  square_sums_pass<2>(n, grid, slots, out, [&](std::size_t i, bool in, float(&v)[2]) {
-    std::uint32_t key = 0;
-    bool finite = false;
-    if (in) {
-      const float gv = g ? g[i] : 0.0f;
-      const float u = g ? gv + e[i] : e[i];
-      if (g) e[i] = u;
-      if (copy) copy[i] = u;
-      v[0] = gv;
-      v[1] = u;
-      key = device_magnitude_key(u);
-      finite = key < non_finite_key;
-      bad |= !finite;
-      if (finite) {  // NaN and infinity are never selected: they stay in the residual
-        atomicAdd(&sh_hist[key >> 20], 1u);
-        if (want_sq) atomicAdd(&sh_sq[key >> 20], energy_units(key));
-      }
-    }
-    if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
-  });
+  square_sums_pass<2>(
+      n, grid, slots, out,
+      [&](std::size_t i, bool in, float(&v)[2]) {
+        std::uint32_t key = 0;
+        bool finite = false;
+        if (in) {
+          const float gv = g ? g[i] : 0.0f;
+          const float u = g ? gv + e[i] : e[i];
+          if (g) e[i] = u;
+          if (copy) copy[i] = u;
+          v[0] = gv;
+          v[1] = u;
+          key = device_magnitude_key(u);
+          finite = key < non_finite_key;
+          bad |= !finite;
+          if (finite && want_hist) {  // NaN and infinity are never selected: they stay in the residual
+            atomicAdd(&sh_hist[key >> 20], 1u);
+            if (want_sq) atomicAdd(&sh_sq[key >> 20], energy_units(key));
+          }
+        }
+        if (use_prev) warp_append(finite && key >= low, key, cand, cap, &st->cand_count);
+      },
+      [&](std::size_t i, float(&v)[2]) {  // g, and u where this pass left it
+        v[0] = g ? g[i] : 0.0f;
+        v[1] = e[i];
+      });
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     if (sh_hist[i]) {

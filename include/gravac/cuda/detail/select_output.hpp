@@ -74,13 +74,16 @@ __device__ inline void gather_body(std::byte* __restrict__ packet, const segment
   auto* values = reinterpret_cast<float*>(packet + slot->payload_at + pad8(k * sizeof(std::uint32_t)));
   // The kept energy: the values sent, in packet order, in the host's tree (square_sums.hpp).
   double* const out[1] = {&sums->kept_sq};
-  square_sums_pass<1>(ok ? k : 0, grid, slots, out, [&](std::size_t j, bool in, float(&v)[1]) {
-    if (!in) return;
-    const std::uint32_t i = idx[j];
-    v[0] = e[i];
-    values[j] = v[0];
-    e[i] = 0.0f;
-  });
+  square_sums_pass<1>(
+      ok ? k : 0, grid, slots, out,
+      [&](std::size_t j, bool in, float(&v)[1]) {
+        if (!in) return;
+        const std::uint32_t i = idx[j];
+        v[0] = e[i];
+        values[j] = v[0];
+        e[i] = 0.0f;
+      },
+      [&](std::size_t j, float(&v)[1]) { v[0] = values[j]; });
   if (threadIdx.x == 0) {
     if (grid.block == 0) {
       if (!ok)
@@ -110,17 +113,23 @@ __device__ inline void raw_body(const float* __restrict__ g, float* __restrict__
   float* raw = reinterpret_cast<float*>(packet + slot->payload_at);
   bool bad = false;
   double* const out[3] = {&sums->grad_sq, &sums->input_sq, &sums->kept_sq};
-  square_sums_pass<3>(n, grid, slots, out, [&](std::size_t i, bool in, float(&v)[3]) {
-    if (!in) return;
-    const float gi = g[i];
-    const float u = u_in_e ? e[i] : gi + e[i];  // u_in_e: the fused pass already wrote u
-    raw[i] = u;
-    e[i] = 0.0f;
-    v[0] = gi;
-    v[1] = u;
-    v[2] = u;
-    bad |= !isfinite(u);
-  });
+  square_sums_pass<3>(
+      n, grid, slots, out,
+      [&](std::size_t i, bool in, float(&v)[3]) {
+        if (!in) return;
+        const float gi = g[i];
+        const float u = u_in_e ? e[i] : gi + e[i];  // u_in_e: the fused pass already wrote u
+        raw[i] = u;
+        e[i] = 0.0f;
+        v[0] = gi;
+        v[1] = u;
+        v[2] = u;
+        bad |= !isfinite(u);
+      },
+      [&](std::size_t i, float(&v)[3]) {
+        v[0] = g[i];
+        v[1] = v[2] = raw[i];
+      });
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
   if (grid.block == 0 && threadIdx.x == 0) {
     st->count = static_cast<std::uint32_t>(n);

@@ -89,15 +89,18 @@ __device__ void add_slots_in_tree(double* from, unsigned long long capacity, uns
 //! pointer: that sum is not kept; all null: none is, and no slot or counter is touched).
 //! Every thread calls \p visit(pos, in, vals) for each of its 32 positions of a tile, in
 //! order, with `in` false past n (warp-wide operations inside stay converged); when `in`,
-//! vals[q] is the value whose square sum q counts. Blocks of the group with no tile add
-//! zero. Slots and the counter are those of add_in_block_order (\p grid.sums_done counts
-//! the group's blocks; slots from grid.first).
-template <int N, class Visit>
+//! vals[q] is the value whose square sum q counts. A leaf whose sum is not finite is summed
+//! again in double in index order (square_sum.hpp), from \p reload(pos, vals), which reads
+//! the same values back from where the block's threads left them (no warp operation).
+//! Blocks of the group with no tile add zero. Slots and the counter are those of
+//! add_in_block_order (\p grid.sums_done counts the group's blocks; slots from grid.first).
+template <int N, class Visit, class Reload>
 __device__ void square_sums_pass(std::size_t n, const pass_grid& grid, block_slots slots, double* const (&out)[N],
-                                 Visit&& visit) {
+                                 Visit&& visit, Reload&& reload) {
   static_assert(N >= 1 && N <= max_ordered_sums);
   __shared__ float lanes[N][select_threads];
   __shared__ double tail[N][square_sum_lanes];
+  __shared__ bool nonzero[N][select_threads];  // a thread's values of sum q were not all zero
   const unsigned lane = threadIdx.x % square_sum_lanes;
   const unsigned leaf = threadIdx.x / square_sum_lanes;
   const unsigned long long per = tiles_per_block(n, grid.blocks);
@@ -111,20 +114,29 @@ __device__ void square_sums_pass(std::size_t n, const pass_grid& grid, block_slo
     const std::size_t leaf_n = leaf_at >= n ? 0 : (n - leaf_at < square_sum_leaf ? n - leaf_at : square_sum_leaf);
     const std::size_t lane_n = leaf_n / square_sum_lanes * square_sum_lanes;  // the rest is the tail
     float acc[N];
-    for (int q = 0; q < N; ++q) acc[q] = 0.0f;
+    bool nz[N];
+    for (int q = 0; q < N; ++q) {
+      acc[q] = 0.0f;
+      nz[q] = false;
+    }
     for (unsigned j = 0; j < square_sum_leaf / square_sum_lanes; ++j) {
       const std::size_t r = j * square_sum_lanes + lane;
       float v[N];
       for (int q = 0; q < N; ++q) v[q] = 0.0f;
       const bool in = r < leaf_n;
       visit(leaf_at + r, in, v);
+      if (in)
+        for (int q = 0; q < N; ++q) nz[q] = nz[q] || v[q] != 0.0f;
       if (r < lane_n) {
         for (int q = 0; q < N; ++q) acc[q] = __fadd_rn(acc[q], __fmul_rn(v[q], v[q]));
       } else if (in) {  // the one value of this lane in the layer's short last group
         for (int q = 0; q < N; ++q) tail[q][lane] = __dmul_rn(v[q], v[q]);
       }
     }
-    for (int q = 0; q < N; ++q) lanes[q][threadIdx.x] = acc[q];
+    for (int q = 0; q < N; ++q) {
+      lanes[q][threadIdx.x] = acc[q];
+      nonzero[q][threadIdx.x] = nz[q];
+    }
     __syncthreads();
     if (threadIdx.x < 32) {  // warp 0: lane i sums leaf i, then the tile's tree
       const std::size_t at = t * square_tile + threadIdx.x * square_sum_leaf;
@@ -137,6 +149,27 @@ __device__ void square_sums_pass(std::size_t n, const pass_grid& grid, block_slo
         for (int i = 0; i < 4; ++i) a[i] = __fadd_rn(l8[i], l8[i + 4]);
         s[q] = __dadd_rn(__dadd_rn(a[0], a[1]), __dadd_rn(a[2], a[3]));
         for (std::size_t i = full; i < m; ++i) s[q] = __dadd_rn(s[q], tail[q][i - full]);
+      }
+      // A lane overflowed or underflowed, or a value is not finite: the leaf in double
+      // (square_sum.hpp, leaf_needs_double).
+      bool redo[N], again = false;
+      for (int q = 0; q < N; ++q) {
+        bool any = false;
+        for (int l = 0; l < static_cast<int>(square_sum_lanes); ++l)
+          any = any || nonzero[q][threadIdx.x * square_sum_lanes + l];
+        redo[q] = !isfinite(s[q]) || (s[q] < tiny_leaf_sum && any);
+        again = again || redo[q];
+      }
+      if (again) {
+        double d[N];
+        for (int q = 0; q < N; ++q) d[q] = 0;
+        for (std::size_t i = 0; i < m; ++i) {
+          float v[N];
+          reload(at + i, v);
+          for (int q = 0; q < N; ++q) d[q] = __dadd_rn(d[q], __dmul_rn(v[q], v[q]));
+        }
+        for (int q = 0; q < N; ++q)
+          if (redo[q]) s[q] = d[q];
       }
       for (unsigned w = 1; w < 32; w <<= 1)
         for (int q = 0; q < N; ++q) {

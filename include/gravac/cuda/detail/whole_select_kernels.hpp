@@ -85,14 +85,17 @@ static __global__ void __launch_bounds__(select_threads)
   const std::uint32_t* mine = list + *first;
   // The kept energy: the values sent, in packet order, in the host's tree (square_sums.hpp).
   double* const out[1] = {&sums->kept_sq};
-  square_sums_pass<1>(ok ? k : 0, whole_grid(slots.blocks_done), slots, out, [&](std::size_t j, bool in, float(&v)[1]) {
-    if (!in) return;
-    const std::uint32_t i = mine[j] - start;
-    v[0] = e[i];
-    idx[j] = i;
-    values[j] = v[0];
-    e[i] = 0.0f;
-  });
+  square_sums_pass<1>(
+      ok ? k : 0, whole_grid(slots.blocks_done), slots, out,
+      [&](std::size_t j, bool in, float(&v)[1]) {
+        if (!in) return;
+        const std::uint32_t i = mine[j] - start;
+        v[0] = e[i];
+        idx[j] = i;
+        values[j] = v[0];
+        e[i] = 0.0f;
+      },
+      [&](std::size_t j, float(&v)[1]) { v[0] = values[j]; });
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) {
       if (!ok)
