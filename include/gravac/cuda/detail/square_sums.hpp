@@ -89,9 +89,10 @@ __device__ void add_slots_in_tree(double* from, unsigned long long capacity, uns
 //! pointer: that sum is not kept; all null: none is, and no slot or counter is touched).
 //! Every thread calls \p visit(pos, in, vals) for each of its 32 positions of a tile, in
 //! order, with `in` false past n (warp-wide operations inside stay converged); when `in`,
-//! vals[q] is the value whose square sum q counts. A leaf whose sum is not finite is summed
-//! again in double in index order (square_sum.hpp), from \p reload(pos, vals), which reads
-//! the same values back from where the block's threads left them (no warp operation).
+//! vals[q] is the value whose square sum q counts. A leaf whose lanes overflowed or
+//! underflowed (square_sum.hpp, leaf_needs_double) is summed again in double in index order,
+//! from \p reload(pos, vals), which reads the same values back from where the block's
+//! threads left them (no warp operation; rare, so one thread a leaf).
 //! Blocks of the group with no tile add zero. Slots and the counter are those of
 //! add_in_block_order (\p grid.sums_done counts the group's blocks; slots from grid.first).
 template <int N, class Visit, class Reload>
