@@ -215,10 +215,8 @@ class adacomp_cuda : public detail::stream_members<adacomp_cuda> {
     gain_jobs_.queue(s, g.data(), e.data(), states_.data(), gain_sums_.data(), p.gain_candidates, gain_out_.data());
     for (std::size_t i = 0; i < L; ++i) u_in_r_[i] = layout_[i].numel != 0;
     // Steps 1 to 3 of every layer, in the launches of adacomp_jobs whatever the number of layers.
-    cd::adacomp_jobs::progress done;
-    jobs_.queue(
-        s, g.data(), e.data(), packet, p, [&](std::size_t i) { return bin_length(i); }, true,
-        {states_.data(), sums_.data(), slots_.data(), cursor_.data(), scales_.data()}, done);
+    jobs_.queue(s, g.data(), e.data(), packet, p, [&](std::size_t i) { return bin_length(i); },
+                {states_.data(), sums_.data(), slots_.data(), cursor_.data(), scales_.data()});
     detail::launch(&cd::finish_device_packet, cd::one_block, cd::one_thread, s, packet, cursor_.data(),
                    static_cast<std::uint8_t>(kind), layout_.hash());
     // The last launch: the only pass that changes a compressed layer's residue after R = u.

@@ -57,7 +57,6 @@ struct adacomp_job {
 struct adacomp_jobs_args {
   const adacomp_job* jobs;        //!< the step's table
   std::uint32_t count;            //!< jobs (at least one)
-  bool u_in_r;                    //!< the gain pass already wrote u into r (and its norms)
   std::uint32_t* gmax;            //!< the bin maxima, zero before the bins pass
   unsigned long long* acc;        //!< exponent_slots per row, zero before and after
   select_state* states;           //!< per row, zero at the step's start
@@ -66,20 +65,18 @@ struct adacomp_jobs_args {
   packet_cursor* cursor;          //!< zero at the step's start
   float* scales;                  //!< per row
   std::uint32_t* sums_done;       //!< per row, zero before and after
-  block_slots slots;              //!< a slot per block of the bins or raw pass
+  block_slots slots;              //!< a slot per block of the raw pass
   unsigned long long* first_out;  //!< per row: its first entry in its window's compaction
   unsigned long long* expected;   //!< per window: what its layers counted
 };
 
 //! Step 1 for every compressed layer (adacomp_bins_body).
 static __global__ void __launch_bounds__(adacomp_threads)
-    adacomp_jobs_bins(const float* __restrict__ g, float* __restrict__ r, adacomp_jobs_args a) {
+    adacomp_jobs_bins(const float* __restrict__ r, adacomp_jobs_args a) {
   pass_grid grid;
   const adacomp_job& jb = owning_share<adacomp_pass_bins>(a.jobs, a.count, grid);
-  grid.sums_done = a.sums_done + jb.row;
-  const std::size_t w = jb.row;
-  adacomp_bins_body(g + jb.offset, r + jb.offset, static_cast<std::uint32_t>(jb.numel), jb.bin, a.u_in_r,
-                    a.gmax + jb.bins_at, a.sums + w, a.states + w, a.slots, grid);
+  adacomp_bins_body(r + jb.offset, static_cast<std::uint32_t>(jb.numel), jb.bin, a.gmax + jb.bins_at, a.states + jb.row,
+                    grid);
 }
 
 //! Step 2 for every compressed layer (adacomp_scale_body).
@@ -122,8 +119,7 @@ static __global__ void __launch_bounds__(select_threads)
   const adacomp_job& jb = owning_share<adacomp_pass_raw>(a.jobs, a.count, grid);
   grid.sums_done = a.sums_done + jb.row;
   const std::size_t w = jb.row;
-  raw_body(g + jb.offset, r + jb.offset, packet, a.seg + w, jb.numel, a.sums + w, a.states + w, a.u_in_r, a.slots,
-           grid);
+  raw_body(g + jb.offset, r + jb.offset, packet, a.seg + w, jb.numel, a.sums + w, a.states + w, true, a.slots, grid);
 }
 
 //! The compaction's predicate over a window: element base + i is sent by its layer
@@ -187,8 +183,7 @@ class adacomp_jobs {
       j.row = static_cast<std::uint32_t>(i);
       j.window = add_to_windows(windows_, l.offset, l.numel);
       jobs_.push_back(j);
-      blocks += static_cast<unsigned long long>(
-          std::max(lc.grid_stride(l.numel, static_cast<int>(adacomp_tile)), lc.grid_stride(l.numel, select_threads)));
+      blocks += static_cast<unsigned long long>(lc.grid_stride(l.numel, square_tile));  // the raw pass's slots
     }
     const std::size_t W = std::max<std::size_t>(windows_.size(), 1);
     table_ = device_buffer<adacomp_job>(std::max<std::size_t>(jobs_.size(), 1), s);
@@ -209,12 +204,6 @@ class adacomp_jobs {
   //! that failed calls this in its repair, in case a kernel was cut short).
   void reset(cudaStream_t s) { clear_async(s, acc_, sums_done_, counters_); }
 
-  //! What queue() marks done as it goes, for a repair after a failure part way.
-  struct progress {
-    bool bins = false;  //!< step 1 is queued: every compressed layer holds u in r
-    bool raw = false;   //!< the raw pass is queued
-  };
-
   //! The check adacomp_signs makes of this step's compaction (its failure word is copied
   //! back by the caller through failure()).
   [[nodiscard]] compaction_check check() noexcept {
@@ -224,13 +213,13 @@ class adacomp_jobs {
   //! Where adacomp_signs reports an inexact compaction (zeroed by queue()).
   [[nodiscard]] const device_buffer<std::uint32_t>& counters() const noexcept { return counters_; }
 
-  //! Queues steps 1 to 3 of every layer on \p s: raw where \p p's kept fraction is
-  //! dense_fraction or more, AdaComp at bin length \p bin_length(i) otherwise; \p u_in_r when
-  //! the gain pass already wrote u into r. \p rows must be cleared. Records in \p done what
-  //! is queued. Returns without queuing anything for a layout with no elements.
+  //! Queues steps 1 to 3 of every layer on \p s, after the fused pass wrote u into r: raw
+  //! where \p p's kept fraction is dense_fraction or more, AdaComp at bin length
+  //! \p bin_length(i) otherwise. \p rows must be cleared. Returns without queuing anything
+  //! for a layout with no elements.
   template <class BinLength>
   void queue(cudaStream_t s, const float* g, float* r, std::byte* packet, const step_params& p, BinLength bin_length,
-             bool u_in_r, const adacomp_rows& rows, progress& done) {
+             const adacomp_rows& rows) {
     if (jobs_.empty()) return;
     unsigned long long blocks[adacomp_pass_count_] = {};
     unsigned long long bins = 0;
@@ -240,7 +229,7 @@ class adacomp_jobs {
       j.raw = p.kept_fraction[j.row] >= dense_fraction ? 1u : 0u;
       for (int pass = 0; pass < adacomp_pass_count_; ++pass) j.first[pass] = blocks[pass];
       if (j.raw) {
-        blocks[adacomp_pass_raw] += static_cast<unsigned long long>(launch_.grid_stride(j.numel, select_threads));
+        blocks[adacomp_pass_raw] += static_cast<unsigned long long>(launch_.grid_stride(j.numel, square_tile));
         continue;
       }
       j.bin = bin_length(j.row);
@@ -259,31 +248,22 @@ class adacomp_jobs {
         cudaMemcpyAsync(table_.data(), staging_.data(), jobs_.size() * sizeof(adacomp_job), cudaMemcpyHostToDevice, s));
     clear_async(s, counters_);
     if (bins > 0) GRAVAC_TRY_CUDA(cudaMemsetAsync(gmax_.data(), 0, bins * sizeof(std::uint32_t), s));
-    const adacomp_jobs_args a{table_.data(),
-                              static_cast<std::uint32_t>(jobs_.size()),
-                              u_in_r,
-                              gmax_.data(),
-                              acc_.data(),
-                              rows.states,
-                              rows.sums,
-                              rows.seg,
-                              rows.cursor,
-                              rows.scales,
-                              sums_done_.data(),
-                              slots_.view(),
-                              first_out_.data(),
+    const adacomp_jobs_args a{table_.data(),   static_cast<std::uint32_t>(jobs_.size()),
+                              gmax_.data(),    acc_.data(),
+                              rows.states,     rows.sums,
+                              rows.seg,        rows.cursor,
+                              rows.scales,     sums_done_.data(),
+                              slots_.view(),   first_out_.data(),
                               expected_.data()};
     const auto grid = [&](int pass) { return static_cast<unsigned>(blocks[pass]); };
     if (bins > 0) {
-      launch(&adacomp_jobs_bins, grid(adacomp_pass_bins), adacomp_threads, s, g, r, a);
-      done.bins = true;
+      launch(&adacomp_jobs_bins, grid(adacomp_pass_bins), adacomp_threads, s, r, a);
       launch(&adacomp_jobs_scale, grid(adacomp_pass_scale), adacomp_threads, s, a);
       launch(&adacomp_jobs_count, grid(adacomp_pass_count), adacomp_threads, s, g, r, a);
     }
     launch(&adacomp_jobs_place, one_block, one_thread, s, packet, a);
     if (blocks[adacomp_pass_raw] > 0) {
       launch(&adacomp_jobs_raw, grid(adacomp_pass_raw), select_threads, s, g, r, packet, a);
-      done.raw = true;
     }
     compact_windows(
         windows_, temp_, selected_.data(), s,

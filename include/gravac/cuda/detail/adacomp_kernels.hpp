@@ -26,44 +26,33 @@ namespace gravac::detail {
 //! Integers of the exponent sum (detail::exponent_sum::at).
 inline constexpr int exponent_slots = 256;
 
-//! Step 1 over one layer: R = r + g into r (with \p u_in_r, r already holds R: the gain
-//! curve's fused pass wrote it and counted the statistics), the statistics, and
-//! gmax[b] = max over bin b of the magnitude bits of the finite R_i (gmax zeroed before).
-//! A non-finite R_i sets st->non_finite. n < 2^32 (checked at construction).
-//! Over the blocks of \p grid (one layer's share of adacomp_jobs's grid).
-__device__ inline void adacomp_bins_body(const float* __restrict__ g, float* __restrict__ r, std::uint32_t n,
-                                         std::uint32_t bin, bool u_in_r, std::uint32_t* __restrict__ gmax,
-                                         layer_sums* __restrict__ sums, select_state* __restrict__ st,
-                                         block_slots slots, const pass_grid& grid) {
+//! Step 1 over one layer, whose R = u the fused pass over every layer wrote into r (with
+//! the norms, in the host's order): gmax[b] = max over bin b of the magnitude bits of the
+//! finite R_i (gmax zeroed before). A non-finite R_i sets st->non_finite. n < 2^32 (checked
+//! at construction). Over the blocks of \p grid (one layer's share of adacomp_jobs's grid).
+__device__ inline void adacomp_bins_body(const float* __restrict__ r, std::uint32_t n, std::uint32_t bin,
+                                         std::uint32_t* __restrict__ gmax, select_state* __restrict__ st,
+                                         const pass_grid& grid) {
   // A tile of adacomp_tile consecutive elements touches at most adacomp_tile + 1 bins.
   __shared__ std::uint32_t sh[adacomp_tile + 1];
   for (std::uint32_t b = threadIdx.x; b <= adacomp_tile; b += adacomp_threads) sh[b] = 0;
   __syncthreads();
   constexpr unsigned full = 0xffffffffu;
   const unsigned lane = threadIdx.x & 31u;
-  double gsq = 0, rsq = 0;
   bool bad = false;
   for (std::uint64_t t0 = grid.block * adacomp_tile; t0 < n; t0 += grid.blocks * adacomp_tile) {
     const auto first_bin = static_cast<std::uint32_t>(t0 / bin);
-    float rv[adacomp_items], gv[adacomp_items];
+    float rv[adacomp_items];
 #pragma unroll
     for (int j = 0; j < adacomp_items; ++j) {
       const std::uint64_t i = t0 + static_cast<std::uint64_t>(j) * adacomp_threads + threadIdx.x;
       rv[j] = i < n ? r[i] : 0.0f;
-      gv[j] = !u_in_r && i < n ? g[i] : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < adacomp_items; ++j) {
       const std::uint64_t i = t0 + static_cast<std::uint64_t>(j) * adacomp_threads + threadIdx.x;
       const bool in = i < n;
-      float u = rv[j];
-      if (in && !u_in_r) {
-        u = __fadd_rn(rv[j], gv[j]);
-        r[i] = u;
-        gsq += static_cast<double>(gv[j]) * gv[j];
-        rsq += static_cast<double>(u) * u;
-      }
-      std::uint32_t key = in ? device_magnitude_key(u) : 0u;
+      std::uint32_t key = in ? device_magnitude_key(rv[j]) : 0u;
       bad |= key >= non_finite_key;
       if (key >= non_finite_key) key = 0;  // infinity and NaN do not count in the maximum
       // The tile-relative bin; out-of-range lanes get a bin no lane has.
@@ -88,16 +77,6 @@ __device__ inline void adacomp_bins_body(const float* __restrict__ g, float* __r
       }
     }
     __syncthreads();
-  }
-  if (!u_in_r) {
-    using reduce_t = block_reduce<double, adacomp_threads>;
-    __shared__ typename reduce_t::TempStorage red;
-    const double bg = reduce_t(red).Sum(gsq);
-    __syncthreads();
-    const double br = reduce_t(red).Sum(rsq);
-    const double mine[2] = {bg, br};
-    double* const out[2] = {&sums->grad_sq, &sums->input_sq};
-    add_in_block_order<adacomp_threads, 2>(mine, slots, grid.sums_done, grid.first, grid.blocks, out);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
 }
