@@ -223,11 +223,15 @@ class adacomp {
     const std::size_t span = bin >= detail::quant_chunk ? bin : detail::quant_chunk / bin * bin;
     alignas(64) float thr[detail::quant_chunk];
     alignas(64) std::uint8_t flag[detail::quant_chunk];
+    // The norms in the one order the device sums them in too (core/detail/square_sum.hpp),
+    // each leaf as soon as (1) wrote it, from cache.
+    detail::square_sum_pair_stream norms(g.data(), r.data(), n);
     for (std::size_t lo = 0; lo < n; lo += span) {
       const std::size_t hi = std::min(n, lo + span);
       (void)detail::accumulate_block(g.data() + lo, r.data() + lo, hi - lo);  // (1)
-      const std::size_t nbins = (hi - lo + bin - 1) / bin;                    // at most quant_chunk, or 1
-      for (std::size_t b = 0; b < nbins; ++b) {                               // (2)
+      norms.add_to(hi);
+      const std::size_t nbins = (hi - lo + bin - 1) / bin;  // at most quant_chunk, or 1
+      for (std::size_t b = 0; b < nbins; ++b) {             // (2)
         const float* rb = r.data() + lo + b * bin;
         const std::size_t len = std::min<std::size_t>(bin, hi - lo - b * bin);
         std::uint32_t mx = 0, bad = 0;
@@ -260,9 +264,7 @@ class adacomp {
         count = wide ? compact(flag, mc, c, indices64_.data(), count) : compact(flag, mc, c, indices32_.data(), count);
       }
     }
-    // The norms in the one order the device sums them in too (core/detail/square_sum.hpp),
-    // while R still holds u everywhere: another read of the layer, from cache when it is small.
-    detail::square_sum_pair(g.data(), r.data(), n, gsq, rsq);
+    norms.finish(gsq, rsq);                                                                 // before (5) changes R
     const float scale = static_cast<float>(gmax_sum_.value() / static_cast<double>(bins));  // (4)
     const std::uint32_t scale_bits = detail::float_bits(scale);
     // (5), which also records the signs sent (R_i of a sent element is not zero, so its sign

@@ -129,18 +129,39 @@ template <class Load>
   return tree.total();
 }
 
-//! The sums of squares of \p a and of \p b (\p n values each) in the tree's order, leaf by
-//! leaf, so that each leaf of both is read while it is in cache.
-inline void square_sum_pair(const float* a, const float* b, std::size_t n, double& sum_a, double& sum_b) noexcept {
-  pairwise_sum tree_a, tree_b;
-  for (std::size_t at = 0; at < n; at += square_sum_leaf) {
-    const std::size_t m = n - at < square_sum_leaf ? n - at : square_sum_leaf;
-    tree_a.push(leaf_square_sum(m, [&](std::size_t i) { return a[at + i]; }));
-    tree_b.push(leaf_square_sum(m, [&](std::size_t i) { return b[at + i]; }));
+//! The sums of squares of two arrays of \p n values in the tree's order, fed as a prefix of
+//! them becomes final (add_to): each leaf is summed once it is complete, while a pass that
+//! just wrote it still has it in cache.
+class square_sum_pair_stream {
+ public:
+  //! Over \p a and \p b, \p n values each.
+  square_sum_pair_stream(const float* a, const float* b, std::size_t n) noexcept : a_(a), b_(b), n_(n) {}
+  //! Sums every leaf that ends at or before \p end (the first \p end values are final).
+  void add_to(std::size_t end) noexcept {
+    for (; at_ + square_sum_leaf <= end; at_ += square_sum_leaf) push(square_sum_leaf);
   }
-  sum_a = tree_a.total();
-  sum_b = tree_b.total();
-}
+  //! Sums the rest (every value is final) and gives the two sums.
+  void finish(double& sum_a, double& sum_b) noexcept {
+    add_to(n_);
+    if (at_ < n_) push(n_ - at_);
+    at_ = n_;
+    sum_a = tree_a_.total();
+    sum_b = tree_b_.total();
+  }
+
+ private:
+  void push(std::size_t m) noexcept {
+    const float* a = a_ + at_;
+    const float* b = b_ + at_;
+    tree_a_.push(leaf_square_sum(m, [a](std::size_t i) { return a[i]; }));
+    tree_b_.push(leaf_square_sum(m, [b](std::size_t i) { return b[i]; }));
+  }
+  const float* a_;
+  const float* b_;
+  std::size_t n_;
+  std::size_t at_ = 0;
+  pairwise_sum tree_a_, tree_b_;
+};
 
 //! The sum of squares of \p x in the tree's order.
 [[nodiscard]] inline double square_sum(std::span<const float> x) noexcept {
