@@ -14,6 +14,8 @@
 #include <span>
 #include <vector>
 
+#include "gravac/core/detail/isa_dispatch.hpp"
+
 namespace gravac {
 
 //! The 31-bit magnitude key of \p x: its bit pattern without the sign. Keys order like |x|
@@ -36,7 +38,7 @@ inline constexpr int energy_shift = 16;
 //! fraction), so u^2 = (M^2 >> energy_shift) units of 2^(energy_shift + 2 (max(E, 1) - 150)).
 //! Integer sums of them are exact, so a bin's energy has one value whatever order, threads
 //! or device added its values in (the device: gravac/cuda/detail/bin_energy.hpp).
-[[nodiscard]] constexpr std::uint64_t energy_units(std::uint32_t key) noexcept {
+[[nodiscard]] GRAVAC_KERNEL_INLINE constexpr std::uint64_t energy_units(std::uint32_t key) noexcept {
   const std::uint32_t e = key >> 23, m = key & 0x7fffffu;
   const std::uint64_t sig = e ? (m | 0x800000u) : m;
   return (sig * sig) >> energy_shift;
@@ -61,7 +63,7 @@ class magnitude_histogram {
   static constexpr std::uint32_t first_non_finite_bin = non_finite_key >> shift;
 
   //! An empty histogram.
-  magnitude_histogram() : count_(bins, 0), units_(bins, 0) {}
+  magnitude_histogram() : bin_(bins) {}
 
   //! Bin of \p key.
   [[nodiscard]] static constexpr std::uint32_t bin_of(std::uint32_t key) noexcept { return key >> shift; }
@@ -76,20 +78,23 @@ class magnitude_histogram {
     hi_ = std::max(hi_, b);
   }
   //! Adds one value by bin, with the used range widened by the caller (see note_range).
-  void add_unchecked(std::uint32_t key) noexcept {
+  //! Inlined into the vector passes that call it per element (a call there costs as much).
+  GRAVAC_KERNEL_INLINE void add_unchecked(std::uint32_t key) noexcept {
     const std::uint32_t b = bin_of(key);
-    ++count_[b];
-    units_[b] += energy_units(key);
+    bin_sums& s = bin_[b];
+    ++s.count;
+    s.units += energy_units(key);
   }
   //! Adds \p weight values of key \p key (a sample standing for that many), range widened
   //! by the caller.
-  void add_weighted_unchecked(std::uint32_t key, std::uint32_t weight) noexcept {
+  GRAVAC_KERNEL_INLINE void add_weighted_unchecked(std::uint32_t key, std::uint32_t weight) noexcept {
     const std::uint32_t b = bin_of(key);
-    count_[b] += weight;
-    units_[b] += weight * energy_units(key);
+    bin_sums& s = bin_[b];
+    s.count += weight;
+    s.units += weight * energy_units(key);
   }
   //! Counts one value by bin without its energy (selection only needs counts).
-  void count_unchecked(std::uint32_t key) noexcept { ++count_[bin_of(key)]; }
+  GRAVAC_KERNEL_INLINE void count_unchecked(std::uint32_t key) noexcept { ++bin_[bin_of(key)].count; }
   //! Declares that keys in [min_key, max_key] were added with the *_unchecked functions.
   void note_range(std::uint32_t min_key, std::uint32_t max_key) noexcept {
     if (min_key > max_key) return;
@@ -100,8 +105,8 @@ class magnitude_histogram {
   void merge(const magnitude_histogram& o) noexcept {
     if (o.empty()) return;
     for (std::uint32_t b = o.lo_; b <= o.hi_; ++b) {
-      count_[b] += o.count_[b];
-      units_[b] += o.units_[b];
+      bin_[b].count += o.bin_[b].count;
+      bin_[b].units += o.bin_[b].units;
     }
     lo_ = std::min(lo_, o.lo_);
     hi_ = std::max(hi_, o.hi_);
@@ -109,8 +114,7 @@ class magnitude_histogram {
   //! Empties the histogram (touches only the bins used).
   void clear() noexcept {
     if (!empty()) {
-      std::fill(count_.begin() + lo_, count_.begin() + hi_ + 1, 0);
-      std::fill(units_.begin() + lo_, units_.begin() + hi_ + 1, 0);
+      std::fill(bin_.begin() + lo_, bin_.begin() + hi_ + 1, bin_sums{});
     }
     lo_ = bins;
     hi_ = 0;
@@ -123,29 +127,32 @@ class magnitude_histogram {
   //! Highest bin used.
   [[nodiscard]] std::uint32_t high_bin() const noexcept { return hi_; }
   //! Values in bin \p b.
-  [[nodiscard]] std::uint64_t count(std::uint32_t b) const noexcept { return count_[b]; }
+  [[nodiscard]] std::uint64_t count(std::uint32_t b) const noexcept { return bin_[b].count; }
   //! Bin \p b's energy in fixed-point units (energy_units; zero when only counts were taken).
-  [[nodiscard]] std::uint64_t units(std::uint32_t b) const noexcept { return units_[b]; }
+  [[nodiscard]] std::uint64_t units(std::uint32_t b) const noexcept { return bin_[b].units; }
   //! Sum of squared magnitudes in finite bin \p b (zero when only counts were taken).
-  [[nodiscard]] double sumsq(std::uint32_t b) const noexcept { return units_energy(units_[b], b >> (23 - shift)); }
+  [[nodiscard]] double sumsq(std::uint32_t b) const noexcept { return units_energy(bin_[b].units, b >> (23 - shift)); }
   //! Number of finite values.
   [[nodiscard]] std::uint64_t finite_count() const noexcept {
     std::uint64_t n = 0;
     if (empty()) return 0;
-    for (std::uint32_t b = lo_; b <= std::min(hi_, first_non_finite_bin - 1); ++b) n += count_[b];
+    for (std::uint32_t b = lo_; b <= std::min(hi_, first_non_finite_bin - 1); ++b) n += bin_[b].count;
     return n;
   }
   //! Number of infinities and NaNs.
   [[nodiscard]] std::uint64_t non_finite_count() const noexcept {
     std::uint64_t n = 0;
     if (empty()) return 0;
-    for (std::uint32_t b = std::max(lo_, first_non_finite_bin); b <= hi_; ++b) n += count_[b];
+    for (std::uint32_t b = std::max(lo_, first_non_finite_bin); b <= hi_; ++b) n += bin_[b].count;
     return n;
   }
 
  private:
-  std::vector<std::uint64_t> count_;
-  std::vector<std::uint64_t> units_;
+  struct bin_sums {  // side by side: a value touches one cache line
+    std::uint64_t count = 0;
+    std::uint64_t units = 0;
+  };
+  std::vector<bin_sums> bin_;
   std::uint32_t lo_ = bins;
   std::uint32_t hi_ = 0;
 };
