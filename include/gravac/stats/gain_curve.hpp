@@ -6,10 +6,8 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <functional>
 #include <limits>
 #include <span>
-#include <vector>
 
 #include "gravac/core/step.hpp"
 #include "gravac/stats/detail/reference_gain_curve.hpp"
@@ -68,15 +66,16 @@ namespace detail {
 //! NaNs are never counted as kept. (For a histogram in which part of the layer is a
 //! weighted sample, see detail::histogram_sampling, the curve is an estimate.)
 inline void add_gain_curve(const magnitude_histogram& h, std::size_t numel, std::span<const double> candidates,
-                           std::span<double> kept_sq) {
+                           std::span<double> kept_sq) noexcept {
   if (h.empty() || candidates.empty()) return;
   constexpr unsigned per = gain_bin_shift - magnitude_histogram::shift;  // histogram bins per gain bin: 2^per
   const std::uint32_t lo = h.low_bin() >> per;
   const std::uint32_t hi = std::min(h.high_bin() >> per, first_non_finite_gain_bin - 1);
   if (lo > hi) return;  // nothing finite
   // The gain bins used: counts and energies (integer units added exactly, then converted).
-  static thread_local std::vector<std::uint64_t> count(gain_bins);
-  static thread_local std::vector<double> energy(gain_bins);
+  // On the stack (32 KiB, only [lo, hi] touched): nothing to allocate, nothing to throw.
+  std::uint64_t count[gain_bins];
+  double energy[gain_bins];
   std::uint64_t finite = 0;
   for (std::uint32_t b = lo; b <= hi; ++b) {
     std::uint64_t c = 0, u = 0;
@@ -97,7 +96,7 @@ inline void add_gain_curve(const magnitude_histogram& h, std::size_t numel, std:
       if (above + count[b] >= k) break;
       above += count[b];
     }
-    const double above_sq = b == hi ? 0.0 : detail::tree_over(energy.data(), 0, gain_bins, b + 1, hi);
+    const double above_sq = b == hi ? 0.0 : detail::tree_over(energy, 0, gain_bins, b + 1, hi);
     kept_sq[c] += above_sq + partial_bin_energy(b, k - above, count[b], energy[b]);
   }
 }
