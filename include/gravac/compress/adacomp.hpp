@@ -228,7 +228,7 @@ class adacomp {
     detail::square_sum_pair_stream norms(g.data(), r.data(), n);
     for (std::size_t lo = 0; lo < n; lo += span) {
       const std::size_t hi = std::min(n, lo + span);
-      (void)detail::accumulate_block(g.data() + lo, r.data() + lo, hi - lo);  // (1)
+      for (std::size_t i = lo; i < hi; ++i) r[i] += g[i];  // (1); its norms come from the stream below
       norms.add_to(hi);
       const std::size_t nbins = (hi - lo + bin - 1) / bin;  // at most quant_chunk, or 1
       for (std::size_t b = 0; b < nbins; ++b) {             // (2)

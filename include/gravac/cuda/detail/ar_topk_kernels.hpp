@@ -60,7 +60,7 @@ static __global__ void __launch_bounds__(packet_threads)
 }
 
 //! values[j] = e[idx[j]] (or e[j] for a dense part), e = 0 there, and each layer's sent
-//! energy into sums[layer].kept_sq (in block order). The caller validated the indices.
+//! energy into sums[layer].kept_sq (the host's order, square_sums.hpp). The caller validated the indices.
 static __global__ void __launch_bounds__(select_threads)
     ar_gather_parts(ar_parts a, float* __restrict__ e, float* __restrict__ values, layer_sums* __restrict__ sums) {
   pass_grid grid;

@@ -54,7 +54,7 @@ struct fused_jobs_args {
   std::uint32_t* jobs_done;             //!< zero before and after
 };
 
-//! u = g + e into e, each layer's ||g||^2 and ||u||^2 (added to sums[row] in block order)
+//! u = g + e into e, each layer's ||g||^2 and ||u||^2 (added to sums[row] in the host's order)
 //! and the gain curve, for every job at once. Job q owns as many blocks as select_fused_pass
 //! would be launched with on its layer alone (fused_jobs::build) and strides over its layer
 //! as that launch would, so every row gets the bits that launch gives; each job's last block

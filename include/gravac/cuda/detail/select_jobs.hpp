@@ -546,13 +546,12 @@ class select_jobs {
   device_buffer<std::byte> temp_;
   block_slots_buffer slots_;
   pinned_buffer<unsigned long long> k_host_;
-  device_buffer<select_job> list_table_;      // the index lists' table
-  pinned_buffer<select_job> list_staging_;    // its upload (rewritten once the last lists' stream finished)
-  device_buffer<std::uint32_t*> lists_;       // per row: where its index list goes
-  pinned_buffer<std::uint32_t*> lists_host_;  // their upload
-  device_buffer<std::uint32_t> no_threshold_;
-  std::vector<compaction_window> list_windows_;  // the index lists' windows (rebuilt per call, kept for its room)  //
-                                                 // per row: 0, no previous threshold (the index lists)
+  device_buffer<select_job> list_table_;         // the index lists' table
+  pinned_buffer<select_job> list_staging_;       // its upload (rewritten once the last lists' stream finished)
+  device_buffer<std::uint32_t*> lists_;          // per row: where its index list goes
+  pinned_buffer<std::uint32_t*> lists_host_;     // their upload
+  device_buffer<std::uint32_t> no_threshold_;    // per row: 0, no previous threshold (the index lists)
+  std::vector<compaction_window> list_windows_;  // the index lists' windows (rebuilt per call, kept for its room)
 };
 
 }  // namespace gravac::detail
