@@ -11,7 +11,12 @@
 #include <vector>
 
 #include "gravac/collective/detail/ar_topk_host_passes.hpp"
+#include "gravac/compress/block_scaled.hpp"
+#include "gravac/compress/cast16.hpp"
 #include "gravac/compress/detail/fused_pass.hpp"
+#include "gravac/compress/qsgd.hpp"
+#include "gravac/compress/sign.hpp"
+#include "gravac/compress/terngrad.hpp"
 #include "gravac/core/detail/square_sum.hpp"
 #include "gravac/packet/raw_segment.hpp"
 #include "gravac_test_util.hpp"
@@ -120,6 +125,33 @@ TEST_CASE("square_sum: non-finite and huge values follow the same arithmetic", "
   CHECK(detail::square_sum(x) == Approx(1e40).epsilon(1e-6));
 }
 
+TEST_CASE("square_sum_stream: runs of any length, overwritten once added, give square_sum's bits", "[square_sum]") {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{1000},
+                              std::size_t{4097}, std::size_t{70001}}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    if (n > 700) x[700] = 3e19f;  // a leaf summed again in double
+    const double want = detail::square_sum(x);
+    for (const std::size_t run :
+         {std::size_t{1}, std::size_t{7}, std::size_t{256}, std::size_t{300}, std::size_t{1024}}) {
+      // Each run is copied to a scratch buffer that the next run overwrites (as a bucket's
+      // u is overwritten by its residual), so a held partial leaf must be the stream's copy.
+      detail::square_sum_stream s;
+      std::vector<float> scratch(run);
+      for (std::size_t at = 0; at < n; at += run) {
+        const std::size_t m = std::min(run, n - at);
+        std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(at), m, scratch.begin());
+        s.add(scratch.data(), m);
+        std::fill(scratch.begin(), scratch.end(), -1.0f);
+      }
+      INFO("n = " << n << ", runs of " << run);
+      CHECK(same_bits(s.finish(), want));
+    }
+  }
+}
+
 TEST_CASE("AR-Topk's host accumulate and gather sum in square_sum's order", "[square_sum][allreduce_compatible]") {
   layout lay;
   lay.add("a", {70001}, layer_kind::dense);
@@ -156,5 +188,71 @@ TEST_CASE("AR-Topk's host accumulate and gather sum in square_sum's order", "[sq
     const std::vector<float> ul(u.begin() + l.offset, u.begin() + l.offset + l.numel);
     CHECK(st.layers[i].kept == l.numel);
     CHECK(same_bits(st.layers[i].kept_sq, detail::square_sum(ul)));
+  }
+}
+
+namespace {
+
+// One step of quantizer \p c over \p lay: every layer's ||g||^2 and ||u||^2 must be
+// square_sum of g and u, and its kept energy square_sum of what the packet decodes to (EF
+// sign's is n * scale^2, no sum).
+template <class C>
+void check_quantizer_sums(C& c, const layout& lay, bool kept_is_a_sum = true) {
+  const auto g = test::make_data(lay.numel(), 41, test::distribution::laplace);
+  auto e = test::make_data(lay.numel(), 42);
+  for (auto& x : e) x *= 0.3f;
+  std::vector<float> u(lay.numel());
+  for (std::size_t i = 0; i < u.size(); ++i) u[i] = g[i] + e[i];
+  const auto p = test::params_for(lay, 0.5, 3, 11);
+  compress_stats st;
+  std::vector<std::byte> packet(c.max_packet_bytes());
+  std::vector<float> gc = g;
+  packet.resize(c.compress(host_view(gc), host_view(e), p, packet, st));
+  std::vector<float> dec(lay.numel(), 0.0f);
+  REQUIRE(c.validate(packet));
+  c.decompress_add(packet, host_view(dec), 1.0f);
+  for (std::size_t i = 0; i < lay.size(); ++i) {
+    const auto& l = lay[i];
+    INFO("layer " << l.name << " (" << l.numel << " values)");
+    const auto at = [&](const std::vector<float>& v) { return std::span<const float>(v).subspan(l.offset, l.numel); };
+    CHECK(same_bits(st.layers[i].grad_sq, detail::square_sum(at(g))));
+    CHECK(same_bits(st.layers[i].input_sq, detail::square_sum(at(u))));
+    if (kept_is_a_sum) CHECK(same_bits(st.layers[i].kept_sq, detail::square_sum(at(dec))));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the quantizers' norms and kept energy follow square_sum (the device's order)", "[square_sum][quantizers]") {
+  layout lay;
+  lay.add("big", {70001}, layer_kind::dense);
+  lay.add("empty", {0}, layer_kind::dense);
+  lay.add("mid", {3, 1000}, layer_kind::dense);
+  lay.add("tail", {13}, layer_kind::bias_or_norm);
+  lay.add("leaf", {1024}, layer_kind::dense);
+  for (std::uint32_t bucket : {0u, 512u, 576u}) {  // 576: buckets end inside leaves
+    INFO("bucket " << bucket);
+    qsgd q(lay, {127, bucket});
+    check_quantizer_sums(q, lay);
+    qsgd q2(lay, {3, bucket});
+    check_quantizer_sums(q2, lay);
+    terngrad t(lay, {bucket});
+    check_quantizer_sums(t, lay);
+  }
+  sign sg(lay, {});
+  check_quantizer_sums(sg, lay, false);
+  for (auto f : {cast16_format::fp16, cast16_format::bf16}) {
+    cast16 c(lay, {f});
+    check_quantizer_sums(c, lay);
+  }
+  for (auto r : {block_rounding::nearest_even, block_rounding::stochastic}) {
+    mxfp8 m8(lay, {mxfp8_element::e4m3, r, true});
+    check_quantizer_sums(m8, lay);
+    mxfp8 m5(lay, {mxfp8_element::e5m2, r, true});
+    check_quantizer_sums(m5, lay);
+    mxfp4 m4(lay, {r, true});
+    check_quantizer_sums(m4, lay);
+    nvfp4 nv(lay, {r, true});
+    check_quantizer_sums(nv, lay);
   }
 }

@@ -17,6 +17,7 @@
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts/composition.hpp"
 #include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/quantized_packet.hpp"
@@ -124,30 +125,26 @@ class cast16 {
   //! Codes of \p m elements of u (in \p u, replaced by the residual u - decoded): |u / N|
   //! clamped to the format's largest finite value by an integer min on its bits (the bit
   //! order of non-negative floats is their value order), converted, decoded back. Integer
-  //! selects only, so the loop vectorizes. Returns the sum of squares of the decoded values.
+  //! selects only, so the loop vectorizes. The decoded values into \p decoded.
   //! \p u is element \p first of a layer of \p n elements whose g, e and codes are \p g_layer,
   //! \p e_layer and \p codes_layer: being compute bound, the loop asks for the lines ahead
   //! (stream_prefetch).
   template <cast16_format F>
-  GRAVAC_KERNEL_INLINE static double cast_block(float* __restrict u, std::size_t m, float inv, float ranks,
-                                                std::uint16_t* __restrict h, float* __restrict v2, const float* g_layer,
-                                                const float* e_layer, std::size_t n, std::size_t first,
-                                                const std::byte* codes_layer) noexcept {
+  GRAVAC_KERNEL_INLINE static void cast_block(float* __restrict u, std::size_t m, float inv, float ranks,
+                                              std::uint16_t* __restrict h, float* __restrict decoded,
+                                              const float* g_layer, const float* e_layer, std::size_t n,
+                                              std::size_t first, const std::byte* codes_layer) noexcept {
     const std::uint32_t limit_bits = detail::cast16_limit_bits(F, ranks);
     for (std::size_t at = 0; at < m; at += detail::random_group) {
       detail::stream_prefetch(g_layer, e_layer, n, first + at, codes_layer, 16);
       const std::size_t end = std::min(at + detail::random_group, m);
-      for (std::size_t k = at; k < end; ++k) cast_one<F>(u, h, v2, k, inv, ranks, limit_bits);
+      for (std::size_t k = at; k < end; ++k) cast_one<F>(u, h, decoded, k, inv, ranks, limit_bits);
     }
-    const double sq = detail::lane_sum(v2, m);
-    // A float square overflowed, or those of tiny non-zero values underflowed: again in double.
-    return std::isfinite(sq) && !(sq < detail::tiny_block_sq && any_nonzero(h, m)) ? sq
-                                                                                   : decoded_squares<F>(h, m, ranks);
   }
 
-  //! Element \p k of cast_block: its code into \p h, the residual into \p u, the decoded square into \p v2.
+  //! Element \p k of cast_block: its code into \p h, the residual into \p u, the decoded value into \p decoded.
   template <cast16_format F>
-  GRAVAC_KERNEL_INLINE static void cast_one(float* __restrict u, std::uint16_t* __restrict h, float* __restrict v2,
+  GRAVAC_KERNEL_INLINE static void cast_one(float* __restrict u, std::uint16_t* __restrict h, float* __restrict decoded,
                                             std::size_t k, float inv, float ranks, std::uint32_t limit_bits) noexcept {
     const float x = u[k];
     const std::uint32_t q = detail::float_bits(x * inv);
@@ -165,27 +162,7 @@ class cast16 {
     }
     h[k] = static_cast<std::uint16_t>(code);
     u[k] = x - v;
-    v2[k] = v * v;
-  }
-
-  //! True when a code of \p h[0..m) is not ±0 (checked only for blocks of tiny squares).
-  static bool any_nonzero(const std::uint16_t* h, std::size_t m) noexcept {
-    unsigned acc = 0;
-    for (std::size_t k = 0; k < m; ++k) acc |= h[k] & 0x7fffu;
-    return acc != 0;
-  }
-
-  //! Sum of squares of the decoded values of \p m codes in double: cast_block's rare path
-  //! when a bf16 value above about 1.8e19 squares past the float maximum (or below about
-  //! 1e-19 under the smallest normal float).
-  template <cast16_format F>
-  static double decoded_squares(const std::uint16_t* h, std::size_t m, float ranks) noexcept {
-    double sq = 0;
-    for (std::size_t k = 0; k < m; ++k) {
-      const double v = (F == cast16_format::fp16 ? detail::fp16_to_float(h[k]) : detail::bf16_to_float(h[k])) * ranks;
-      sq += v * v;
-    }
-    return sq;
+    decoded[k] = v;
   }
 
   template <cast16_format F>
@@ -202,21 +179,23 @@ class cast16 {
       const float prefix[2] = {ranks, 0.0f};
       bw.put(prefix);
       std::byte* codes = bw.reserve(n * 2);
-      double gsq = 0, usq = 0, ksq = 0;
+      // The norms and the kept energy in the device's order too (core/detail/square_sum.hpp).
+      detail::square_sum_stream grad_sq, input_sq, kept_sq;
       alignas(64) std::uint16_t h[detail::quant_chunk];
-      alignas(64) float v2[detail::quant_chunk];
+      alignas(64) float decoded[detail::quant_chunk];
       detail::with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
         for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
           const std::size_t mc = std::min(detail::quant_chunk, n - c);
           float* u = e.data() + c;
-          const auto s = detail::accumulate_block(g.data() + c, u, mc);  // u = g + e, in cache now
-          gsq += s.g_sq;
-          usq += s.u_sq;
-          ksq += cast_block<F>(u, mc, inv, ranks, h, v2, g.data(), e.data(), n, c, codes);
+          for (std::size_t k = 0; k < mc; ++k) u[k] += g.data()[c + k];  // u = g + e, in cache now
+          grad_sq.add(g.data() + c, mc);
+          input_sq.add(u, mc);
+          cast_block<F>(u, mc, inv, ranks, h, decoded, g.data(), e.data(), n, c, codes);
+          kept_sq.add(decoded, mc);
           std::memcpy(codes + 2 * c, h, 2 * mc);
         }
       });
-      ls = {n, gsq, usq, ksq};
+      ls = {n, grad_sq.finish(), input_sq.finish(), kept_sq.finish()};
     });
   }
 

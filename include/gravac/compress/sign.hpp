@@ -13,6 +13,7 @@
 #include "gravac/compress/layered.hpp"
 #include "gravac/concepts/composition.hpp"
 #include "gravac/concepts/concepts.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/packet_bound.hpp"
 #include "gravac/packet/quantized_packet.hpp"
@@ -107,7 +108,8 @@ class sign {
       std::byte* prefix = bw.reserve(quant_prefix_bytes);
       std::byte* bits = bw.reserve(detail::code_bytes(n, 1));
       alignas(64) std::uint8_t code[detail::quant_chunk];
-      double gsq = 0, usq = 0, abs_sum = 0;
+      detail::square_sum_stream grad_sq, input_sq;  // in the device's order too (square_sum.hpp)
+      double abs_sum = 0;
       float scale = 0;
       detail::with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
         // Pass 1: u = g + e into e, the signs, and sum |u|. The scale needs the whole layer,
@@ -115,8 +117,8 @@ class sign {
         for (std::size_t c = 0; c < n; c += detail::quant_chunk) {
           const std::size_t mc = std::min(detail::quant_chunk, n - c);
           const auto s = detail::accumulate_block(g.data() + c, e.data() + c, mc);
-          gsq += s.g_sq;
-          usq += s.u_sq;
+          grad_sq.add(g.data() + c, mc);
+          input_sq.add(e.data() + c, mc);
           abs_sum += s.u_abs;
           // Local restrict pointers: code is a byte array, which may alias anything, so
           // through the lambda's captures every store would reload them (a scalar loop).
@@ -139,7 +141,7 @@ class sign {
           e[i] = u - (u < 0 ? -scale : scale);  // a select, not a branch: vectorizes
         }
       });
-      ls = {n, gsq, usq, static_cast<double>(n) * scale * scale};
+      ls = {n, grad_sq.finish(), input_sq.finish(), static_cast<double>(n) * scale * scale};
     });
   }
 

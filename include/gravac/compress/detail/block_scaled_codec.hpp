@@ -15,6 +15,7 @@
 #include "gravac/compress/detail/float_bits.hpp"
 #include "gravac/compress/detail/minifloat.hpp"
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/core/step.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
@@ -225,36 +226,37 @@ struct block_codec {
 
  private:
   // Codes of the block u[0..m) (replaced by the residual) at scale x; the random bits of
-  // its elements in r. MX codes |u| * 2^-k exactly; NVFP4 codes |u| / x. Returns the sum of
-  // the decoded squares.
+  // its elements in r. MX codes |u| * 2^-k exactly; NVFP4 codes |u| / x. The decoded
+  // values into dec (their squares are the kept energy).
   template <bool Stochastic>
-  GRAVAC_KERNEL_INLINE static double code_block(float* __restrict u, std::size_t m, int k, float x, bool feedback,
-                                                const std::uint32_t* __restrict r,
-                                                std::uint8_t* __restrict code) noexcept {
-    constexpr std::uint32_t sign_bit = sign_bit_of(element);
-    if constexpr (!Stochastic) return code_block_nearest(u, m, k, x, feedback, code);
-    double sq = 0;
-    for (std::size_t i = 0; i < m; ++i) {
-      const float v = u[i];
-      const std::uint32_t b = float_bits(v);
-      std::uint32_t a = b & 0x7fffffffu;
-      const bool nan = a > 0x7f800000u;
-      a = nan ? 0u : a;
-      std::uint32_t mag;
-      if constexpr (shape.e8m0_scales) {
-        mag = encode_magnitude<element, Stochastic>(a, k, Stochastic ? r[i] : 0u);
-      } else {
-        (void)k;
-        const std::uint32_t y = x > 0.0f ? float_bits(bits_float(a) / x) : 0u;
-        mag = encode_magnitude<element, Stochastic>(y, 0, Stochastic ? r[i] : 0u);
+  GRAVAC_KERNEL_INLINE static void code_block(float* __restrict u, std::size_t m, int k, float x, bool feedback,
+                                              const std::uint32_t* __restrict r, std::uint8_t* __restrict code,
+                                              float* __restrict dec) noexcept {
+    if constexpr (!Stochastic) {
+      code_block_nearest(u, m, k, x, feedback, code, dec);
+    } else {
+      constexpr std::uint32_t sign_bit = sign_bit_of(element);
+      for (std::size_t i = 0; i < m; ++i) {
+        const float v = u[i];
+        const std::uint32_t b = float_bits(v);
+        std::uint32_t a = b & 0x7fffffffu;
+        const bool nan = a > 0x7f800000u;
+        a = nan ? 0u : a;
+        std::uint32_t mag;
+        if constexpr (shape.e8m0_scales) {
+          mag = encode_magnitude<element, Stochastic>(a, k, Stochastic ? r[i] : 0u);
+        } else {
+          (void)k;
+          const std::uint32_t y = x > 0.0f ? float_bits(bits_float(a) / x) : 0u;
+          mag = encode_magnitude<element, Stochastic>(y, 0, Stochastic ? r[i] : 0u);
+        }
+        const std::uint32_t c = mag | ((b >> 31) != 0 && !nan ? sign_bit : 0u);
+        code[i] = static_cast<std::uint8_t>(c);
+        const float d = decoded(c, x);
+        u[i] = feedback ? v - d : 0.0f;
+        dec[i] = d;
       }
-      const std::uint32_t c = mag | ((b >> 31) != 0 && !nan ? sign_bit : 0u);
-      code[i] = static_cast<std::uint8_t>(c);
-      const float d = decoded(c, x);
-      u[i] = feedback ? v - d : 0.0f;
-      sq += static_cast<double>(d) * d;
     }
-    return sq;
   }
 
   // code_block rounding to nearest even, the same codes, residual and sum, in float
@@ -268,9 +270,9 @@ struct block_codec {
   // rounded value, capped at the largest element, is the code's value exactly, so it
   // replaces the decoding table; the code is its exponent and mantissa fields rebased to
   // the format's bias, or for a subnormal value the count of subnormal steps. The decoded
-  // squares are summed in double in index order after the loop, as code_block does.
-  GRAVAC_KERNEL_INLINE static double code_block_nearest(float* __restrict u, std::size_t m, int k, float x,
-                                                        bool feedback, std::uint8_t* __restrict code) noexcept {
+  // values go to d, as code_block's.
+  GRAVAC_KERNEL_INLINE static void code_block_nearest(float* __restrict u, std::size_t m, int k, float x, bool feedback,
+                                                      std::uint8_t* __restrict code, float* __restrict d) noexcept {
     constexpr minifloat_spec sp = spec_of(element);
     constexpr int mb = static_cast<int>(sp.mantissa_bits);
     constexpr int emin = 1 - sp.bias;
@@ -293,7 +295,6 @@ struct block_codec {
     const std::uint32_t keep = feedback ? ~0u : 0u;
     const std::uint32_t cap_bits = float_bits(cap), min_normal_bits = float_bits(min_normal);
     const std::uint32_t max_bits = float_bits(max_value);
-    alignas(64) float d[block];
     for (std::size_t i = 0; i < m; ++i) {
       const float v = u[i];
       const std::uint32_t b = float_bits(v);
@@ -324,9 +325,6 @@ struct block_codec {
       d[i] = dv;
       u[i] = bits_float(float_bits(v - dv) & keep);
     }
-    double sq = 0;
-    for (std::size_t i = 0; i < m; ++i) sq += static_cast<double>(d[i]) * d[i];
-    return sq;
   }
 
   // The scale of a block whose largest finite |u| has bits amax; its code into *s.
@@ -353,7 +351,8 @@ struct block_codec {
     sh.encoding = static_cast<std::uint8_t>(shape.encoding);
     sh.numel = n;
     sh.count = n;
-    double gsq = 0, usq = 0, ksq = 0;
+    // The norms and the kept energy in the device's order too (core/detail/square_sum.hpp).
+    square_sum_stream grad_sq, input_sq, kept_sq;
     write_segment(w, sh, [&](byte_writer& bw) {
       std::byte* prefix = bw.reserve(quant_prefix_bytes);
       auto* scales = reinterpret_cast<std::uint8_t*>(bw.reserve(nb));
@@ -365,10 +364,11 @@ struct block_codec {
         with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
           for (std::size_t c = 0; c < n; c += quant_chunk) {
             const std::size_t mc = std::min(quant_chunk, n - c);
-            const auto s = accumulate_block(g.data() + c, e.data() + c, mc);
-            gsq += s.g_sq;
-            usq += s.u_sq;
-            amax = std::max(amax, finite_max_bits(e.data() + c, mc));
+            float* u = e.data() + c;
+            for (std::size_t k = 0; k < mc; ++k) u[k] += g.data()[c + k];
+            grad_sq.add(g.data() + c, mc);
+            input_sq.add(u, mc);
+            amax = std::max(amax, finite_max_bits(u, mc));
           }
         });
         t = nvfp4_tensor_scale(bits_float(amax));
@@ -377,23 +377,25 @@ struct block_codec {
       std::memcpy(prefix, prefix_words, sizeof prefix_words);
       alignas(64) std::uint8_t code[quant_chunk];
       alignas(64) std::uint32_t r[Stochastic ? quant_chunk : 1];
+      alignas(64) float decoded[quant_chunk];
       // Compiled for AVX2 where the processor has it (isa_dispatch.hpp; the same bits).
       with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
         for (std::size_t c = 0; c < n; c += quant_chunk) {
           const std::size_t mc = std::min(quant_chunk, n - c);
           float* u = e.data() + c;
           if constexpr (shape.e8m0_scales) {  // u = g + e, the chunk then in cache for its blocks
-            const auto s = accumulate_block(g.data() + c, u, mc);
-            gsq += s.g_sq;
-            usq += s.u_sq;
+            for (std::size_t k = 0; k < mc; ++k) u[k] += g.data()[c + k];
+            grad_sq.add(g.data() + c, mc);
+            input_sq.add(u, mc);
           }
           if constexpr (Stochastic) fill_element_bits(stream, c, mc, r);
           for (std::size_t lo = 0; lo < mc; lo += block) {
             const std::size_t m = std::min(block, mc - lo);
             int k = 0;
             const float x = choose_scale(finite_max_bits(u + lo, m), t, k, scales + (c + lo) / block);
-            ksq += code_block<Stochastic>(u + lo, m, k, x, feedback, r + (Stochastic ? lo : 0), code + lo);
+            code_block<Stochastic>(u + lo, m, k, x, feedback, r + (Stochastic ? lo : 0), code + lo, decoded + lo);
           }
+          kept_sq.add(decoded, mc);
           if constexpr (shape.code_bits == 8) {
             std::memcpy(codes + c, code, mc);
           } else {
@@ -403,7 +405,7 @@ struct block_codec {
         }
       });
     });
-    ls = {n, gsq, usq, ksq};
+    ls = {n, grad_sq.finish(), input_sq.finish(), kept_sq.finish()};
   }
 };
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "gravac/compress/detail/quantize_kernels.hpp"
+#include "gravac/core/detail/square_sum.hpp"
 #include "gravac/core/step.hpp"
 #include "gravac/packet/detail/quantized_segment_check.hpp"
 #include "gravac/packet/quantized_packet.hpp"
@@ -120,7 +121,7 @@ class leveled_codec {
   //! One element: level l = floor(a) + (r < a - floor(a)) with a = |x| * inv, capped at
   //! \p lv; its code; x replaced by the residual x - sign * f * l. Integer selects and bit
   //! operations only (no float ternaries, which GCC leaves as branches under the default
-  //! -ftrapping-math), so the loops around it vectorize. Returns the decoded value squared.
+  //! -ftrapping-math), so the loops around it vectorize. Returns the decoded magnitude f * l.
   template <unsigned W>
   GRAVAC_KERNEL_INLINE static float quantize_one(float* __restrict u, code_type<W>* __restrict code, std::size_t k,
                                                  std::uint32_t bits, float inv, float f, std::int32_t lv) noexcept {
@@ -130,32 +131,34 @@ class leveled_codec {
     const auto fl = static_cast<std::int32_t>(a);        // a >= 0: truncation is floor
     std::int32_t l = fl + static_cast<std::int32_t>(uniform24(bits) < a - static_cast<float>(fl));
     l = l < lv ? l : lv;
-    const float v = f * static_cast<float>(l);
+    // The level the code holds: l itself for finite x; for a NaN or infinite x (l is then
+    // INT_MIN or INT_MIN + 1) its low bits, so that e = u - decompress(packet) always.
+    const std::int32_t held = l & static_cast<std::int32_t>((1u << (W - 1)) - 1u);
+    const float v = f * static_cast<float>(held);
     const std::uint32_t neg = (xb >> 31) & static_cast<std::uint32_t>(l != 0);  // a sign only on a level
     code[k] = static_cast<code_type<W>>(static_cast<std::uint32_t>(l) | (neg << (W - 1)));
     u[k] = x - bits_float(float_bits(v) | (neg << 31));
-    return v * v;
+    return v;
   }
 
   //! Levels, codes and residual of \p m elements of u (in \p u, replaced by the residual),
-  //! element \p first of the layer stream first (a multiple of random_group). Returns the
-  //! sum of squares of the decoded values. The draws are computed inline, 64 elements per
+  //! element \p first of the layer stream first (a multiple of random_group); the decoded
+  //! magnitudes into \p decoded (their squares are the kept energy). The draws are computed inline, 64 elements per
   //! group key, so the inner loop has a fixed trip count and no dependency between elements.
   //! \p g_layer, \p e_layer (\p n elements) and \p codes_layer are the whole layer's, for
   //! stream_prefetch.
   template <unsigned W>
-  GRAVAC_KERNEL_INLINE static double quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u,
-                                                     std::size_t m, float inv, float f, std::int32_t lv,
-                                                     code_type<W>* __restrict code, const float* g_layer,
-                                                     const float* e_layer, std::size_t n,
-                                                     std::byte* codes_layer) noexcept {
-    alignas(64) float v2[quant_chunk];
+  GRAVAC_KERNEL_INLINE static void quantize_levels(std::uint64_t stream, std::size_t first, float* __restrict u,
+                                                   std::size_t m, float inv, float f, std::int32_t lv,
+                                                   code_type<W>* __restrict code, float* __restrict decoded,
+                                                   const float* g_layer, const float* e_layer, std::size_t n,
+                                                   std::byte* codes_layer) noexcept {
     for (std::size_t at = 0; at < m; at += random_group) {
       stream_prefetch(g_layer, e_layer, n, first + at, codes_layer, W);
       const std::uint32_t key = random_group_key(stream, (first + at) / random_group);
       float* ua = u + at;
       code_type<W>* ca = code + at;
-      float* va = v2 + at;
+      float* va = decoded + at;
       if (m - at >= random_group) {
         for (std::uint32_t j = 0; j < random_group; ++j)
           va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
@@ -165,23 +168,6 @@ class leveled_codec {
           va[j] = quantize_one<W>(ua, ca, j, fmix32(key + j * random_step), inv, f, lv);
       }
     }
-    const double sq = lane_sum(v2, m);
-    // A float square overflowed, or those of a tiny bucket underflowed: again in double.
-    return std::isfinite(sq) && !(sq < tiny_block_sq && f > 0) ? sq : level_squares<W>(code, m, f);
-  }
-
-  //! Sum of squares of the decoded values of \p m codes in double: quantize_levels' rare
-  //! path when a decoded |value| above about 1.8e19 squares past the float maximum (or
-  //! below about 1e-19 under the smallest normal float).
-  template <unsigned W>
-  static double level_squares(const code_type<W>* code, std::size_t m, float f) noexcept {
-    constexpr std::uint32_t level_mask = (1u << (W - 1)) - 1u;
-    double sq = 0;
-    for (std::size_t k = 0; k < m; ++k) {
-      const double v = f * static_cast<float>(static_cast<std::int32_t>(code[k] & level_mask));
-      sq += v * v;
-    }
-    return sq;
   }
 
   template <unsigned W>
@@ -195,13 +181,16 @@ class leveled_codec {
     sh.encoding = static_cast<std::uint8_t>(enc_);
     sh.numel = n;
     sh.count = n;
-    double gsq = 0, usq = 0, ksq = 0;
+    // The layer's norms and kept energy in the one order of core/detail/square_sum.hpp
+    // (the device's too), fed as each bucket's u and each chunk's decoded values are final.
+    square_sum_stream grad_sq, input_sq, kept_sq;
     write_segment(w, sh, [&](byte_writer& bw) {
       const std::uint32_t prefix[2] = {levels_, bucket_};
       bw.put(prefix);
       std::byte* scales = bw.reserve(nb * sizeof(float));
       std::byte* codes = bw.reserve(code_bytes(n, W));
       alignas(64) code_type<W> code[quant_chunk];
+      alignas(64) float decoded[quant_chunk];
       const auto lv = static_cast<std::int32_t>(levels_);
       with_best_isa([&]() GRAVAC_KERNEL_LAMBDA {
         for (std::size_t b = 0; b < nb; ++b) {
@@ -211,11 +200,11 @@ class leveled_codec {
           float bucket_max = 0;
           for (std::size_t c = 0; c < m; c += quant_chunk) {
             const auto s = accumulate_block(g.data() + lo + c, e.data() + lo + c, std::min(quant_chunk, m - c));
-            gsq += s.g_sq;
             bucket_sq += s.u_sq;
             bucket_max = std::max(bucket_max, s.u_max);
           }
-          usq += bucket_sq;
+          grad_sq.add(g.data() + lo, m);
+          input_sq.add(e.data() + lo, m);
           // The norm of finite values can pass the float maximum: capped (max_level_scale), so
           // the scale and every decoded level stay finite; the residual keeps the rest.
           const float scale = std::min(
@@ -231,8 +220,9 @@ class leveled_codec {
           // (stream_prefetch), so that memory streams them meanwhile.
           for (std::size_t c = 0; c < m; c += quant_chunk) {
             const std::size_t mc = std::min(quant_chunk, m - c);
-            ksq += quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, g.data(), e.data(), n,
-                                      codes);
+            quantize_levels<W>(stream, lo + c, e.data() + lo + c, mc, inv, f, lv, code, decoded, g.data(), e.data(), n,
+                               codes);
+            kept_sq.add(decoded, mc);
             std::byte* dst = codes + (lo + c) * W / 8;
             if constexpr (W >= 8) {
               std::memcpy(dst, code, mc * sizeof(code[0]));
@@ -244,7 +234,7 @@ class leveled_codec {
         }
       });
     });
-    ls = {n, gsq, usq, ksq};
+    ls = {n, grad_sq.finish(), input_sq.finish(), kept_sq.finish()};
   }
 
   template <unsigned W>

@@ -65,18 +65,6 @@ constexpr std::uint32_t element_bits(std::uint64_t stream, std::uint64_t i) noex
                 static_cast<std::uint32_t>(i % random_group) * random_step);
 }
 
-//! Sum of \p x[0..m) in sum_lanes float lanes (vectorized without -ffast-math), then in double.
-GRAVAC_KERNEL_INLINE double lane_sum(const float* x, std::size_t m) noexcept {
-  float s[sum_lanes] = {};
-  std::size_t k = 0;
-  for (; k + sum_lanes <= m; k += sum_lanes)
-    for (std::size_t j = 0; j < sum_lanes; ++j) s[j] += x[k + j];
-  double sum = 0;
-  for (; k < m; ++k) sum += x[k];
-  for (float v : s) sum += v;
-  return sum;
-}
-
 //! Uniform float in [0, 1) from the top 24 of 32 random bits (exactly representable).
 GRAVAC_KERNEL_INLINE float uniform24(std::uint32_t bits) noexcept {
   return static_cast<float>(static_cast<std::int32_t>(bits >> 8)) * 0x1p-24f;

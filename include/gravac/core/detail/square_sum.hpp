@@ -163,6 +163,43 @@ class square_sum_pair_stream {
   pairwise_sum tree_a_, tree_b_;
 };
 
+//! The sum of squares, in the tree's order, of values fed in order in runs of any length
+//! (add): whole leaves are summed from the caller's memory, the values of a leaf that is not
+//! complete yet are copied (at most 255), so a run may be overwritten once it was added.
+class square_sum_stream {
+ public:
+  //! Adds the next \p m values \p p[0..m).
+  void add(const float* p, std::size_t m) noexcept {
+    if (held_ > 0) {
+      const std::size_t take = m < square_sum_leaf - held_ ? m : square_sum_leaf - held_;
+      std::memcpy(partial_ + held_, p, take * sizeof(float));
+      held_ += take;
+      p += take;
+      m -= take;
+      if (held_ < square_sum_leaf) return;
+      push(partial_, square_sum_leaf);
+      held_ = 0;
+    }
+    for (; m >= square_sum_leaf; p += square_sum_leaf, m -= square_sum_leaf) push(p, square_sum_leaf);
+    if (m > 0) std::memcpy(partial_, p, m * sizeof(float));
+    held_ = m;
+  }
+  //! The sum over every value added (a short last leaf is summed now; add no more after).
+  [[nodiscard]] double finish() noexcept {
+    if (held_ > 0) push(partial_, held_);
+    held_ = 0;
+    return tree_.total();
+  }
+
+ private:
+  void push(const float* p, std::size_t m) noexcept {
+    tree_.push(leaf_square_sum(m, [p](std::size_t i) { return p[i]; }));
+  }
+  pairwise_sum tree_;
+  float partial_[square_sum_leaf];
+  std::size_t held_ = 0;
+};
+
 //! The sum of squares of \p x in the tree's order.
 [[nodiscard]] inline double square_sum(std::span<const float> x) noexcept {
   return square_sum_of(x.size(), [x](std::size_t i) { return x[i]; });

@@ -134,7 +134,7 @@ __device__ __forceinline__ std::uint32_t finite_abs_bits(float x) {
 }
 
 //! NVFP4's pass before the codes: the largest finite |u| of every layer (u in e, written by
-//! the accumulate pass), as bits, into amax[job index] (zeroed every step). One thread per
+//! the fused pass), as bits, into amax[job index] (zeroed every step). One thread per
 //! element; each warp's maximum is one atomicMax (integer maxima: the order does not matter).
 __global__ void __launch_bounds__(quant_threads)
     layer_finite_amax(const float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
@@ -154,14 +154,13 @@ __global__ void __launch_bounds__(quant_threads)
 //! of B = 16 or 32 elements on aligned lanes of one warp. The block's largest finite |u| by
 //! shuffles, its scale (MX: 2^k as E8M0; NVFP4: the E4M3 code of amax / (6 t), t from the
 //! layer's amax), then per element the code (rounded to nearest even, or with the element's
-//! draw when \p Stochastic), the residual e = u - decoded (0 without \p feedback) and the
-//! decoded square; codes are or-ed across the lanes that share a 32-bit word and written by
-//! its first lane. The job's first thread writes the prefix (B, t) and the scales' padding.
+//! draw when \p Stochastic); codes are or-ed across the lanes that share a 32-bit word and
+//! written by its first lane (the residual e = u - decoded is the last pass's:
+//! quantized_residuals.hpp). The job's first thread writes the prefix (B, t) and the scales' padding.
 template <block_format F, bool Stochastic>
 __global__ void __launch_bounds__(quant_threads)
-    block_scaled_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
-                       const std::uint32_t* __restrict__ layer_amax, std::byte* __restrict__ packet, bool feedback,
-                       quant_sums* __restrict__ sums, block_slots slots) {
+    block_scaled_codes(const float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+                       const std::uint32_t* __restrict__ layer_amax, std::byte* __restrict__ packet) {
   constexpr block_shape shape = shape_of(F);
   constexpr minifloat E = shape.element;
   constexpr unsigned W = shape.code_bits;
@@ -201,7 +200,6 @@ __global__ void __launch_bounds__(quant_threads)
   }
   const float x = block_scale_dev<F>(s, t);
   std::uint32_t code = 0;
-  double d2 = 0;
   if (i < n) {
     if (i % B == 0) scales[i / B] = static_cast<std::uint8_t>(s);
     const std::uint32_t b = __float_as_uint(v);
@@ -217,9 +215,6 @@ __global__ void __launch_bounds__(quant_threads)
       mag = encode_magnitude_dev<E, Stochastic>(y, 0, r);
     }
     code = mag | ((b >> 31) != 0 && !nan ? sign_bit_of(E) : 0u);
-    const float d = block_decoded_dev<F>(code, x);
-    e[jb.offset + i] = feedback ? __fsub_rn(v, d) : 0.0f;
-    d2 = __dmul_rn(static_cast<double>(d), static_cast<double>(d));
   }
   const unsigned slot = threadIdx.x % per;  // blocks start on a word boundary
   code <<= slot * W;
@@ -228,7 +223,6 @@ __global__ void __launch_bounds__(quant_threads)
   const unsigned long long word = i / per;
   if (slot == 0 && word < pad8(detail::code_bytes(n, W)) / 4)
     reinterpret_cast<std::uint32_t*>(pl + quant_prefix_bytes + pad8(nb))[word] = code;
-  add_block_sums(jobs, job_count, pass_codes, jb, slots, sums, 0.0, 0.0, d2, false, false, false, true);
 }
 
 //! True when code \p c of a validated segment's encoding \p enc is one the writer never

@@ -1,9 +1,10 @@
 #pragma once
 //! \file
-//! \brief Statistics that repeat bit for bit on the device: each block's partial sums go to
-//! the block's own slot, and the last block of the group adds the slots in block order. A
-//! floating-point atomic per block would add them in the order the blocks happen to finish,
-//! so the same step could give different norms, and different policy decisions, run to run.
+//! \brief The per-block slots of statistics that repeat bit for bit on the device: each
+//! block's partial sums go to the block's own slot, and the last block of the group adds the
+//! slots in a fixed order (square_sums.hpp: the aligned tree). A floating-point atomic per
+//! block would add them in the order the blocks happen to finish, so the same step could
+//! give different norms, and different policy decisions, run to run.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
@@ -44,44 +45,5 @@ class block_slots_buffer {
   device_buffer<double> buf_;
   device_buffer<std::uint32_t> done_;  // zero-filled
 };
-
-//! Adds the \p N sums \p mine (valid in thread 0) of each block of a group into \p out (a
-//! null pointer: that sum is not kept), in block order: the group is the \p count blocks from \p first of the grid, and
-//! \p blocks_done (zero on entry, left zero) counts them. Every thread of every block of the
-//! group calls it. A group of one block adds directly. The last block's threads each add a
-//! fixed stride of slots in order, then a block reduction (a fixed tree) joins them: the
-//! result depends on the group's partials only, never on which block finished when.
-template <int Threads, int N>
-__device__ void add_in_block_order(const double (&mine)[N], block_slots slots, std::uint32_t* blocks_done,
-                                   unsigned long long first, unsigned long long count, double* const (&out)[N]) {
-  static_assert(N >= 1 && N <= max_ordered_sums);
-  if (count == 1) {
-    if (threadIdx.x == 0)
-      for (int v = 0; v < N; ++v)
-        if (out[v]) *out[v] = __dadd_rn(*out[v], mine[v]);
-    return;
-  }
-  const unsigned long long b = blockIdx.x - first;
-  if (threadIdx.x == 0)
-    for (int v = 0; v < N; ++v) slots.slots[v * slots.capacity + first + b] = mine[v];
-  if (!last_block_of(blocks_done, count)) return;
-  using reduce_t = block_reduce<double, Threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  for (int v = 0; v < N; ++v) {
-    if (!out[v]) continue;  // the same in every thread
-    const double* from = slots.slots + v * slots.capacity + first;
-    double part = 0;
-    for (unsigned long long j = threadIdx.x; j < count; j += Threads) part = __dadd_rn(part, __ldcg(from + j));
-    const double total = reduce_t(red).Sum(part);
-    if (threadIdx.x == 0) *out[v] = __dadd_rn(*out[v], total);
-    __syncthreads();  // red is reused
-  }
-}
-
-//! add_in_block_order over the whole grid, counted by the slots' own counter.
-template <int Threads, int N>
-__device__ void add_in_block_order(const double (&mine)[N], block_slots slots, double* const (&out)[N]) {
-  add_in_block_order<Threads, N>(mine, slots, slots.blocks_done, 0, gridDim.x, out);
-}
 
 }  // namespace gravac::detail

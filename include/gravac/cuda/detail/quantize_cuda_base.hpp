@@ -35,6 +35,7 @@
 #include "gravac/cuda/detail/packet_kernels.hpp"
 #include "gravac/cuda/detail/quantize_cuda_kernels.hpp"
 #include "gravac/cuda/detail/quantized_packet_kernels.hpp"
+#include "gravac/cuda/detail/quantized_residuals.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/shard_staging.hpp"  // compressed_allreduce's two stages on this space
 #include "gravac/cuda/detail/space_hooks.hpp"    // the trainer's hooks on this space
@@ -54,12 +55,13 @@ namespace gravac::detail {
 //!
 //! compress() plans the packet on the host (every segment's size follows from the layout,
 //! the options and which layers go raw), uploads the plan, and runs a fixed sequence of
-//! launches that each cover every layer: the headers; the gain pass when gain candidates
-//! are asked for (the histogram of topk_cuda's fused pass); raw layers; then per quantizer
-//! the chunk sums, the scales and the codes with the residual (block-scaled: the chunk sums,
-//! NVFP4's per-layer largest |u|, then one pass that finds each block's scale and writes
-//! its codes and the residual). One copy of the statistics
-//! comes back and it returns when packet and residual are ready. Every workspace is
+//! launches that each cover every layer: the headers; topk_cuda's fused pass with k = 0 (u
+//! = g + e into e, the norms in the host's order, the gain curve when candidates are asked
+//! for); raw layers; then per quantizer the chunk sums, the scales and the codes (cast16:
+//! the codes; block-scaled: NVFP4's per-layer largest |u|, then one pass that finds each
+//! block's scale and writes its codes); last, the residual and the kept energy from the
+//! packet (quantized_residuals.hpp). One copy of the statistics comes back and it returns
+//! when packet and residual are ready. Every workspace is
 //! allocated at construction (no allocation per step). compress_stats::non_finite reports a
 //! NaN or infinity in u = g + e (the host trainer checks g itself; device memory it cannot
 //! read, so the device compressor reports it, as topk_cuda does).
@@ -194,6 +196,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     // workspace.
     gain_jobs_ = detail::fused_jobs(lay, launch_, false, s);
     states_ = device_buffer<detail::select_state>(L, s);
+    norms_ = device_buffer<detail::layer_sums>(L, s);
     gain_out_ = device_buffer<double>(detail::max_gain_candidates, s);
     // Validation and decoding.
     table_ = device_buffer<detail::quant_segment>(L, s);
@@ -202,6 +205,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     plan_host_.resize(L);
     head_host_.resize(1);
     sums_host_.resize(L);
+    norms_host_.resize(L);
+    states_host_.resize(L);
     gain_host_.resize(detail::max_gain_candidates);
     walk_host_.resize(1);
     job_layer_.resize(L);
@@ -214,8 +219,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
  private:
   // What plan_step works out on the host for the step's launches.
   struct step_plan {
-    std::uint32_t jobs = 0;                       // layers with a segment
-    unsigned long long blocks[4] = {0, 0, 0, 0};  // blocks of each pass (pass_raw, ...)
+    std::uint32_t jobs = 0;                                // layers with a segment
+    unsigned long long blocks[detail::quant_passes] = {};  // blocks of each pass (pass_raw, ...)
   };
 
   // The plan of the step on the host, into the pinned staging and \p plan: every segment's
@@ -247,7 +252,7 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
       jb.payload = at + sizeof(segment_header);
       jb.index = jobs;
       jb.raw = raw ? 1u : 0u;
-      for (int k = 0; k < 4; ++k) jb.block_first[k] = blocks[k];
+      for (int k = 0; k < cd::quant_passes; ++k) jb.block_first[k] = blocks[k];
       const auto T = static_cast<unsigned long long>(cd::quant_threads);
       if (raw) {
         blocks[cd::pass_raw] += cd::blocks_covering(pad8(l.numel * sizeof(float)) / sizeof(float), T);
@@ -264,13 +269,14 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         bucket_at += sh.buckets;
         const unsigned long long slots = code_slots(l.numel);
         blocks[cd::pass_codes] += cd::blocks_covering(slots, T);
-        if constexpr (Q != quant_family::cast16) {
+        if constexpr (block_scaled) {  // NVFP4's per-layer amax, one thread per element
+          blocks[cd::pass_scales] += format_ == block_format::nvfp4 ? cd::blocks_covering(l.numel, T) : 0;
+        } else if constexpr (Q != quant_family::cast16) {  // the chunk sums the scales are made of
           blocks[cd::pass_accumulate] += cd::blocks_covering(sh.chunks, cd::chunks_per_block);
-          if constexpr (block_scaled)  // NVFP4's per-layer amax, one thread per element
-            blocks[cd::pass_scales] += format_ == block_format::nvfp4 ? cd::blocks_covering(l.numel, T) : 0;
-          else
-            blocks[cd::pass_scales] += leveled ? cd::blocks_covering(sh.buckets, T) : cd::one_block;
+          blocks[cd::pass_scales] += leveled ? cd::blocks_covering(sh.buckets, T) : cd::one_block;
         }
+        // The last pass: the residual and the kept energy, from the segment.
+        blocks[cd::pass_kept] += static_cast<unsigned long long>(launch_.grid_stride(l.numel, cd::square_tile));
       }
       job_layer_[jobs] = i;
       ++jobs;
@@ -309,26 +315,21 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     detail::launch(&cd::write_packet_headers, cd::table_blocks(jobs, cd::packet_threads), cd::packet_threads, s, packet,
                    head_.data(), plan_.data(), jobs);
 
-    // The gain curve of u (every non-empty layer, as the host skeleton): topk_cuda's fused
-    // pass with k = 0 writes e = u, so the passes below read u from e.
+    // topk_cuda's fused pass with k = 0 over every non-empty layer: e = u, so the passes
+    // below read u from e; each layer's norms in the host's order (square_sums.hpp), a NaN
+    // or infinity in u, and the gain curve when one is asked for.
     const bool gains = !p.gain_candidates.empty();
-    if (gains) {
-      cd::clear_async(s, gain_out_, states_);
-      gain_jobs_.queue(s, g.data(), e.data(), states_.data(), nullptr, p.gain_candidates, gain_out_.data());
-      progress_.u_jobs = jobs;
-    }
+    cd::clear_async(s, states_, norms_);
+    if (gains) cd::clear_async(s, gain_out_);
+    gain_jobs_.queue(s, g.data(), e.data(), states_.data(), norms_.data(), p.gain_candidates, gain_out_.data());
+    progress_.u_jobs = jobs;
     float* gd = g.data();
     float* ed = e.data();
     const cd::quant_job* jd = jobs_.data();
     cd::quant_sums* sd = sums_.data();
     const auto grid_of = [](unsigned long long b) { return static_cast<unsigned>(b); };
     if (blocks[cd::pass_raw]) {
-      if (gains)
-        detail::launch(&cd::raw_jobs<true>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
-                       packet, sd, slots_.view());
-      else
-        detail::launch(&cd::raw_jobs<false>, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, gd, ed, jd, jobs,
-                       packet, sd, slots_.view());
+      detail::launch(&cd::raw_jobs, grid_of(blocks[cd::pass_raw]), cd::quant_threads, s, ed, jd, jobs, packet);
       progress_.raw = true;
     }
     if (blocks[cd::pass_codes]) {
@@ -337,48 +338,49 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
         const float inv = 1.0f / ranks;  // on the host, as cast16 computes it
         const std::uint32_t lim = detail::cast16_limit_bits(options_.format, ranks);
         const unsigned grid = grid_of(blocks[cd::pass_codes]);
-        if (options_.format == cast16_format::bf16) {
-          if (gains)
-            detail::launch(&cd::cast16_codes<true, true>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd, slots_.view());
-          else
-            detail::launch(&cd::cast16_codes<true, false>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd, slots_.view());
-        } else {
-          if (gains)
-            detail::launch(&cd::cast16_codes<false, true>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd, slots_.view());
-          else
-            detail::launch(&cd::cast16_codes<false, false>, grid, cd::quant_threads, s, gd, ed, jd, jobs, packet, ranks,
-                           inv, lim, sd, slots_.view());
-        }
-      } else {
-        const unsigned ga = grid_of(blocks[cd::pass_accumulate]);
-        if (gains)
-          detail::launch(&cd::accumulate_chunks<true>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd,
-                         slots_.view());
+        if (options_.format == cast16_format::bf16)
+          detail::launch(&cd::cast16_codes<true>, grid, cd::quant_threads, s, ed, jd, jobs, packet, ranks, inv, lim);
         else
-          detail::launch(&cd::accumulate_chunks<false>, ga, cd::quant_threads, s, gd, ed, jd, jobs, chunks_.data(), sd,
-                         slots_.view());
-        progress_.u_jobs = jobs;  // u in e for every job (the raw ones hold theirs in the packet)
+          detail::launch(&cd::cast16_codes<false>, grid, cd::quant_threads, s, ed, jd, jobs, packet, ranks, inv, lim);
+      } else {
         const unsigned gs = grid_of(blocks[cd::pass_scales]);
         const unsigned gc = grid_of(blocks[cd::pass_codes]);
         if constexpr (block_scaled) {
           if (gs) detail::launch(&cd::layer_finite_amax, gs, cd::quant_threads, s, ed, jd, jobs, amax_.data());
           launch_block_codes(gc, ed, packet, jobs);
         } else if constexpr (Q == quant_family::sign) {
-          detail::launch(&cd::sign_layer_scale, gs, cd::quant_threads, s, jd, jobs, chunks_.data(), scales_.data(),
-                         packet, sd);
-          detail::launch(&cd::sign_codes, gc, cd::quant_threads, s, ed, jd, jobs, scales_.data(), packet);
+          detail::launch(&cd::accumulate_chunks, grid_of(blocks[cd::pass_accumulate]), cd::quant_threads, s, gd, ed, jd,
+                         jobs, chunks_.data());
+          detail::launch(&cd::sign_layer_scale, gs, cd::quant_threads, s, jd, jobs, chunks_.data(), packet, sd);
+          detail::launch(&cd::sign_codes, gc, cd::quant_threads, s, ed, jd, jobs, packet);
         } else {
+          detail::launch(&cd::accumulate_chunks, grid_of(blocks[cd::pass_accumulate]), cd::quant_threads, s, gd, ed, jd,
+                         jobs, chunks_.data());
           detail::launch(&cd::bucket_scales<Q == quant_family::qsgd>, gs, cd::quant_threads, s, jd, jobs,
                          chunks_.data(), scales_.data(), packet, levels_, bucket_);
           launch_codes(gc, ed, packet, jobs);
         }
       }
     }
-    progress_.codes = true;  // the last pass: e = u - decompress(packet) from here
-    cd::copy_to_host_async(s, sums_host_, sums_, std::max<std::uint32_t>(jobs, 1));
+    // The last pass: e = u - decompress(packet) and the kept energy, from the packet. Until
+    // it runs, e holds u (the passes above only read it).
+    if (blocks[cd::pass_kept]) {
+      cd::quant_segment shape;
+      shape.encoding = encoding_for();
+      shape.width = static_cast<std::uint8_t>(code_bits());
+      shape.levels = levels_;
+      if constexpr (block_scaled)
+        shape.bucket = static_cast<std::uint32_t>(detail::shape_of(format_).block);
+      else
+        shape.bucket = bucket_;
+      detail::launch(&cd::quantized_residuals, grid_of(blocks[cd::pass_kept]), cd::select_threads, s, ed, jd, jobs,
+                     static_cast<const std::byte*>(packet), shape, feedback_, sd, slots_.view());
+    }
+    progress_.codes = true;  // e = u - decompress(packet) from here
+    const std::uint32_t rows = std::max<std::uint32_t>(jobs, 1);
+    cd::copy_to_host_async(s, sums_host_, sums_, rows);
+    cd::copy_to_host_async(s, norms_host_, norms_, rows);
+    cd::copy_to_host_async(s, states_host_, states_, rows);
     if (gains) cd::copy_to_host_async(s, gain_host_, gain_out_);
   }
 
@@ -411,9 +413,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     const std::uint32_t jobs = plan.jobs;
     const bool gains = !p.gain_candidates.empty();
     for (std::uint32_t j = 0; j < jobs; ++j) {
-      const auto& sm = sums_host_[j];
-      st.layers[job_layer_[j]] = {static_cast<std::size_t>(jobs_host_[j].numel), sm.grad_sq, sm.input_sq, sm.kept_sq};
-      st.non_finite |= sm.non_finite != 0;
+      const auto& norms = norms_host_[j];
+      const double kept = jobs_host_[j].raw ? norms.input_sq : sums_host_[j].kept_sq;
+      st.layers[job_layer_[j]] = {static_cast<std::size_t>(jobs_host_[j].numel), norms.grad_sq, norms.input_sq, kept};
+      st.non_finite |= states_host_[j].non_finite != 0;
     }
     if (gains)
       for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = gain_host_[c];
@@ -517,20 +520,16 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     const cd::quant_job* jd = jobs_.data();
     switch (code_width(levels_)) {
       case 2:
-        detail::launch(&cd::quantize_codes<2>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data(), slots_.view());
+        detail::launch(&cd::quantize_codes<2>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv);
         break;
       case 4:
-        detail::launch(&cd::quantize_codes<4>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data(), slots_.view());
+        detail::launch(&cd::quantize_codes<4>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv);
         break;
       case 8:
-        detail::launch(&cd::quantize_codes<8>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data(), slots_.view());
+        detail::launch(&cd::quantize_codes<8>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv);
         break;
       default:
-        detail::launch(&cd::quantize_codes<16>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv,
-                       sums_.data(), slots_.view());
+        detail::launch(&cd::quantize_codes<16>, grid, cd::quant_threads, s, e, jd, count, scales_.data(), packet, lv);
         break;
     }
   }
@@ -557,10 +556,10 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     const cudaStream_t s = options_.stream.get();
     if (stochastic_)
       detail::launch(&cd::block_scaled_codes<F, true>, grid, cd::quant_threads, s, e, jobs_.data(), count, amax_.data(),
-                     packet, feedback_, sums_.data(), slots_.view());
+                     packet);
     else
       detail::launch(&cd::block_scaled_codes<F, false>, grid, cd::quant_threads, s, e, jobs_.data(), count,
-                     amax_.data(), packet, feedback_, sums_.data(), slots_.view());
+                     amax_.data(), packet);
   }
 
   void launch_walk(std::span<const std::byte> packet) const {
@@ -590,8 +589,9 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   device_buffer<detail::bucket_scale> scales_;
   device_buffer<detail::segment_desc> plan_;
   device_buffer<packet_header> head_;
-  detail::fused_jobs gain_jobs_;  // the gain pass's jobs and workspace
-  device_buffer<detail::select_state> states_;
+  detail::fused_jobs gain_jobs_;                // the gain pass's jobs and workspace
+  device_buffer<detail::select_state> states_;  // the fused pass's per job: non_finite is read
+  device_buffer<detail::layer_sums> norms_;     // the fused pass's ||g||^2 and ||u||^2 per job
   device_buffer<double> gain_out_;
   mutable device_buffer<detail::quant_segment> table_;
   mutable device_buffer<detail::walk_result> walk_;
@@ -599,6 +599,8 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
   pinned_buffer<detail::segment_desc> plan_host_;
   pinned_buffer<packet_header> head_host_;
   pinned_buffer<detail::quant_sums> sums_host_;
+  pinned_buffer<detail::layer_sums> norms_host_;
+  pinned_buffer<detail::select_state> states_host_;
   pinned_buffer<double> gain_host_;
   mutable pinned_buffer<detail::walk_result> walk_host_;
   std::vector<std::size_t> job_layer_;

@@ -32,23 +32,25 @@ static_assert(quant_lanes == 16 && quant_chunk_elems == 1024, "the device mirror
 inline constexpr int chunks_per_block = quant_threads / quant_lanes;
 
 //! The passes of a step; a job's first block in each pass grid is quant_job::block_first[pass].
-enum quant_pass : int { pass_accumulate = 0, pass_scales = 1, pass_codes = 2, pass_raw = 3 };
+enum quant_pass : int { pass_accumulate = 0, pass_scales = 1, pass_codes = 2, pass_raw = 3, pass_kept = 4 };
+//! Passes with a grid of their own.
+inline constexpr int quant_passes = 5;
 
 //! One layer of a packet being written (device memory, planned on the host every step).
 struct quant_job {
-  unsigned long long offset = 0;             //!< first element of the layer in g and e
-  unsigned long long numel = 0;              //!< elements
-  unsigned long long payload = 0;            //!< offset of the segment payload in the packet
-  unsigned long long stream = 0;             //!< random stream (mix_seed of seed, step, layer id)
-  unsigned long long bucket = 0;             //!< elements per bucket (numel for one bucket)
-  unsigned long long buckets = 0;            //!< buckets of the layer
-  unsigned long long chunks_per_bucket = 0;  //!< chunks of a full bucket
-  unsigned long long chunks = 0;             //!< chunks of the layer
-  unsigned long long chunk_first = 0;        //!< first chunk record of the layer
-  unsigned long long bucket_first = 0;       //!< first bucket record of the layer
-  unsigned long long block_first[4] = {};    //!< first block of the job in each pass grid
-  std::uint32_t index = 0;                   //!< job index (its quant_sums slot)
-  std::uint32_t raw = 0;                     //!< sent dense (raw segment)
+  unsigned long long offset = 0;                      //!< first element of the layer in g and e
+  unsigned long long numel = 0;                       //!< elements
+  unsigned long long payload = 0;                     //!< offset of the segment payload in the packet
+  unsigned long long stream = 0;                      //!< random stream (mix_seed of seed, step, layer id)
+  unsigned long long bucket = 0;                      //!< elements per bucket (numel for one bucket)
+  unsigned long long buckets = 0;                     //!< buckets of the layer
+  unsigned long long chunks_per_bucket = 0;           //!< chunks of a full bucket
+  unsigned long long chunks = 0;                      //!< chunks of the layer
+  unsigned long long chunk_first = 0;                 //!< first chunk record of the layer
+  unsigned long long bucket_first = 0;                //!< first bucket record of the layer
+  unsigned long long block_first[quant_passes] = {};  //!< first block of the job in each pass grid
+  std::uint32_t index = 0;                            //!< job index (its quant_sums slot)
+  std::uint32_t raw = 0;                              //!< sent dense (raw segment)
 };
 
 //! Sums of one chunk, in the host's order.
@@ -59,21 +61,18 @@ struct chunk_sums {
   std::uint32_t pad_;
 };
 
-//! What the code pass needs of one bucket.
+//! What the code pass needs of one bucket: levels / scale, finite (0 for a zero or
+//! non-finite scale).
 struct bucket_scale {
-  float scale;  //!< the bucket's scale as sent
-  float inv;    //!< levels / scale, finite (0 for a zero or non-finite scale)
-  float step;   //!< scale / levels: what one level is worth
-  std::uint32_t pad_;
+  float inv;
 };
 
-//! Statistics of one job (device memory, zeroed every step).
+//! The kept energy of one job (device memory, zeroed every step); its norms and its
+//! non-finite flag come from the fused pass that wrote u.
 struct quant_sums {
-  double grad_sq;             //!< ||g||^2
-  double input_sq;            //!< ||u||^2
   double kept_sq;             //!< ||decompress(segment)||^2
-  std::uint32_t non_finite;   //!< a NaN or infinity was seen in u
-  std::uint32_t blocks_done;  //!< counts the job's blocks of the running pass (ordered_sums.hpp)
+  std::uint32_t blocks_done;  //!< counts the job's blocks of the residual pass (square_sums_pass)
+  std::uint32_t pad_;
 };
 
 //! The job that owns block \p block of pass \p pass (owning_job over block_first[pass]).
@@ -106,38 +105,14 @@ __device__ __forceinline__ unsigned long long job_blocks(const quant_job* __rest
   return end - jb.block_first[pass];
 }
 
-//! Adds a block's statistics to its job's, in block order whatever order the blocks run in
-//! (ordered_sums.hpp): the same step gives the same bits. Every thread of every block of
-//! the pass calls it.
-__device__ inline void add_block_sums(const quant_job* __restrict__ jobs, std::uint32_t job_count, int pass,
-                                      const quant_job& jb, block_slots slots, quant_sums* __restrict__ all_sums,
-                                      double g, double u, double k, bool bad, bool with_g, bool with_u, bool with_k) {
-  quant_sums* __restrict__ sums = all_sums + jb.index;
-  using reduce_t = block_reduce<double, quant_threads>;
-  __shared__ typename reduce_t::TempStorage red;
-  double bg = 0, bu = 0, bk = 0;
-  if (with_g) bg = reduce_t(red).Sum(g);
-  __syncthreads();
-  if (with_u) bu = reduce_t(red).Sum(u);
-  __syncthreads();
-  if (with_k) bk = reduce_t(red).Sum(k);
-  if (__syncthreads_or(bad) && threadIdx.x == 0) sums->non_finite = 1;
-  const double mine[3] = {bg, bu, bk};
-  double* const out[3] = {with_g ? &sums->grad_sq : nullptr, with_u ? &sums->input_sq : nullptr,
-                          with_k ? &sums->kept_sq : nullptr};
-  add_in_block_order<quant_threads, 3>(mine, slots, &sums->blocks_done, jb.block_first[pass],
-                                       job_blocks(jobs, job_count, pass, jb), out);
-}
-
-//! Pass 1 of QSGD, TernGrad and EF-sign: u = g + e into e (unless \p UInE: the gain pass
-//! already wrote it), and each chunk's sums exactly as detail::accumulate_block computes
-//! them: 16 threads per chunk, thread k summing lane k in float, the tail in double by the
-//! chunk's first thread, then lane by lane in double. Also ||g||^2, ||u||^2 and non-finite u.
-template <bool UInE>
+//! Pass 1 of QSGD, TernGrad and EF-sign, over u in e (the fused pass wrote it): each
+//! chunk's sums exactly as detail::accumulate_block computes them: 16 threads per chunk,
+//! thread k summing lane k in float, the tail in double by the chunk's first thread, then
+//! lane by lane in double. The sums of g count only as the host's: a lane of g that
+//! overflows sends the chunk to the exact path.
 __global__ void __launch_bounds__(quant_threads)
-    accumulate_chunks(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-                      std::uint32_t job_count, chunk_sums* __restrict__ chunks, quant_sums* __restrict__ sums,
-                      block_slots slots) {
+    accumulate_chunks(const float* __restrict__ g, const float* __restrict__ e, const quant_job* __restrict__ jobs,
+                      std::uint32_t job_count, chunk_sums* __restrict__ chunks) {
   const quant_job jb = find_job(jobs, job_count, pass_accumulate, blockIdx.x);
   const unsigned lane = threadIdx.x % quant_lanes;
   const unsigned group_base = (threadIdx.x % 32u) - lane;  // the group's first lane in its warp
@@ -146,8 +121,7 @@ __global__ void __launch_bounds__(quant_threads)
   float gs = 0, us = 0, ua = 0, um = 0;  // this lane's float partials
   double tg = 0, tu = 0, ta = 0;         // the tail's double sums (lane 0)
   float tm = 0;                          // the tail's max (lane 0)
-  bool bad = false;
-  const float* chunk_g = nullptr;  // the chunk's g and u, and its length
+  const float* chunk_g = nullptr;        // the chunk's g and u, and its length
   const float* chunk_u = nullptr;
   unsigned long long chunk_m = 0;
   if (j < jb.chunks) {
@@ -157,7 +131,7 @@ __global__ void __launch_bounds__(quant_threads)
     const unsigned long long mb = jb.numel - lo < jb.bucket ? jb.numel - lo : jb.bucket;
     const unsigned long long mc = mb - c < quant_chunk_elems ? mb - c : quant_chunk_elems;
     const float* gp = g + jb.offset + lo + c;
-    float* ep = e + jb.offset + lo + c;
+    const float* ep = e + jb.offset + lo + c;
     chunk_g = gp;
     chunk_u = ep;
     chunk_m = mc;
@@ -165,36 +139,22 @@ __global__ void __launch_bounds__(quant_threads)
     for (unsigned long long r = 0; r < rows; ++r) {
       const unsigned long long i = r * quant_lanes + lane;
       const float gi = gp[i];
-      float u;
-      if constexpr (UInE) {
-        u = ep[i];
-      } else {
-        u = __fadd_rn(ep[i], gi);
-        ep[i] = u;
-      }
+      const float u = ep[i];
       const float a = abs_bits(u);
       gs = __fadd_rn(gs, __fmul_rn(gi, gi));
       us = __fadd_rn(us, __fmul_rn(u, u));
       ua = __fadd_rn(ua, a);
       um = um > a ? um : a;
-      bad |= !finite_bits(u);
     }
     if (lane == 0) {
       for (unsigned long long i = rows * quant_lanes; i < mc; ++i) {
         const float gi = gp[i];
-        float u;
-        if constexpr (UInE) {
-          u = ep[i];
-        } else {
-          u = __fadd_rn(ep[i], gi);
-          ep[i] = u;
-        }
+        const float u = ep[i];
         const float a = u < 0.0f ? -u : u;  // the host's tail takes |u| this way
         tg = __dadd_rn(tg, __dmul_rn(static_cast<double>(gi), static_cast<double>(gi)));
         tu = __dadd_rn(tu, __dmul_rn(static_cast<double>(u), static_cast<double>(u)));
         ta = __dadd_rn(ta, static_cast<double>(a));
         tm = tm > a ? tm : a;
-        bad |= !finite_bits(u);
       }
     }
   }
@@ -212,7 +172,6 @@ __global__ void __launch_bounds__(quant_threads)
   // accumulate_block's rare path (detail::exact_block_sums): when a float lane overflowed
   // (or the chunk is not finite), or the chunk is tiny and not zero (its squares
   // underflow), the first lane sums the chunk again in double in index order.
-  __syncwarp();  // the u the chunk's lanes wrote, visible to its first lane
   if (lane == 0 && j < jb.chunks &&
       (!(isfinite(tg) && isfinite(tu) && isfinite(ta)) || (tu < detail::tiny_block_sq && tm > 0.0f))) {
     double sg = 0, su = 0, sa = 0;
@@ -226,15 +185,12 @@ __global__ void __launch_bounds__(quant_threads)
     tu = su;
     ta = sa;
   }
-  const bool owner = lane == 0 && j < jb.chunks;
-  if (owner) chunks[jb.chunk_first + j] = {tu, ta, tm, 0u};
-  add_block_sums(jobs, job_count, pass_accumulate, jb, slots, sums, owner ? tg : 0.0, owner ? tu : 0.0, 0.0, bad, true,
-                 true, false);
+  if (lane == 0 && j < jb.chunks) chunks[jb.chunk_first + j] = {tu, ta, tm, 0u};
 }
 
 //! Pass 2 of QSGD (\p L2: the norm) and TernGrad (max |u|): one thread per bucket adds its
 //! chunks in order as the host does, writes the scale (and the prefix, and the scales'
-//! padding) into the packet, and keeps scale, inv and step for the code pass.
+//! padding) into the packet, and keeps levels / scale for the code pass.
 template <bool L2>
 __global__ void __launch_bounds__(quant_threads)
     bucket_scales(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
@@ -261,7 +217,7 @@ __global__ void __launch_bounds__(quant_threads)
     const float q = __fdiv_rn(lv, scale);
     inv = FLT_MAX < q ? FLT_MAX : q;  // std::min(q, FLT_MAX)
   }
-  out[jb.bucket_first + b] = {scale, inv, __fdiv_rn(scale, lv), 0u};
+  out[jb.bucket_first + b] = {inv};
   std::byte* pl = packet + jb.payload;
   auto* scales = reinterpret_cast<float*>(pl + quant_prefix_bytes);
   scales[b] = scale;
@@ -274,36 +230,31 @@ __global__ void __launch_bounds__(quant_threads)
 }
 
 //! Pass 3 of QSGD and TernGrad: one thread per element (and per padding slot of the last
-//! code words): the draw, the level, the code and the residual, as leveled_codec's
-//! quantize_one; codes of W bits are or-ed across the lanes that share a 32-bit word and
-//! written by its first lane. Padding codes are zero. Also ||decompress||^2.
+//! code words): the draw, the level and the code, as leveled_codec's quantize_one (the
+//! residual is the last pass's, from the packet: quantized_residuals.hpp); codes of W bits
+//! are or-ed across the lanes that share a 32-bit word and written by its first lane.
+//! Padding codes are zero.
 template <unsigned W>
 __global__ void __launch_bounds__(quant_threads)
-    quantize_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
-                   const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet, std::int32_t lv,
-                   quant_sums* __restrict__ sums, block_slots slots) {
+    quantize_codes(const float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+                   const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet, std::int32_t lv) {
   constexpr unsigned per = 32 / W;  // codes per 32-bit word
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long n = jb.numel;
   const unsigned long long words = pad8(detail::code_bytes(n, W)) / 4;
   std::uint32_t code = 0;
-  double v2 = 0;
   if (i < n) {
     const bucket_scale s = scales[jb.bucket_first + i / jb.bucket];
-    float* ep = e + jb.offset + i;
-    const float x = *ep;
+    const float x = e[jb.offset + i];
     const std::uint32_t xb = __float_as_uint(x);
     const float a = __fmul_rn(__uint_as_float(xb & 0x7fffffffu), s.inv);
     const std::int32_t fl = x86_trunc(a);
     const float r = uniform24_dev(detail::element_bits(jb.stream, i));
     std::int32_t l = fl + static_cast<std::int32_t>(r < __fsub_rn(a, __int2float_rn(fl)));
     l = l < lv ? l : lv;
-    const float v = __fmul_rn(s.step, __int2float_rn(l));
     const std::uint32_t neg = (xb >> 31) & static_cast<std::uint32_t>(l != 0);
     code = (static_cast<std::uint32_t>(l) | (neg << (W - 1))) & ((1u << W) - 1u);
-    *ep = __fsub_rn(x, __uint_as_float(__float_as_uint(v) | (neg << 31)));
-    v2 = __dmul_rn(static_cast<double>(v), static_cast<double>(v));
   }
   const unsigned slot = threadIdx.x % per;  // blocks start on a word boundary
   code <<= slot * W;
@@ -314,20 +265,18 @@ __global__ void __launch_bounds__(quant_threads)
     const std::size_t at = jb.payload + quant_prefix_bytes + pad8(jb.buckets * sizeof(float));
     reinterpret_cast<std::uint32_t*>(packet + at)[word] = code;
   }
-  add_block_sums(jobs, job_count, pass_codes, jb, slots, sums, 0.0, 0.0, v2, false, false, false, true);
 }
 
 //! Pass 2 of EF-sign: one block per layer, whose first thread adds the chunks' sums of |u|
 //! in order (the host's order), divides by numel in double, and writes the prefix (scale, 0).
 __global__ void __launch_bounds__(quant_threads)
     sign_layer_scale(const quant_job* __restrict__ jobs, std::uint32_t job_count, const chunk_sums* __restrict__ chunks,
-                     bucket_scale* __restrict__ out, std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
+                     std::byte* __restrict__ packet, quant_sums* __restrict__ sums) {
   const quant_job jb = find_job(jobs, job_count, pass_scales, blockIdx.x);
   if (threadIdx.x != 0) return;
   double s = 0;
   for (unsigned long long c = 0; c < jb.chunks; ++c) s = __dadd_rn(s, chunks[jb.chunk_first + c].u_abs);
   const float scale = __double2float_rn(__ddiv_rn(s, static_cast<double>(jb.numel)));
-  out[jb.bucket_first] = {scale, 0.0f, 0.0f, 0u};
   auto* prefix = reinterpret_cast<float*>(packet + jb.payload);
   prefix[0] = scale;
   reinterpret_cast<std::uint32_t*>(packet + jb.payload)[1] = 0u;
@@ -335,22 +284,15 @@ __global__ void __launch_bounds__(quant_threads)
   sums[jb.index].kept_sq = __dmul_rn(__dmul_rn(static_cast<double>(jb.numel), sd), sd);
 }
 
-//! Pass 3 of EF-sign: one thread per element; bit = u < 0 (a warp's 32 bits by ballot),
-//! e = u - (u < 0 ? -scale : scale). Padding bits are zero.
+//! Pass 3 of EF-sign: one thread per element; bit = u < 0 (a warp's 32 bits by ballot).
+//! Padding bits are zero. (The residual e = u - (u < 0 ? -scale : scale) is the last pass's.)
 __global__ void __launch_bounds__(quant_threads)
-    sign_codes(float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
-               const bucket_scale* __restrict__ scales, std::byte* __restrict__ packet) {
+    sign_codes(const float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+               std::byte* __restrict__ packet) {
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long words = pad8(detail::code_bytes(jb.numel, 1)) / 4;
-  bool neg = false;
-  if (i < jb.numel) {
-    const float scale = scales[jb.bucket_first].scale;
-    float* ep = e + jb.offset + i;
-    const float u = *ep;
-    neg = u < 0.0f;
-    *ep = __fsub_rn(u, neg ? -scale : scale);
-  }
+  const bool neg = i < jb.numel && e[jb.offset + i] < 0.0f;
   const std::uint32_t bits = __ballot_sync(0xffffffffu, neg);
   const unsigned long long word = i / 32;
   if (threadIdx.x % 32 == 0 && word < words)
@@ -376,43 +318,28 @@ __device__ __forceinline__ float fp16_to_float_dev(std::uint32_t h) {
 //! detail::bf16_to_float on the device.
 __device__ __forceinline__ float bf16_to_float_dev(std::uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
 
-//! cast16, the only pass: one thread per element: u = g + e (unless \p UInE), the 16-bit
-//! code of u / N clamped to \p limit_bits (detail::cast16_limit_bits: the format's largest
-//! finite value whose N-fold is finite; cast16::cast_block), e = u - N * decoded; two codes
-//! per 32-bit word. The job's first thread writes the prefix (N, 0).
-template <bool BF16, bool UInE>
+//! cast16's code pass over u in e: one thread per element: the 16-bit code of u / N
+//! clamped to \p limit_bits (detail::cast16_limit_bits: the format's largest finite value
+//! whose N-fold is finite; cast16::cast_block); two codes per 32-bit word (the residual u -
+//! N * decoded is the last pass's). The job's first thread writes the prefix (N, 0).
+template <bool BF16>
 __global__ void __launch_bounds__(quant_threads)
-    cast16_codes(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-                 std::uint32_t job_count, std::byte* __restrict__ packet, float ranks, float inv,
-                 std::uint32_t limit_bits, quant_sums* __restrict__ sums, block_slots slots) {
+    cast16_codes(const float* __restrict__ e, const quant_job* __restrict__ jobs, std::uint32_t job_count,
+                 std::byte* __restrict__ packet, float ranks, float inv, std::uint32_t limit_bits) {
   const quant_job jb = find_job(jobs, job_count, pass_codes, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_codes]) * quant_threads + threadIdx.x;
   const unsigned long long words = pad8(jb.numel * 2) / 4;
   std::uint32_t code = 0;
-  double gsq = 0, usq = 0, ksq = 0;
-  bool bad = false;
   if (i < jb.numel) {
-    const float gi = g[jb.offset + i];
-    float* ep = e + jb.offset + i;
-    const float x = UInE ? *ep : __fadd_rn(*ep, gi);
-    const std::uint32_t q = __float_as_uint(__fmul_rn(x, inv));
+    const std::uint32_t q = __float_as_uint(__fmul_rn(e[jb.offset + i], inv));
     std::uint32_t a = q & 0x7fffffffu;
     a = a < limit_bits ? a : limit_bits;
     const std::uint32_t sign = (q >> 16) & 0x8000u;
-    float v;
-    if constexpr (BF16) {
+    if constexpr (BF16)
       code = ((a + 0x7fffu + ((a >> 16) & 1u)) >> 16) | sign;
-      v = __fmul_rn(bf16_to_float_dev(code), ranks);
-    } else {
+    else
       code = fp16_of_magnitude_dev(a) | sign;
-      v = __fmul_rn(fp16_to_float_dev(code), ranks);
-    }
     code &= 0xffffu;
-    *ep = __fsub_rn(x, v);
-    gsq = __dmul_rn(static_cast<double>(gi), static_cast<double>(gi));
-    usq = __dmul_rn(static_cast<double>(x), static_cast<double>(x));
-    ksq = __dmul_rn(static_cast<double>(v), static_cast<double>(v));
-    bad = !finite_bits(x);
   }
   code <<= (threadIdx.x % 2) * 16;
   code |= __shfl_xor_sync(0xffffffffu, code, 1);
@@ -424,34 +351,22 @@ __global__ void __launch_bounds__(quant_threads)
     prefix[0] = ranks;
     reinterpret_cast<std::uint32_t*>(packet + jb.payload)[1] = 0u;
   }
-  add_block_sums(jobs, job_count, pass_codes, jb, slots, sums, gsq, usq, ksq, bad, true, true, true);
 }
 
-//! Layers sent dense: u = g + e (unless \p UInE) written raw, e = 0, statistics; the
-//! padding float of an odd-sized layer is zero. One thread per float of the padded payload.
-template <bool UInE>
-__global__ void __launch_bounds__(quant_threads)
-    raw_jobs(const float* __restrict__ g, float* __restrict__ e, const quant_job* __restrict__ jobs,
-             std::uint32_t job_count, std::byte* __restrict__ packet, quant_sums* __restrict__ sums,
-             block_slots slots) {
+//! Layers sent dense: u (in e: the fused pass wrote it) written raw, e = 0; the padding
+//! float of an odd-sized layer is zero. One thread per float of the padded payload.
+__global__ void __launch_bounds__(quant_threads) raw_jobs(float* __restrict__ e, const quant_job* __restrict__ jobs,
+                                                          std::uint32_t job_count, std::byte* __restrict__ packet) {
   const quant_job jb = find_job(jobs, job_count, pass_raw, blockIdx.x);
   const unsigned long long i = (blockIdx.x - jb.block_first[pass_raw]) * quant_threads + threadIdx.x;
   auto* out = reinterpret_cast<float*>(packet + jb.payload);
-  double gsq = 0, usq = 0;
-  bool bad = false;
   if (i < jb.numel) {
-    const float gi = g[jb.offset + i];
     float* ep = e + jb.offset + i;
-    const float u = UInE ? *ep : __fadd_rn(gi, *ep);
-    out[i] = u;
+    out[i] = *ep;
     *ep = 0.0f;
-    gsq = __dmul_rn(static_cast<double>(gi), static_cast<double>(gi));
-    usq = __dmul_rn(static_cast<double>(u), static_cast<double>(u));
-    bad = !finite_bits(u);
   } else if (i < pad8(jb.numel * sizeof(float)) / sizeof(float)) {
     out[i] = 0.0f;
   }
-  add_block_sums(jobs, job_count, pass_raw, jb, slots, sums, gsq, usq, usq, bad, true, true, true);
 }
 
 //! The repair of a step that failed after raw_jobs ran: e = u again for every job sent raw,

@@ -282,6 +282,66 @@ static __global__ void check_quantized_payloads(const std::byte* __restrict__ pa
   }
 }
 
+//! The decoded values of one quantized (not raw) segment of a validated packet: value i is
+//! decompress(segment)[i], in the host decoders' arithmetic (scale * value(i) is what they
+//! add: a sign applied to the bits commutes with the rounded product).
+class quantized_values {
+ public:
+  //! The segment \p en, its payload at \p pl.
+  __device__ quantized_values(const std::byte* pl, const quant_segment& en)
+      : words_(reinterpret_cast<const std::uint32_t*>(pl + code_offset(en))),
+        width_(en.width),
+        per_(32u / en.width),
+        mask_(en.width >= 32 ? ~0u : (1u << en.width) - 1u),
+        encoding_(en.encoding) {
+    const auto enc = static_cast<quant_encoding>(en.encoding);
+    if (enc == quant_encoding::sign || enc == quant_encoding::fp16 || enc == quant_encoding::bf16) {
+      memcpy(&factor_, pl, 4);  // sign: the scale; cast16: the multiplier N
+    } else if (is_block_encoding(en.encoding)) {
+      block_scales_ = reinterpret_cast<const std::uint8_t*>(pl + quant_prefix_bytes);
+      std::uint32_t tb;
+      memcpy(&tb, pl + 4, 4);
+      factor_ = enc == quant_encoding::nvfp4 ? __uint_as_float(tb) : 0.0f;  // NVFP4's per-layer scale t
+      bucket_ = en.bucket;
+    } else {
+      level_scales_ = reinterpret_cast<const float*>(pl + quant_prefix_bytes);
+      bucket_ = en.bucket ? en.bucket : en.numel;
+      factor_ = static_cast<float>(en.levels);
+    }
+  }
+
+  //! decompress(segment)[i].
+  __device__ float operator()(std::uint64_t i) const {
+    const std::uint32_t c = (words_[i / per_] >> ((i % per_) * width_)) & mask_;
+    switch (static_cast<quant_encoding>(encoding_)) {
+      case quant_encoding::sign:
+        return __uint_as_float(__float_as_uint(factor_) ^ (c << 31));
+      case quant_encoding::fp16:
+        return __fmul_rn(fp16_to_float_dev(c), factor_);
+      case quant_encoding::bf16:
+        return __fmul_rn(bf16_to_float_dev(c), factor_);
+      case quant_encoding::qsgd:
+      case quant_encoding::terngrad: {
+        const float f = __fdiv_rn(level_scales_[i / bucket_], factor_);
+        const float v = __fmul_rn(f, __int2float_rn(static_cast<std::int32_t>(c & (mask_ >> 1))));
+        return __uint_as_float(__float_as_uint(v) ^ ((c >> (width_ - 1)) << 31));
+      }
+      default:
+        return block_value_dev(encoding_, c, block_scales_[i / bucket_], factor_);
+    }
+  }
+
+ private:
+  const std::uint32_t* words_;
+  unsigned width_, per_;
+  std::uint32_t mask_;
+  std::uint8_t encoding_;
+  float factor_ = 0.0f;  // sign: the scale; cast16: N; block-scaled: t; leveled: the level count
+  std::uint64_t bucket_ = 1;
+  const float* level_scales_ = nullptr;
+  const std::uint8_t* block_scales_ = nullptr;
+};
+
 //! out[layer offset + i] += scale * decompress(segment)[i] for every segment of a validated
 //! packet, in the host decoders' arithmetic. Slot y of the grid takes segments y, y +
 //! gridDim.y, ...
@@ -302,51 +362,8 @@ static __global__ void decode_quantized(const std::byte* __restrict__ packet, la
       for (std::uint64_t i = first; i < n; i += step) o[i] = __fadd_rn(o[i], __fmul_rn(scale, v[i]));
       continue;
     }
-    const auto* words = reinterpret_cast<const std::uint32_t*>(pl + code_offset(en));
-    const unsigned W = en.width;
-    const unsigned per = 32 / W;
-    const std::uint32_t mask = (1u << W) - 1u;  // W <= 16
-    if (en.encoding == static_cast<std::uint8_t>(quant_encoding::sign)) {
-      float packed;
-      memcpy(&packed, pl, 4);
-      const std::uint32_t sv = __float_as_uint(__fmul_rn(scale, packed));
-      for (std::uint64_t i = first; i < n; i += step) {
-        const std::uint32_t bit = (words[i / 32] >> (i % 32)) & 1u;
-        o[i] = __fadd_rn(o[i], __uint_as_float(sv ^ (bit << 31)));
-      }
-    } else if (en.encoding == static_cast<std::uint8_t>(quant_encoding::fp16) ||
-               en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16)) {
-      float mult;
-      memcpy(&mult, pl, 4);
-      const bool bf16 = en.encoding == static_cast<std::uint8_t>(quant_encoding::bf16);
-      for (std::uint64_t i = first; i < n; i += step) {
-        const std::uint32_t c = (words[i / 2] >> ((i % 2) * 16)) & 0xffffu;
-        const float h = bf16 ? bf16_to_float_dev(c) : fp16_to_float_dev(c);
-        o[i] = __fadd_rn(o[i], __fmul_rn(scale, __fmul_rn(h, mult)));
-      }
-    } else if (is_block_encoding(en.encoding)) {
-      // block_codec::add: o += scale * decoded(code, block_scale(s, t)), each product rounded.
-      const auto* scales = reinterpret_cast<const std::uint8_t*>(pl + quant_prefix_bytes);
-      std::uint32_t tb;
-      memcpy(&tb, pl + 4, 4);
-      const float t = en.encoding == static_cast<std::uint8_t>(quant_encoding::nvfp4) ? __uint_as_float(tb) : 0.0f;
-      for (std::uint64_t i = first; i < n; i += step) {
-        const std::uint32_t c = (words[i / per] >> ((i % per) * W)) & mask;
-        const float v = block_value_dev(en.encoding, c, scales[i / en.bucket], t);
-        o[i] = __fadd_rn(o[i], __fmul_rn(scale, v));
-      }
-    } else {
-      const auto* scales = reinterpret_cast<const float*>(pl + quant_prefix_bytes);
-      const std::uint64_t B = en.bucket ? en.bucket : n;
-      const float lv = static_cast<float>(en.levels);
-      const std::uint32_t level_mask = (1u << (W - 1)) - 1u;
-      for (std::uint64_t i = first; i < n; i += step) {
-        const std::uint32_t c = (words[i / per] >> ((i % per) * W)) & mask;
-        const float f = __fdiv_rn(scales[i / B], lv);
-        const float v = __fmul_rn(f, __int2float_rn(static_cast<std::int32_t>(c & level_mask)));
-        o[i] = __fadd_rn(o[i], __uint_as_float(__float_as_uint(__fmul_rn(scale, v)) ^ ((c >> (W - 1)) << 31)));
-      }
-    }
+    const quantized_values value(pl, en);
+    for (std::uint64_t i = first; i < n; i += step) o[i] = __fadd_rn(o[i], __fmul_rn(scale, value(i)));
   }
 }
 
