@@ -342,6 +342,7 @@ TEST_CASE("device quantizers: mixed layout with dense layers, empty layers and t
   auto lay = gravac::test::mixed_layout();
   lay.add("zero", {4096}, gravac::layer_kind::dense);
   lay.add("big", {300001}, gravac::layer_kind::dense);
+  lay.add("second big", {50001}, gravac::layer_kind::dense);  // two layers of many blocks per pass
   const double candidates[] = {0.5, 0.1, 0.01};
   auto run = [&](auto& r) {
     for (std::uint64_t s = 0; s < 3; ++s) {

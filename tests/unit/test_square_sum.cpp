@@ -1,6 +1,7 @@
 // The one summation order of the norms (core/detail/square_sum.hpp): the aligned tree over
 // the leaves, the leaf's float lanes, and the host passes that must follow it bit for bit
-// (the fused pass in every variant, the raw segment, AR-Topk's accumulate and gather).
+// (the fused pass in every variant, the raw segment, AR-Topk's accumulate and gather, the
+// quantizers' norms and kept energies), and square_sum_stream, which feeds it in runs.
 #include <algorithm>
 #include <bit>
 #include <catch2/catch.hpp>
