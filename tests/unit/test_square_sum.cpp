@@ -133,10 +133,12 @@ TEST_CASE("square_sum_stream: runs of any length, overwritten once added, give s
                               std::size_t{4097}, std::size_t{70001}}) {
     std::vector<float> x(n);
     for (auto& v : x) v = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
-    if (n > 700) x[700] = 3e19f;  // a leaf summed again in double
+    if (n > 700) x[700] = 3e19f;  // leaves summed again in double
+    if (n > 300) x[300] = -4e19f;
     const double want = detail::square_sum(x);
-    for (const std::size_t run :
-         {std::size_t{1}, std::size_t{7}, std::size_t{256}, std::size_t{300}, std::size_t{1024}}) {
+    // Runs of whole leaves go four, two and one at a time (whole_leaf_sums), others through
+    // the stream's copy of a partial leaf.
+    for (const std::size_t run : {1, 7, 256, 300, 512, 768, 1024, 5000}) {
       // Each run is copied to a scratch buffer that the next run overwrites (as a bucket's
       // u is overwritten by its residual), so a held partial leaf must be the stream's copy.
       detail::square_sum_stream s;

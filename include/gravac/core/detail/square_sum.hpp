@@ -21,12 +21,15 @@
 //! aligned tree is what any split of the leaves into aligned power-of-two groups gives,
 //! which is how device blocks and host threads share the work (cuda/detail/square_sums.hpp).
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+
+#include "gravac/core/detail/isa_dispatch.hpp"
 
 namespace gravac::detail {
 
@@ -118,6 +121,85 @@ template <class Load>
   return leaf_needs_double(s, m, load) ? leaf_square_sum_in_double(m, load) : s;
 }
 
+//! Leaves summed at once by whole_leaf_sums: independent chains that hide the float adds'
+//! latency (one leaf alone is one chain of 32 dependent adds per vector register).
+inline constexpr std::size_t leaves_at_once = 4;
+
+#if defined(__GNUC__) || defined(__clang__)
+//! A leaf's eight float lanes as one vector (two SSE registers, or one AVX register where
+//! the caller is compiled for AVX2). Written as a vector so that no optimization level turns
+//! the lanes into shuffles (GCC's -O3 vectorized a plain loop across the wrong axis).
+using square_lane_vector = float __attribute__((vector_size(square_sum_lanes * sizeof(float))));
+//! The same, read from any float address.
+using square_lane_load = float __attribute__((vector_size(square_sum_lanes * sizeof(float)), aligned(4), may_alias));
+#endif
+
+//! The lane sums of the leaf at \p q: lane l adds the squares of q[8j + l], j ascending.
+GRAVAC_KERNEL_INLINE void leaf_lanes(const float* q, float (&lane)[square_sum_lanes]) noexcept {
+  for (std::size_t l = 0; l < square_sum_lanes; ++l) lane[l] = 0.0f;
+  for (std::size_t j = 0; j < square_sum_leaf; j += square_sum_lanes)
+    for (std::size_t l = 0; l < square_sum_lanes; ++l) lane[l] += q[j + l] * q[j + l];
+}
+
+//! The sums of the \p leaves whole leaves from \p p into \p out, each leaf_square_sum's
+//! bits: the lanes of leaves_at_once leaves are summed side by side, the arithmetic of each
+//! leaf unchanged. Inlined into its caller, so that it is compiled for the caller's
+//! instruction set (isa_dispatch.hpp).
+GRAVAC_KERNEL_INLINE void whole_leaf_sums(const float* __restrict p, std::size_t leaves,
+                                          double* __restrict out) noexcept {
+  constexpr std::size_t L = square_sum_lanes, A = leaves_at_once;
+  std::size_t k = 0;
+#if defined(__GNUC__) || defined(__clang__)
+  static_assert(A == 4);
+  for (; k + A <= leaves; k += A) {
+    square_lane_vector a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    const float* q = p + k * square_sum_leaf;
+    for (std::size_t j = 0; j < square_sum_leaf; j += L) {
+      const square_lane_vector v0 = *reinterpret_cast<const square_lane_load*>(q + j);
+      const square_lane_vector v1 = *reinterpret_cast<const square_lane_load*>(q + square_sum_leaf + j);
+      const square_lane_vector v2 = *reinterpret_cast<const square_lane_load*>(q + 2 * square_sum_leaf + j);
+      const square_lane_vector v3 = *reinterpret_cast<const square_lane_load*>(q + 3 * square_sum_leaf + j);
+      a0 += v0 * v0;
+      a1 += v1 * v1;
+      a2 += v2 * v2;
+      a3 += v3 * v3;
+    }
+    const square_lane_vector* acc[A] = {&a0, &a1, &a2, &a3};
+    for (std::size_t a = 0; a < A; ++a) {
+      float lane[L];
+      std::memcpy(lane, acc[a], sizeof lane);
+      out[k + a] = combine_square_lanes(lane);
+    }
+  }
+  if (k + 2 <= leaves) {  // two leaves, as a bucket of 512 values gives
+    square_lane_vector a0 = {}, a1 = {};
+    const float* q = p + k * square_sum_leaf;
+    for (std::size_t j = 0; j < square_sum_leaf; j += L) {
+      const square_lane_vector v0 = *reinterpret_cast<const square_lane_load*>(q + j);
+      const square_lane_vector v1 = *reinterpret_cast<const square_lane_load*>(q + square_sum_leaf + j);
+      a0 += v0 * v0;
+      a1 += v1 * v1;
+    }
+    float lane[L];
+    std::memcpy(lane, &a0, sizeof lane);
+    out[k] = combine_square_lanes(lane);
+    std::memcpy(lane, &a1, sizeof lane);
+    out[k + 1] = combine_square_lanes(lane);
+    k += 2;
+  }
+#endif
+  for (; k < leaves; ++k) {
+    float lane[L];
+    leaf_lanes(p + k * square_sum_leaf, lane);
+    out[k] = combine_square_lanes(lane);
+  }
+  for (k = 0; k < leaves; ++k) {  // the rare leaf whose lanes overflowed or underflowed
+    const float* q = p + k * square_sum_leaf;
+    const auto load = [q](std::size_t i) { return q[i]; };
+    if (leaf_needs_double(out[k], square_sum_leaf, load)) out[k] = leaf_square_sum_in_double(square_sum_leaf, load);
+  }
+}
+
 //! The sum of squares of \p n values in the tree's order, value i being \p load(i).
 template <class Load>
 [[nodiscard]] double square_sum_of(std::size_t n, Load&& load) noexcept {
@@ -168,8 +250,9 @@ class square_sum_pair_stream {
 //! complete yet are copied (at most 255), so a run may be overwritten once it was added.
 class square_sum_stream {
  public:
-  //! Adds the next \p m values \p p[0..m).
-  void add(const float* p, std::size_t m) noexcept {
+  //! Adds the next \p m values \p p[0..m). Inlined into its caller, so that its leaves are
+  //! summed in the caller's instruction set (a quantizer's kernel compiled for AVX2).
+  GRAVAC_KERNEL_INLINE void add(const float* p, std::size_t m) noexcept {
     if (held_ > 0) {
       const std::size_t take = m < square_sum_leaf - held_ ? m : square_sum_leaf - held_;
       std::memcpy(partial_ + held_, p, take * sizeof(float));
@@ -180,7 +263,14 @@ class square_sum_stream {
       push(partial_, square_sum_leaf);
       held_ = 0;
     }
-    for (; m >= square_sum_leaf; p += square_sum_leaf, m -= square_sum_leaf) push(p, square_sum_leaf);
+    while (m >= square_sum_leaf) {
+      const std::size_t leaves = std::min(m / square_sum_leaf, batch);
+      double sums[batch];
+      whole_leaf_sums(p, leaves, sums);
+      for (std::size_t k = 0; k < leaves; ++k) tree_.push(sums[k]);
+      p += leaves * square_sum_leaf;
+      m -= leaves * square_sum_leaf;
+    }
     if (m > 0) std::memcpy(partial_, p, m * sizeof(float));
     held_ = m;
   }
@@ -195,6 +285,7 @@ class square_sum_stream {
   void push(const float* p, std::size_t m) noexcept {
     tree_.push(leaf_square_sum(m, [p](std::size_t i) { return p[i]; }));
   }
+  static constexpr std::size_t batch = 16;  // leaves summed per whole_leaf_sums call
   pairwise_sum tree_;
   float partial_[square_sum_leaf];
   std::size_t held_ = 0;
