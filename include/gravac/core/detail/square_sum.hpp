@@ -130,8 +130,9 @@ inline constexpr std::size_t leaves_at_once = 4;
 //! the caller is compiled for AVX2). Written as a vector so that no optimization level turns
 //! the lanes into shuffles (GCC's -O3 vectorized a plain loop across the wrong axis).
 using square_lane_vector = float __attribute__((vector_size(square_sum_lanes * sizeof(float))));
-//! The same, read from any float address.
-using square_lane_load = float __attribute__((vector_size(square_sum_lanes * sizeof(float)), aligned(4), may_alias));
+//! \p v = the lanes at \p q (any float address: the copy compiles to an unaligned vector
+//! load; by reference, as a vector returned by value would change the ABI without AVX).
+GRAVAC_KERNEL_INLINE void load_lanes(const float* q, square_lane_vector& v) noexcept { std::memcpy(&v, q, sizeof v); }
 #endif
 
 //! The lane sums of the leaf at \p q: lane l adds the squares of q[8j + l], j ascending.
@@ -155,10 +156,14 @@ GRAVAC_KERNEL_INLINE void whole_leaf_sums(const float* __restrict p, std::size_t
     square_lane_vector a0 = {}, a1 = {}, a2 = {}, a3 = {};
     const float* q = p + k * square_sum_leaf;
     for (std::size_t j = 0; j < square_sum_leaf; j += L) {
-      const square_lane_vector v0 = *reinterpret_cast<const square_lane_load*>(q + j);
-      const square_lane_vector v1 = *reinterpret_cast<const square_lane_load*>(q + square_sum_leaf + j);
-      const square_lane_vector v2 = *reinterpret_cast<const square_lane_load*>(q + 2 * square_sum_leaf + j);
-      const square_lane_vector v3 = *reinterpret_cast<const square_lane_load*>(q + 3 * square_sum_leaf + j);
+      square_lane_vector v0;
+      load_lanes(q + j, v0);
+      square_lane_vector v1;
+      load_lanes(q + square_sum_leaf + j, v1);
+      square_lane_vector v2;
+      load_lanes(q + 2 * square_sum_leaf + j, v2);
+      square_lane_vector v3;
+      load_lanes(q + 3 * square_sum_leaf + j, v3);
       a0 += v0 * v0;
       a1 += v1 * v1;
       a2 += v2 * v2;
@@ -175,8 +180,10 @@ GRAVAC_KERNEL_INLINE void whole_leaf_sums(const float* __restrict p, std::size_t
     square_lane_vector a0 = {}, a1 = {};
     const float* q = p + k * square_sum_leaf;
     for (std::size_t j = 0; j < square_sum_leaf; j += L) {
-      const square_lane_vector v0 = *reinterpret_cast<const square_lane_load*>(q + j);
-      const square_lane_vector v1 = *reinterpret_cast<const square_lane_load*>(q + square_sum_leaf + j);
+      square_lane_vector v0;
+      load_lanes(q + j, v0);
+      square_lane_vector v1;
+      load_lanes(q + square_sum_leaf + j, v1);
       a0 += v0 * v0;
       a1 += v1 * v1;
     }
