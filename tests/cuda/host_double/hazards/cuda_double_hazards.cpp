@@ -118,6 +118,33 @@ __global__ void merge_block_bins(const int* in, unsigned* out, bool atomic) {
   }
 }
 
+// Every block writes its sum to its own global slot, then takes a ticket; the block with the
+// last ticket adds the slots: after a __threadfence() before the ticket, as CUDA requires
+// for the slots to be visible to the last block, or without one (planted: the last block
+// may read a slot before the write that filled it is visible; only the race detector, which
+// gives the blocks no ordering but the fences', sees it on the host's stronger ordering).
+__global__ void sum_by_last_block(const int* in, unsigned* slots, unsigned* done, unsigned* total, bool fence) {
+  __shared__ unsigned sum;
+  __shared__ bool is_last;
+  if (threadIdx.x == 0) sum = 0;
+  __syncthreads();
+  atomicAdd(&sum, static_cast<unsigned>(in[blockIdx.x * blockDim.x + threadIdx.x]));
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    slots[blockIdx.x] = sum;
+    if (fence) __threadfence();
+    is_last = atomicAdd(done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) {
+    unsigned t = 0;
+    for (unsigned b = 0; b < gridDim.x; ++b) t += slots[b];
+    *total = t;
+  }
+}
+
 int* device_ints(int n) {
   void* p = nullptr;
   HZ_CHECK(cudaMalloc(&p, sizeof(int) * static_cast<std::size_t>(n)));
@@ -246,6 +273,27 @@ int lost_update_shared(bool fixed) { return histogram_case(shared_bins_add, 1, 1
 int lost_update_global(bool fixed) {
   const cuda_double::concurrent_blocks strict(4);
   return histogram_case(merge_block_bins, 1, 8, 64, fixed, 32);
+}
+
+// 8 blocks of 64 sum into slots that the last block adds, under concurrent blocks: planted,
+// without the fence before the ticket.
+int missing_threadfence(bool fixed) {
+  const cuda_double::concurrent_blocks strict(4);
+  constexpr unsigned blocks = 8, threads = 64;
+  std::vector<int> in(blocks * threads);
+  unsigned expected = 0;
+  for (std::size_t i = 0; i < in.size(); ++i) expected += static_cast<unsigned>(in[i] = static_cast<int>(i % 5));
+  int* d_in = device_ints(static_cast<int>(in.size()));
+  auto* d = reinterpret_cast<unsigned*>(device_ints(static_cast<int>(blocks) + 2));
+  HZ_CHECK(cudaMemcpy(d_in, in.data(), sizeof(int) * in.size(), cudaMemcpyHostToDevice));
+  for (int grid = 0; grid < 4; ++grid) {
+    HZ_CHECK(cudaMemset(d, 0, sizeof(unsigned) * (blocks + 2)));
+    launch(sum_by_last_block, blocks, threads, nullptr, d_in, d, d + blocks, d + blocks + 1, fixed);
+    unsigned h = 0;
+    HZ_CHECK(cudaMemcpy(&h, d + blocks + 1, sizeof(unsigned), cudaMemcpyDeviceToHost));
+    if (h != expected) return wrong;
+  }
+  return ok;
 }
 
 int block_order(bool fixed) {
@@ -463,6 +511,8 @@ const std::map<std::string, hazard>& hazards() {
       {"missing_group_end", {missing_group_end, "ncclGroupStart without ncclGroupEnd"}},
       {"lost_update_shared", {lost_update_shared, "a shared histogram's bins added to by += (no atomicAdd)"}},
       {"lost_update_global", {lost_update_global, "per-block histograms merged into global bins by += (no atomicAdd)"}},
+      {"missing_threadfence",
+       {missing_threadfence, "per-block sums added by the last block, whose ticket no __threadfence precedes"}},
       {"per_thread_stream_to_nonblocking_comm",
        {per_thread_stream_to_nonblocking_comm, "cudaStreamPerThread named to a non-blocking NCCL communicator"}},
       {"pageable_copy_blocks_timeout",

@@ -31,18 +31,20 @@
 // The race detector (a ThreadSanitizer build; CMakeLists.txt compiles this file without
 // instrumentation and defines CUDA_DOUBLE_TSAN). Each device thread is a ThreadSanitizer
 // fiber, and switching between fibers does not synchronize them: the only happens-before
-// edges between the threads of a block are the ones CUDA gives. A thread starts after the
-// launch (its fiber is created by the OS thread that runs the block); a block barrier and
-// a warp operation order what their threads did before them before what they do after
-// (a release and an acquire on the barrier's or the warp's token); atomics are
-// std::atomic_ref's; the block's end orders its threads before what runs after it on that
-// OS thread. Two accesses to one address by threads of a block in the same barrier epoch,
-// one a plain write, are then a data race ThreadSanitizer reports, whatever order the
-// fibers ran in: a lost update in shared memory, a missing barrier. Blocks run one after
-// another on one OS thread are ordered; under concurrent blocks the pool's threads take
-// fixed shares of the grid (thread i the blocks i, i+n, ... of the seeded order, not the
-// next free one, whose atomic counter would be invisible to the detector anyway), so a
-// race between two blocks of different shares is reported in every run.
+// edges are the ones CUDA gives. A thread starts after the launch (the OS thread that runs
+// the block releases to its fiber when it makes it); a block barrier and a warp operation
+// order what their threads did before them before what they do after (a release and an
+// acquire on the barrier's or the warp's token); a fence orders through an atomic
+// (kernel.hpp, atomic_edges); the grid's end orders its blocks before what runs after it.
+// Blocks are not ordered among themselves, even one after another on one OS thread: each
+// takes fresh fibers and stacks (fiber_ring), its shared memory's recorded accesses are
+// forgotten (forget_accesses), and the OS thread acquires what its blocks did only at the
+// grid's end (end_blocks). Two accesses to one address with no edge between them, one a
+// plain write, are then a data race ThreadSanitizer reports, whatever order the fibers ran
+// in: a lost update in shared memory, a missing barrier, a missing fence. Under concurrent
+// blocks the pool's threads take fixed shares of the grid (thread i the blocks i, i+n, ...
+// of the seeded order, not the next free one, whose atomic counter would be invisible to
+// the detector anyway).
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -65,6 +67,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -143,7 +146,9 @@ struct stack_pool {
 struct pooled_stack {
   stack_pool* pool;
   bctx::stack_context* given;  // where the stack is noted (for the sanitizers)
+  bool preset = false;         // *given is the stack already (the race detector's fiber_ring)
   bctx::stack_context allocate() {
+    if (preset) return *given;
     if (!pool->free.empty()) {
       *given = pool->free.back();
       pool->free.pop_back();
@@ -155,6 +160,7 @@ struct pooled_stack {
     return *given;
   }
   void deallocate(bctx::stack_context& s) noexcept {
+    if (preset) return;
     stack_pool::clean(s);
     pool->free.push_back(s);
   }
@@ -198,6 +204,7 @@ struct lane {
   void* asan_fake = nullptr;    // AddressSanitizer's fake stack of the parked fiber
   void* tsan_fiber = nullptr;   // ThreadSanitizer's fiber
   char* tsan_token = nullptr;   // the race detector's object of the operation it waits at
+  bool fenced = false;          // a __threadfence since the block began (kernel.hpp, atomic_edges)
 };
 
 struct grid_share;
@@ -354,6 +361,27 @@ struct shared_var {
 
 constexpr unsigned char shared_poison = 0xFF;
 
+#if defined(CUDA_DOUBLE_TSAN)
+}  // namespace
+}  // namespace cuda_double::detail
+// ThreadSanitizer's calls for a managed heap (tsan_interface_java.h, not installed): an
+// object freed, an object allocated. Together they clear what the detector recorded of a
+// range, and its synchronization objects.
+extern "C" void __tsan_java_free(unsigned long ptr, unsigned long size);   // NOLINT
+extern "C" void __tsan_java_alloc(unsigned long ptr, unsigned long size);  // NOLINT
+namespace cuda_double::detail {
+namespace {
+// A block's shared memory is new memory: its OS thread's previous block used the same
+// addresses, and nothing orders that block's threads before this one's (fiber_ring), so
+// their accesses are forgotten, as the previous owner's are when memory is freed.
+void forget_accesses(unsigned char* p, std::size_t n) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{7};
+  const auto end = (reinterpret_cast<std::uintptr_t>(p) + n + 7) & ~std::uintptr_t{7};
+  __tsan_java_free(begin, end - begin);
+  __tsan_java_alloc(begin, end - begin);
+}
+#endif
+
 // The marker symbol's function prefix `_ZZ<function>E`, or empty when \p name is no marker.
 std::string marker_prefix(const char* name) {
   static constexpr const char mark[] = "cuda_double_shared_mark_";
@@ -490,7 +518,12 @@ void poison_shared() {
         &c);
     r.resolved = c.complete;
   }
-  for (const auto& [p, n] : r.at) std::memset(p, shared_poison, n);
+  for (const auto& [p, n] : r.at) {
+#if defined(CUDA_DOUBLE_TSAN)
+    forget_accesses(p, n);
+#endif
+    std::memset(p, shared_poison, n);
+  }
 }
 
 std::string kernel_name(const launch_desc& d) {
@@ -920,23 +953,86 @@ inline void back_in_lane([[maybe_unused]] engine& e, [[maybe_unused]] lane& l, [
 }
 
 #if defined(CUDA_DOUBLE_TSAN)
-thread_local std::vector<void*> t_tsan_fibers;  // this OS thread's fiber of each lane index
+// The race detector's fibers, shared by every OS thread: a block takes one per device thread,
+// with its stack, from the front of a queue of free ones and gives them back at its end. A
+// fiber is a ThreadSanitizer thread, and all it did is ordered before all it does later: a
+// fiber reused by the next block of its OS thread would order that block after the one
+// before, and through that block's fences after others, which hid a missing fence before a
+// last-block ticket. So the queue holds about ring_fibers, and a fiber comes back only
+// after the blocks of that many other device threads have started: blocks close in a grid
+// never share one. Fibers are never destroyed (ThreadSanitizer gives a destroyed fiber's
+// thread slot to a new one, whose accesses then count as the old one's, which hid a race
+// between blocks, lost_update_global). The queue's lock is invisible to the detector (this
+// file is not instrumented), and the queue never allocates once made (memory the pool
+// threads allocated and freed under that lock would look like a race).
+class fiber_ring {
+ public:
+  static constexpr std::size_t ring_fibers = 4096;
+  //! Gives each of \p lanes a fiber of its own, with its stack.
+  void take(std::vector<lane>& lanes) {
+    lock();
+    while (count_ < lanes.size() || (created_ < ring_fibers && count_ < 2 * lanes.size())) {
+      if (created_ == capacity) fail("the race detector ran out of fibers (more device threads at once than it holds)");
+      push({__tsan_create_fiber(0), stacks_.allocate()});
+      ++created_;
+    }
+    for (lane& l : lanes) {
+      const entry& f = queue_[first_];
+      l.tsan_fiber = f.fiber;
+      l.stack = f.stack;
+      first_ = (first_ + 1) % capacity;
+      --count_;
+    }
+    unlock();
+  }
+  //! Takes \p lanes' fibers and stacks back (to the end of the queue).
+  void give(std::vector<lane>& lanes) {
+    lock();
+    for (lane& l : lanes) {
+      push({l.tsan_fiber, l.stack});
+      l.tsan_fiber = nullptr;
+    }
+    unlock();
+  }
+
+ private:
+  // A fiber keeps its stack: a stack another fiber used holds that fiber's accesses, which
+  // nothing orders before the new one's.
+  struct entry {
+    void* fiber;
+    bctx::stack_context stack;
+  };
+  static constexpr std::size_t capacity = 8192;  // ThreadSanitizer's threads end at 8192
+  void push(const entry& f) {
+    queue_[(first_ + count_) % capacity] = f;
+    ++count_;
+  }
+  void lock() {
+    while (busy_.test_and_set(std::memory_order_acquire)) busy_.wait(true, std::memory_order_relaxed);
+  }
+  void unlock() {
+    busy_.clear(std::memory_order_release);
+    busy_.notify_one();
+  }
+  std::atomic_flag busy_;
+  bctx::protected_fixedsize_stack stacks_{stack_bytes()};
+  std::unique_ptr<entry[]> queue_ = std::make_unique<entry[]>(capacity);
+  std::size_t first_ = 0, count_ = 0, created_ = 0;
+};
+fiber_ring& fibers() {
+  static fiber_ring* ring = new fiber_ring;  // never freed: pool threads outlive main
+  return *ring;
+}
 #endif
 
 bctx::fiber make_fiber(engine& e, lane& l) {
   l.started = false;
 #if defined(CUDA_DOUBLE_TSAN)
-  // Creating a fiber runs a few instructions on its stack: under the lane's own fiber. Each
-  // lane index of this OS thread keeps one ThreadSanitizer fiber for good: a destroyed one
-  // gives its thread slot back, and a fiber created later on another pool thread that takes
-  // the slot counts as ordered after every access recorded under it, which hid a race
-  // between blocks that the OS ran one after the other (lost_update_global).
-  if (t_tsan_fibers.size() <= l.index) t_tsan_fibers.resize(l.index + 1, nullptr);
-  if (t_tsan_fibers[l.index] == nullptr) t_tsan_fibers[l.index] = __tsan_create_fiber(0);
-  l.tsan_fiber = t_tsan_fibers[l.index];
-  __tsan_switch_to_fiber(l.tsan_fiber, 0);
+  constexpr bool ring_stack = true;  // fiber_ring's, with the lane's fiber
+#else
+  constexpr bool ring_stack = false;
 #endif
-  bctx::fiber f(std::allocator_arg, pooled_stack{&t_pool, &l.stack}, [&e, &l](bctx::fiber&& sched) {
+  bctx::fiber f(std::allocator_arg, pooled_stack{&t_pool, &l.stack, ring_stack}, [&e, &l](bctx::fiber&& sched) {
     back_in_lane(e, l, true);
     l.started = true;
     e.sched = std::move(sched);
@@ -948,7 +1044,11 @@ bctx::fiber make_fiber(engine& e, lane& l) {
     return std::move(e.sched);
   });
 #if defined(CUDA_DOUBLE_TSAN)
-  __tsan_switch_to_fiber(e.tsan_sched, 0);
+  // The lane starts after what the scheduler saw: the launch and the block's poisoned shared
+  // memory. The way back does not synchronize: the scheduler must not learn what a block
+  // does before the grid ends (it would hand that to the next block's threads).
+  __tsan_switch_to_fiber(l.tsan_fiber, 0);
+  __tsan_switch_to_fiber(e.tsan_sched, __tsan_switch_to_fiber_no_sync);
 #endif
   return f;
 }
@@ -996,21 +1096,18 @@ void discard_lane(engine& e, lane& l) {
       l.fib = bctx::fiber{};
       back_in_scheduler(e);
 #if defined(CUDA_DOUBLE_TSAN)
-      __tsan_switch_to_fiber(e.tsan_sched, 0);
+      __tsan_switch_to_fiber(e.tsan_sched, __tsan_switch_to_fiber_no_sync);
 #endif
     } else {
 #if defined(CUDA_DOUBLE_TSAN)
-      __tsan_switch_to_fiber(l.tsan_fiber, 0);
+      __tsan_switch_to_fiber(l.tsan_fiber, __tsan_switch_to_fiber_no_sync);
 #endif
       l.fib = bctx::fiber{};
 #if defined(CUDA_DOUBLE_TSAN)
-      __tsan_switch_to_fiber(e.tsan_sched, 0);
+      __tsan_switch_to_fiber(e.tsan_sched, __tsan_switch_to_fiber_no_sync);
 #endif
     }
   }
-#if defined(CUDA_DOUBLE_TSAN)
-  l.tsan_fiber = nullptr;  // kept for the next block of this OS thread (make_fiber)
-#endif
 }
 
 void run_block(engine& e) {
@@ -1020,6 +1117,7 @@ void run_block(engine& e) {
     lane& l = e.lanes[0];
     e.cur = &l;
     l.state = lane_state::runnable;
+    l.fenced = false;
     run_body(e);
     return;
   }
@@ -1027,8 +1125,12 @@ void run_block(engine& e) {
   e.at_block = e.done = 0;
   e.warp_waiting.fill(0);
   e.active_waiting.fill(0);
+#if defined(CUDA_DOUBLE_TSAN)
+  fibers().take(e.lanes);
+#endif
   for (lane& l : e.lanes) {
     l.state = lane_state::runnable;
+    l.fenced = false;
     l.fib = make_fiber(e, l);
     e.runnable.push_back(l.index);
   }
@@ -1054,8 +1156,14 @@ void run_block(engine& e) {
     report_deadlock(e);
   }
   for (lane& l : e.lanes) discard_lane(e, l);
-  tsan_acquire(&e.tsan_end_token);  // what runs after the block sees what its threads did
+#if defined(CUDA_DOUBLE_TSAN)
+  fibers().give(e.lanes);
+#endif
 }
+
+// What runs after this OS thread's blocks of a grid sees what their threads did (not
+// before the grid's end: blocks are not ordered among themselves).
+void end_blocks(engine& e) { tsan_acquire(&e.tsan_end_token); }
 
 // A bijection of [0, 2^bits) keyed by k (odd multipliers and xorshifts), for the order of
 // grids too large to shuffle in memory; cycle-walked into [0, n).
@@ -1080,7 +1188,11 @@ void begin_grid(engine& e, const launch_desc& d, void (*body)(void*), void* self
   e.running = true;
   e.nthreads = d.block.x * d.block.y * d.block.z;
   e.nwarps = (e.nthreads + 31) / 32;
+#if defined(CUDA_DOUBLE_TSAN)
+  e.direct = false;  // a block of one thread runs on a fiber of its own too (fiber_ring)
+#else
   e.direct = e.nthreads == 1;
+#endif
 #if defined(CUDA_DOUBLE_TSAN)
   e.tsan_sched = __tsan_get_current_fiber();
 #endif
@@ -1203,6 +1315,7 @@ void run_blocks_of(grid_share& g, [[maybe_unused]] unsigned share, [[maybe_unuse
     g.in_flight.fetch_sub(1, std::memory_order_relaxed);
     if (e.trapped) g.trapped = true;
   }
+  end_blocks(e);
   e.share = nullptr;
   t_ctx = saved;
   e.cur = nullptr;
@@ -1338,6 +1451,7 @@ void run_grid(const launch_desc& d, void (*body)(void*), void* self) {
     t_ctx.block_idx = blocks.index(blocks.at(n));
     run_block(e);
   }
+  end_blocks(e);
   t_ctx = saved;
   e.cur = nullptr;
   e.running = false;
@@ -1409,6 +1523,13 @@ void trap() {
     set_sticky(cudaErrorLaunchFailure, why);
   throw trap_unwind{};
 }
+
+#if defined(CUDA_DOUBLE_TSAN)  // the race detector's fences (kernel.hpp, atomic_edges)
+void mark_fence() noexcept {
+  if (t_eng.running && t_eng.cur != nullptr) t_eng.cur->fenced = true;
+}
+bool fenced() noexcept { return t_eng.running && t_eng.cur != nullptr && t_eng.cur->fenced; }
+#endif
 
 void misaligned_atomic(const void* p, std::size_t align, const char* what) {
   std::ostringstream o;

@@ -36,7 +36,7 @@
 
 #include <math.h>  // NOLINT: ::isfinite, ::fabsf, ... unqualified in device code, as CUDA has them
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || defined(CUDA_DOUBLE_TSAN)  // (the engine is built uninstrumented)
 #define CUDA_DOUBLE_RACE_DETECTOR 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -280,20 +280,39 @@ __extension__ typedef __int128 i128;
 // The race detector (a ThreadSanitizer build; README.md, "The race detector"). CUDA's
 // atomics are relaxed: they order nothing but themselves, so there they are relaxed too
 // (sequentially consistent ones would order unrelated memory between blocks, hiding a race,
-// as a plain ticket counter's behind the histogram atomics before it). A __threadfence
-// orders what its thread wrote before it before what any thread reads after a later fence
-// (a release and an acquire on one object: more edges than CUDA's fence gives, never fewer;
-// ThreadSanitizer does not model std::atomic_thread_fence).
+// as a plain ticket counter's behind the histogram atomics before it). What orders a
+// block's writes before another block's reads is a __threadfence before an atomic that the
+// other block's atomic on the same address then observes (the last-block ticket). So an
+// atomic on address a releases on a, before it, what its thread did if the thread has
+// fenced since its block began, and acquires on a after it: an edge from a fenced writer to
+// any thread whose atomic on a comes later, and none from a writer that did not fence, or
+// through an atomic on another address (ThreadSanitizer does not model
+// std::atomic_thread_fence).
 #if defined(CUDA_DOUBLE_RACE_DETECTOR)
 inline constexpr std::memory_order atomic_order = std::memory_order_relaxed;
-inline char fence_token = 0;
-inline void fence_edge() noexcept {
-  __tsan_release(&fence_token);
-  __tsan_acquire(&fence_token);
-}
+//! The running device thread has executed a __threadfence (since its block began).
+void mark_fence() noexcept;
+[[nodiscard]] bool fenced() noexcept;
+//! The race detector's edges of one atomic (see above): release when fenced, then acquire.
+class atomic_edges {
+ public:
+  explicit atomic_edges(void* address) noexcept : at_(address) {
+    if (fenced()) __tsan_release(at_);
+  }
+  ~atomic_edges() { __tsan_acquire(at_); }
+  atomic_edges(const atomic_edges&) = delete;
+  atomic_edges& operator=(const atomic_edges&) = delete;
+
+ private:
+  void* at_;
+};
 #else
 inline constexpr std::memory_order atomic_order = std::memory_order_seq_cst;
-inline void fence_edge() noexcept {}
+inline void mark_fence() noexcept {}
+class atomic_edges {
+ public:
+  explicit atomic_edges(void*) noexcept {}
+};
 #endif
 
 template <class T>
@@ -422,12 +441,12 @@ inline int __reduce_max_sync(unsigned mask, int v) {
 // Memory fences (sequentially consistent) and __trap.
 inline void __threadfence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  ::cuda_double::detail::fence_edge();
+  ::cuda_double::detail::mark_fence();
 }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_system() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  ::cuda_double::detail::fence_edge();
+  ::cuda_double::detail::mark_fence();
 }
 [[noreturn]] inline void __trap() { ::cuda_double::detail::trap(); }
 
@@ -438,6 +457,7 @@ inline void __threadfence_system() {
 #define CUDA_DOUBLE_ATOMIC_RMW(name, T, expr)                  \
   inline T name(T* address, T val) {                           \
     auto r = ::cuda_double::detail::atomic_at(address, #name); \
+    const ::cuda_double::detail::atomic_edges edges(address);  \
     return expr;                                               \
   }
 CUDA_DOUBLE_ATOMIC_RMW(atomicAdd, int, r.fetch_add(val, ::cuda_double::detail::atomic_order))
@@ -466,6 +486,7 @@ namespace cuda_double::detail {
 template <class T, bool Max>
 inline T atomic_extremum(T* p, T v, const char* what) {
   auto r = atomic_at(p, what);
+  const atomic_edges edges(p);
   T old = r.load(atomic_order);
   while ((Max ? old < v : v < old) && !r.compare_exchange_weak(old, v, atomic_order)) {
   }
@@ -474,6 +495,7 @@ inline T atomic_extremum(T* p, T v, const char* what) {
 template <class T>
 inline T atomic_cas(T* p, T compare, T val) {
   auto r = atomic_at(p, "atomicCAS");
+  const atomic_edges edges(p);
   r.compare_exchange_strong(compare, val, atomic_order);
   return compare;  // the old value: compare itself on success, the current one otherwise
 }
@@ -512,6 +534,7 @@ inline unsigned short atomicCAS(unsigned short* p, unsigned short compare, unsig
 //! ((old >= val) ? 0 : old + 1), as CUDA's.
 inline unsigned atomicInc(unsigned* p, unsigned val) {
   auto r = ::cuda_double::detail::atomic_at(p, "atomicInc");
+  const ::cuda_double::detail::atomic_edges edges(p);
   unsigned old = r.load(::cuda_double::detail::atomic_order);
   while (!r.compare_exchange_weak(old, old >= val ? 0u : old + 1u, ::cuda_double::detail::atomic_order)) {
   }
@@ -520,6 +543,7 @@ inline unsigned atomicInc(unsigned* p, unsigned val) {
 //! (((old == 0) || (old > val)) ? val : old - 1), as CUDA's.
 inline unsigned atomicDec(unsigned* p, unsigned val) {
   auto r = ::cuda_double::detail::atomic_at(p, "atomicDec");
+  const ::cuda_double::detail::atomic_edges edges(p);
   unsigned old = r.load(::cuda_double::detail::atomic_order);
   while (
       !r.compare_exchange_weak(old, (old == 0u || old > val) ? val : old - 1u, ::cuda_double::detail::atomic_order)) {
