@@ -402,9 +402,14 @@ void async_equals_sync(gravac::nccl_communicator& comm, std::size_t bucket_bytes
 }
 
 // The cases of a sweep over bucket size x action on non-finite values x hand-over x
-// collective: the full product on a GPU, a pairwise cover on the host double (16 of 64, 7
-// of 24).
-std::vector<std::vector<int>> sweep_cases(const std::vector<int>& levels) {
+// collective: the full product on a GPU; on the host double a pairwise cover on 2 ranks (16
+// of 64, 7 of 24) and every level once on more (4 and 3 cases: what more ranks add is the
+// collectives' size, which the cover on 2 ranks does not need again).
+std::vector<std::vector<int>> sweep_cases(const std::vector<int>& levels, int ranks) {
+#if defined(GRAVAC_CUDA_HOST_DOUBLE)
+  if (ranks > 2) return gravac::test::each_level_cases(levels);
+#endif
+  (void)ranks;
   return gravac::test::device_sweep_cases(levels);
 }
 
@@ -412,7 +417,8 @@ void async_sweep(gravac::nccl_communicator& comm, const std::vector<std::size_t>
                  const std::vector<gravac::non_finite_action>& actions, const std::vector<hand_over>& hand_overs,
                  gravac::stream_ref compressor_stream = {}) {
   const auto cases = sweep_cases(
-      {static_cast<int>(buckets.size()), static_cast<int>(actions.size()), static_cast<int>(hand_overs.size()), 2});
+      {static_cast<int>(buckets.size()), static_cast<int>(actions.size()), static_cast<int>(hand_overs.size()), 2},
+      comm.size());
   for (const auto& c : cases) {
     const std::size_t bb = buckets[static_cast<std::size_t>(c[0])];
     const auto on_bad = actions[static_cast<std::size_t>(c[1])];

@@ -60,6 +60,17 @@ inline std::vector<std::vector<int>> pairwise_cases(const std::vector<int>& leve
   return k < 2 ? all : cases;  // one factor: every level is a case
 }
 
+//! Cases over factors with \p levels[f] levels each such that every level of every factor
+//! occurs in some case: max(levels) cases, case i taking level i % levels[f] of factor f.
+inline std::vector<std::vector<int>> each_level_cases(const std::vector<int>& levels) {
+  int n = 1;
+  for (const int l : levels) n = l > n ? l : n;
+  std::vector<std::vector<int>> cases(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    for (const int l : levels) cases[static_cast<std::size_t>(i)].push_back(i % l);
+  return cases;
+}
+
 //! The cases of a device test's sweep: the full product on a GPU; on the CUDA host double,
 //! which runs the kernels one thread at a time and makes each case seconds long, the
 //! pairwise cover.

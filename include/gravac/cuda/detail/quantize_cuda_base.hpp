@@ -423,13 +423,15 @@ class quantize_cuda_base : public stream_members<quantize_cuda_base<Q, Options>>
     return bytes;
   }
 
-  // The chunks and buckets of a quantized layer of n elements, as the host walks them.
+  // The chunks and buckets of a quantized layer of n elements, as the host walks them: the
+  // records of the chunk sums and bucket scales that the leveled and EF-sign passes keep
+  // (cast16 and the block-scaled formats have none: their scales live in the code pass).
   struct layer_shape {
     unsigned long long bucket = 0, buckets = 0, chunks_per_bucket = 0, chunks = 0;
   };
   [[nodiscard]] layer_shape shape_of(std::size_t n) const noexcept {
     layer_shape sh;
-    if (n == 0 || Q == quant_family::cast16) return sh;
+    if (n == 0 || Q == quant_family::cast16 || block_scaled) return sh;
     constexpr unsigned long long C = detail::quant_chunk_elems;
     sh.bucket = leveled && bucket_ ? bucket_ : n;  // EF-sign: one bucket, the layer
     sh.buckets = (n + sh.bucket - 1) / sh.bucket;

@@ -38,8 +38,8 @@
 // (kernel.hpp, atomic_edges); the grid's end orders its blocks before what runs after it.
 // Blocks are not ordered among themselves, even one after another on one OS thread: each
 // takes fresh fibers and stacks (fiber_ring), its shared memory's recorded accesses are
-// forgotten (forget_accesses), and the OS thread acquires what its blocks did only at the
-// grid's end (end_blocks). Two accesses to one address with no edge between them, one a
+// forgotten (forget_accesses), and only the thread that waits for the grid acquires what
+// its blocks did, at its end (grid_share::tsan_end_token). Two accesses to one address with no edge between them, one a
 // plain write, are then a data race ThreadSanitizer reports, whatever order the fibers ran
 // in: a lost update in shared memory, a missing barrier, a missing fence. Under concurrent
 // blocks the pool's threads take fixed shares of the grid (thread i the blocks i, i+n, ...
@@ -236,13 +236,17 @@ struct engine {
   // The race detector's synchronization objects (their addresses only): the block barrier
   // and each warp's operations, two each, taken by the parity of their completions so far
   // (the threads released by one completion acquire before any can arrive at the one after
-  // next; one object would hand them what the first to resume did after the barrier), and
-  // the end of the block's threads.
-  std::array<char, 2> tsan_block_tokens{};
-  std::array<std::array<char, 2>, 32> tsan_warp_tokens{};
+  // next; one object would hand them what the first to resume did after the barrier),
+  // forgotten at every block's start (the previous block's threads released into them);
+  // and the end of the grid's blocks on this OS thread.
+  struct alignas(8) sync_tokens {
+    std::array<char, 2> block{};
+    std::array<std::array<char, 2>, 32> warp{};
+  } tsan_tokens;
   std::uint64_t block_epoch = 0;                // block barriers completed
   std::array<std::uint64_t, 32> warp_epochs{};  // warp operations completed, per warp
-  char tsan_end_token = 0;
+  char tsan_end_token = 0;                      // the end of this OS thread's blocks of a grid run here
+  char* tsan_end = nullptr;                     // where the blocks' threads release at their end
 };
 
 thread_local stack_pool t_pool;
@@ -967,11 +971,13 @@ inline void back_in_lane([[maybe_unused]] engine& e, [[maybe_unused]] lane& l, [
 // threads allocated and freed under that lock would look like a race).
 class fiber_ring {
  public:
-  static constexpr std::size_t ring_fibers = 4096;
+  static constexpr std::size_t ring_fibers = 7680;  // 30 blocks of 256 threads
   //! Gives each of \p lanes a fiber of its own, with its stack.
   void take(std::vector<lane>& lanes) {
     lock();
-    while (count_ < lanes.size() || (created_ < ring_fibers && count_ < 2 * lanes.size())) {
+    // The whole ring first (a fiber reused early would order its blocks), then more only
+    // when more device threads run at once than it holds beside them.
+    while (count_ < lanes.size() || created_ < ring_fibers) {
       if (created_ == capacity) fail("the race detector ran out of fibers (more device threads at once than it holds)");
       push({__tsan_create_fiber(0), stacks_.allocate()});
       ++created_;
@@ -1002,7 +1008,8 @@ class fiber_ring {
     void* fiber;
     bctx::stack_context stack;
   };
-  static constexpr std::size_t capacity = 8192;  // ThreadSanitizer's threads end at 8192
+  // ThreadSanitizer (LLVM 14) ends the process past 8128 threads, fibers included.
+  static constexpr std::size_t capacity = 8128;
   void push(const entry& f) {
     queue_[(first_ + count_) % capacity] = f;
     ++count_;
@@ -1037,7 +1044,7 @@ bctx::fiber make_fiber(engine& e, lane& l) {
     l.started = true;
     e.sched = std::move(sched);
     run_body(e);
-    tsan_release(&e.tsan_end_token);
+    tsan_release(e.tsan_end);
     l.state = lane_state::done;
     ++e.done;
     leaving_lane(e, l, true);
@@ -1066,7 +1073,7 @@ void park(engine& e) {
     // frames still to unwind). ThreadSanitizer stays on this lane's fiber until the
     // scheduler is back (discard_lane).
     back_in_lane(e, l, false);
-    tsan_release(&e.tsan_end_token);
+    tsan_release(e.tsan_end);
 #if defined(CUDA_DOUBLE_ASAN)
     __sanitizer_start_switch_fiber(&l.asan_fake, e.sched_bottom, e.sched_size);
 #endif
@@ -1127,6 +1134,7 @@ void run_block(engine& e) {
   e.active_waiting.fill(0);
 #if defined(CUDA_DOUBLE_TSAN)
   fibers().take(e.lanes);
+  forget_accesses(reinterpret_cast<unsigned char*>(&e.tsan_tokens), sizeof e.tsan_tokens);
 #endif
   for (lane& l : e.lanes) {
     l.state = lane_state::runnable;
@@ -1161,10 +1169,6 @@ void run_block(engine& e) {
 #endif
 }
 
-// What runs after this OS thread's blocks of a grid sees what their threads did (not
-// before the grid's end: blocks are not ordered among themselves).
-void end_blocks(engine& e) { tsan_acquire(&e.tsan_end_token); }
-
 // A bijection of [0, 2^bits) keyed by k (odd multipliers and xorshifts), for the order of
 // grids too large to shuffle in memory; cycle-walked into [0, n).
 std::uint64_t scramble(std::uint64_t x, std::uint64_t n, unsigned bits, const std::array<std::uint64_t, 4>& k) {
@@ -1193,6 +1197,7 @@ void begin_grid(engine& e, const launch_desc& d, void (*body)(void*), void* self
 #else
   e.direct = e.nthreads == 1;
 #endif
+  e.tsan_end = &e.tsan_end_token;
 #if defined(CUDA_DOUBLE_TSAN)
   e.tsan_sched = __tsan_get_current_fiber();
 #endif
@@ -1266,8 +1271,13 @@ struct grid_share {
   std::uint64_t next_of_share(unsigned share, unsigned shares) {
     return share + std::uint64_t{shares} * taken[share]++;
   }
-  std::atomic<bool> trapped{false};    // a block called __trap(): no further block starts
-  std::atomic<unsigned> in_flight{0};  // blocks running now
+  std::atomic<bool> trapped{false};  // a block called __trap(): no further block starts
+  // The race detector: every thread of the grid releases here at its end, and the polling
+  // thread acquires once the grid is done. The pool threads themselves never learn what a
+  // block did: they synchronize with one another (their lock) between grids, and one that
+  // had would hand an earlier block's work to its next blocks' threads.
+  alignas(8) char tsan_end_token[8] = {};  // (8 bytes: the detector's granule, forgotten whole)
+  std::atomic<unsigned> in_flight{0};      // blocks running now
   std::mutex m;
   std::string trap_why;  // the first __trap(), for the polling thread
 };
@@ -1293,6 +1303,7 @@ void run_blocks_of(grid_share& g, [[maybe_unused]] unsigned share, [[maybe_unuse
   const kernel_context saved = t_ctx;
   begin_grid(e, g.desc, g.body, g.self);
   e.share = &g;
+  e.tsan_end = g.tsan_end_token;
   for (;;) {
     if (g.trapped.load()) break;
 #if defined(CUDA_DOUBLE_TSAN)
@@ -1315,7 +1326,6 @@ void run_blocks_of(grid_share& g, [[maybe_unused]] unsigned share, [[maybe_unuse
     g.in_flight.fetch_sub(1, std::memory_order_relaxed);
     if (e.trapped) g.trapped = true;
   }
-  end_blocks(e);
   e.share = nullptr;
   t_ctx = saved;
   e.cur = nullptr;
@@ -1440,8 +1450,12 @@ void run_grid(const launch_desc& d, void (*body)(void*), void* self) {
     e.desc = &d;
     e.running = true;
     grid_share g{d, body, self, blocks};
+#if defined(CUDA_DOUBLE_TSAN)
+    forget_accesses(reinterpret_cast<unsigned char*>(g.tsan_end_token), sizeof g.tsan_end_token);  // an earlier grid's
+#endif
     const unsigned n = static_cast<unsigned>(std::min<std::uint64_t>(threads, blocks.count));
     block_pool::get().run(g, n);
+    tsan_acquire(g.tsan_end_token);
     e.running = false;
     if (!g.trap_why.empty()) set_sticky(cudaErrorLaunchFailure, g.trap_why);
     return;
@@ -1451,7 +1465,9 @@ void run_grid(const launch_desc& d, void (*body)(void*), void* self) {
     t_ctx.block_idx = blocks.index(blocks.at(n));
     run_block(e);
   }
-  end_blocks(e);
+  // What runs after the grid sees what its threads did (not before its end: blocks are not
+  // ordered among themselves).
+  tsan_acquire(&e.tsan_end_token);
   t_ctx = saved;
   e.cur = nullptr;
   e.running = false;
@@ -1468,7 +1484,7 @@ int block_sync(sync_kind k, int pred) {
   }
   l.state = lane_state::at_block;
   ++e.at_block;
-  l.tsan_token = &e.tsan_block_tokens[e.block_epoch % 2];
+  l.tsan_token = &e.tsan_tokens.block[e.block_epoch % 2];
   tsan_release(l.tsan_token);
   park(e);
   tsan_acquire(l.tsan_token);
@@ -1506,7 +1522,7 @@ std::uint64_t warp_sync(sync_kind k, unsigned mask, std::uint64_t value, std::in
   // The lanes of one warp operation are ordered. The warp's objects serve all its operations:
   // divergent groups of a warp share them, an edge too many, which can hide a race, never
   // invent one.
-  l.tsan_token = &e.tsan_warp_tokens[w][e.warp_epochs[w] % 2];
+  l.tsan_token = &e.tsan_tokens.warp[w][e.warp_epochs[w] % 2];
   tsan_release(l.tsan_token);
   park(e);
   tsan_acquire(l.tsan_token);
