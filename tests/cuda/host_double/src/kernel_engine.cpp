@@ -39,12 +39,12 @@
 // Blocks are not ordered among themselves, even one after another on one OS thread: each
 // takes fresh fibers and stacks (fiber_ring), its shared memory's recorded accesses are
 // forgotten (forget_accesses), and only the thread that waits for the grid acquires what
-// its blocks did, at its end (grid_share::tsan_end_token). Two accesses to one address with no edge between them, one a
-// plain write, are then a data race ThreadSanitizer reports, whatever order the fibers ran
-// in: a lost update in shared memory, a missing barrier, a missing fence. Under concurrent
-// blocks the pool's threads take fixed shares of the grid (thread i the blocks i, i+n, ...
-// of the seeded order, not the next free one, whose atomic counter would be invisible to
-// the detector anyway).
+// its blocks did, at its end (grid_share::tsan_end_token). Two accesses to one address with
+// no edge between them, one a plain write, are then a data race ThreadSanitizer reports,
+// whatever order the fibers ran in: a lost update in shared memory, a missing barrier, a
+// missing fence. Under concurrent blocks the pool's threads take fixed shares of the grid
+// (thread i the blocks i, i+n, ... of the seeded order, not the next free one, whose atomic
+// counter would be invisible to the detector anyway).
 
 #include <cxxabi.h>
 #include <dlfcn.h>
