@@ -120,6 +120,48 @@ TEST_CASE("topk_cuda: mixed layout, dense layers, gain curve") {
   for (std::uint64_t s = 0; s < 3; ++s) r.step(gravac::test::make_data(r.lay.numel(), 31 + s), p);
 }
 
+TEST_CASE("topk_cuda and threshold_cuda: the gain curve of layers over 2^19 values is the host's sampled curve",
+          "[gain]") {
+  // Above 2^19 values the host's fused pass histograms one block in 2 or 4 and takes the
+  // bins above the step's sending threshold's exactly (gain_sampling.hpp); the device samples
+  // the same blocks. The phase turns with the step; one large layer goes raw (exact) at step
+  // 1; at step 2 an infinity stays out of the curve, and a layer whose finite values are
+  // fewer than k sends them all (threshold_cuda: every value at or above its estimate).
+  gravac::layout lay;
+  lay.add("small", {5000}, gravac::layer_kind::dense);
+  lay.add("stride4", {(std::size_t{1} << 20) + 300}, gravac::layer_kind::dense);
+  lay.add("stride2", {(std::size_t{1} << 19) + 1001}, gravac::layer_kind::conv);
+  REQUIRE(gravac::detail::gain_sample_stride(lay[1].numel) == 4);
+  REQUIRE(gravac::detail::gain_sample_stride(lay[2].numel) == 2);
+  const double candidates[] = {0.5, 0.05, 0.01, 0.001};
+  const auto run = [&](auto& r) {
+    r.nan_norms_equal = true;  // the infinity makes both sides' norms of its layer infinite, then NaN
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      auto p = gravac::test::params_for(lay, step % 2 ? 0.01 : 0.002, step);
+      if (step == 1) p.kept_fraction[2] = 1.0;
+      p.gain_candidates.assign(std::begin(candidates), std::end(candidates));
+      auto g =
+          gravac::test::make_data(lay.numel(), 71 + step, step % 2 ? distribution::laplace : distribution::gaussian);
+      if (step == 2) {
+        g[lay[1].offset + 777] = std::numeric_limits<float>::infinity();
+        p.kept_fraction[2] = 0.9;
+        for (std::size_t j = 0; j < lay[2].numel; j += 5)
+          g[lay[2].offset + j] = std::numeric_limits<float>::quiet_NaN();
+      }
+      r.step(g, p);
+    }
+  };
+  SECTION("topk_cuda") {
+    pair_run r(lay);
+    run(r);
+  }
+  SECTION("threshold_cuda") {
+    threshold_pair r(lay);
+    run(r);
+  }
+}
+
 TEST_CASE("topk_cuda and threshold_cuda: same data, same statistics bit for bit, whatever the block order",
           "[same_bits]") {
   // Several blocks per layer (the big dense layer goes raw): the norms, the kept energy and

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -167,10 +168,52 @@ TEST_CASE("compressors report the histogram gain curve of u = g + e", "[gain][co
   check(identity(lay), false);
 }
 
+TEST_CASE("a large layer's per-layer curve is the sample below the sending threshold's bin and exact above",
+          "[gain][sampled]") {
+  // The estimator the device computes too, built here from u itself: the blocks of 256
+  // whose index is step modulo the stride, weight stride, for the bins up to the k-th
+  // largest key's; every value above.
+  const std::size_t n = (std::size_t{1} << 20) + 300;
+  const std::uint32_t stride = detail::gain_sample_stride(n);
+  REQUIRE(stride == 4);
+  const auto lay = layout::flat(n);
+  const std::vector<double> fractions{0.2, 0.05, 0.01, 0.002};
+  const auto g = data_for(1, n, 7);
+  std::vector<std::uint32_t> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = magnitude_key(g[i]);
+  std::vector<std::uint32_t> sorted = keys;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  topk c(lay);
+  std::vector<std::byte> packet(c.max_packet_bytes());
+  for (std::uint64_t step : {0, 1, 2, 3, 6}) {
+    const double kept = step % 2 ? 0.01 : 0.003;
+    const std::uint32_t exact_from = detail::exact_gain_from(sorted[kept_count(n, kept) - 1]);
+    magnitude_histogram want;
+    for (std::size_t i = 0; i < n; ++i) {
+      if ((keys[i] >> gain_bin_shift) >= exact_from)
+        want.add(keys[i]);
+      else if ((i / detail::fused_block) % stride == step % stride)
+        for (std::uint32_t w = 0; w < stride; ++w) want.add(keys[i]);
+    }
+    std::vector<double> want_sq(fractions.size(), 0.0);
+    add_gain_curve(want, n, fractions, want_sq);
+    auto p = test::params_for(lay, kept, step);
+    p.gain_candidates = fractions;
+    std::vector<float> gg = g, e(n, 0.0f);
+    compress_stats st;
+    c.compress(host_view(gg), host_view(e), p, packet, st);
+    for (std::size_t i = 0; i < fractions.size(); ++i) {
+      INFO("step " << step << " fraction " << fractions[i]);
+      CHECK(std::memcmp(&st.candidate_kept_sq[i], &want_sq[i], sizeof(double)) == 0);
+    }
+  }
+}
+
 TEST_CASE("large layers estimate the gain curve from the candidates and a sample, close to brute force",
           "[gain][sampled]") {
-  // 2^21 + 5 elements: above 2^19, so below the guess the fused pass histograms one block
-  // in 8 (weight 8); the candidates at or above it are added exactly.
+  // 2^21 + 5 elements: above 2^19, so the fused pass histograms one block in 8 (weight 8);
+  // the bins above the sending threshold's (whole buffer: the guess's) come exactly from the
+  // candidates.
   const std::size_t n = (std::size_t{1} << 21) + 5;
   REQUIRE(detail::gain_sample_stride(n) == 8);
   REQUIRE(detail::gain_sample_stride(std::size_t{1} << 19) == 1);
@@ -183,7 +226,7 @@ TEST_CASE("large layers estimate the gain curve from the candidates and a sample
     for (int which = 0; which < 3; ++which) {
       auto check = [&](auto c) {
         std::vector<std::byte> packet(c.max_packet_bytes());
-        for (std::uint64_t step : {0, 1, 2, 5}) {  // step 0 has no guess yet (all sampled); the blocks rotate
+        for (std::uint64_t step : {0, 1, 2, 5}) {  // step 0 has no guess yet (a miss); the blocks rotate
           auto p = test::params_for(lay, 0.01, step);
           p.gain_candidates = fractions;
           std::vector<float> gg = g, e(n, 0.0f);  // u = g at every step
@@ -191,11 +234,11 @@ TEST_CASE("large layers estimate the gain curve from the candidates and a sample
           c.compress(host_view(gg), host_view(e), p, packet, st);
           for (std::size_t i = 0; i < fractions.size(); ++i) {
             INFO("data " << kind << " compressor " << which << " step " << step << " fraction " << fractions[i]);
-            // Above the guess exact; below it, 2^18 sampled values (heavy tails spread more).
-            // Step 0 of top-k has no guess: its miss reads u again and the curve is exact.
+            // Above the threshold's bin exact; below it, 2^18 sampled values (heavy tails
+            // spread more).
             const double tol = kind == 4 ? 0.1 : 0.02;
             CHECK(std::fabs(st.candidate_kept_sq[i] - exact[i]) <= tol * exact[i]);
-            // Fractions at or below the kept one lie above the guess: exact up to the bin model.
+            // Fractions below the kept one lie above its bin: exact up to the bin model.
             if (step > 0 && fractions[i] <= 0.004) CHECK(st.candidate_kept_sq[i] == Approx(exact[i]).epsilon(0.002));
           }
         }

@@ -99,17 +99,22 @@ class threshold : public sparse_layers {
           // of them, nearly all sent), so sending reads no scattered memory; keep_selected
           // then writes back the few not sent and zeroes the few sent below it.
           const auto r = work_.fuse(gl, el, 0, t.collect, hs, t.zero);
-          if (want_gain) gain.add(detail::complete_gain_histogram(work_, hs, 0, r.collected), gl.size());
-          hist_.clear();
           if (r.non_finite) st.non_finite = true;
           std::size_t count = r.collected;
           const detail::candidate_run all{0, r.collected};
+          // More than k at or above the (low) estimate: the threshold rises to the k-th
+          // largest of them, keeping every value equal to it (|u| >= t, ties included).
+          const auto kth = count > k ? work_.select(std::span<const detail::candidate_run>(&all, 1), k)
+                                     : detail::kth_key{t.collect, 0};
+          // The curve: the candidates hold every key at or above the sending threshold, so
+          // the bins above its bin are exact, the rest the sample's (complete_sampled_gain).
+          if (want_gain)
+            gain.add(detail::complete_sampled_gain(work_, hs, detail::exact_gain_from(kth.key), 0, r.collected),
+                     gl.size());
+          hist_.clear();
           if (count <= k) {
             work_.zero_below(all, t.zero, el);  // every candidate is sent
           } else {
-            // More than k at or above the (low) estimate: raise the threshold to the k-th
-            // largest of them, keeping every value equal to it (|u| >= t, ties included).
-            const auto kth = work_.select(std::span<const detail::candidate_run>(&all, 1), k);
             std::uint64_t all_ties = r.collected;
             count = work_.keep_selected(all, kth.key, all_ties, el, t.zero);
           }

@@ -90,29 +90,30 @@ class topk : public sparse_layers {
             if (zeroed) work_.restore_zeroed({slot, r.collected}, keys.zero, el);
             zeroed = false;
           };
-          // hist_ holds every element only when the gain histogram took every element.
+          // hist_ holds every element only when the gain histogram took every element; a
+          // sampled one stays for the curve, and a second read counts into counts_.
+          const bool sampled = want_gain && hs.stride > 1;
+          magnitude_histogram& whole = sampled ? counts_ : hist_;
           bool counted = want_gain && hs.stride == 1;
           const bool miss = k > 0 && r.collected < k;
           if ((r.non_finite || (miss && r.at_floor < k)) && !counted) {
             unzero();
-            // A second read of u: the whole histogram (with energies when the gain curve is
-            // wanted, which then comes from it exactly rather than from a sample). A miss
-            // whose floor holds k or more needs none: it collects from the floor.
-            hist_.clear();
-            detail::histogram_of_layer(el, hist_, want_gain);
+            // A second read of u: the whole histogram (with energies when it is the gain
+            // curve's too). A miss whose floor holds k or more needs none: it collects from
+            // the floor.
+            whole.clear();
+            detail::histogram_of_layer(el, whole, want_gain && !sampled);
             counted = true;
           }
-          if (want_gain)
-            gain.add(counted ? hist_ : detail::complete_gain_histogram(work_, hs, slot, r.collected), gl.size());
           if (r.non_finite) {
             st.non_finite = true;
-            k = std::min(k, hist_.finite_count());
+            k = std::min(k, whole.finite_count());
           }
           std::size_t collected = r.collected;
           std::uint32_t complete_from = keys.guess;  // every finite key at or above it is a candidate
           if (k > 0 && collected < k) {  // miss: collect again, from the histogram's boundary bin or the floor
             unzero();
-            complete_from = counted ? magnitude_histogram::lower_key(find_boundary(hist_, k).bin) : keys.floor;
+            complete_from = counted ? magnitude_histogram::lower_key(find_boundary(whole, k).bin) : keys.floor;
             collected = work_.recollect(el, slot, complete_from);
           }
           if (k == 0) unzero();
@@ -123,13 +124,22 @@ class topk : public sparse_layers {
             const auto t = work_.select(runs, k);
             guess_[index].learn(t.key, work_.candidate_bits(), runs, r.collected,
                                 complete_from);  // before keep_selected compacts
+            // The curve: the candidates hold every key at or above t's, so the bins above
+            // t's are exact, the rest the sample's (complete_sampled_gain); before the
+            // candidates are compacted.
+            if (want_gain)
+              gain.add(detail::complete_sampled_gain(work_, hs, detail::exact_gain_from(t.key), slot, collected),
+                       gl.size());
             std::uint64_t ties = t.ties;
             count =
                 zeroed ? work_.keep_selected(run, t.key, ties, el, keys.zero) : work_.keep_selected(run, t.key, ties);
+          } else if (want_gain) {
+            gain.add(hist_, gl.size());  // nothing sent: every bin from the sample (exact for small layers)
           }
           const double ksq = zeroed ? work_.write_segment_from_candidates(w, index, el.size(), slot, count)
                                     : work_.write_segment_from(w, index, el, slot, count);
           hist_.clear();
+          counts_.clear();
           ls = {count, r.grad_sq, r.input_sq, ksq};
         });
   }
@@ -178,7 +188,11 @@ class topk : public sparse_layers {
       at_floor += r.at_floor;
       non_finite = non_finite || r.non_finite;
       if (want_gain) {
-        whole_gain.add(detail::complete_gain_histogram(work_, hs, l.offset, r.collected), l.numel);
+        // The curve before the global selection, which the layer's own would wait for: the
+        // bins above the guess's from the candidates, the rest from the sample.
+        whole_gain.add(
+            detail::complete_sampled_gain(work_, hs, detail::exact_gain_from(keys.guess), l.offset, r.collected),
+            l.numel);
         if (hs.stride == 1)
           unit_hist_.merge(hist_);
         else
@@ -264,7 +278,8 @@ class topk : public sparse_layers {
   options options_;
   layered_scratch scratch_;
   detail::fused_topk_workspace work_;
-  magnitude_histogram hist_;                   // one layer's |u|
+  magnitude_histogram hist_;                   // one layer's |u| (a sample of a large layer's, for the gain curve)
+  magnitude_histogram counts_;                 // a large layer's |u| read again after a miss (counts only)
   magnitude_histogram unit_hist_;              // all compressed layers' |u| (whole-buffer mode)
   std::vector<detail::adaptive_guess> guess_;  // per layer: where the fused pass collects from
   detail::adaptive_guess whole_guess_;

@@ -111,6 +111,16 @@ class magnitude_histogram {
     lo_ = std::min(lo_, o.lo_);
     hi_ = std::max(hi_, o.hi_);
   }
+  //! Empties bins \p first and above, leaving the bins below as they are.
+  void clear_from(std::uint32_t first) noexcept {
+    if (empty() || first > hi_) return;
+    if (first <= lo_) {
+      clear();
+      return;
+    }
+    std::fill(bin_.begin() + first, bin_.begin() + hi_ + 1, bin_sums{});
+    hi_ = first - 1;
+  }
   //! Empties the histogram (touches only the bins used).
   void clear() noexcept {
     if (!empty()) {

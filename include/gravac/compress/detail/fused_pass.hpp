@@ -117,7 +117,7 @@ GRAVAC_KERNEL_INLINE fused_pass_result fused_pass_chunk(const float* g, float* e
         kmax = std::max(kmax, k);
         if (hs.stride == 1)
           hs.hist->add_unchecked(k);
-        else if (!Collect || k < guess || k >= non_finite_key)  // candidates are added exactly later
+        else
           hs.hist->add_weighted_unchecked(k, hs.stride);
       }
       hs.hist->note_range(kmin, kmax);

@@ -63,14 +63,14 @@ class fused_topk_workspace {
     return fuse_chunk(g.data(), e.data(), n, 0, guess, idx_.data() + slot, bits_.data() + slot, hs, zero_from, floor);
   }
 
-  //! Adds the \p count candidates at \p slot to \p h exactly (count and energy): the part
-  //! of a sampled gain histogram above the guess (see histogram_sampling).
-  void add_candidates(magnitude_histogram& h, std::size_t slot, std::size_t count) const noexcept {
-    if (count == 0) return;
+  //! Adds the candidates among the \p count at \p slot whose key is \p from or more to \p h
+  //! exactly (count and energy): the exact part of a sampled gain histogram.
+  void add_candidates(magnitude_histogram& h, std::size_t slot, std::size_t count, std::uint32_t from) const noexcept {
     std::uint32_t kmin = 0xffffffffu, kmax = 0;
     const std::uint32_t* bp = bits_.data() + slot;
     for (std::size_t i = 0; i < count; ++i) {
       const std::uint32_t k = bp[i] & 0x7fffffffu;
+      if (k < from) continue;
       kmin = std::min(kmin, k);
       kmax = std::max(kmax, k);
       h.add_unchecked(k);
@@ -220,13 +220,19 @@ class fused_topk_workspace {
   std::vector<std::pair<double, double>> granule_sums_;  // ||g||^2 and ||u||^2 of each granule
   std::vector<std::jthread> pool_;
 };
-//! Completes the gain histogram after a fused pass with sampling \p hs and \p collected
-//! candidates at \p slot: a sampled histogram left the candidates out, which the gain
-//! curve needs exactly, so they are added; a full one is already complete. The curve
-//! itself is then gain_report::add's.
-inline const magnitude_histogram& complete_gain_histogram(const fused_topk_workspace& w, const histogram_sampling& hs,
-                                                          std::size_t slot, std::size_t collected) noexcept {
-  if (hs.stride > 1) w.add_candidates(*hs.hist, slot, collected);
+//! Completes the gain histogram after a fused pass with sampling \p hs whose \p count
+//! candidates at \p slot hold every finite value of gain bin \p exact_from and above
+//! (exact_gain_from of the step's sending threshold, or of a key at or below it): a sampled
+//! histogram's bins from there on are replaced by those candidates, exactly; a full one is
+//! already exact. The curve itself is then gain_report::add's.
+inline const magnitude_histogram& complete_sampled_gain(const fused_topk_workspace& w, const histogram_sampling& hs,
+                                                        std::uint32_t exact_from, std::size_t slot,
+                                                        std::size_t count) noexcept {
+  constexpr unsigned per = gain_bin_shift - magnitude_histogram::shift;  // histogram bins per gain bin: 2^per
+  if (hs.stride > 1 && exact_from < gain_bins) {
+    hs.hist->clear_from(exact_from << per);
+    w.add_candidates(*hs.hist, slot, count, exact_from << gain_bin_shift);
+  }
   return *hs.hist;
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
 namespace gravac::detail {
@@ -17,13 +18,13 @@ inline constexpr std::size_t fused_block = 256;
 
 //! Which elements of a fused pass also go into a magnitude histogram (count and energy).
 //! With a stride of 1, every element: the exact histogram. With a larger stride (large
-//! layers, where a scatter per element would cost more than the whole selection), the gain
-//! histogram is built in two parts: every candidate the pass collects (key >= the guess) is
-//! added exactly afterwards (fused_topk_workspace::add_candidates), and of the elements below
-//! the guess one block of fused_block in `stride` is added, each with weight `stride`. The
-//! largest values, which carry the energy of small kept fractions and of heavy tails, are
-//! thus exact, and the bulk below is a uniform sample. Blocks are chosen by their index in
-//! the layer: those equal to `phase` modulo `stride`.
+//! layers, where a scatter per element would cost more than the whole selection), one block
+//! of fused_block in `stride` is added, each element with weight `stride`: a uniform sample
+//! of the layer, chosen by the blocks' index in the layer (those equal to `phase` modulo
+//! `stride`). The gain curve then takes the bins above the step's boundary exactly from the
+//! candidates and the sample below it (complete_sampled_gain, fused_topk.hpp): the values
+//! that carry the energy of small kept fractions and of heavy tails are exact. The device
+//! samples the same blocks with the same weight (select_fused_pass.hpp), so both curves agree.
 struct histogram_sampling {
   magnitude_histogram* hist = nullptr;  //!< where the elements go; null: no histogram
   std::uint32_t stride = 1;             //!< one block in this many (1: every element)
@@ -32,12 +33,21 @@ struct histogram_sampling {
 
 //! The gain histogram's sampling stride for a layer of \p n elements: every element of
 //! layers up to 2^19 elements (the exact curve); above, a sample of about 2^18 elements
-//! below the guess (one block in at most 64), where a full histogram would cost more than
-//! the selection itself (a scatter per element against a memory-bound pass).
-[[nodiscard]] inline std::uint32_t gain_sample_stride(std::size_t n) noexcept {
+//! (one block in at most 64), where a full histogram would cost more than the selection
+//! itself (a scatter per element against a memory-bound pass). Constant, for the device too.
+[[nodiscard]] constexpr std::uint32_t gain_sample_stride(std::size_t n) noexcept {
   constexpr std::size_t exact_up_to = std::size_t{1} << 19, sample = std::size_t{1} << 18;
   if (n <= exact_up_to) return 1;
-  return static_cast<std::uint32_t>(std::min<std::size_t>(64, std::bit_floor(n / sample)));
+  std::size_t stride = 1;
+  while (stride < 64 && stride * 2 <= n / sample) stride *= 2;
+  return static_cast<std::uint32_t>(stride);
+}
+
+//! The first gain bin a sampled gain curve takes exactly when the step's sending threshold
+//! key is \p key: the bins above key's bin, whose values every selection has among its
+//! candidates (no_guess: none, every bin from the sample).
+[[nodiscard]] constexpr std::uint32_t exact_gain_from(std::uint32_t key) noexcept {
+  return key >= non_finite_key ? gain_bins : (key >> gain_bin_shift) + 1;
 }
 
 //! The sampling of a layer's gain histogram at step \p step: the phase rotates with the

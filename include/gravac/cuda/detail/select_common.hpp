@@ -72,10 +72,16 @@ __device__ __forceinline__ pass_grid whole_grid(std::uint32_t* sums_done = nullp
   return {blockIdx.x, gridDim.x, 0, sums_done};
 }
 
-//! Kernel parameters of the gain curve (the candidate k's of this layer).
+//! Kernel parameters of the gain curve (the candidate k's of this layer). A layer the host
+//! samples (stride above 1: gain_sampling.hpp) has its sampled blocks histogrammed apart, in
+//! sample_hist and sample_sq (max_bins each, zero before and after the pass).
 struct gain_request {
   int count = 0;                                   //!< number of candidates
   unsigned long long k[max_gain_candidates] = {};  //!< k of each candidate for this layer
+  std::uint32_t stride = 1;                        //!< one block of the layer in this many is sampled
+  std::uint32_t phase = 0;                         //!< which one (below stride)
+  std::uint32_t* sample_hist = nullptr;            //!< the sample's counts per bin (stride above 1)
+  unsigned long long* sample_sq = nullptr;         //!< the sample's energies per bin (stride above 1)
 };
 
 //! The sortable key of a float magnitude: its bits with the sign cleared.

@@ -11,6 +11,7 @@
 #include "gravac/cuda/detail/bin_energy.hpp"
 #include "gravac/cuda/detail/cub_primitives.hpp"
 #include "gravac/cuda/detail/gain_bins.hpp"
+#include "gravac/cuda/detail/gain_sample.hpp"
 #include "gravac/cuda/detail/ordered_sums.hpp"
 #include "gravac/cuda/detail/select_common.hpp"
 #include "gravac/cuda/detail/square_sums.hpp"
@@ -94,6 +95,8 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
       if (want_sq) atomicAdd(&hist_sq[i], sh_sq[i]);
     }
   }
+  const bool sampled = want_sq && gains.stride > 1;  // a large layer's curve: gain_sample.hpp
+  if (sampled) add_gain_sample(e, n, grid, gains, sh_hist, sh_sq);
   if (!last_block_of(&st->blocks_done, grid.blocks)) return false;
 
   // The last block: the histogram is complete.
@@ -113,19 +116,37 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   __syncthreads();
   // Gain curve: for each candidate k, the energy of the bins above its boundary (in the
   // aligned tree) plus the boundary bin's model: the host's add_gain_curve (gain_bins.hpp).
+  // Its bins: the exact histogram, or for a sampled layer the sample's below the step's
+  // sending threshold's bin and the exact ones above (gain_sample.hpp).
+  const std::uint32_t* curve_count = sh_hist;
+  const unsigned long long* curve_units = hist_sq;
+  unsigned long long curve_total = finite_total;
+  if (sampled) {
+    const std::uint32_t from =
+        exact_curve_from(sh_hist, finite_total, k, threshold_mode, use_prev, prev, st->cand_count);
+    curve_total = curve_bins_from_sample(sh_hist, hist_sq, gains, from);
+    curve_count = gains.sample_hist;
+    curve_units = gains.sample_sq;
+  }
   for (int c = 0; c < gains.count; ++c) {
-    const auto kc = static_cast<std::uint32_t>(gains.k[c] < finite_total ? gains.k[c] : finite_total);
+    const auto kc = static_cast<std::uint32_t>(gains.k[c] < curve_total ? gains.k[c] : curve_total);
     if (kc == 0) continue;  // the same in every thread
-    const boundary bc = find_device_boundary(sh_hist, max_bins, kc);
-    const double above = energy_above_in_tree(hist_sq, bc.bin);
+    const boundary bc = find_device_boundary(curve_count, max_bins, kc);
+    const double above = energy_above_in_tree(curve_units, bc.bin);
     if (threadIdx.x == 0)
       gain_out[c] += __dadd_rn(
-          above, device_partial_bin_energy(bc.bin, kc - bc.above, bc.count, bin_energy(hist_sq[bc.bin], bc.bin)));
+          above, device_partial_bin_energy(bc.bin, kc - bc.above, bc.count, bin_energy(curve_units[bc.bin], bc.bin)));
     __syncthreads();
   }
   if (want_sq) {
     __syncthreads();
-    for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) hist_sq[i] = 0;
+    for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
+      hist_sq[i] = 0;
+      if (sampled) {
+        gains.sample_hist[i] = 0;
+        gains.sample_sq[i] = 0;
+      }
+    }
   }
   if (threshold_mode) {
     const std::uint32_t hits = st->cand_count;  // finite keys >= t (counted beyond the buffer too)

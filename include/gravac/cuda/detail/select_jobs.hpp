@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "gravac/compress/detail/gain_sampling.hpp"
 #include "gravac/core/error.hpp"
 #include "gravac/core/layout.hpp"
 #include "gravac/core/step.hpp"
@@ -57,6 +58,8 @@ struct select_job {
   std::uint32_t row = 0;                             //!< its layer index (states, sums, slots, thresholds)
   std::uint32_t window = 0;                          //!< the compaction it belongs to
   std::uint32_t raw = 0;                             //!< sent raw (dense) this step
+  std::uint32_t gain_stride = 1;                     //!< its gain curve's sampling (gain_request::stride)
+  std::uint32_t gain_phase = 0;                      //!< and phase this step
   std::uint32_t pad_ = 0;
 };
 
@@ -81,6 +84,8 @@ struct select_jobs_args {
   int gain_count;                    //!< candidates of the gain curve (0: none)
   double* gain_part;                 //!< max_gain_candidates per row, zero before the fused pass
   double* gain_out;                  //!< the gain curve: the rows added in layer order
+  std::uint32_t* sample_hist;        //!< max_bins per row of a sampled layer (gain_request), zero before and after
+  unsigned long long* sample_sq;     //!< the same rows' energies
   std::uint32_t* jobs_done;          //!< zero before and after
   unsigned long long* first_out;     //!< per row: its first entry in its window's compaction
   unsigned long long* expected;      //!< per window: values its layers send
@@ -102,6 +107,12 @@ static __global__ void __launch_bounds__(select_threads)
   gain_request rq;
   rq.count = a.gain_count;
   for (int c = 0; c < a.gain_count; ++c) rq.k[c] = a.gain_k[r * max_gain_candidates + static_cast<std::size_t>(c)];
+  rq.stride = jb.gain_stride;
+  rq.phase = jb.gain_phase;
+  if (rq.stride > 1) {
+    rq.sample_hist = a.sample_hist + r * max_bins;
+    rq.sample_sq = a.sample_sq + r * max_bins;
+  }
   const bool raw = jb.raw != 0;
   const bool job_last =
       fused_pass_body(g ? g + jb.offset : nullptr, e + jb.offset, jb.numel, raw ? 0u : jb.k, a.states + r,
@@ -272,16 +283,19 @@ struct select_rows {
 class select_jobs {
  public:
   select_jobs() = default;
-  //! The workspace for \p lay on a device of \p lc: a histogram per layer (24 KiB each),
+  //! The workspace for \p lay on a device of \p lc: a histogram per layer (24 KiB each, and
+  //! as much again for the gain curve's sample when some layer has over 2^19 elements),
   //! candidate buffers of min(numel, max(65536, \p candidate_capacity * numel)) keys per
   //! layer, the tie search's counts. Allocates on \p s.
   select_jobs(const layout& lay, launch_config lc, double candidate_capacity, stream_ref s) : launch_(lc) {
     const std::size_t L = std::max<std::size_t>(lay.size(), 1);
     unsigned long long cand = 0, chunks = 0, scan_blocks = 0;
+    bool sampled_gain = false;
     constexpr std::size_t chunk = static_cast<std::size_t>(select_threads) * tie_items;
     for (std::size_t i = 0; i < lay.size(); ++i) {
       const auto& l = lay[i];
       if (l.numel == 0) continue;
+      sampled_gain = sampled_gain || gain_sample_stride(l.numel) > 1;
       select_job j;
       j.offset = l.offset;
       j.numel = l.numel;
@@ -302,6 +316,10 @@ class select_jobs {
     staging_ = pinned_buffer<select_job>(std::max<std::size_t>(jobs_.size(), 1));
     hist_ = device_buffer<std::uint32_t>(L * max_bins, s);
     hist_sq_ = device_buffer<unsigned long long>(L * max_bins, s);
+    // A sample's bins for every row only when some layer's curve is sampled.
+    const std::size_t sample_rows = sampled_gain ? L : 1;
+    sample_hist_ = device_buffer<std::uint32_t>(sample_rows * max_bins, s);
+    sample_sq_ = device_buffer<unsigned long long>(sample_rows * max_bins, s);
     cand_ = device_buffer<std::uint32_t>(std::max<unsigned long long>(cand, 1), s);
     chunk_counts_ = device_buffer<std::uint32_t>(std::max<unsigned long long>(chunks, 1), s);
     sums_done_ = device_buffer<std::uint32_t>(L, s);
@@ -404,7 +422,7 @@ class select_jobs {
 
   //! Queues the zeroing of the histograms and counters (a pass leaves them zero; a step
   //! that failed calls this in its repair, in case a kernel was cut short).
-  void reset(cudaStream_t s) { clear_async(s, hist_, hist_sq_, sums_done_, counters_); }
+  void reset(cudaStream_t s) { clear_async(s, hist_, hist_sq_, sample_hist_, sample_sq_, sums_done_, counters_); }
 
   //! What queue() marks done as it goes, for a repair after a failure part way.
   struct progress {
@@ -428,6 +446,9 @@ class select_jobs {
       const double f = p.kept_fraction[j.row];
       j.raw = f >= dense_fraction ? 1u : 0u;
       j.k = j.raw ? 0u : static_cast<std::uint32_t>(kept_count(j.numel, f));
+      // A compressed layer's curve samples as the host's fused pass does; a raw one's is exact.
+      j.gain_stride = j.raw || gain_count == 0 ? 1u : gain_sample_stride(j.numel);
+      j.gain_phase = static_cast<std::uint32_t>(p.step % j.gain_stride);
       for (int pass = 0; pass < select_pass_count; ++pass) j.first[pass] = blocks[pass];
       const bool selects = !j.raw && j.k > 0;
       if (!j.raw || gain_count > 0) {
@@ -518,6 +539,8 @@ class select_jobs {
             0,
             gain_part_.data(),
             nullptr,
+            sample_hist_.data(),
+            sample_sq_.data(),
             counters_.data(),
             first_out_.data(),
             expected_.data(),
@@ -534,6 +557,8 @@ class select_jobs {
   pinned_buffer<select_job> staging_;  // the step's table (rewritten once the last step's stream finished)
   device_buffer<std::uint32_t> hist_;
   device_buffer<unsigned long long> hist_sq_;
+  device_buffer<std::uint32_t> sample_hist_;  // the gain curve's samples (a row per layer when any is sampled)
+  device_buffer<unsigned long long> sample_sq_;
   device_buffer<std::uint32_t> cand_;
   device_buffer<std::uint32_t> chunk_counts_;
   device_buffer<std::uint32_t> sums_done_;
