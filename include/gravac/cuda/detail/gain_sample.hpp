@@ -27,9 +27,8 @@ static_assert(square_sum_leaf == fused_block && select_threads == static_cast<in
 //! tiles) to gains.sample_hist and gains.sample_sq, reading u back from \p u, where this
 //! block's threads left it. The shared bins \p sh_hist and \p sh_sq are reused: their
 //! previous contents must already be flushed. Block-wide.
-__device__ inline void add_gain_sample(const float* u, std::size_t n, const pass_grid& grid,
-                                       const gain_request& gains, std::uint32_t* sh_hist,
-                                       unsigned long long* sh_sq) {
+__device__ inline void add_gain_sample(const float* u, std::size_t n, const pass_grid& grid, const gain_request& gains,
+                                       std::uint32_t* sh_hist, unsigned long long* sh_sq) {
   __syncthreads();  // the bins were read by their flush
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     sh_hist[i] = 0;
@@ -43,8 +42,8 @@ __device__ inline void add_gain_sample(const float* u, std::size_t n, const pass
   const unsigned long long end = t1 * square_tile_leaves;
   const unsigned long long begin = t0 * square_tile_leaves;
   // The first block of the sample at or after this block's first leaf.
-  for (unsigned long long leaf = begin + (gains.phase + gains.stride - begin % gains.stride) % gains.stride;
-       leaf < end; leaf += gains.stride) {
+  for (unsigned long long leaf = begin + (gains.phase + gains.stride - begin % gains.stride) % gains.stride; leaf < end;
+       leaf += gains.stride) {
     const std::size_t i = leaf * square_sum_leaf + threadIdx.x;
     if (i >= n) break;
     const std::uint32_t key = device_magnitude_key(u[i]);
@@ -66,8 +65,7 @@ __device__ inline void add_gain_sample(const float* u, std::size_t n, const pass
 //! gains.sample_sq as the bins the curve reads, each bin from \p exact_from on taken from the
 //! exact \p count and \p units, each below from the sample times the stride. Returns their
 //! total count (valid in every thread). Block-wide.
-__device__ inline unsigned long long curve_bins_from_sample(const std::uint32_t* count,
-                                                            const unsigned long long* units,
+__device__ inline unsigned long long curve_bins_from_sample(const std::uint32_t* count, const unsigned long long* units,
                                                             const gain_request& gains, std::uint32_t exact_from) {
   using total_reduce_t = block_reduce<unsigned long long, select_threads>;
   __shared__ typename total_reduce_t::TempStorage red;
