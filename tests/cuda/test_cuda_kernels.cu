@@ -160,6 +160,14 @@ TEST_CASE("topk_cuda and threshold_cuda: the gain curve of layers over 2^19 valu
     threshold_pair r(lay);
     run(r);
   }
+  SECTION("topk_cuda whole_buffer") {  // the sampled layers' curves wait for the global threshold
+    gravac::topk_options h;
+    h.whole_buffer = true;
+    gravac::topk_cuda_options d;
+    d.whole_buffer = true;
+    gravac::test::pair_run<gravac::topk, gravac::topk_cuda> r(lay, h, d);
+    run(r);
+  }
 }
 
 TEST_CASE("topk_cuda and threshold_cuda: same data, same statistics bit for bit, whatever the block order",

@@ -168,11 +168,11 @@ TEST_CASE("compressors report the histogram gain curve of u = g + e", "[gain][co
   check(identity(lay), false);
 }
 
-TEST_CASE("a large layer's per-layer curve is the sample below the sending threshold's bin and exact above",
-          "[gain][sampled]") {
+TEST_CASE("a large layer's curve is the sample below the sending threshold's bin and exact above", "[gain][sampled]") {
   // The estimator the device computes too, built here from u itself: the blocks of 256
   // whose index is step modulo the stride, weight stride, for the bins up to the k-th
-  // largest key's; every value above.
+  // largest key's; every value above. One layer: its own selection and the whole buffer's
+  // are the same.
   const std::size_t n = (std::size_t{1} << 20) + 300;
   const std::uint32_t stride = detail::gain_sample_stride(n);
   REQUIRE(stride == 4);
@@ -183,28 +183,30 @@ TEST_CASE("a large layer's per-layer curve is the sample below the sending thres
   for (std::size_t i = 0; i < n; ++i) keys[i] = magnitude_key(g[i]);
   std::vector<std::uint32_t> sorted = keys;
   std::sort(sorted.begin(), sorted.end(), std::greater<>());
-  topk c(lay);
-  std::vector<std::byte> packet(c.max_packet_bytes());
-  for (std::uint64_t step : {0, 1, 2, 3, 6}) {
-    const double kept = step % 2 ? 0.01 : 0.003;
-    const std::uint32_t exact_from = detail::exact_gain_from(sorted[kept_count(n, kept) - 1]);
-    magnitude_histogram want;
-    for (std::size_t i = 0; i < n; ++i) {
-      if ((keys[i] >> gain_bin_shift) >= exact_from)
-        want.add(keys[i]);
-      else if ((i / detail::fused_block) % stride == step % stride)
-        for (std::uint32_t w = 0; w < stride; ++w) want.add(keys[i]);
-    }
-    std::vector<double> want_sq(fractions.size(), 0.0);
-    add_gain_curve(want, n, fractions, want_sq);
-    auto p = test::params_for(lay, kept, step);
-    p.gain_candidates = fractions;
-    std::vector<float> gg = g, e(n, 0.0f);
-    compress_stats st;
-    c.compress(host_view(gg), host_view(e), p, packet, st);
-    for (std::size_t i = 0; i < fractions.size(); ++i) {
-      INFO("step " << step << " fraction " << fractions[i]);
-      CHECK(std::memcmp(&st.candidate_kept_sq[i], &want_sq[i], sizeof(double)) == 0);
+  for (bool whole : {false, true}) {
+    topk c(lay, {.whole_buffer = whole});
+    std::vector<std::byte> packet(c.max_packet_bytes());
+    for (std::uint64_t step : {0, 1, 2, 3, 6}) {
+      const double kept = step % 2 ? 0.01 : 0.003;
+      const std::uint32_t exact_from = detail::exact_gain_from(sorted[kept_count(n, kept) - 1]);
+      magnitude_histogram want;
+      for (std::size_t i = 0; i < n; ++i) {
+        if ((keys[i] >> gain_bin_shift) >= exact_from)
+          want.add(keys[i]);
+        else if ((i / detail::fused_block) % stride == step % stride)
+          for (std::uint32_t w = 0; w < stride; ++w) want.add(keys[i]);
+      }
+      std::vector<double> want_sq(fractions.size(), 0.0);
+      add_gain_curve(want, n, fractions, want_sq);
+      auto p = test::params_for(lay, kept, step);
+      p.gain_candidates = fractions;
+      std::vector<float> gg = g, e(n, 0.0f);
+      compress_stats st;
+      c.compress(host_view(gg), host_view(e), p, packet, st);
+      for (std::size_t i = 0; i < fractions.size(); ++i) {
+        INFO("whole buffer " << whole << " step " << step << " fraction " << fractions[i]);
+        CHECK(std::memcmp(&st.candidate_kept_sq[i], &want_sq[i], sizeof(double)) == 0);
+      }
     }
   }
 }
@@ -212,8 +214,7 @@ TEST_CASE("a large layer's per-layer curve is the sample below the sending thres
 TEST_CASE("large layers estimate the gain curve from the candidates and a sample, close to brute force",
           "[gain][sampled]") {
   // 2^21 + 5 elements: above 2^19, so the fused pass histograms one block in 8 (weight 8);
-  // the bins above the sending threshold's (whole buffer: the guess's) come exactly from the
-  // candidates.
+  // the bins above the sending threshold's come exactly from the candidates.
   const std::size_t n = (std::size_t{1} << 21) + 5;
   REQUIRE(detail::gain_sample_stride(n) == 8);
   REQUIRE(detail::gain_sample_stride(std::size_t{1} << 19) == 1);

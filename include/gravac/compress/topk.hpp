@@ -64,6 +64,9 @@ class topk : public sparse_layers {
       require(l.numel <= 0xffffffffull, "topk: layers of 2^32 or more elements are not supported");
     guess_.assign(lay.size(), detail::adaptive_guess(opt.guess_margin));
     whole_guess_ = detail::adaptive_guess(opt.guess_margin);
+    sample_of_.assign(lay.size(), no_sample);
+    for (std::size_t i = 0; i < lay.size(); ++i)
+      if (detail::gain_sample_stride(lay[i].numel) > 1) sample_of_[i] = sampled_layers_++;
     layer_sums_.resize(lay.size());
     count_.assign(lay.size(), 0);
     runs_.reserve(lay.size());
@@ -164,8 +167,12 @@ class topk : public sparse_layers {
             "compress: buffer size does not match the layout");
     require(p.kept_fraction.size() == layout_.size(), "compress: one kept fraction per layer is required");
     const bool want_gain = !p.gain_candidates.empty();
-    whole_gain_.assign(p.gain_candidates.size(), 0.0);
-    const gain_report whole_gain(p.gain_candidates, whole_gain_);
+    const std::size_t cands = p.gain_candidates.size();
+    // Each compressed layer's part of the curve, added in layer order at the end; a sampled
+    // layer's waits for the selection's threshold (its sample kept in samples_).
+    layer_gain_.assign(layout_.size() * cands, 0.0);
+    const auto gain_row = [&](std::size_t i) { return std::span<double>(layer_gain_).subspan(i * cands, cands); };
+    if (want_gain && samples_.size() < sampled_layers_) samples_.resize(sampled_layers_);  // first use: 64 KiB each
     unit_hist_.clear();
     std::size_t total = 0, collected = 0, at_floor = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i)
@@ -187,17 +194,13 @@ class topk : public sparse_layers {
       collected += r.collected;
       at_floor += r.at_floor;
       non_finite = non_finite || r.non_finite;
-      if (want_gain) {
-        // The curve before the global selection, which the layer's own would wait for: the
-        // bins above the guess's from the candidates, the rest from the sample.
-        whole_gain.add(
-            detail::complete_sampled_gain(work_, hs, detail::exact_gain_from(keys.guess), l.offset, r.collected),
-            l.numel);
-        if (hs.stride == 1)
-          unit_hist_.merge(hist_);
-        else
-          all_counted = false;  // a sample: a miss must read the layers again
+      if (want_gain && hs.stride == 1) {  // exact: the curve now
+        add_gain_curve(hist_, l.numel, p.gain_candidates, gain_row(i));
+        unit_hist_.merge(hist_);
         hist_.clear();
+      } else if (want_gain) {
+        std::swap(hist_, samples_[sample_of_[i]]);  // the sample waits for the threshold; hist_ is empty
+        all_counted = false;                        // a sample: a miss must read the layers again
       }
     }
     bool counted = want_gain && all_counted;
@@ -210,22 +213,33 @@ class topk : public sparse_layers {
                                  e.subspan(layout_[i].offset, layout_[i].numel));
       zeroed = false;
     };
-    // A second read of every compressed layer: their whole histogram, and with energies
-    // when the gain curve is wanted, which is then taken from it exactly.
+    // A second read of every compressed layer: their whole histogram (counts).
     auto count_all = [&] {
       if (counted) return;
       unzero();
       unit_hist_.clear();
-      std::fill(whole_gain_.begin(), whole_gain_.end(), 0.0);
       for (std::size_t i = 0; i < layout_.size(); ++i) {
         const auto& l = layout_[i];
         if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction) continue;
-        detail::histogram_of_layer(e.subspan(l.offset, l.numel), hist_, want_gain);
-        whole_gain.add(hist_, l.numel);
+        detail::histogram_of_layer(e.subspan(l.offset, l.numel), hist_, false);
         unit_hist_.merge(hist_);
         hist_.clear();
       }
       counted = true;
+    };
+    // The sampled layers' curves, once the threshold is known (key: none when nothing is
+    // sent): their candidates hold every key above its bin (complete_sampled_gain).
+    const auto sampled_curves = [&](std::uint32_t key) {
+      if (!want_gain) return;
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        const auto& l = layout_[i];
+        if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction || sample_of_[i] == no_sample) continue;
+        magnitude_histogram& h = samples_[sample_of_[i]];
+        const auto hs = detail::gain_sampling(h, l.numel, p.step);
+        add_gain_curve(detail::complete_sampled_gain(work_, hs, detail::exact_gain_from(key), l.offset, count_[i]),
+                       l.numel, p.gain_candidates, gain_row(i));
+        h.clear();
+      }
     };
     const std::size_t collected_at_guess = collected;
     std::uint32_t complete_from = keys.guess;
@@ -249,6 +263,7 @@ class topk : public sparse_layers {
       const auto t = work_.select(runs_, k);
       whole_guess_.learn(t.key, work_.candidate_bits(), runs_, collected_at_guess,
                          complete_from);  // before keep_selected
+      sampled_curves(t.key);
       std::uint64_t ties = t.ties;
       // Layers in layout order, each in index order: the global index order.
       for (std::size_t i = 0; i < layout_.size(); ++i)
@@ -257,9 +272,13 @@ class topk : public sparse_layers {
                                                    e.subspan(layout_[i].offset, layout_[i].numel), keys.zero)
                              : work_.keep_selected({layout_[i].offset, count_[i]}, t.key, ties);
     } else {
+      sampled_curves(detail::no_guess);
       unzero();
       std::fill(count_.begin(), count_.end(), 0);
     }
+    whole_gain_.assign(cands, 0.0);
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      for (std::size_t c = 0; c < cands; ++c) whole_gain_[c] += layer_gain_[i * cands + c];
     const std::size_t bytes = compress_layers(
         layout_, kind, g, e, p, out, st, scratch_,
         // The curve of the compressed layers is whole_gain_, from the selection's own pass.
@@ -287,6 +306,11 @@ class topk : public sparse_layers {
   std::vector<std::size_t> count_;
   std::vector<detail::candidate_run> runs_;
   std::vector<double> whole_gain_;
+  std::vector<double> layer_gain_;  // whole-buffer mode: each layer's part of the curve
+  static constexpr std::size_t no_sample = ~std::size_t{0};
+  std::vector<std::size_t> sample_of_;        // whole-buffer mode: a layer's sample in samples_ (no_sample: exact)
+  std::size_t sampled_layers_ = 0;            // layers whose curve is sampled
+  std::vector<magnitude_histogram> samples_;  // their samples, made on the first step with a gain curve
 };
 static_assert(Compressor<topk>);
 static_assert(IndexSelector<topk>);

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "gravac/compress/detail/gain_sampling.hpp"
 #include "gravac/compress/index_selection.hpp"
 #include "gravac/concepts/concepts.hpp"
 #include "gravac/core/detail/random.hpp"
@@ -156,6 +157,20 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       whole_threshold_ = device_buffer<std::uint32_t>(1, s);
       no_threshold_ = device_buffer<std::uint32_t>(1, s);
       first_ = device_buffer<std::uint32_t>(L, s);
+      // Each layer's part of the gain curve, added in the host's order once the step is
+      // done; a layer whose curve is sampled keeps its bins until the selection's threshold.
+      gain_rows_ = device_buffer<double>(L * detail::max_gain_candidates, s);
+      host_gain_rows_.resize(L * detail::max_gain_candidates);
+      sample_of_.assign(L, no_sample);
+      std::size_t sampled = 0;
+      for (std::size_t i = 0; i < lay.size(); ++i)
+        if (detail::gain_sample_stride(lay[i].numel) > 1) sample_of_[i] = sampled++;
+      const std::size_t bins = std::max<std::size_t>(sampled, 1) * detail::max_bins;
+      deferred_hist_ = device_buffer<std::uint32_t>(bins, s);
+      deferred_hist_sq_ = device_buffer<unsigned long long>(bins, s);
+      deferred_sample_ = device_buffer<std::uint32_t>(bins, s);
+      deferred_sample_sq_ = device_buffer<unsigned long long>(bins, s);
+      deferred_.reserve(sampled);
     }
     jobs_ = detail::select_jobs(lay, launch_, opt.candidate_capacity, s);
     if constexpr (Threshold) est_jobs_ = detail::estimate_jobs(lay, launch_, s);
@@ -315,6 +330,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     std::fill(u_in_e_.begin(), u_in_e_.end(), 0);
     states_cleared_ = false;
     cd::clear_async(s, states_, slots_, cursor_, sums_, gain_out_, failure_);
+    if (whole_ && !p.gain_candidates.empty()) cd::clear_async(s, gain_rows_);
     states_cleared_ = true;
     if (whole_) {
       cd::gain_request gains;
@@ -329,6 +345,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     cd::copy_to_host_async(s, host_states_, states_);
     cd::copy_to_host_async(s, host_sums_, sums_);
     cd::copy_to_host_async(s, host_gain_, gain_out_);
+    if (whole_ && !p.gain_candidates.empty()) cd::copy_to_host_async(s, host_gain_rows_, gain_rows_);
     cd::copy_to_host_async(s, host_failure_, failure_);
     cd::copy_to_host_async(s, host_cursor_, cursor_);
   }
@@ -378,8 +395,29 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       st.layers[i] = {static_cast<std::size_t>(host_states_[i].count), sm.grad_sq, sm.input_sq, sm.kept_sq};
       st.non_finite |= host_states_[i].non_finite != 0;
     }
-    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    if (whole_) {
+      whole_gain_curve(p, st);
+    } else {
+      for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) st.candidate_kept_sq[c] = host_gain_[c];
+    }
     return bytes;
+  }
+
+  // Whole buffer: the layers' parts of the gain curve added as gravac::topk adds them, the
+  // layers sent raw in layer order, then the sum of the compressed ones in layer order.
+  void whole_gain_curve(const step_params& p, compress_stats& st) const {
+    for (std::size_t c = 0; c < p.gain_candidates.size(); ++c) {
+      double raw = 0, compressed = 0;
+      for (std::size_t i = 0; i < layout_.size(); ++i) {
+        if (layout_[i].numel == 0) continue;
+        const double part = host_gain_rows_[i * detail::max_gain_candidates + c];
+        if (p.kept_fraction[i] >= dense_fraction)
+          raw += part;
+        else
+          compressed += part;
+      }
+      st.candidate_kept_sq[c] = raw + compressed;
+    }
   }
 
   // A layer sent dense: its gain curve (as the host skeleton, the curve covers dense layers
@@ -396,7 +434,8 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     if (gains.count > 0) {
       detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::square_tile), cd::select_threads, s, gl,
                      el, l.numel, 0, sti, prev_threshold_.data() + i, hist_.data(), hist_sq_.data(), cand_.data(), 0,
-                     sums_.data() + layout_.size(), gains, gain_out_.data(), false, nullptr, sum_slots_.view());
+                     sums_.data() + layout_.size(), gains, gain_rows_.data() + i * cd::max_gain_candidates, false,
+                     nullptr, sum_slots_.view());
       u_in_e_[i] = 1;
     }
     detail::launch(&cd::place_sparse_segment, cd::one_block, cd::one_thread, s, packet, cursor_.data(), slot,
@@ -417,16 +456,31 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
     const std::size_t layers = layout_.size();
     auto compressed = [&](std::size_t i) { return layout_[i].numel > 0 && p.kept_fraction[i] < dense_fraction; };
     GRAVAC_TRY_CUDA(cudaMemsetAsync(whole_state_.data(), 0, sizeof(cd::select_state), s));
+    deferred_.clear();
     std::size_t total = 0;
     for (std::size_t i = 0; i < layers; ++i) {
       if (!compressed(i)) continue;
       const auto& l = layout_[i];
       for (int c = 0; c < gains.count; ++c)
         gains.k[c] = kept_count(l.numel, p.gain_candidates[static_cast<std::size_t>(c)]);
+      cd::gain_request lg = gains;
+      std::uint32_t* hist = hist_.data();
+      unsigned long long* hist_sq = hist_sq_.data();
+      if (gains.count > 0 && sample_of_[i] != no_sample) {  // sampled: the curve waits for the threshold
+        const std::size_t at = sample_of_[i] * cd::max_bins;
+        lg.stride = detail::gain_sample_stride(l.numel);
+        lg.phase = static_cast<std::uint32_t>(p.step % lg.stride);
+        lg.sample_hist = deferred_sample_.data() + at;
+        lg.sample_sq = deferred_sample_sq_.data() + at;
+        lg.defer = true;
+        hist = deferred_hist_.data() + at;
+        hist_sq = deferred_hist_sq_.data() + at;
+        deferred_.push_back({i, lg});
+      }
       detail::launch(&cd::select_fused_pass, launch_.grid_stride(l.numel, cd::square_tile), cd::select_threads, s,
                      g.data() + l.offset, e.data() + l.offset, l.numel, 0, states_.data() + i, no_threshold_.data(),
-                     hist_.data(), hist_sq_.data(), cand_.data(), 0, sums_.data() + i, gains, gain_out_.data(), false,
-                     concat_.data() + total, sum_slots_.view());
+                     hist, hist_sq, cand_.data(), 0, sums_.data() + i, lg,
+                     gain_rows_.data() + i * cd::max_gain_candidates, false, concat_.data() + total, sum_slots_.view());
       u_in_e_[i] = 1;
       total += l.numel;
     }
@@ -440,6 +494,13 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                      nullptr, concat_.data(), total, kk, whole, whole_threshold_.data(), hist_.data(), hist_sq_.data(),
                      cand_.data(), cap, sums_.data() + layers + 1, none, gain_out_.data(), false, nullptr,
                      sum_slots_.view());
+      for (const auto& [i, lg] : deferred_) {  // the threshold's bin is known: the sampled layers' curves
+        const std::size_t at = sample_of_[i] * cd::max_bins;
+        detail::launch(&cd::deferred_gain_curve, cd::one_block, cd::select_threads, s, deferred_hist_.data() + at,
+                       deferred_hist_sq_.data() + at, lg, static_cast<const cd::select_state*>(whole),
+                       gain_rows_.data() + i * cd::max_gain_candidates);
+      }
+      deferred_.clear();
       if (k > 0) {
         const int grid1 = launch_.grid_stride(total, cd::select_threads);
         detail::launch(&cd::collect_pass, grid1, cd::select_threads, s, concat_.data(), total, whole, cand_.data(),
@@ -518,7 +579,10 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   void repair_step(grad_view<cuda_space> g, grad_view<cuda_space> e, const std::byte* packet) {
     if (states_cleared_) restore(packet, e);
     const cudaStream_t s = options_.stream.get();
-    if (!whole_) jobs_.reset(s);
+    if (whole_)  // a pass or a deferred curve may not have run: its bins start the next step at zero
+      detail::clear_async(s, hist_, hist_sq_, deferred_hist_, deferred_hist_sq_, deferred_sample_, deferred_sample_sq_);
+    else
+      jobs_.reset(s);
     if constexpr (Threshold) est_jobs_.reset(s);
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
@@ -573,6 +637,15 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> whole_threshold_;     // whole: the previous step's threshold (0: none)
   device_buffer<std::uint32_t> no_threshold_;        // whole: 0, so the layers' own passes collect nothing
   device_buffer<std::uint32_t> first_;               // whole: each layer's first entry in list_
+  device_buffer<double> gain_rows_;                  // whole: each layer's part of the gain curve
+  pinned_buffer<double> host_gain_rows_;
+  static constexpr std::size_t no_sample = ~std::size_t{0};
+  std::vector<std::size_t> sample_of_;  // whole: a layer's bins among the deferred ones (no_sample: exact curve)
+  device_buffer<std::uint32_t> deferred_hist_;  // whole: the sampled layers' bins, kept until the threshold
+  device_buffer<unsigned long long> deferred_hist_sq_;
+  device_buffer<std::uint32_t> deferred_sample_;
+  device_buffer<unsigned long long> deferred_sample_sq_;
+  std::vector<std::pair<std::size_t, detail::gain_request>> deferred_;  // whole: this step's deferred curves
   pinned_buffer<detail::select_state> host_states_;
   pinned_buffer<detail::layer_sums> host_sums_;
   pinned_buffer<double> host_gain_;

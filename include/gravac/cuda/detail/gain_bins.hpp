@@ -66,4 +66,22 @@ __device__ inline double device_partial_bin_energy(std::uint32_t b, unsigned lon
   return __ddiv_rn(__dmul_rn(__dmul_rn(s, q), mean_sq(a, hi)), mean_sq(lo, hi));
 }
 
+//! Adds to \p out[c] the kept energy of each of \p gains' candidates over the bins \p count
+//! and \p units (whose counts total \p total): the k-th largest's bin, the energy of the bins
+//! above it in the aligned tree, and the boundary bin's model; the host's add_gain_curve.
+//! Block-wide; \p out is written by thread 0.
+__device__ inline void add_curve_of_bins(const std::uint32_t* count, const unsigned long long* units,
+                                         unsigned long long total, const gain_request& gains, double* out) {
+  for (int c = 0; c < gains.count; ++c) {
+    const auto kc = static_cast<std::uint32_t>(gains.k[c] < total ? gains.k[c] : total);
+    if (kc == 0) continue;  // the same in every thread
+    const boundary bc = find_device_boundary(count, max_bins, kc);
+    const double above = energy_above_in_tree(units, bc.bin);
+    if (threadIdx.x == 0)
+      out[c] += __dadd_rn(
+          above, device_partial_bin_energy(bc.bin, kc - bc.above, bc.count, bin_energy(units[bc.bin], bc.bin)));
+    __syncthreads();
+  }
+}
+
 }  // namespace gravac::detail

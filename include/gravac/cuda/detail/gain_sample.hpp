@@ -25,11 +25,11 @@ static_assert(square_sum_leaf == fused_block && select_threads == static_cast<in
 
 //! Adds the sampled blocks among this block's positions of \p grid (square_sums_pass's
 //! tiles) to gains.sample_hist and gains.sample_sq, reading u back from \p u, where this
-//! block's threads left it. The shared bins \p sh_hist and \p sh_sq are reused: their
-//! previous contents must already be flushed. Block-wide.
+//! block's threads left it. The shared bins \p sh_hist and \p sh_sq are reused: each thread
+//! must have flushed its bins (those of its index modulo select_threads). Block-wide.
 __device__ inline void add_gain_sample(const float* u, std::size_t n, const pass_grid& grid, const gain_request& gains,
                                        std::uint32_t* sh_hist, unsigned long long* sh_sq) {
-  __syncthreads();  // the bins were read by their flush
+  // Each thread zeroes the bins it flushed itself (the flush's stride): no barrier before.
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     sh_hist[i] = 0;
     sh_sq[i] = 0;

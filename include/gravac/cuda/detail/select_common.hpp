@@ -48,6 +48,9 @@ struct select_state {
   std::uint32_t count;           //!< values this layer sends (k, or the finite count when fewer)
   std::uint32_t gathered;        //!< e was zeroed at the sent indices (restore_pass undoes it)
   std::uint32_t all_ties;        //!< threshold mode: every key equal to the k-th largest is sent
+  //! Top-k: the first gain bin above the sending threshold's (exact_gain_from; gain_bins when
+  //! nothing is sent), for the curves that wait for the selection (gain_request::defer).
+  std::uint32_t gain_from;
 };
 
 //! Statistics accumulated on the device for one layer.
@@ -82,6 +85,9 @@ struct gain_request {
   std::uint32_t phase = 0;                         //!< which one (below stride)
   std::uint32_t* sample_hist = nullptr;            //!< the sample's counts per bin (stride above 1)
   unsigned long long* sample_sq = nullptr;         //!< the sample's energies per bin (stride above 1)
+  //! The curve waits for another selection's threshold (whole-buffer top-k): the pass leaves
+  //! its histogram, energies and sample in place for deferred_gain_curve.
+  bool defer = false;
 };
 
 //! The sortable key of a float magnitude: its bits with the sign cleared.

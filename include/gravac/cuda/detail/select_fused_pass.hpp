@@ -104,7 +104,7 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     sh_hist[i] = hist[i];
     mine += sh_hist[i];
-    hist[i] = 0;  // ready for the next pass
+    if (!gains.defer) hist[i] = 0;  // ready for the next pass (a deferred curve reads it first)
   }
   // The finite count (the histogram holds finite keys only): k and the gain candidates'
   // k are at most that, as in gravac::topk and add_gain_curve.
@@ -118,27 +118,16 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
   // aligned tree) plus the boundary bin's model: the host's add_gain_curve (gain_bins.hpp).
   // Its bins: the exact histogram, or for a sampled layer the sample's below the step's
   // sending threshold's bin and the exact ones above (gain_sample.hpp).
-  const std::uint32_t* curve_count = sh_hist;
-  const unsigned long long* curve_units = hist_sq;
-  unsigned long long curve_total = finite_total;
-  if (sampled) {
+  // A deferred curve (gains.defer) is deferred_gain_curve's, once the threshold is known.
+  if (sampled && !gains.defer) {
     const std::uint32_t from =
         exact_curve_from(sh_hist, finite_total, k, threshold_mode, use_prev, prev, st->cand_count);
-    curve_total = curve_bins_from_sample(sh_hist, hist_sq, gains, from);
-    curve_count = gains.sample_hist;
-    curve_units = gains.sample_sq;
+    add_curve_of_bins(gains.sample_hist, gains.sample_sq, curve_bins_from_sample(sh_hist, hist_sq, gains, from), gains,
+                      gain_out);
+  } else if (!gains.defer) {
+    add_curve_of_bins(sh_hist, hist_sq, finite_total, gains, gain_out);
   }
-  for (int c = 0; c < gains.count; ++c) {
-    const auto kc = static_cast<std::uint32_t>(gains.k[c] < curve_total ? gains.k[c] : curve_total);
-    if (kc == 0) continue;  // the same in every thread
-    const boundary bc = find_device_boundary(curve_count, max_bins, kc);
-    const double above = energy_above_in_tree(curve_units, bc.bin);
-    if (threadIdx.x == 0)
-      gain_out[c] += __dadd_rn(
-          above, device_partial_bin_energy(bc.bin, kc - bc.above, bc.count, bin_energy(curve_units[bc.bin], bc.bin)));
-    __syncthreads();
-  }
-  if (want_sq) {
+  if (want_sq && !gains.defer) {
     __syncthreads();
     for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
       hist_sq[i] = 0;
@@ -173,10 +162,12 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
       st->done = 2;  // nothing to select
       st->count = 0;
       st->too_few_finite = k > 0;
+      st->gain_from = gain_bins;
     }
     return true;
   }
   if (finite_total <= k) {
+    const std::uint32_t lowest = find_device_boundary(sh_hist, max_bins, finite_total).bin;  // the least sent's
     // Every finite value is sent (k is the finite count, as gravac::topk): keys >= 0 that
     // are finite, which the compaction's predicate takes with threshold 0 and all ties.
     if (threadIdx.x == 0) {
@@ -185,12 +176,14 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
       st->take_all_ties = 1;
       st->count = finite_total;
       st->too_few_finite = finite_total < k;
+      st->gain_from = lowest + 1;
     }
     return true;
   }
   const boundary b = find_device_boundary(sh_hist, max_bins, k);
   if (threadIdx.x != 0) return true;
   st->count = k;
+  st->gain_from = b.bin + 1;
   if (b.count == 0) {  // cannot happen (k < finite_total); nothing is selected, compress() fails
     st->done = 2;
     return true;

@@ -9,7 +9,9 @@
 //! lower position in it: layers in layout order, each in index order, as the host's), and
 //! the ordered compaction writes the selected positions into a list. Each layer then takes
 //! its part of the sorted list (two binary searches), its segment is placed, and
-//! gather_whole_pass writes its indices and values and zeroes e there.
+//! gather_whole_pass writes its indices and values and zeroes e there. A layer whose gain
+//! curve is sampled (over 2^19 values) takes its exact bins above the global threshold's, so
+//! its pass leaves its bins for deferred_gain_curve, after the selection's first pass.
 
 #include "gravac/cuda/detail/nvcc_flags.hpp"
 // (first, and apart from the includes below: a missing compiler option is one readable error)
@@ -18,11 +20,31 @@
 #include <cstdint>
 
 #include "gravac/cuda/detail/cub_primitives.hpp"
+#include "gravac/cuda/detail/gain_bins.hpp"
+#include "gravac/cuda/detail/gain_sample.hpp"
 #include "gravac/cuda/detail/segment_cursor.hpp"
 #include "gravac/cuda/detail/select_kernels.hpp"
 #include "gravac/cuda/detail/square_sums.hpp"
 
 namespace gravac::detail {
+
+//! The gain curve of a layer whose fused pass deferred it (gain_request::defer): the
+//! sample's bins below the whole selection's threshold's bin (\p whole's gain_from), its
+//! exact \p hist and \p hist_sq above, added into \p out; then every bin zeroed for the next
+//! step. One block.
+static __global__ void __launch_bounds__(select_threads)
+    deferred_gain_curve(std::uint32_t* hist, unsigned long long* hist_sq, gain_request gains, const select_state* whole,
+                        double* out) {
+  const unsigned long long total = curve_bins_from_sample(hist, hist_sq, gains, whole->gain_from);
+  add_curve_of_bins(gains.sample_hist, gains.sample_sq, total, gains, out);
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
+    hist[i] = 0;
+    hist_sq[i] = 0;
+    gains.sample_hist[i] = 0;
+    gains.sample_sq[i] = 0;
+  }
+}
 
 //! The compaction's output of the whole-buffer selection: position j of the sorted list,
 //! never past the count (a defence: the selection yields exactly the count).
