@@ -78,7 +78,7 @@ __device__ inline void adacomp_bins_body(const float* __restrict__ r, std::uint3
     }
     __syncthreads();
   }
-  if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&st->non_finite, 1u);  // any number of blocks
 }
 
 //! Step 2: scale = float(exponent_sum(gmax[0 .. bins)) / bins), the host's

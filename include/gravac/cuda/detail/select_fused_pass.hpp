@@ -88,7 +88,7 @@ __device__ inline bool fused_pass_body(const float* __restrict__ g, float* __res
         v[0] = g ? g[i] : 0.0f;
         v[1] = e[i];
       });
-  if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&st->non_finite, 1u);  // any number of blocks
   for (int i = static_cast<int>(threadIdx.x); i < max_bins; i += select_threads) {
     if (sh_hist[i]) {
       atomicAdd(&hist[i], sh_hist[i]);

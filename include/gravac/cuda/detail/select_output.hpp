@@ -130,7 +130,7 @@ __device__ inline void raw_body(const float* __restrict__ g, float* __restrict__
         v[0] = g[i];
         v[1] = v[2] = raw[i];
       });
-  if (__syncthreads_or(bad) && threadIdx.x == 0) st->non_finite = 1;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&st->non_finite, 1u);  // any number of blocks
   if (grid.block == 0 && threadIdx.x == 0) {
     st->count = static_cast<std::uint32_t>(n);
     st->gathered = 1;
