@@ -64,9 +64,7 @@ class topk : public sparse_layers {
       require(l.numel <= 0xffffffffull, "topk: layers of 2^32 or more elements are not supported");
     guess_.assign(lay.size(), detail::adaptive_guess(opt.guess_margin));
     whole_guess_ = detail::adaptive_guess(opt.guess_margin);
-    sample_of_.assign(lay.size(), no_sample);
-    for (std::size_t i = 0; i < lay.size(); ++i)
-      if (detail::gain_sample_stride(lay[i].numel) > 1) sample_of_[i] = sampled_layers_++;
+    sampled_ = detail::gain_sample_slots_of(lay);
     layer_sums_.resize(lay.size());
     count_.assign(lay.size(), 0);
     runs_.reserve(lay.size());
@@ -172,7 +170,7 @@ class topk : public sparse_layers {
     // layer's waits for the selection's threshold (its sample kept in samples_).
     layer_gain_.assign(layout_.size() * cands, 0.0);
     const auto gain_row = [&](std::size_t i) { return std::span<double>(layer_gain_).subspan(i * cands, cands); };
-    if (want_gain && samples_.size() < sampled_layers_) samples_.resize(sampled_layers_);  // first use: 64 KiB each
+    if (want_gain && samples_.size() < sampled_.count) samples_.resize(sampled_.count);  // first use: 64 KiB each
     unit_hist_.clear();
     std::size_t total = 0, collected = 0, at_floor = 0;
     for (std::size_t i = 0; i < layout_.size(); ++i)
@@ -199,8 +197,8 @@ class topk : public sparse_layers {
         unit_hist_.merge(hist_);
         hist_.clear();
       } else if (want_gain) {
-        std::swap(hist_, samples_[sample_of_[i]]);  // the sample waits for the threshold; hist_ is empty
-        all_counted = false;                        // a sample: a miss must read the layers again
+        std::swap(hist_, samples_[sampled_.slot[i]]);  // the sample waits for the threshold; hist_ is empty
+        all_counted = false;                           // a sample: a miss must read the layers again
       }
     }
     bool counted = want_gain && all_counted;
@@ -233,8 +231,9 @@ class topk : public sparse_layers {
       if (!want_gain) return;
       for (std::size_t i = 0; i < layout_.size(); ++i) {
         const auto& l = layout_[i];
-        if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction || sample_of_[i] == no_sample) continue;
-        magnitude_histogram& h = samples_[sample_of_[i]];
+        if (l.numel == 0 || p.kept_fraction[i] >= dense_fraction || sampled_.slot[i] == detail::no_gain_sample)
+          continue;
+        magnitude_histogram& h = samples_[sampled_.slot[i]];
         const auto hs = detail::gain_sampling(h, l.numel, p.step);
         add_gain_curve(detail::complete_sampled_gain(work_, hs, detail::exact_gain_from(key), l.offset, count_[i]),
                        l.numel, p.gain_candidates, gain_row(i));
@@ -306,10 +305,8 @@ class topk : public sparse_layers {
   std::vector<std::size_t> count_;
   std::vector<detail::candidate_run> runs_;
   std::vector<double> whole_gain_;
-  std::vector<double> layer_gain_;  // whole-buffer mode: each layer's part of the curve
-  static constexpr std::size_t no_sample = ~std::size_t{0};
-  std::vector<std::size_t> sample_of_;        // whole-buffer mode: a layer's sample in samples_ (no_sample: exact)
-  std::size_t sampled_layers_ = 0;            // layers whose curve is sampled
+  std::vector<double> layer_gain_;            // whole-buffer mode: each layer's part of the curve
+  detail::gain_sample_slots sampled_;         // whole-buffer mode: a sampled layer's place in samples_
   std::vector<magnitude_histogram> samples_;  // their samples, made on the first step with a gain curve
 };
 static_assert(Compressor<topk>);

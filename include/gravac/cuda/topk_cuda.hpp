@@ -161,16 +161,13 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       // done; a layer whose curve is sampled keeps its bins until the selection's threshold.
       gain_rows_ = device_buffer<double>(L * detail::max_gain_candidates, s);
       host_gain_rows_.resize(L * detail::max_gain_candidates);
-      sample_of_.assign(L, no_sample);
-      std::size_t sampled = 0;
-      for (std::size_t i = 0; i < lay.size(); ++i)
-        if (detail::gain_sample_stride(lay[i].numel) > 1) sample_of_[i] = sampled++;
-      const std::size_t bins = std::max<std::size_t>(sampled, 1) * detail::max_bins;
+      sampled_ = detail::gain_sample_slots_of(lay);
+      const std::size_t bins = std::max<std::size_t>(sampled_.count, 1) * detail::max_bins;
       deferred_hist_ = device_buffer<std::uint32_t>(bins, s);
       deferred_hist_sq_ = device_buffer<unsigned long long>(bins, s);
       deferred_sample_ = device_buffer<std::uint32_t>(bins, s);
       deferred_sample_sq_ = device_buffer<unsigned long long>(bins, s);
-      deferred_.reserve(sampled);
+      deferred_.reserve(sampled_.count);
     }
     jobs_ = detail::select_jobs(lay, launch_, opt.candidate_capacity, s);
     if constexpr (Threshold) est_jobs_ = detail::estimate_jobs(lay, launch_, s);
@@ -466,8 +463,9 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
       cd::gain_request lg = gains;
       std::uint32_t* hist = hist_.data();
       unsigned long long* hist_sq = hist_sq_.data();
-      if (gains.count > 0 && sample_of_[i] != no_sample) {  // sampled: the curve waits for the threshold
-        const std::size_t at = sample_of_[i] * cd::max_bins;
+      if (gains.count > 0 &&
+          sampled_.slot[i] != detail::no_gain_sample) {  // sampled: the curve waits for the threshold
+        const std::size_t at = sampled_.slot[i] * cd::max_bins;
         lg.stride = detail::gain_sample_stride(l.numel);
         lg.phase = static_cast<std::uint32_t>(p.step % lg.stride);
         lg.sample_hist = deferred_sample_.data() + at;
@@ -495,7 +493,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
                      cand_.data(), cap, sums_.data() + layers + 1, none, gain_out_.data(), false, nullptr,
                      sum_slots_.view());
       for (const auto& [i, lg] : deferred_) {  // the threshold's bin is known: the sampled layers' curves
-        const std::size_t at = sample_of_[i] * cd::max_bins;
+        const std::size_t at = sampled_.slot[i] * cd::max_bins;
         detail::launch(&cd::deferred_gain_curve, cd::one_block, cd::select_threads, s, deferred_hist_.data() + at,
                        deferred_hist_sq_.data() + at, lg, static_cast<const cd::select_state*>(whole),
                        gain_rows_.data() + i * cd::max_gain_candidates);
@@ -639,8 +637,7 @@ class basic_select_cuda : public detail::stream_members<basic_select_cuda<Thresh
   device_buffer<std::uint32_t> first_;               // whole: each layer's first entry in list_
   device_buffer<double> gain_rows_;                  // whole: each layer's part of the gain curve
   pinned_buffer<double> host_gain_rows_;
-  static constexpr std::size_t no_sample = ~std::size_t{0};
-  std::vector<std::size_t> sample_of_;  // whole: a layer's bins among the deferred ones (no_sample: exact curve)
+  detail::gain_sample_slots sampled_;           // whole: a sampled layer's bins among the deferred ones
   device_buffer<std::uint32_t> deferred_hist_;  // whole: the sampled layers' bins, kept until the threshold
   device_buffer<unsigned long long> deferred_hist_sq_;
   device_buffer<std::uint32_t> deferred_sample_;

@@ -7,7 +7,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "gravac/core/layout.hpp"
 #include "gravac/stats/gain_curve.hpp"
 #include "gravac/stats/magnitude_histogram.hpp"
 
@@ -41,6 +43,24 @@ struct histogram_sampling {
   std::size_t stride = 1;
   while (stride < 64 && stride * 2 <= n / sample) stride *= 2;
   return static_cast<std::uint32_t>(stride);
+}
+
+//! A layer whose gain curve is exact (gain_sample_slots::slot).
+inline constexpr std::size_t no_gain_sample = ~std::size_t{0};
+
+//! Where the curves that wait for the selection keep their samples: the layers whose gain
+//! curve is sampled (a stride above 1), numbered.
+struct gain_sample_slots {
+  std::vector<std::size_t> slot;  //!< per layer: its place among them, or no_gain_sample
+  std::size_t count = 0;          //!< how many there are
+};
+
+//! The gain_sample_slots of \p lay.
+[[nodiscard]] inline gain_sample_slots gain_sample_slots_of(const layout& lay) {
+  gain_sample_slots s{std::vector<std::size_t>(lay.size(), no_gain_sample), 0};
+  for (std::size_t i = 0; i < lay.size(); ++i)
+    if (gain_sample_stride(lay[i].numel) > 1) s.slot[i] = s.count++;
+  return s;
 }
 
 //! The first gain bin a sampled gain curve takes exactly when the step's sending threshold
